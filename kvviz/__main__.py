@@ -1,0 +1,38 @@
+"""Command line: ``python -m kvviz {trace,memory,evict,...} --help``.
+
+Each sub-command lives in ``kvviz/commands/<name>.py`` with ``add_parser(subparsers)`` and
+``run(args) -> int``; adding one is one line in ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ["trace", "memory", "evict"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvviz", description="See a transformer's KV cache.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"kvviz.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"kvviz.commands.{name}":
+                continue  # not written yet
+            raise
+        module.add_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of ``python -m kvviz``; each module has ``add_parser`` and sets ``func``."""
