@@ -159,9 +159,16 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         source, name = spec, Path(spec).name if Path(spec).exists() else spec
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, trust_remote_code=False, attn_implementation="sdpa"
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=torch_dtype, trust_remote_code=False, attn_implementation="sdpa"
+            )
+        except ValueError as exc:  # e.g. Gemma-2 (soft-capping) has no SDPA path
+            if "scaled_dot_product_attention" not in str(exc):
+                raise
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=torch_dtype, trust_remote_code=False, attn_implementation="eager"
+            )
     except Exception as exc:  # one line, with what to do next
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(
