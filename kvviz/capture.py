@@ -211,9 +211,7 @@ def capture_iter(
 
 def capture(lm: LoadedModel, prompt: str, **kwargs) -> Trace:
     """Run :func:`capture_iter` to the end and return the finished Trace."""
-    trace = None
-    for trace in capture_iter(lm, prompt, **kwargs):
-        pass
+    *_, trace = capture_iter(lm, prompt, **kwargs)
     return trace
 
 
