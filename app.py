@@ -1,0 +1,56 @@
+"""kvviz web app: ``python app.py [--model SPEC] [--host H] [--port P] [--share] [--root-path PATH]``.
+
+Every option also reads an environment variable (KVVIZ_MODEL, KVVIZ_HOST, KVVIZ_PORT, KVVIZ_SHARE,
+KVVIZ_ROOT_PATH); flags win. On a Hugging Face Space the defaults serve the hub copy of SmolLM2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from kvviz.models import ModelLoadError, load_model
+from kvviz.settings import Settings
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(description="Serve the kvviz web app.")
+    p.add_argument("--model", default=env("KVVIZ_MODEL"), help="bundled (default), a local folder, or a hub id")
+    p.add_argument("--host", default=env("KVVIZ_HOST", "0.0.0.0" if env("SPACE_ID") else "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("KVVIZ_PORT", env("GRADIO_SERVER_PORT", "7860"))))
+    p.add_argument("--share", action="store_true", default=env("KVVIZ_SHARE", "") in {"1", "true"})
+    p.add_argument("--root-path", default=env("KVVIZ_ROOT_PATH", env("GRADIO_ROOT_PATH")))
+    p.add_argument("--device", default=env("KVVIZ_DEVICE"))
+    p.add_argument("--dtype", default=env("KVVIZ_DTYPE"))
+    return p.parse_args(argv)
+
+
+def build(args: argparse.Namespace):
+    from kvviz.ui.app import build_app
+    from kvviz.ui.context import AppContext
+
+    settings = Settings.from_env()
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    demo = build_app(AppContext(lm=lm, settings=settings))
+    demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
+    return demo
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        demo = build(args)
+    except ModelLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from kvviz.ui.app import CSS, THEME
+
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, root_path=args.root_path,
+                theme=THEME, css=CSS, footer_links=["api"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

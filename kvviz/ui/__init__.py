@@ -1,0 +1,1 @@
+"""The Gradio face of kvviz: tabs that wire events to library calls (no tensor math here)."""

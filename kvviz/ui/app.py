@@ -1,0 +1,50 @@
+"""Assemble the tabs into one Gradio Blocks app (``build_app``); ``app.py`` launches it."""
+
+from __future__ import annotations
+
+import importlib
+
+import gradio as gr
+
+from kvviz.ui.context import AppContext
+
+# (tab title, module in kvviz/ui, what it will show if the module is not there yet)
+TABS = [
+    ("Generate", "tab_generate", ""),
+    ("Attention", "tab_attention", "Attention heatmaps per layer and head, a step scrubber and the sink map."),
+    ("Eviction", "tab_eviction", "What StreamingLLM, H2O and SnapKV keep and evict, and what that does to the answer."),
+    ("Memory", "tab_memory", "The KV-cache calculator for any architecture, batch capacity and decode time."),
+    ("Quantization", "tab_quant", "Outlier key channels, per-channel vs per-token quantization (KIVI)."),
+    ("Learn", "tab_learn", "The chapter's objectives, questions and pitfalls, each linked to a view."),
+]
+
+THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
+CSS = """
+.caption {font-size: 0.92em; opacity: 0.85}
+"""
+
+
+def build_app(ctx: AppContext) -> gr.Blocks:
+    """The whole page. Tabs are built in order; the Generate event then refreshes the others."""
+    with gr.Blocks(title="kvviz — see the KV cache") as demo:
+        ctx.trace_state = gr.State(None)
+        gr.Markdown("# kvviz — see a transformer's KV cache\n"
+                    "A real model generates while every layer's keys, values and attention are captured.")
+        generate_event = None
+        with gr.Tabs():
+            for title, module_name, coming in TABS:
+                with gr.Tab(title, id=module_name):
+                    try:
+                        module = importlib.import_module(f"kvviz.ui.{module_name}")
+                    except ModuleNotFoundError as exc:
+                        if exc.name != f"kvviz.ui.{module_name}":
+                            raise
+                        gr.Markdown(f"**Coming next:** {coming}")
+                        continue
+                    result = module.build(ctx)
+                    if module_name == "tab_generate":
+                        generate_event = result
+        if generate_event is not None:
+            for fn, inputs, outputs in ctx.listeners:
+                generate_event = generate_event.then(fn, inputs, outputs, api_name=False)
+    return demo

@@ -1,0 +1,50 @@
+"""What every tab's ``build(ctx)`` receives: the shared model, the limits, and per-session state."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from kvviz.capture import model_info
+from kvviz.models import LoadedModel
+from kvviz.settings import Settings
+from kvviz.trace import ModelInfo
+
+
+@dataclass
+class AppContext:
+    """Built once per app. The model is shared read-only; per-user data lives in ``trace_state``.
+
+    ``trace_state`` holds the session's latest finished :class:`~kvviz.trace.Trace` (or None).
+    A tab that should refresh when a new trace arrives calls :meth:`on_trace`; the Generate tab
+    chains those listeners after each run.
+    """
+
+    lm: LoadedModel
+    settings: Settings
+    trace_state: gr.State | None = None
+    listeners: list[tuple[Callable, list, list]] = field(default_factory=list)
+    stop_flags: dict[str, threading.Event] = field(default_factory=dict)
+    _info: ModelInfo | None = None
+
+    @property
+    def info(self) -> ModelInfo:
+        if self._info is None:
+            self._info = model_info(self.lm)
+        return self._info
+
+    def on_trace(self, fn: Callable, inputs: list, outputs: list) -> None:
+        """Run ``fn(*inputs)`` → ``outputs`` after every new trace (inputs usually start with trace_state)."""
+        self.listeners.append((fn, inputs, outputs))
+
+    def stop_flag(self, request: gr.Request | None) -> threading.Event:
+        """The session's Stop flag (keyed by session, never shared between users)."""
+        key = getattr(request, "session_hash", None) or "default"
+        return self.stop_flags.setdefault(key, threading.Event())
+
+    def forget_session(self, request: gr.Request | None) -> None:
+        key = getattr(request, "session_hash", None) or "default"
+        self.stop_flags.pop(key, None)

@@ -1,0 +1,152 @@
+"""Generate tab: type a prompt, watch tokens stream while the cache grows, check cached == recompute."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from kvviz.capture import Sampling, capture_iter, encode_prompt
+from kvviz.examples import examples
+from kvviz.figures import generate as fig
+from kvviz.waste import forward_passes
+from kvviz.ui.context import AppContext
+from kvviz.units import format_bytes
+
+GPU_BUDGETS = {"none": None, "T4 (16 GB)": 16e9, "L4 (24 GB)": 24e9, "RTX 4090 (24 GB)": 24e9,
+               "A100 (80 GB)": 80e9, "H100 (80 GB)": 80e9, "H200 (141 GB)": 141e9}
+REFRESH_S = 0.25  # redraw charts at most this often while streaming
+
+
+def validate_request(ctx: AppContext, prompt: str, chat: bool, max_new_tokens: float, temperature: float,
+                     top_p: float, seed: float) -> tuple[list[int], int, Sampling]:
+    """Turn raw inputs into checked values, or raise gr.Error with what to fix."""
+    if prompt is None or not str(prompt).strip():
+        raise gr.Error("The prompt is empty: type some text or pick an example.")
+    try:
+        n_new = int(max_new_tokens)
+        if n_new != max_new_tokens:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise gr.Error("Max new tokens must be a whole number.") from None
+    if not 1 <= n_new <= ctx.settings.max_new_tokens:
+        raise gr.Error(f"Max new tokens must be between 1 and {ctx.settings.max_new_tokens}.")
+    sampling = Sampling(float(temperature or 0.0), float(top_p or 1.0), int(seed or 0))
+    try:
+        sampling.validate()
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    ids = encode_prompt(ctx.lm, str(prompt), bool(chat))
+    limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
+    if len(ids) + n_new > limit:
+        raise gr.Error(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit of "
+                       f"{limit:,} tokens. Shorten the prompt or generate fewer tokens.")
+    return ids, n_new, sampling
+
+
+def waste_text(trace) -> str:
+    """The chapter's waste counter for this run."""
+    fp = forward_passes(trace.n_prompt, trace.n_generated)
+    return (f"**Token-forward passes for this run** ({trace.n_prompt} prompt + {trace.n_generated} generated): "
+            f"with the cache **{fp.with_cache:,}**, without it **{fp.without_cache:,}** "
+            f"(each step re-runs the whole sequence) — **{fp.ratio:,.1f}×** the work. "
+            f"The chapter's approximation Σ_{{t=L}}^{{L+N}} t ≈ NL + N²/2 gives {fp.chapter_without_cache:,}.")
+
+
+def build(ctx: AppContext):
+    """Build the tab; returns the Generate event so the app can chain other tabs' refreshes after it."""
+    ex = examples()
+    gr.Markdown("Type a prompt and press **Generate**. The model is "
+                f"**{ctx.info.name}**; every layer's keys and values are captured as it writes.")
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(label="Prompt", lines=4, value=ex["Chat question"][0], elem_id="prompt")
+            example = gr.Dropdown(list(ex), label="Examples", value="Chat question")
+        with gr.Column(scale=2):
+            chat = gr.Checkbox(value=True, label="Use the chat template")
+            max_new = gr.Slider(1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens")
+            with gr.Accordion("Sampling", open=False):
+                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+                seed = gr.Number(value=0, precision=0, label="Seed")
+            budget = gr.Dropdown(list(GPU_BUDGETS), value="T4 (16 GB)", label="GPU budget for the gauge")
+            with gr.Row():
+                go_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+    status = gr.Markdown(elem_id="gen-status")
+    tokens = gr.HighlightedText(label="Tokens (prompt / generated)", elem_id="token-stream",
+                                color_map={"prompt": "#cfe2ff", "generated": "#ffd8a8"}, combine_adjacent=False)
+    answer = gr.Textbox(label="Generated text", lines=3, elem_id="answer")
+    with gr.Row():
+        with gr.Column():
+            growth = gr.Plot(label="Cache growth", elem_id="cache-growth")
+            gr.Markdown(fig.CAPTIONS["growth"])
+        with gr.Column():
+            gauge = gr.Plot(label="Memory gauge", elem_id="memory-gauge")
+            gr.Markdown(fig.CAPTIONS["gauge"])
+    card = gr.Markdown(fig.model_card(ctx.info), elem_id="model-card")
+    check = gr.Markdown(elem_id="equivalence")
+    waste = gr.Markdown(elem_id="waste")
+    with gr.Row():
+        download_npz = gr.File(label="Trace (.npz)", interactive=False)
+        download_csv = gr.File(label="Steps (.csv)", interactive=False)
+
+    example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
+
+    def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, request: gr.Request):
+        ids, n_new, sampling = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
+        flag = ctx.stop_flag(request)
+        flag.clear()
+        last = 0.0
+        trace = None
+        for trace in capture_iter(ctx.lm, prompt_text, chat=bool(use_chat), max_new_tokens=n_new,
+                                  sampling=sampling, prompt_ids=ids, should_stop=flag.is_set, verify=True):
+            now = time.perf_counter()
+            if now - last < REFRESH_S and not trace.stop_reason:
+                continue
+            last = now
+            yield _outputs(trace, budget_name, final=bool(trace.stop_reason) and trace.colsum is not None)
+        ctx.forget_session(request)
+
+    def _outputs(trace, budget_name, final):
+        msg = (f"{'Done' if final else 'Generating'}: {trace.n_generated} tokens, cache "
+               f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)")
+        if final:
+            msg += f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s"
+        files = _export(trace) if final else (None, None)
+        return (trace if final else gr.skip(), msg, fig.token_spans(trace), trace.text, fig.cache_growth(trace),
+                fig.memory_gauge(trace.cache_bytes, ctx.info.weight_bytes, GPU_BUDGETS.get(budget_name),
+                                 budget_name.split(" ")[0]),
+                fig.equivalence_text(trace) if final else "Cached vs full recompute: checked when generation ends.",
+                waste_text(trace), *files)
+
+    outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
+    event = go_btn.click(run, [prompt, chat, max_new, temperature, top_p, seed, budget], outputs,
+                         api_name=False, concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+
+    def stop(request: gr.Request):
+        ctx.stop_flag(request).set()
+
+    stop_btn.click(stop, None, None, queue=False, api_name=False)
+
+    def api_generate(prompt_text: str, max_new_tokens: int = 48, chat: bool = True, temperature: float = 0.0,
+                     top_p: float = 1.0, seed: int = 0) -> dict:
+        """Generate with the captured model and return the trace summary (JSON)."""
+        ids, n_new, sampling = validate_request(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
+        *_, trace = capture_iter(ctx.lm, prompt_text, chat=bool(chat), max_new_tokens=n_new, sampling=sampling,
+                                 prompt_ids=ids, verify=True)
+        return trace.summary()
+
+    gr.api(api_generate, api_name="generate", concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+    return event
+
+
+def _export(trace) -> tuple[str, str]:
+    """Write this session's trace and step table to a fresh temporary folder (per run, never shared)."""
+    folder = Path(tempfile.mkdtemp(prefix="kvviz-"))
+    npz = trace.save(folder / "kvviz-trace.npz")
+    csv = folder / "kvviz-steps.csv"
+    trace.step_frame().to_csv(csv, index=False)
+    return str(npz), str(csv)

@@ -1,0 +1,27 @@
+"""Human units: binary (KiB, MiB, GiB) for cache sizes, decimal GB for GPU memory and weights."""
+
+from __future__ import annotations
+
+_BINARY = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"]
+
+
+def format_bytes(n: float, digits: int = 1) -> str:
+    """``327680`` → ``'320 KiB'``; ``2684354560`` → ``'2.5 GiB'`` (trailing .0 dropped)."""
+    n = float(n)
+    unit = 0
+    while abs(n) >= 1024 and unit < len(_BINARY) - 1:
+        n /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{int(n):,} bytes"
+    text = f"{n:,.{digits}f}".rstrip("0").rstrip(".") if digits else f"{n:,.0f}"
+    return f"{text} {_BINARY[unit]}"
+
+
+def format_gb(n: float, digits: int = 2) -> str:
+    """Decimal gigabytes, as GPU memory and weights are quoted: ``1.4e9`` → ``'1.4 GB'``."""
+    gb = float(n) / 1e9
+    if gb >= 100:
+        return f"{gb:,.0f} GB"
+    text = f"{gb:.{digits}f}".rstrip("0").rstrip(".")
+    return f"{text} GB"
