@@ -31,7 +31,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         gr.Markdown("# kvviz — see a transformer's KV cache\n"
                     "A real model generates while every layer's keys, values and attention are captured.")
         generate_event = None
-        with gr.Tabs():
+        with gr.Tabs() as ctx.tabs:
             for title, module_name, coming in TABS:
                 with gr.Tab(title, id=module_name):
                     try:

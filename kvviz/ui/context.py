@@ -27,6 +27,10 @@ class AppContext:
     settings: Settings
     trace_state: gr.State | None = None
     listeners: list[tuple[Callable, list, list]] = field(default_factory=list)
+    # main inputs of each tab, by "<tab>.<name>" (e.g. "memory.preset"), so the Learn tab's
+    # "show me" buttons can load an example into another view; ``tabs`` switches views (ids = module names)
+    components: dict[str, gr.components.Component] = field(default_factory=dict)
+    tabs: gr.Tabs | None = None
     stop_flags: dict[str, threading.Event] = field(default_factory=dict)
     _info: ModelInfo | None = None
 
