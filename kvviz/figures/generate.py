@@ -53,20 +53,29 @@ def _ranges(idx: list[int]) -> str:
     return ", ".join(out)
 
 
-def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: int | None = None,
-                 budget_name: str = "GPU") -> go.Figure:
-    """Horizontal bars: cache vs weights vs the chosen GPU memory (decimal GB, as GPUs are sold)."""
+def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None = None,
+                 budget_name: str = "GPU", bytes_per_token: int | None = None) -> go.Figure:
+    """Horizontal bars on a log axis: cache vs weights vs the chosen GPU memory.
+
+    With ``bytes_per_token`` the title says how many cached tokens would fill what the weights leave.
+    """
     names = ["KV cache (now)", "model weights"]
-    values = [cache_bytes / 1e9, weight_bytes / 1e9]
+    values = [cache_bytes, weight_bytes]
+    labels = [format_bytes(cache_bytes), format_gb(weight_bytes)]
+    title = "Memory: cache vs weights"
     if budget_bytes:
         names.append(f"{budget_name} memory")
-        values.append(budget_bytes / 1e9)
-    fig = go.Figure(go.Bar(x=values, y=names, orientation="h", text=[format_gb(v * 1e9) for v in values],
-                           textposition="auto", marker_color=["#d62728", "#1f77b4", "#7f7f7f"][: len(values)]))
-    fig.update_layout(title="Memory (GB, decimal)", xaxis_title="GB", height=220,
-                      margin=dict(l=120, r=20, t=40, b=40))
-    if budget_bytes:
-        fig.update_xaxes(type="log")
+        values.append(budget_bytes)
+        labels.append(format_gb(budget_bytes))
+        if bytes_per_token:
+            fits = int(max(budget_bytes - weight_bytes, 0) // bytes_per_token)
+            title = f"{budget_name}: room for {fits:,} cached tokens after the weights"
+    fig = go.Figure(go.Bar(x=[max(v, 1) for v in values], y=names, orientation="h", text=labels,
+                           textposition="outside", cliponaxis=False,
+                           marker_color=["#d62728", "#1f77b4", "#7f7f7f"][: len(values)]))
+    fig.update_layout(title=title, xaxis_title="bytes (log scale)", height=240,
+                      margin=dict(l=120, r=60, t=50, b=40))
+    fig.update_xaxes(type="log")
     return fig
 
 

@@ -11,9 +11,9 @@ import gradio as gr
 from kvviz.capture import Sampling, capture_iter, encode_prompt
 from kvviz.examples import examples
 from kvviz.figures import generate as fig
-from kvviz.waste import forward_passes
 from kvviz.ui.context import AppContext
 from kvviz.units import format_bytes
+from kvviz.waste import forward_passes
 
 GPU_BUDGETS = {"none": None, "T4 (16 GB)": 16e9, "L4 (24 GB)": 24e9, "RTX 4090 (24 GB)": 24e9,
                "A100 (80 GB)": 80e9, "H100 (80 GB)": 80e9, "H200 (141 GB)": 141e9}
@@ -52,7 +52,7 @@ def waste_text(trace) -> str:
     return (f"**Token-forward passes for this run** ({trace.n_prompt} prompt + {trace.n_generated} generated): "
             f"with the cache **{fp.with_cache:,}**, without it **{fp.without_cache:,}** "
             f"(each step re-runs the whole sequence) — **{fp.ratio:,.1f}×** the work. "
-            f"The chapter's approximation Σ_{{t=L}}^{{L+N}} t ≈ NL + N²/2 gives {fp.chapter_without_cache:,}.")
+            f"The chapter's approximation (sum of t for t = L … L+N ≈ NL + N²/2) gives {fp.chapter_without_cache:,}.")
 
 
 def build(ctx: AppContext):
@@ -77,7 +77,8 @@ def build(ctx: AppContext):
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
     status = gr.Markdown(elem_id="gen-status")
     tokens = gr.HighlightedText(label="Tokens (prompt / generated)", elem_id="token-stream",
-                                color_map={"prompt": "#cfe2ff", "generated": "#ffd8a8"}, combine_adjacent=False)
+                                color_map={"prompt": "#cfe2ff", "generated": "#ffd8a8"}, combine_adjacent=False,
+                                show_legend=True, show_inline_category=False)
     answer = gr.Textbox(label="Generated text", lines=3, elem_id="answer")
     with gr.Row():
         with gr.Column():
@@ -86,13 +87,15 @@ def build(ctx: AppContext):
         with gr.Column():
             gauge = gr.Plot(label="Memory gauge", elem_id="memory-gauge")
             gr.Markdown(fig.CAPTIONS["gauge"])
-    card = gr.Markdown(fig.model_card(ctx.info), elem_id="model-card")
+    gr.Markdown(fig.model_card(ctx.info), elem_id="model-card")
     check = gr.Markdown(elem_id="equivalence")
     waste = gr.Markdown(elem_id="waste")
     with gr.Row():
         download_npz = gr.File(label="Trace (.npz)", interactive=False)
         download_csv = gr.File(label="Steps (.csv)", interactive=False)
 
+    ctx.components.update({"generate.prompt": prompt, "generate.chat": chat, "generate.max_new": max_new,
+                           "generate.example": example, "generate.button": go_btn})
     example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
 
     def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, request: gr.Request):
@@ -118,7 +121,7 @@ def build(ctx: AppContext):
         files = _export(trace) if final else (None, None)
         return (trace if final else gr.skip(), msg, fig.token_spans(trace), trace.text, fig.cache_growth(trace),
                 fig.memory_gauge(trace.cache_bytes, ctx.info.weight_bytes, GPU_BUDGETS.get(budget_name),
-                                 budget_name.split(" ")[0]),
+                                 budget_name.split(" (")[0], ctx.info.kv_bytes_per_token),
                 fig.equivalence_text(trace) if final else "Cached vs full recompute: checked when generation ends.",
                 waste_text(trace), *files)
 
