@@ -1,0 +1,321 @@
+"""What a model's KV cache stores, layer by layer, read from its transformers config.
+
+``cache_layout(source)`` accepts a config dict, a ``config.json`` path (or its folder), pasted JSON
+text, a preset name, a loaded model's config object, or (with ``allow_hub=True``) a hub id, and
+returns a :class:`CacheLayout`: one :class:`LayerSpec` per layer saying which vectors each token
+leaves in that layer's cache, how many tokens the layer can hold, and any fixed-size state.
+
+Every number is read the way the model reads it: ``head_dim`` from the config when stated (Qwen3,
+Gemma-2 and gpt-oss state one that differs from ``hidden_size // num_attention_heads``), KV heads
+from ``num_key_value_heads`` (or GPT-2 / GPTBigCode / Falcon naming), the per-layer pattern from
+``layer_types`` or, where a released config omits it, the rule the model's config class applies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+MAX_CONFIG_BYTES = 1024 * 1024  # a config.json is a few KiB; refuse anything absurd
+
+# layer_types names (transformers' own) → the kind kvviz sizes
+_LAYER_KINDS = {
+    "full_attention": "full",
+    "sliding_attention": "sliding",
+    "chunked_attention": "chunked",
+    "linear_attention": "state",
+    "conv": "state",
+    "mamba": "state",
+    "hybrid": "full+state",
+    "hybrid_sliding": "sliding+state",
+    "dummy": "none",
+    "moe": "none",
+    "mlp": "none",
+}
+# model types whose released config.json omits layer_types; transformers' config class derives them
+_ALTERNATING = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+_ALL_STATE = {"mamba", "mamba2", "falcon_mamba"}
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer's cache: per token, ``vectors`` = ((length, count), ...) stored; at most ``window`` tokens.
+
+    Attention layers store ``2 × kv_heads`` vectors of ``head_dim`` (keys and values); MLA layers
+    store one latent of ``kv_lora_rank`` and one RoPE key of ``qk_rope_head_dim`` (no factor 2, no
+    heads); fixed-state layers store ``state_elements`` per sequence whatever the context.
+    """
+
+    index: int
+    layer_type: str  # the transformers name ("full_attention", "sliding_attention", ...) or "mla"
+    kind: str  # "full" | "sliding" | "chunked" | "mla" | "state" | "none" (or "full+state", ...)
+    vectors: tuple[tuple[int, int], ...] = ()
+    kv_heads: int = 0  # heads the per-token vectors split into under tensor parallelism (MLA: 1, shared)
+    window: int | None = None
+    state_elements: int = 0
+
+    @property
+    def elements_per_token(self) -> int:
+        return sum(length * count for length, count in self.vectors)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """A model's cache, layer by layer, plus the shape numbers and how each was read."""
+
+    name: str
+    model_type: str
+    layers: tuple[LayerSpec, ...]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_size: int
+    num_parameters: int | None = None
+    max_position_embeddings: int | None = None
+    mla: dict | None = None  # kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def kinds(self) -> list[str]:
+        return [layer.kind for layer in self.layers]
+
+    @property
+    def attention(self) -> str:
+        """MHA, GQA, MQA or MLA: what the attention layers share."""
+        if self.mla:
+            return "MLA"
+        if self.num_key_value_heads == 1 and self.num_attention_heads > 1:
+            return "MQA"
+        return "MHA" if self.num_key_value_heads == self.num_attention_heads else "GQA"
+
+    @property
+    def windows(self) -> set[int]:
+        return {layer.window for layer in self.layers if layer.window}
+
+
+# ---- finding a config --------------------------------------------------------------------------
+def preset_names() -> list[str]:
+    """The bundled model presets, e.g. ``['DeepSeek-V3', 'Llama-3-70B', ...]``."""
+    return sorted(p.stem for p in (PRESET_DIR / "models").glob("*.json"))
+
+
+def load_preset(name: str) -> dict:
+    """A preset's config dict (case-insensitive; ``llama-3-70b`` finds ``Llama-3-70B``)."""
+    key = name.strip().lower()
+    for stem in preset_names():
+        if stem.lower() == key:
+            return json.loads((PRESET_DIR / "models" / f"{stem}.json").read_text())
+    raise ValueError(f"Unknown preset {name!r}; choose one of: {', '.join(preset_names())}.")
+
+
+def _parse_json(text: str, where: str) -> dict:
+    if len(text.encode()) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{where} is larger than {MAX_CONFIG_BYTES // 1024} KiB; a config.json is a few KiB.")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a JSON object like a config.json, not {type(data).__name__}.")
+    return data
+
+
+def _from_hub(repo_id: str) -> dict:
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as exc:  # pragma: no cover - huggingface_hub ships with transformers
+        raise ValueError("huggingface_hub is not installed, so hub ids cannot be read.") from exc
+    try:
+        path = hf_hub_download(repo_id, "config.json")
+    except Exception as exc:
+        raise ValueError(f"Could not fetch config.json of {repo_id!r} from the hub: {type(exc).__name__}.") from None
+    return _parse_json(Path(path).read_text(), f"config.json of {repo_id}")
+
+
+def load_config(source, *, allow_hub: bool = False) -> dict:
+    """A plain config dict from any of the sources the module docstring lists."""
+    if isinstance(source, dict):
+        return dict(source)
+    if hasattr(source, "to_dict"):  # a transformers PretrainedConfig (e.g. a loaded model's)
+        cfg = source.get_text_config(decoder=True) if hasattr(source, "get_text_config") else source
+        return cfg.to_dict()
+    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+        text = str(source).strip()
+        if not text:
+            raise ValueError("No config given: pass a preset name, a config.json path or JSON text.")
+        if isinstance(source, str) and text.lower() in {n.lower() for n in preset_names()}:
+            return load_preset(text)
+        path = Path(text).expanduser()
+        if path.is_dir():
+            path = path / "config.json"
+        if path.is_file():
+            return _parse_json(path.read_text(errors="replace"), str(path))
+        if allow_hub and text.count("/") == 1 and not path.suffix:
+            return _from_hub(text)
+        raise ValueError(f"{text!r} is neither a preset ({', '.join(preset_names())}) nor a config.json file.")
+    if isinstance(source, str):
+        return _parse_json(source, "The pasted config")
+    raise ValueError(f"Cannot read a config from a {type(source).__name__}.")
+
+
+# ---- reading the numbers -----------------------------------------------------------------------
+def _first(cfg: dict, *names: str):
+    for name in names:
+        if cfg.get(name) is not None:
+            return cfg[name]
+    return None
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+def _text_config(cfg: dict) -> dict:
+    """Multimodal configs keep the language model under ``text_config``."""
+    if _first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers") is None:
+        for key in ("text_config", "language_config", "llm_config"):
+            if isinstance(cfg.get(key), dict):
+                return {**cfg[key], "_name": cfg.get("_name"), "_num_parameters": cfg.get("_num_parameters")}
+    return cfg
+
+
+def _kv_heads(cfg: dict, q_heads: int, notes: list[str]) -> int:
+    if cfg.get("num_key_value_heads") is not None:
+        return _positive_int(cfg["num_key_value_heads"], "num_key_value_heads")
+    if cfg.get("new_decoder_architecture") and cfg.get("num_kv_heads") is not None:  # Falcon-40B/180B
+        return _positive_int(cfg["num_kv_heads"], "num_kv_heads")
+    if cfg.get("multi_query"):  # GPTBigCode, Falcon-7B
+        notes.append("multi_query=true: one K/V head shared by every query head (MQA)")
+        return 1
+    value = _first(cfg, "num_kv_heads", "n_head_kv", "multi_query_group_num")
+    if value is not None:
+        return _positive_int(value, "num_kv_heads")
+    notes.append("num_key_value_heads not stated: every query head has its own K/V head (MHA)")
+    return q_heads
+
+
+def _layer_types(cfg: dict, n_layers: int, model_type: str, notes: list[str]) -> list[str]:
+    """transformers' ``layer_types``, derived the way the model's config class derives them."""
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != n_layers:
+            raise ValueError(f"layer_types must list one type per layer ({n_layers}), got {types!r:.80}.")
+        return [str(t) for t in types]
+    if model_type in _ALL_STATE:
+        return ["mamba"] * n_layers
+    if model_type == "jamba":
+        period, offset = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
+        return ["full_attention" if i % period == offset else "mamba" for i in range(n_layers)]
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False:
+        window = None  # Qwen2/Qwen3 configs state a window they do not use
+    if model_type in _ALTERNATING and window:
+        every = int(cfg.get("sliding_window_pattern") or _ALTERNATING[model_type])
+        notes.append(f"{model_type}: layers i with (i+1) % {every} != 0 are sliding-window (window {window}), "
+                     "the others global, as transformers' config class derives them")
+        return ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and window:
+        first = int(cfg.get("max_window_layers", n_layers))
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    if window:
+        return ["sliding_attention"] * n_layers
+    if cfg.get("attention_chunk_size"):  # Llama-4: RoPE layers are chunked, every 4th (NoPE) layer is global
+        every = int(cfg.get("no_rope_layer_interval") or 4)
+        flags = cfg.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n_layers)]
+        return ["chunked_attention" if flag else "full_attention" for flag in flags]
+    return ["full_attention"] * n_layers
+
+
+def _state_elements(cfg: dict, model_type: str) -> int:
+    """Elements of one layer's fixed state (conv + recurrent) per sequence."""
+    if cfg.get("linear_num_value_heads") is not None:  # Qwen3-Next / Qwen3.5 gated DeltaNet
+        nk, nv = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+        dk, dv = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+        conv = (2 * nk * dk + nv * dv) * int(cfg.get("linear_conv_kernel_dim", 4))
+        return conv + nv * dk * dv
+    if model_type in ("mamba", "falcon_mamba"):
+        inner = int(cfg.get("intermediate_size") or cfg.get("expand", 2) * cfg["hidden_size"])
+        return inner * int(cfg.get("conv_kernel", 4)) + inner * int(cfg.get("state_size", 16))
+    if model_type == "mamba2":
+        inner = int(cfg.get("expand", 2) * cfg["hidden_size"])
+        groups, n = int(cfg.get("n_groups", 1)), int(cfg.get("state_size", 128))
+        conv = (inner + 2 * groups * n) * int(cfg.get("conv_kernel", 4))
+        return conv + int(cfg["num_heads"]) * int(cfg["head_dim"]) * n
+    if model_type == "jamba":
+        inner = int(cfg.get("mamba_expand", 2) * cfg["hidden_size"])
+        return inner * int(cfg.get("mamba_d_conv", 4)) + inner * int(cfg.get("mamba_d_state", 16))
+    raise ValueError(f"kvviz does not know the state size of the linear/state-space layers of {model_type!r}.")
+
+
+def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) -> CacheLayout:
+    """The per-layer description of what the cache stores, from any config source."""
+    raw = load_config(source, allow_hub=allow_hub)
+    cfg = _text_config(raw)
+    notes: list[str] = []
+    model_type = str(cfg.get("model_type") or "unknown")
+    n_layers = _positive_int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+                             "num_hidden_layers (n_layer)")
+    q_heads = _positive_int(_first(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads"),
+                            "num_attention_heads (n_head)")
+    hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
+    hidden = _positive_int(hidden, "hidden_size (n_embd)") if hidden is not None else 0
+    kv_heads = _kv_heads(cfg, q_heads, notes)
+    mla = None
+    if cfg.get("kv_lora_rank") is not None:
+        mla = {k: int(cfg.get(k) or 0) for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
+        notes.append(f"MLA: each token caches a {mla['kv_lora_rank']}-dim latent plus a "
+                     f"{mla['qk_rope_head_dim']}-dim RoPE key per layer (no factor 2, no heads)")
+        head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]  # a key head, as plain MHA would store it
+    elif cfg.get("head_dim") is not None:
+        head_dim = _positive_int(cfg["head_dim"], "head_dim")
+        if hidden and head_dim * q_heads != hidden:
+            notes.append(f"head_dim {head_dim} is stated in the config; hidden_size / heads would give "
+                         f"{hidden} / {q_heads} = {hidden / q_heads:g}")
+    elif hidden:
+        if hidden % q_heads:
+            raise ValueError(f"hidden_size {hidden} is not divisible by {q_heads} heads and no head_dim is given.")
+        head_dim = hidden // q_heads
+        notes.append(f"head_dim = hidden_size / num_attention_heads = {hidden} / {q_heads} = {head_dim}")
+    else:
+        raise ValueError("The config states neither head_dim nor hidden_size.")
+    if q_heads % kv_heads:
+        raise ValueError(f"num_attention_heads {q_heads} is not a multiple of num_key_value_heads {kv_heads}.")
+
+    layers = []
+    types = _layer_types(cfg, n_layers, model_type, notes)
+    for i, layer_type in enumerate(types):
+        kind = _LAYER_KINDS.get(layer_type)
+        if kind is None:
+            raise ValueError(f"Layer {i} has layer type {layer_type!r}, which kvviz cannot size "
+                             f"(known: {', '.join(sorted(_LAYER_KINDS))}).")
+        window = None
+        if kind.startswith(("sliding", "chunked")):
+            key = "attention_chunk_size" if kind == "chunked" else "sliding_window"
+            window = _positive_int(cfg.get(key), key)
+        state = _state_elements(cfg, model_type) if kind.endswith("state") else 0
+        vectors: tuple[tuple[int, int], ...] = ()
+        heads = 0
+        if kind in ("full", "sliding", "chunked", "full+state", "sliding+state"):
+            if mla:  # one shared latent + RoPE key: a single "head" that tensor parallelism cannot split
+                if kind == "full":
+                    layer_type, kind = "mla", "mla"
+                vectors, heads = ((mla["kv_lora_rank"], 1), (mla["qk_rope_head_dim"], 1)), 1
+            else:
+                vectors, heads = ((head_dim, 2 * kv_heads),), kv_heads
+        layers.append(LayerSpec(i, layer_type, kind, vectors, heads, window, state))
+
+    return CacheLayout(
+        name=name or str(cfg.get("_name") or cfg.get("_name_or_path") or cfg.get("name_or_path") or model_type),
+        model_type=model_type, layers=tuple(layers), num_attention_heads=q_heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim, hidden_size=hidden, num_parameters=cfg.get("_num_parameters"),
+        max_position_embeddings=_first(cfg, "max_position_embeddings", "n_positions", "max_seq_len"),
+        mla=mla, notes=tuple(notes),
+    )
