@@ -11,3 +11,7 @@ from kvviz.models import load_model
 def lm():
     """The bundled SmolLM2-135M-Instruct (fp32, CPU): the model every real-model test uses."""
     return load_model()
+
+
+# (helper: issue 7) the running app for tests/api and tests/browser, started once per session
+from tests.server import app_server, app_server_process  # noqa: E402, F401
