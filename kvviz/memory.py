@@ -215,10 +215,11 @@ def live_cache_bytes_formula(config, seq_len: int, dtype_bytes: int | str = 2, b
     ``{"tokens_held": [...], "layer_bytes": [...], "total": int}``.
     """
     layout = config if isinstance(config, CacheLayout) else cache_layout(config)
-    est = estimate(layout, context=seq_len, batch=batch, kv_dtype=resolve_kv_dtype(dtype_bytes))
+    dtype = resolve_kv_dtype(dtype_bytes)
+    est = estimate(layout, context=seq_len, batch=batch, kv_dtype=dtype, state_dtype=dtype)
     layer_bytes = [batch * lb.tokens_held * lb.bytes_per_token for lb in est.layers]
     return {"tokens_held": [lb.tokens_held for lb in est.layers], "layer_bytes": layer_bytes,
-            "total": sum(layer_bytes)}
+            "state_bytes": [batch * lb.state_bytes for lb in est.layers], "total": sum(layer_bytes)}
 
 
 # ---- display -----------------------------------------------------------------------------------

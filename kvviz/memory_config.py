@@ -145,7 +145,7 @@ def load_config(source, *, allow_hub: bool = False) -> dict:
     if hasattr(source, "to_dict"):  # a transformers PretrainedConfig (e.g. a loaded model's)
         cfg = source.get_text_config(decoder=True) if hasattr(source, "get_text_config") else source
         return cfg.to_dict()
-    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith(("{", "["))):
         text = str(source).strip()
         if not text:
             raise ValueError("No config given: pass a preset name, a config.json path or JSON text.")
@@ -255,47 +255,52 @@ def _state_elements(cfg: dict, model_type: str) -> int:
     raise ValueError(f"kvviz does not know the state size of the linear/state-space layers of {model_type!r}.")
 
 
-def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) -> CacheLayout:
-    """The per-layer description of what the cache stores, from any config source."""
-    raw = load_config(source, allow_hub=allow_hub)
-    cfg = _text_config(raw)
-    notes: list[str] = []
-    model_type = str(cfg.get("model_type") or "unknown")
-    n_layers = _positive_int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers"),
-                             "num_hidden_layers (n_layer)")
+def _attention_shape(cfg: dict, notes: list[str]) -> tuple[int, int, int, dict | None]:
+    """(query heads, KV heads, head_dim, MLA dims or None), read the way the model reads them."""
     q_heads = _positive_int(_first(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads"),
                             "num_attention_heads (n_head)")
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
     hidden = _positive_int(hidden, "hidden_size (n_embd)") if hidden is not None else 0
-    kv_heads = _kv_heads(cfg, q_heads, notes)
-    mla = None
-    if cfg.get("kv_lora_rank") is not None:
+    if cfg.get("kv_lora_rank") is not None:  # MLA: num_key_value_heads plays no part in the cache
         mla = {k: int(cfg.get(k) or 0) for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
         notes.append(f"MLA: each token caches a {mla['kv_lora_rank']}-dim latent plus a "
                      f"{mla['qk_rope_head_dim']}-dim RoPE key per layer (no factor 2, no heads)")
-        head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]  # a key head, as plain MHA would store it
-    elif cfg.get("head_dim") is not None:
+        return q_heads, q_heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], mla
+    kv_heads = _kv_heads(cfg, q_heads, notes)
+    if q_heads % kv_heads:
+        raise ValueError(f"num_attention_heads {q_heads} is not a multiple of num_key_value_heads {kv_heads}.")
+    if cfg.get("head_dim") is not None:
         head_dim = _positive_int(cfg["head_dim"], "head_dim")
         if hidden and head_dim * q_heads != hidden:
             notes.append(f"head_dim {head_dim} is stated in the config; hidden_size / heads would give "
                          f"{hidden} / {q_heads} = {hidden / q_heads:g}")
-    elif hidden:
-        if hidden % q_heads:
-            raise ValueError(f"hidden_size {hidden} is not divisible by {q_heads} heads and no head_dim is given.")
-        head_dim = hidden // q_heads
-        notes.append(f"head_dim = hidden_size / num_attention_heads = {hidden} / {q_heads} = {head_dim}")
-    else:
+        return q_heads, kv_heads, head_dim, None
+    if not hidden:
         raise ValueError("The config states neither head_dim nor hidden_size.")
-    if q_heads % kv_heads:
-        raise ValueError(f"num_attention_heads {q_heads} is not a multiple of num_key_value_heads {kv_heads}.")
+    if hidden % q_heads:
+        raise ValueError(f"hidden_size {hidden} is not divisible by {q_heads} heads and no head_dim is given.")
+    notes.append(f"head_dim = hidden_size / num_attention_heads = {hidden} / {q_heads} = {hidden // q_heads}")
+    return q_heads, kv_heads, hidden // q_heads, None
+
+
+def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) -> CacheLayout:
+    """The per-layer description of what the cache stores, from any config source."""
+    cfg = _text_config(load_config(source, allow_hub=allow_hub))
+    notes: list[str] = []
+    model_type = str(cfg.get("model_type") or "unknown")
+    n_layers = _positive_int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+                             "num_hidden_layers (n_layer)")
+    types = _layer_types(cfg, n_layers, model_type, notes)
+    unknown = [(i, t) for i, t in enumerate(types) if t not in _LAYER_KINDS]
+    if unknown:
+        raise ValueError(f"Layer {unknown[0][0]} has layer type {unknown[0][1]!r}, which kvviz cannot size "
+                         f"(known: {', '.join(sorted(_LAYER_KINDS))}).")
+    kinds = [_LAYER_KINDS[t] for t in types]
+    attends = [k not in ("state", "none") for k in kinds]
+    q_heads, kv_heads, head_dim, mla = _attention_shape(cfg, notes) if any(attends) else (0, 0, 0, None)
 
     layers = []
-    types = _layer_types(cfg, n_layers, model_type, notes)
-    for i, layer_type in enumerate(types):
-        kind = _LAYER_KINDS.get(layer_type)
-        if kind is None:
-            raise ValueError(f"Layer {i} has layer type {layer_type!r}, which kvviz cannot size "
-                             f"(known: {', '.join(sorted(_LAYER_KINDS))}).")
+    for i, (layer_type, kind, attend) in enumerate(zip(types, kinds, attends)):
         window = None
         if kind.startswith(("sliding", "chunked")):
             key = "attention_chunk_size" if kind == "chunked" else "sliding_window"
@@ -303,19 +308,19 @@ def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) ->
         state = _state_elements(cfg, model_type) if kind.endswith("state") else 0
         vectors: tuple[tuple[int, int], ...] = ()
         heads = 0
-        if kind in ("full", "sliding", "chunked", "full+state", "sliding+state"):
-            if mla:  # one shared latent + RoPE key: a single "head" that tensor parallelism cannot split
-                if kind == "full":
-                    layer_type, kind = "mla", "mla"
-                vectors, heads = ((mla["kv_lora_rank"], 1), (mla["qk_rope_head_dim"], 1)), 1
-            else:
-                vectors, heads = ((head_dim, 2 * kv_heads),), kv_heads
+        if attend and mla:  # one shared latent + RoPE key: a single "head" that tensor parallelism cannot split
+            if kind == "full":
+                layer_type, kind = "mla", "mla"
+            vectors, heads = ((mla["kv_lora_rank"], 1), (mla["qk_rope_head_dim"], 1)), 1
+        elif attend:
+            vectors, heads = ((head_dim, 2 * kv_heads),), kv_heads
         layers.append(LayerSpec(i, layer_type, kind, vectors, heads, window, state))
 
+    hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
     return CacheLayout(
         name=name or str(cfg.get("_name") or cfg.get("_name_or_path") or cfg.get("name_or_path") or model_type),
         model_type=model_type, layers=tuple(layers), num_attention_heads=q_heads, num_key_value_heads=kv_heads,
-        head_dim=head_dim, hidden_size=hidden, num_parameters=cfg.get("_num_parameters"),
+        head_dim=head_dim, hidden_size=int(hidden or 0), num_parameters=cfg.get("_num_parameters"),
         max_position_embeddings=_first(cfg, "max_position_embeddings", "n_positions", "max_seq_len"),
         mla=mla, notes=tuple(notes),
     )
