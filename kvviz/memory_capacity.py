@@ -169,7 +169,8 @@ def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "b
         "model": layout.name, "model_type": layout.model_type, "attention": est.attention,
         "kv_dtype": dtype.name, "group_size": dtype.group_size, "context": context, "batch": batch, "tp": tp,
         "num_layers": layout.num_layers, "num_key_value_heads": layout.num_key_value_heads,
-        "head_dim": layout.head_dim, "bytes_per_token": est.bytes_per_token,
+        "head_dim": layout.head_dim, "max_position_embeddings": layout.max_position_embeddings,
+        "bytes_per_token": est.bytes_per_token,
         "bytes_per_sequence": est.bytes_per_sequence, "total_bytes": est.total_bytes,
         "per_gpu_bytes": est.per_gpu_bytes, "replication": est.replication, "layers": est.layers_json(),
     }

@@ -114,7 +114,8 @@ def load_preset(name: str) -> dict:
     raise ValueError(f"Unknown preset {name!r}; choose one of: {', '.join(preset_names())}.")
 
 
-def _parse_json(text: str, where: str) -> dict:
+def parse_config_json(text: str, where: str = "The config") -> dict:
+    """A config dict from JSON text, or ValueError saying what is wrong (never reads a path)."""
     if len(text.encode()) > MAX_CONFIG_BYTES:
         raise ValueError(f"{where} is larger than {MAX_CONFIG_BYTES // 1024} KiB; a config.json is a few KiB.")
     try:
@@ -135,7 +136,7 @@ def _from_hub(repo_id: str) -> dict:
         path = hf_hub_download(repo_id, "config.json")
     except Exception as exc:
         raise ValueError(f"Could not fetch config.json of {repo_id!r} from the hub: {type(exc).__name__}.") from None
-    return _parse_json(Path(path).read_text(), f"config.json of {repo_id}")
+    return parse_config_json(Path(path).read_text(), f"config.json of {repo_id}")
 
 
 def load_config(source, *, allow_hub: bool = False) -> dict:
@@ -155,12 +156,12 @@ def load_config(source, *, allow_hub: bool = False) -> dict:
         if path.is_dir():
             path = path / "config.json"
         if path.is_file():
-            return _parse_json(path.read_text(errors="replace"), str(path))
+            return parse_config_json(path.read_text(errors="replace"), str(path))
         if allow_hub and text.count("/") == 1 and not path.suffix:
             return _from_hub(text)
         raise ValueError(f"{text!r} is neither a preset ({', '.join(preset_names())}) nor a config.json file.")
     if isinstance(source, str):
-        return _parse_json(source, "The pasted config")
+        return parse_config_json(source, "The pasted config")
     raise ValueError(f"Cannot read a config from a {type(source).__name__}.")
 
 

@@ -1,0 +1,317 @@
+"""Memory tab: the KV-cache calculator for any config, batch capacity, decode time, and the live cache check.
+
+Handlers turn raw widget values into checked numbers (``gr.Error`` with what to fix) and call
+:mod:`kvviz.memory`, :mod:`kvviz.memory_capacity` and :mod:`kvviz.figures.memory`; no arithmetic here.
+The named endpoint ``/memory`` returns the same dict as ``python -m kvviz memory --json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import gradio as gr
+
+from kvviz.figures import memory as fig
+from kvviz.memory import (
+    KV_DTYPES,
+    CacheLayout,
+    cache_layout,
+    estimate,
+    format_bytes,
+    format_gb,
+    live_cache_bytes_formula,
+    load_preset,
+    preset_names,
+)
+from kvviz.memory_capacity import gpu_presets, report
+from kvviz.memory_config import parse_config_json
+from kvviz.ui.context import AppContext
+
+SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
+CUSTOM_GPU = "custom"
+COMPARE_DEFAULT = ["Llama-3-8B", "Mistral-7B-v0.1", "gemma-2-9b", "gpt-oss-20b", "DeepSeek-V3"]
+MAX_CONTEXT, MAX_BATCH, MAX_TP, MAX_GPUS = 2**24, 1_000_000, 1024, 100_000
+
+
+# ---- validation -----------------------------------------------------------------------------------
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """The library's ValueErrors become readable gr.Errors (gr.Error is itself a ValueError: keep it)."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+
+
+def _whole(value, what: str, lo: int, hi: int) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise gr.Error(f"{what} must be a whole number.") from None
+    if number != int(number) or not lo <= number <= hi:
+        raise gr.Error(f"{what} must be a whole number from {lo:,} to {hi:,}, got {value!r}.")
+    return int(number)
+
+
+def _positive(value, what: str, allow_blank: bool = True) -> float | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if allow_blank:
+            return None
+        raise gr.Error(f"{what} is required.")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise gr.Error(f"{what} must be a number.") from None
+    if not number > 0 or number != number or number == float("inf"):
+        raise gr.Error(f"{what} must be a positive number, got {value!r}.")
+    return number
+
+
+def _config_text(text: str, limit: int) -> dict:
+    if text is None or not str(text).strip():
+        raise gr.Error("Paste the model's config.json (a JSON object) or pick a preset.")
+    if len(str(text).encode()) > limit:
+        raise gr.Error(f"The config is larger than {limit // 1024} KiB; a config.json is a few KiB.")
+    with user_errors():
+        return parse_config_json(str(text), "The pasted config")
+
+
+def _upload(path, limit: int) -> dict:
+    if not path:
+        raise gr.Error("Upload a config.json file first.")
+    p = Path(path)
+    if p.suffix.lower() != ".json":
+        raise gr.Error("Upload a .json file (the model's config.json).")
+    if p.stat().st_size > limit:
+        raise gr.Error(f"The file is larger than {limit // 1024} KiB; a config.json is a few KiB.")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise gr.Error("The file is not UTF-8 text; upload the model's config.json.") from None
+    return _config_text(text, limit)
+
+
+def loaded_layout(ctx: AppContext) -> CacheLayout:
+    """The loaded model's cache layout, with its real name and parameter count."""
+    return replace(cache_layout(ctx.lm.config), name=ctx.info.name, num_parameters=ctx.info.param_count)
+
+
+def resolve_layout(ctx: AppContext, source: str, preset: str, pasted: str, upload) -> CacheLayout:
+    """The layout for the chosen source (never a path or hub id typed by a user)."""
+    limit = ctx.settings.max_config_bytes
+    with user_errors():
+        if source == "Loaded model":
+            return loaded_layout(ctx)
+        if source == "Paste JSON":
+            return cache_layout(_config_text(pasted, limit))
+        if source == "Upload config.json":
+            return cache_layout(_upload(upload, limit))
+        if preset not in preset_names():
+            raise gr.Error(f"Unknown preset {preset!r}; choose one of {', '.join(preset_names())}.")
+        return cache_layout(load_preset(preset))
+
+
+# ---- what the page shows --------------------------------------------------------------------------
+def _contexts(context: int, lo: int = 128) -> list[int]:
+    top = max(131_072, 1 << max(context - 1, 1).bit_length())
+    return sorted({2**k for k in range(lo.bit_length() - 1, top.bit_length())} | {context} - {0})
+
+
+def _summary(r: dict) -> str:
+    lines = [f"**Per token** (every layer): {r['bytes_per_token']:,} B = **{format_bytes(r['bytes_per_token'])}** · "
+             f"**per sequence** at {r['context']:,} tokens: {r['bytes_per_sequence']:,} B = "
+             f"**{format_bytes(r['bytes_per_sequence'])}** · **total** for {r['batch']:,} × TP {r['tp']}"
+             + (f" (× {r['replication']:g} replication)" if r["replication"] != 1 else "")
+             + f": {r['total_bytes']:,} B = **{format_bytes(r['total_bytes'])}** "
+               f"({format_bytes(r['per_gpu_bytes'])} per GPU)"]
+    if "kv_budget_bytes" in r:
+        mc = r["max_context"]
+        lines.append(f"**Capacity**: {r['gpus']} × {format_gb(r['gpu_mem_bytes'])} = {format_gb(r['total_mem_bytes'])}, "
+                     f"{r['reserve']:.0%} reserve → {format_gb(r['usable_bytes'])}, minus weights "
+                     f"{format_gb(r['weight_bytes'])} → **KV budget {format_gb(r['kv_budget_bytes'])} = "
+                     f"{format_bytes(r['kv_budget_bytes'])}** → **{r['max_sequences']:,} sequences** at "
+                     f"{r['context']:,} tokens; {r['batch']:,} sequence(s) fit up to "
+                     + ("any context (windows cap the cache)" if mc is None else f"**{mc:,} tokens**")
+                     + (f" (the model itself is configured for {r['max_position_embeddings']:,})"
+                        if mc and r.get("max_position_embeddings") and mc > r["max_position_embeddings"] else "")
+                     + ("" if r["fits"] else " — **the requested batch does not fit**"))
+    if "decode_ms_kv" in r:
+        lines.append(f"**Decode step** at {r['bandwidth_bytes_per_s'] / 1e12:g} TB/s: weights "
+                     f"{r['decode_ms_weights']:.2f} ms + KV {r['decode_ms_kv']:.2f} ms = "
+                     f"**{r['decode_ms_total']:.2f} ms** (lower bound on time per output token)")
+    return "\n\n".join(lines)
+
+
+def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu_name,
+              gpus, gpu_mem_gb, bandwidth_tbps, reserve, weights_gb, compare):
+    """Every output of the tab for one set of inputs: summary, formula, table and four figures."""
+    layout = resolve_layout(ctx, source, preset, pasted, upload)
+    context = _whole(context, "Context", 1, MAX_CONTEXT)
+    batch = _whole(batch, "Batch", 1, MAX_BATCH)
+    gpus = _whole(gpus, "Number of GPUs", 1, MAX_GPUS)
+    tp = _whole(tp, "Tensor parallelism", 0, MAX_TP) or gpus  # 0 = one model over all the GPUs
+    group = _whole(group_size, "Group size", 0, 1 << 20) if group_size not in (None, "") else 0
+    mem = _positive(gpu_mem_gb, "GPU memory (GB)")
+    bw = _positive(bandwidth_tbps, "Bandwidth (TB/s)")
+    weights = _positive(weights_gb, "Weights (GB)") if weights_gb not in (None, 0) else None
+    if source == "Loaded model" and weights is None:
+        weights = ctx.info.weight_bytes / 1e9
+    with user_errors():  # sizes first: bad input here is the user's to fix
+        r = report(layout, context, batch, kv_dtype, tp, group or None)
+        est = estimate(layout, context, batch, kv_dtype, tp, group or None)
+        formula = fig.formula_markdown(layout, est)
+        table = fig.comparison_table(layout, context, kv_dtype).drop(columns=["bytes_per_token", "bytes_per_sequence"])
+        others = [cache_layout(load_preset(n)) for n in (compare or []) if n != layout.name]
+        size = fig.size_vs_context([layout, *others], _contexts(context), kv_dtype)
+    note = ""
+    if layout.num_parameters is None and weights is None:
+        note = "Give the weights in GB to see capacity and decode time (this config has no parameter count)."
+    elif mem is not None or bw is not None:
+        try:  # capacity may legitimately not exist (weights larger than the GPUs): say so, keep the sizes
+            r = report(layout, context, batch, kv_dtype, tp, group or None, gpus, mem, float(reserve), weights,
+                       "bf16", bw)
+        except ValueError as exc:
+            note = str(exc)
+    cap = dec = gauge = None
+    if "kv_budget_bytes" in r:
+        cap = fig.capacity_vs_context(layout, r["kv_budget_bytes"], _contexts(context, 1024), kv_dtype, tp, context)
+        gauge = fig.budget_gauge(r["total_bytes"], r["kv_budget_bytes"])
+    if "decode_ms_kv" in r:
+        dec = fig.decode_time_vs_context(layout, r["weight_bytes"], batch, bw, gpus, _contexts(context, 1024),
+                                         kv_dtype, tp)
+    summary = _summary(r) + (f"\n\n⚠ {note}" if note else "")
+    return summary, formula, table, size, cap, dec, gauge
+
+
+def live_comparison(ctx: AppContext, trace) -> str:
+    """The loaded model's measured cache bytes (latest Generate run) next to the formula's."""
+    if trace is None or not trace.steps:
+        return (f"**Live cache of {ctx.info.name}**: run **Generate** first; its cache's measured bytes will "
+                "appear here next to the formula's.")
+    last = trace.steps[-1]
+    seen = trace.n_fed
+    f = live_cache_bytes_formula(ctx.lm.config, seen, trace.model.bytes_per_element)
+    ok = f["layer_bytes"] == list(last.layer_bytes)
+    verdict = "they agree, layer by layer ✓" if ok else "**they differ** ✗ (please report this)"
+    return (f"**Live cache of {ctx.info.name}** after the last Generate run ({seen:,} tokens fed, "
+            f"{trace.model.dtype}): measured from the tensors **{last.cache_bytes:,} B = "
+            f"{format_bytes(last.cache_bytes)}**; the formula gives **{f['total']:,} B = "
+            f"{format_bytes(f['total'])}** — {verdict}.")
+
+
+def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1, kv_dtype: str = "bf16",
+               tp: int | None = None, gpus: int = 1, gpu_mem_gb: float | None = None, reserve: float = 0.1,
+               weights_gb: float | None = None, bandwidth_tbps: float | None = None,
+               group_size: int | None = None) -> dict:
+    """The CLI's JSON for a preset name, ``"loaded"`` (the served model) or config JSON text."""
+    text = (config or "").strip()
+    if text.startswith("{"):
+        layout = resolve_layout(ctx, "Paste JSON", "", text, None)
+    elif text.lower() == "loaded":
+        layout = resolve_layout(ctx, "Loaded model", "", "", None)
+    elif text.lower() in {n.lower() for n in preset_names()}:
+        layout = resolve_layout(ctx, "Preset", next(n for n in preset_names() if n.lower() == text.lower()), "", None)
+    else:
+        raise gr.Error(f"config must be a preset ({', '.join(preset_names())}), 'loaded', or config JSON text.")
+    if weights_gb is None and text.lower() == "loaded":
+        weights_gb = ctx.info.weight_bytes / 1e9
+    with user_errors():
+        return report(layout, _whole(context, "context", 0, MAX_CONTEXT), _whole(batch, "batch", 1, MAX_BATCH),
+                      kv_dtype, None if tp is None else _whole(tp, "tp", 1, MAX_TP),
+                      None if not group_size else _whole(group_size, "group_size", 1, 1 << 20),
+                      _whole(gpus, "gpus", 1, MAX_GPUS), _positive(gpu_mem_gb, "gpu_mem_gb"), float(reserve),
+                      weights_gb, "bf16", _positive(bandwidth_tbps, "bandwidth_tbps"))
+
+
+# ---- the page ----------------------------------------------------------------------------------------
+def build(ctx: AppContext) -> None:
+    """Build the Memory tab inside the caller's ``gr.Tab``."""
+    gpus_by_name = gpu_presets()
+    gr.Markdown("Size the KV cache of any model from its config: per token, per sequence and per batch, how many "
+                "sequences fit on your GPUs, and how long each decode step must take to read it all.")
+    with gr.Row():
+        with gr.Column(scale=2):
+            source = gr.Radio(SOURCES, value="Preset", label="Model")
+            preset = gr.Dropdown(preset_names(), value="Llama-3-70B", label="Preset")
+            pasted = gr.Textbox(label="config.json (JSON only)", lines=8, visible=False,
+                                placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}')
+            upload = gr.File(label="config.json", file_types=[".json"], type="filepath", visible=False)
+        with gr.Column(scale=2):
+            context = gr.Number(value=8192, precision=0, label="Context (tokens per sequence)")
+            batch = gr.Number(value=1, precision=0, label="Batch (sequences)")
+            kv_dtype = gr.Dropdown(list(KV_DTYPES), value="bf16", label="KV dtype")
+            group_size = gr.Number(value=0, precision=0, label="Scale/zero group size (0 = none; low-bit only)")
+            tp = gr.Number(value=0, precision=0, label="Tensor parallelism (0 = all the GPUs)")
+        with gr.Column(scale=2):
+            first = next(iter(gpus_by_name))
+            gpu = gr.Dropdown([*gpus_by_name, CUSTOM_GPU], value=first, label="GPU")
+            gpus = gr.Number(value=8, precision=0, label="Number of GPUs")
+            gpu_mem = gr.Number(value=gpus_by_name[first].memory_gb, label="Memory per GPU (GB, decimal)")
+            bandwidth = gr.Number(value=gpus_by_name[first].bandwidth_tbps, label="Bandwidth per GPU (TB/s)")
+            reserve = gr.Slider(0.0, 0.5, value=0.1, step=0.01, label="Reserve for activations/workspace")
+            weights = gr.Number(value=None, label="Weights (GB; blank = parameters × 2 B)")
+    compare = gr.CheckboxGroup(preset_names(), value=COMPARE_DEFAULT, label="Compare with (size vs context chart)")
+    button = gr.Button("Calculate", variant="primary", elem_id="memory-calc")
+    first_values = calculate(ctx, "Preset", "Llama-3-70B", "", None, 8192, 1, "bf16", 0, 0, first, 8,
+                             gpus_by_name[first].memory_gb, gpus_by_name[first].bandwidth_tbps, 0.1, None,
+                             COMPARE_DEFAULT)  # the chapter's 8 × H100 example
+    summary = gr.Markdown(first_values[0], elem_id="memory-summary")
+    live = gr.Markdown(live_comparison(ctx, None), elem_id="memory-live")
+    formula = gr.Markdown(first_values[1], elem_id="memory-formula")
+    gr.Markdown(fig.CAPTIONS["formula"], elem_classes="caption")
+    table = gr.Dataframe(first_values[2], label="MHA / GQA / MQA / MLA for this model's layers", interactive=False,
+                         elem_id="memory-table")
+    gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
+    size = gr.Plot(first_values[3], label="KV cache vs context", elem_id="memory-size")
+    gr.Markdown(fig.CAPTIONS["size"], elem_classes="caption")
+    with gr.Row():
+        with gr.Column():
+            capacity = gr.Plot(first_values[4], label="Batch capacity", elem_id="memory-capacity")
+            gr.Markdown(fig.CAPTIONS["capacity"], elem_classes="caption")
+        with gr.Column():
+            decode = gr.Plot(first_values[5], label="Decode step", elem_id="memory-decode")
+            gr.Markdown(fig.CAPTIONS["decode"], elem_classes="caption")
+    gauge = gr.Plot(first_values[6], label="KV budget", elem_id="memory-gauge-budget")
+    gr.Markdown(fig.CAPTIONS["gauge"], elem_classes="caption")
+
+    ctx.components.update({"memory.source": source, "memory.preset": preset, "memory.context": context,
+                           "memory.batch": batch, "memory.kv_dtype": kv_dtype, "memory.tp": tp, "memory.gpu": gpu,
+                           "memory.gpus": gpus, "memory.button": button})
+
+    def show_source(choice):
+        return (gr.update(visible=choice == "Preset"), gr.update(visible=choice == "Paste JSON"),
+                gr.update(visible=choice == "Upload config.json"))
+
+    def pick_gpu(name):
+        if name in gpus_by_name:
+            return gpus_by_name[name].memory_gb, gpus_by_name[name].bandwidth_tbps
+        return gr.skip(), gr.skip()
+
+    source.change(show_source, source, [preset, pasted, upload], queue=False, api_name=False)
+    gpu.change(pick_gpu, gpu, [gpu_mem, bandwidth], queue=False, api_name=False)
+
+    inputs = [source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu, gpus, gpu_mem,
+              bandwidth, reserve, weights, compare]
+    outputs = [summary, formula, table, size, capacity, decode, gauge]
+
+    def run(*values):
+        return calculate(ctx, *values)
+
+    gr.on([button.click, source.change, preset.change, kv_dtype.change, gpu.change, compare.change,
+           context.submit, batch.submit, tp.submit, gpus.submit], run, inputs, outputs, api_name=False)
+    if ctx.trace_state is not None:
+        ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
+
+    def memory(config: str, context: int = 8192, batch: int = 1, kv_dtype: str = "bf16", tp: int | None = None,
+               gpus: int = 1, gpu_mem_gb: float | None = None, reserve: float = 0.1, weights_gb: float | None = None,
+               bandwidth_tbps: float | None = None, group_size: int | None = None) -> dict:
+        """KV-cache size, capacity and decode time: the JSON of ``python -m kvviz memory --json``."""
+        return api_memory(ctx, config, context, batch, kv_dtype, tp, gpus, gpu_mem_gb, reserve, weights_gb,
+                          bandwidth_tbps, group_size)
+
+    gr.api(memory, api_name="memory")
