@@ -107,12 +107,17 @@ def is_installed(model) -> bool:
 
 @dataclass
 class RecorderConfig:
-    """What the recorder keeps. ``bin_factor`` positions share one display bin."""
+    """What the recorder keeps. ``bin_factor`` positions share one display bin.
+
+    ``chunk`` caps the prompt queries whose scores exist at once; the recorder may use fewer so that
+    one chunk's scores stay near ``chunk_elements`` floats (cache-friendly on CPU).
+    """
 
     sink_k: int = 4
     obs_window: int = 64
     chunk: int = 256
     bin_factor: int = 1
+    chunk_elements: int = 2**21
 
 
 class Recorder:
@@ -125,6 +130,8 @@ class Recorder:
 
     def __init__(self, layers: int, q_heads: int, t_max: int, n_prompt: int, cfg: RecorderConfig,
                  device: torch.device, keep_outputs: bool = False):
+        if cfg.bin_factor < 1 or cfg.chunk < 1 or cfg.sink_k < 0 or cfg.obs_window < 1:
+            raise ValueError("RecorderConfig needs bin_factor, chunk, obs_window >= 1 and sink_k >= 0.")
         self.cfg, self.layers, self.q_heads = cfg, layers, q_heads
         self.t_max, self.n_prompt = t_max, n_prompt
         f = cfg.bin_factor
@@ -145,6 +152,8 @@ class Recorder:
         self.keep_outputs = keep_outputs
         self.outputs: list[torch.Tensor] = []  # per forward: [Lyr, q, Hq*D] when keep_outputs
         self._out_step: list[torch.Tensor | None] = [None] * layers
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # reused score/prob buffers
+        self._tri: torch.Tensor | None = None  # [C, C] True above the diagonal (the causal mask's block)
 
     # -- called from the attention function ------------------------------------------------
     def record(self, layer: int, query, key, mask, scaling, softcap, out) -> None:
@@ -162,53 +171,144 @@ class Recorder:
         if self.keep_outputs:
             self.outputs.append(torch.stack(self._out_step))  # [Lyr, q, Hq*D]
 
-    def _key_positions(self, layer: int, k_len: int, hkv: int) -> torch.Tensor:
-        """Absolute position of every cached key: [Hkv, k]."""
-        cache_layer = self.cache.layers[layer] if self.cache is not None else None
+    def _key_positions(self, layer: int, k_len: int) -> torch.Tensor | None:
+        """Absolute positions of the cached keys ([Hkv, k]) when an evicting cache says so, else None
+        (then the keys are the last ``k`` positions, in order)."""
+        layers = getattr(self.cache, "layers", None)
+        cache_layer = layers[layer] if layers is not None and layer < len(layers) else None
         pos = getattr(cache_layer, "kv_positions", None)
-        if pos is not None and pos.shape[-1] == k_len:
-            return pos
-        start = self.t_total - k_len
-        return torch.arange(start, self.t_total, device=self.colsum.device).expand(hkv, k_len)
+        return pos if pos is not None and pos.shape[-1] == k_len else None
 
+    # -- decode: one query, one row per head ---------------------------------------------------
     def _record_decode(self, layer, query, key, mask, scaling, softcap) -> None:
-        probs = attention_probs(query, key, mask, scaling, softcap)[0, :, 0]  # [Hq, k]
-        pos = self._key_positions(layer, key.shape[2], key.shape[1])
-        pos = pos.repeat_interleave(self.q_heads // key.shape[1], dim=0)  # [Hq, k]
+        probs = _decode_probs(query, key, mask, scaling, softcap)  # [Hq, k]
+        k_len, f, qpos = key.shape[2], self.cfg.bin_factor, self.t_total - 1
+        row = self.decode_rows[qpos - self.n_prompt, layer]  # [Hq, nb] fp16
+        pos = self._key_positions(layer, k_len)
+        if pos is None:  # keys are positions start … t_total-1: plain slices, no scatter
+            start = self.t_total - k_len
+            self.colsum[layer, :, start:self.t_total] += probs
+            self.sink_mass[layer, :, qpos] = probs[:, : max(self.cfg.sink_k - start, 0)].sum(-1)
+            b0, binned = _bin(probs, start, f, dim=1)  # [Hq, nbins]
+            row[:, b0:b0 + binned.shape[1]] = binned
+            return
+        pos = pos.to(probs.device).repeat_interleave(self.q_heads // key.shape[1], dim=0)  # [Hq, k]
         self.colsum[layer].scatter_add_(1, pos, probs)
-        qpos = self.t_total - 1
         self.sink_mass[layer, :, qpos] = (probs * (pos < self.cfg.sink_k)).sum(-1)
-        binned = torch.zeros(self.q_heads, self.nb, device=probs.device).scatter_add_(
-            1, pos // self.cfg.bin_factor, probs)
-        self.decode_rows[qpos - self.n_prompt, layer] = binned.half()
+        binned = torch.zeros(self.q_heads, self.nb, device=probs.device).scatter_add_(1, pos // f, probs)
+        row.copy_(binned)
+
+    # -- prefill: query chunks, reduced as they are computed -------------------------------------
+    def _chunk_rows(self, k_len: int) -> int:
+        """Queries per chunk: at most cfg.chunk, about chunk_elements scores, a multiple of bin_factor."""
+        f = self.cfg.bin_factor
+        rows = min(self.cfg.chunk, max(self.cfg.chunk_elements // (self.q_heads * k_len), 16))
+        return max(rows // f, 1) * f
+
+    def _buffers(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat fp32 scratch for one chunk's scores and probabilities, kept across layers (no
+        per-chunk allocation: large fresh buffers cost page faults on every call)."""
+        if self._scratch is None or self._scratch[0].numel() < n or self._scratch[0].device != device:
+            self._scratch = (torch.empty(n, device=device), torch.empty(n, device=device))
+        return self._scratch
 
     def _record_prefill(self, layer, query, key, mask, scaling, softcap) -> None:
-        q_len, k_len = query.shape[2], key.shape[2]
-        f, n_prompt = self.cfg.bin_factor, self.n_prompt
+        hq, q_len, d = query.shape[1:]
+        hkv, k_len = key.shape[1], key.shape[2]
+        g = hq // hkv
+        koff = self.t_total - k_len  # absolute position of key 0
+        qpos0 = self.t_total - q_len  # absolute position of query 0
+        qk = k_len - q_len  # keys before query 0 (causal: query r sees keys < qk + r + 1)
+        scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+        qs = (query[0].float() * scale).view(hkv, g, q_len, d)  # [Hkv, g, q, D]
+        kt = key[0].float().transpose(1, 2)  # [Hkv, D, k]
+        rows = self._chunk_rows(k_len)
+        sbuf, pbuf = self._buffers(hq * rows * k_len, query.device)
         w = self.window_rows.shape[2]
-        qpos0 = self.t_total - q_len  # absolute position of the first query
-        for c0 in range(0, q_len, self.cfg.chunk):
-            c1 = min(c0 + self.cfg.chunk, q_len)
-            kend = min(k_len, (k_len - q_len) + c1)  # causal: this chunk sees no later key
-            m = None if mask is None else mask[:, :, c0:c1, :kend]
-            probs = attention_probs(query[:, :, c0:c1], key[:, :, :kend], m, scaling, softcap,
-                                    q_offset=(k_len - q_len) + c0)[0]  # [Hq, C, kend]
-            self.colsum[layer, :, :kend] += probs.sum(1)
-            if qpos0 == 0:
-                self.prefill_colsum[layer, :, :kend] += probs.sum(1)
-            qs = torch.arange(qpos0 + c0, qpos0 + c1, device=probs.device)
-            self.sink_mass[layer, :, qs] = probs[..., : self.cfg.sink_k].sum(-1)
-            lo = max(c0, n_prompt - w)
-            if lo < c1:
-                self.window_rows[layer, :, lo - (n_prompt - w):c1 - (n_prompt - w), :kend] = probs[:, lo - c0:]
-            # display map: mass per key bin, summed over the queries of each query bin
-            nkb = -(-kend // f)
-            padded = torch.nn.functional.pad(probs, (0, nkb * f - kend))
-            kbinned = padded.view(self.q_heads, c1 - c0, nkb, f).sum(-1)  # [Hq, C, nkb]
-            self.prefill_map[layer, :, :, :nkb].index_add_(1, qs // f, kbinned)
+        w0 = self.n_prompt - w  # absolute position of the first window query
+        first = qpos0 - qpos0 % rows  # chunks start at multiples of ``rows`` (so of f) in absolute positions
+        for a0 in range(first, qpos0 + q_len, rows):
+            c0, c1 = max(a0, qpos0) - qpos0, min(a0 + rows, qpos0 + q_len) - qpos0
+            n, kend = c1 - c0, min(k_len, qk + c1)  # this chunk sees no later key
+            qc = qs[:, :, c0:c1].reshape(hkv, g * n, d)  # [Hkv, g*C, D] (small copy)
+            s = sbuf[: hq * n * kend].view(hkv, g * n, kend)
+            torch.bmm(qc, kt[:, :, :kend], out=s)
+            s = s.view(hq, n, kend)  # [Hq, C, kend]; head h = kv*g + j, as repeat_kv orders them
+            if softcap is not None:
+                s.div_(softcap).tanh_().mul_(softcap)
+            if mask is None:  # causal: only the diagonal block has masked entries
+                s[:, :, kend - n:].masked_fill_(self._tri_block(n, query.device), float("-inf"))
+            elif mask.dtype == torch.bool:
+                s.masked_fill_(~mask[0, :, c0:c1, :kend], float("-inf"))
+            else:
+                s.add_(mask[0, :, c0:c1, :kend].float())
+            p = pbuf[: hq * n * kend].view(hq, n, kend)
+            torch.softmax(s, dim=-1, out=p)
+            self._reduce_chunk(layer, p, qpos0 + c0, koff, w0)
+
+    def _tri_block(self, n: int, device) -> torch.Tensor:
+        if self._tri is None or self._tri.shape[0] < n or self._tri.device != device:
+            self._tri = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+        return self._tri[:n, :n]
+
+    def _reduce_chunk(self, layer: int, p: torch.Tensor, a0: int, koff: int, w0: int) -> None:
+        """Fold one chunk's probabilities p [Hq, C, kend] (queries from absolute position a0, keys
+        from koff) into the column sums, sink mass, window rows and the binned map."""
+        n, kend, f = p.shape[1], p.shape[2], self.cfg.bin_factor
+        self.sink_mass[layer, :, a0:a0 + n] = p[..., : max(self.cfg.sink_k - koff, 0)].sum(-1)
+        if a0 + n > w0 and a0 < self.n_prompt and koff == 0:
+            lo, hi = max(a0, w0), min(a0 + n, self.n_prompt)
+            self.window_rows[layer, :, lo - w0:hi - w0, :kend] = p[:, lo - a0:hi - a0]
+        qb0, qbinned = _bin(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
+        col = qbinned.sum(1)  # [Hq, kend]: every query of the chunk, once
+        self.colsum[layer, :, koff:koff + kend] += col
+        if a0 >= self.n_prompt:
+            return
+        if a0 + n > self.n_prompt:  # a feed that runs past the prompt: keep only the prompt queries
+            qb0, qbinned = _bin(p[:, : self.n_prompt - a0], a0, f, dim=1)
+            col = qbinned.sum(1)
+        kp = max(min(kend, self.n_prompt - koff), 0)  # prompt keys only
+        self.prefill_colsum[layer, :, koff:koff + kp] += col[:, :kp]
+        kb0, binned = _bin(qbinned, koff, f, dim=2)  # [Hq, nqb_chunk, nkb]
+        self.prefill_map[layer, :, qb0:qb0 + binned.shape[1], kb0:kb0 + binned.shape[2]] += binned
 
     def finish_prefill_map(self) -> torch.Tensor:
         """Mean row per query bin (each row of the map then sums to 1)."""
         f, n = self.cfg.bin_factor, self.n_prompt
         counts = torch.bincount(torch.arange(n) // f, minlength=self.prefill_map.shape[2]).clamp(min=1)
         return self.prefill_map / counts.to(self.prefill_map.device)[None, None, :, None]
+
+
+def _decode_probs(query, key, mask, scaling, softcap) -> torch.Tensor:
+    """Exact attention row of one query per head, [Hq, k] fp32, without repeating the keys."""
+    hq, d = query.shape[1], query.shape[-1]
+    hkv, k_len = key.shape[1], key.shape[2]
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+    q = (query[0, :, 0].float() * scale).view(hkv, hq // hkv, d)  # [Hkv, g, D]
+    s = torch.bmm(q, key[0].float().transpose(1, 2)).view(hq, k_len)  # [Hq, k]
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    if mask is not None:
+        m = mask[0, :, -1, :k_len]  # [1 or Hq, k]
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+    return torch.softmax(s, dim=-1)
+
+
+def _bin(x: torch.Tensor, start: int, f: int, dim: int) -> tuple[int, torch.Tensor]:
+    """Sum ``x`` over bins of ``f`` absolute positions along ``dim`` (x's index 0 = position ``start``).
+
+    Returns (first bin, binned tensor). f == 1 returns x itself (no copy).
+    """
+    if f == 1:
+        return start, x
+    n = x.shape[dim]
+    head = min((-start) % f, n)  # positions before the first bin boundary
+    mid = (n - head) // f * f
+    parts = []
+    if head:
+        parts.append(x.narrow(dim, 0, head).sum(dim, keepdim=True))
+    if mid:
+        parts.append(x.narrow(dim, head, mid).unflatten(dim, (mid // f, f)).sum(dim + 1))
+    if n - head - mid:
+        parts.append(x.narrow(dim, head + mid, n - head - mid).sum(dim, keepdim=True))
+    return start // f, parts[0] if len(parts) == 1 else torch.cat(parts, dim)
