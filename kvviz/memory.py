@@ -99,7 +99,8 @@ def tokens_held(layer: LayerSpec, seen: int, keep: str = "transformers") -> int:
     ``DynamicSlidingWindowLayer`` keeps exactly ``min(seen, W - 1)`` (``keep="transformers"``, the
     default, which matches the live cache's tensor bytes). ``keep="window"`` counts ``min(seen, W)``,
     the chapter's "the last W tokens" (and what a cache allocated for the step's own token holds).
-    Fixed-state layers hold no tokens.
+    Chunked-attention layers (Llama-4) are kept the same way with ``W`` = ``attention_chunk_size``,
+    as transformers maps them onto the same cache layer. Fixed-state layers hold no tokens.
     """
     if keep not in ("transformers", "window"):
         raise ValueError(f"keep must be 'transformers' or 'window', not {keep!r}.")
@@ -135,7 +136,9 @@ def _tp_heads_per_gpu(kv_heads: int, tp: int) -> int:
         return kv_heads // tp
     if tp % kv_heads == 0:
         return 1
-    raise ValueError(f"Tensor parallelism {tp} cannot split {kv_heads} KV heads: one must divide the other.")
+    valid = sorted({d for d in range(1, kv_heads + 1) if kv_heads % d == 0} | {kv_heads * m for m in (2, 4, 8)})
+    raise ValueError(f"Tensor parallelism {tp} cannot split {kv_heads} KV heads: one must divide the other "
+                     f"(e.g. TP = {', '.join(map(str, valid))}).")
 
 
 @dataclass(frozen=True)
