@@ -122,9 +122,10 @@ def bundled_folder() -> Path:
 
 
 def resolve_spec(spec: str | None) -> str:
-    """``None``/``"bundled"`` → the bundled model; ``KVVIZ_MODEL`` is the default."""
-    spec = (spec or os.environ.get("KVVIZ_MODEL") or BUNDLED).strip()
-    return spec or BUNDLED
+    """``None``/``"bundled"`` → the bundled model; ``KVVIZ_MODEL`` is the default (on a Space: the hub copy)."""
+    default = HUB_DEFAULT if os.environ.get("SPACE_ID") else BUNDLED  # (helper: Space default)
+    spec = (spec or os.environ.get("KVVIZ_MODEL") or default).strip()
+    return spec or default
 
 
 def stop_token_ids(tokenizer, config) -> set[int]:

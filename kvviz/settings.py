@@ -1,7 +1,20 @@
 """Limits and deployment switches, read from the environment once at start-up.
 
 Every limit is enforced before work starts, so a request that is too big is refused with a
-message instead of tying up the shared model.
+message instead of tying up the shared model. Variables (all optional):
+
+==========================  ===========================================================
+KVVIZ_MAX_PROMPT_TOKENS     longest prompt, in tokens (8192)
+KVVIZ_MAX_PROMPT_CHARS      longest prompt, in characters, checked before tokenizing (200000)
+KVVIZ_MAX_NEW_TOKENS        most tokens one request may generate (512)
+KVVIZ_CONCURRENCY           model jobs running at once (1 per 4 CPU cores, at least 1; 2 on a GPU)
+KVVIZ_QUEUE_SIZE            jobs waiting beyond that before new ones are refused (64)
+KVVIZ_MAX_CONFIG_BYTES      largest uploaded or pasted config.json (262144)
+KVVIZ_SESSION_GRACE_S       seconds a closed session's traces are kept for a reconnect (60)
+KVVIZ_FILE_MAX_AGE_S        exported files older than this are deleted (3600)
+KVVIZ_PUBLIC                1 = public deployment (also implied by SPACE_ID on a Hugging Face Space)
+KVVIZ_ALLOWED_MODELS        comma-separated model ids a public deployment may load
+==========================  ===========================================================
 """
 
 from __future__ import annotations
@@ -9,19 +22,33 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import torch
 
-def _int(name: str, default: int) -> int:
+from kvviz.models import HUB_DEFAULT
+
+
+def _int(name: str, default: int, minimum: int = 1) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError as exc:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
 
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def default_concurrency() -> int:
+    """Jobs at once: one per 4 CPU cores (torch already uses every core for one job), 2 with CUDA."""
+    if torch.cuda.is_available():
+        return 2
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 @dataclass
@@ -29,21 +56,31 @@ class Settings:
     """What one deployment allows. ``public`` turns on the allowlist and forbids local paths."""
 
     max_prompt_tokens: int = 8192
+    max_prompt_chars: int = 200_000
     max_new_tokens: int = 512
     concurrency: int = 1
     queue_size: int = 64
     public: bool = False
     allowed_models: list[str] = field(default_factory=list)
     max_config_bytes: int = 256 * 1024
+    session_grace_s: int = 60
+    file_max_age_s: int = 3600
 
     @classmethod
     def from_env(cls) -> Settings:
+        public = _flag("KVVIZ_PUBLIC") or bool(os.environ.get("SPACE_ID"))
         allowed = [m.strip() for m in os.environ.get("KVVIZ_ALLOWED_MODELS", "").split(",") if m.strip()]
+        if public and not allowed:
+            allowed = [HUB_DEFAULT, "bundled"]
         return cls(
             max_prompt_tokens=_int("KVVIZ_MAX_PROMPT_TOKENS", cls.max_prompt_tokens),
+            max_prompt_chars=_int("KVVIZ_MAX_PROMPT_CHARS", cls.max_prompt_chars),
             max_new_tokens=_int("KVVIZ_MAX_NEW_TOKENS", cls.max_new_tokens),
-            concurrency=_int("KVVIZ_CONCURRENCY", cls.concurrency),
+            concurrency=_int("KVVIZ_CONCURRENCY", default_concurrency()),
             queue_size=_int("KVVIZ_QUEUE_SIZE", cls.queue_size),
-            public=_flag("KVVIZ_PUBLIC") or bool(os.environ.get("SPACE_ID")),
+            public=public,
             allowed_models=allowed,
+            max_config_bytes=_int("KVVIZ_MAX_CONFIG_BYTES", cls.max_config_bytes, minimum=1024),
+            session_grace_s=_int("KVVIZ_SESSION_GRACE_S", cls.session_grace_s, minimum=0),
+            file_max_age_s=_int("KVVIZ_FILE_MAX_AGE_S", cls.file_max_age_s, minimum=60),
         )

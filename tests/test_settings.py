@@ -1,0 +1,69 @@
+"""kvviz.settings: limits and deployment switches from the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvviz.models import HUB_DEFAULT
+from kvviz.settings import Settings, default_concurrency
+
+VARS = ["KVVIZ_MAX_PROMPT_TOKENS", "KVVIZ_MAX_PROMPT_CHARS", "KVVIZ_MAX_NEW_TOKENS", "KVVIZ_CONCURRENCY",
+        "KVVIZ_QUEUE_SIZE", "KVVIZ_MAX_CONFIG_BYTES", "KVVIZ_SESSION_GRACE_S", "KVVIZ_FILE_MAX_AGE_S",
+        "KVVIZ_PUBLIC", "KVVIZ_ALLOWED_MODELS", "SPACE_ID"]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults_are_private_and_sized_for_the_machine(monkeypatch):
+    s = Settings.from_env()
+    assert (s.max_prompt_tokens, s.max_new_tokens, s.queue_size) == (8192, 512, 64)
+    assert not s.public and s.allowed_models == []
+    assert s.concurrency == default_concurrency() >= 1
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert default_concurrency() == 1  # this 2-core machine: one job at a time
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert default_concurrency() == 4
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert default_concurrency() == 2
+
+
+def test_limits_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("KVVIZ_MAX_PROMPT_TOKENS", "1024")
+    monkeypatch.setenv("KVVIZ_MAX_NEW_TOKENS", " 64 ")
+    monkeypatch.setenv("KVVIZ_CONCURRENCY", "3")
+    monkeypatch.setenv("KVVIZ_MAX_CONFIG_BYTES", "4096")
+    monkeypatch.setenv("KVVIZ_SESSION_GRACE_S", "0")
+    s = Settings.from_env()
+    assert (s.max_prompt_tokens, s.max_new_tokens, s.concurrency, s.max_config_bytes, s.session_grace_s) == (
+        1024, 64, 3, 4096, 0)
+
+
+@pytest.mark.parametrize("name, raw, message", [
+    ("KVVIZ_MAX_NEW_TOKENS", "lots", "must be an integer"), ("KVVIZ_CONCURRENCY", "0", "at least 1"),
+    ("KVVIZ_MAX_PROMPT_TOKENS", "-1", "at least 1"), ("KVVIZ_MAX_CONFIG_BYTES", "10", "at least 1024"),
+    ("KVVIZ_QUEUE_SIZE", "2.5", "must be an integer"),
+])
+def test_bad_environment_values_are_refused(monkeypatch, name, raw, message):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        Settings.from_env()
+    with pytest.raises(ValueError, match=message):
+        Settings.from_env()
+
+
+def test_public_mode_and_its_default_allowlist(monkeypatch):
+    monkeypatch.setenv("KVVIZ_PUBLIC", "1")
+    assert Settings.from_env().allowed_models == [HUB_DEFAULT, "bundled"]
+    monkeypatch.setenv("KVVIZ_ALLOWED_MODELS", " a/b , c/d ,, ")
+    s = Settings.from_env()
+    assert s.public and s.allowed_models == ["a/b", "c/d"]
+
+
+def test_a_space_is_public(monkeypatch):
+    monkeypatch.setenv("SPACE_ID", "someone/kvviz")
+    assert Settings.from_env().public
