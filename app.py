@@ -2,15 +2,18 @@
 
 Every option also reads an environment variable (KVVIZ_MODEL, KVVIZ_HOST, KVVIZ_PORT, KVVIZ_SHARE,
 KVVIZ_ROOT_PATH); flags win. On a Hugging Face Space the defaults serve the hub copy of SmolLM2.
+Limits and the public mode come from the environment too (see ``kvviz/settings.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
-from kvviz.models import ModelLoadError, load_model
+from kvviz.models import ModelLoadError, load_model, resolve_spec
+from kvviz.safety import check_model_spec
 from kvviz.settings import Settings
 
 
@@ -28,14 +31,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace):
+    from kvviz.ui import sessions
     from kvviz.ui.app import build_app
     from kvviz.ui.context import AppContext
 
     settings = Settings.from_env()
-    lm = load_model(args.model, device=args.device, dtype=args.dtype)
-    demo = build_app(AppContext(lm=lm, settings=settings))
+    spec = resolve_spec(args.model)
+    try:  # a public deployment loads only its allowlist, never a local path
+        check_model_spec(spec, public=settings.public, allowed=settings.allowed_models)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    lm = load_model(spec, device=args.device, dtype=args.dtype)
+    ctx = AppContext(lm=lm, settings=settings)
+    demo = build_app(ctx)
+    sessions.install(demo, ctx)
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
     return demo
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from kvviz.ui.app import CSS, THEME
 
+    # SIGTERM (a Space restarting, a test ending) closes the server like Ctrl-C, so temp files are deleted
+    signal.signal(signal.SIGTERM, _interrupt)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, root_path=args.root_path,
                 theme=THEME, css=CSS, footer_links=["api"])
     return 0

@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import gradio as gr
 
 from kvviz.capture import model_info
 from kvviz.models import LoadedModel
+from kvviz.safety import SessionFiles
 from kvviz.settings import Settings
 from kvviz.trace import ModelInfo
 
@@ -32,6 +34,8 @@ class AppContext:
     components: dict[str, gr.components.Component] = field(default_factory=dict)
     tabs: gr.Tabs | None = None
     stop_flags: dict[str, threading.Event] = field(default_factory=dict)
+    # (helper: issue 7) every file written for a user lives in that session's temp folder
+    files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None
 
     @property
@@ -52,3 +56,13 @@ class AppContext:
     def forget_session(self, request: gr.Request | None) -> None:
         key = getattr(request, "session_hash", None) or "default"
         self.stop_flags.pop(key, None)
+
+    # (helper: issue 7) per-session exports and the end of a session
+    def session_dir(self, request: gr.Request | None) -> Path:
+        """A fresh folder for one export, inside the session's own temp folder (deleted when it ends)."""
+        return self.files.run_folder(getattr(request, "session_hash", None))
+
+    def end_session(self, request: gr.Request | None) -> None:
+        """The user closed the page: drop their Stop flag and delete their files."""
+        self.forget_session(request)
+        self.files.forget(getattr(request, "session_hash", None))

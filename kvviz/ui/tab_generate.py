@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 
@@ -11,7 +10,10 @@ import gradio as gr
 from kvviz.capture import Sampling, capture_iter, encode_prompt
 from kvviz.examples import examples
 from kvviz.figures import generate as fig
+from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
+from kvviz.ui.gpu import gpu
+from kvviz.ui.sessions import job_failed
 from kvviz.units import format_bytes
 from kvviz.waste import forward_passes
 
@@ -22,23 +24,17 @@ REFRESH_S = 0.25  # redraw charts at most this often while streaming
 
 def validate_request(ctx: AppContext, prompt: str, chat: bool, max_new_tokens: float, temperature: float,
                      top_p: float, seed: float) -> tuple[list[int], int, Sampling]:
-    """Turn raw inputs into checked values, or raise gr.Error with what to fix."""
-    if prompt is None or not str(prompt).strip():
-        raise gr.Error("The prompt is empty: type some text or pick an example.")
-    try:
-        n_new = int(max_new_tokens)
-        if n_new != max_new_tokens:
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise gr.Error("Max new tokens must be a whole number.") from None
-    if not 1 <= n_new <= ctx.settings.max_new_tokens:
-        raise gr.Error(f"Max new tokens must be between 1 and {ctx.settings.max_new_tokens}.")
-    sampling = Sampling(float(temperature or 0.0), float(top_p or 1.0), int(seed or 0))
-    try:
+    """Turn raw inputs into checked values, or raise gr.Error with what to fix (before any model work)."""
+    try:  # (helper: issue 7) every input checked by kvviz.safety: NaN, fractions, text, control characters
+        text = clean_prompt(prompt, ctx.settings.max_prompt_chars)
+        n_new = whole_number(max_new_tokens, "Max new tokens", 1, ctx.settings.max_new_tokens)
+        sampling = Sampling(real_number(0.0 if temperature is None else temperature, "Temperature", 0.0, 5.0),
+                            real_number(1.0 if top_p is None else top_p, "Top-p", 0.0, 1.0, lo_open=True),
+                            whole_number(0 if seed is None else seed, "Seed", 0, 2**32 - 1))
         sampling.validate()
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    ids = encode_prompt(ctx.lm, str(prompt), bool(chat))
+    ids = encode_prompt(ctx.lm, text, bool(chat))
     limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
     if len(ids) + n_new > limit:
         raise gr.Error(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit of "
@@ -104,21 +100,26 @@ def build(ctx: AppContext):
         flag.clear()
         last = 0.0
         trace = None
-        for trace in capture_iter(ctx.lm, prompt_text, chat=bool(use_chat), max_new_tokens=n_new,
-                                  sampling=sampling, prompt_ids=ids, should_stop=flag.is_set, verify=True):
-            now = time.perf_counter()
-            if now - last < REFRESH_S and not trace.stop_reason:
-                continue
-            last = now
-            yield _outputs(trace, budget_name, final=bool(trace.stop_reason) and trace.colsum is not None)
-        ctx.forget_session(request)
+        try:  # (helper: issue 7) a fault, Stop or disconnect ends this job only; the cache goes with it
+            for trace in capture_iter(ctx.lm, prompt_text, chat=bool(use_chat), max_new_tokens=n_new,
+                                      sampling=sampling, prompt_ids=ids, should_stop=flag.is_set, verify=True):
+                now = time.perf_counter()
+                if now - last < REFRESH_S and not trace.stop_reason:
+                    continue
+                last = now
+                yield _outputs(trace, budget_name, final=bool(trace.stop_reason) and trace.colsum is not None,
+                               request=request)
+        except Exception as exc:
+            raise gr.Error(job_failed(exc)) from None
+        finally:
+            ctx.forget_session(request)
 
-    def _outputs(trace, budget_name, final):
+    def _outputs(trace, budget_name, final, request=None):
         msg = (f"{'Done' if final else 'Generating'}: {trace.n_generated} tokens, cache "
                f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)")
         if final:
             msg += f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s"
-        files = _export(trace) if final else (None, None)
+        files = _export(trace, ctx.session_dir(request)) if final else (None, None)
         return (trace if final else gr.skip(), msg, fig.token_spans(trace), trace.text, fig.cache_growth(trace),
                 fig.memory_gauge(trace.cache_bytes, ctx.info.weight_bytes, GPU_BUDGETS.get(budget_name),
                                  budget_name.split(" (")[0], ctx.info.kv_bytes_per_token),
@@ -126,7 +127,7 @@ def build(ctx: AppContext):
                 waste_text(trace), *files)
 
     outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
-    event = go_btn.click(run, [prompt, chat, max_new, temperature, top_p, seed, budget], outputs,
+    event = go_btn.click(gpu(run), [prompt, chat, max_new, temperature, top_p, seed, budget], outputs,
                          api_name=False, concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
 
     def stop(request: gr.Request):
@@ -138,17 +139,19 @@ def build(ctx: AppContext):
                      top_p: float = 1.0, seed: int = 0) -> dict:
         """Generate with the captured model and return the trace summary (JSON)."""
         ids, n_new, sampling = validate_request(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
-        *_, trace = capture_iter(ctx.lm, prompt_text, chat=bool(chat), max_new_tokens=n_new, sampling=sampling,
-                                 prompt_ids=ids, verify=True)
+        try:
+            *_, trace = capture_iter(ctx.lm, prompt_text, chat=bool(chat), max_new_tokens=n_new, sampling=sampling,
+                                     prompt_ids=ids, verify=True)
+        except Exception as exc:
+            raise gr.Error(job_failed(exc)) from None
         return trace.summary()
 
-    gr.api(api_generate, api_name="generate", concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+    gr.api(gpu(api_generate), api_name="generate", concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
     return event
 
 
-def _export(trace) -> tuple[str, str]:
-    """Write this session's trace and step table to a fresh temporary folder (per run, never shared)."""
-    folder = Path(tempfile.mkdtemp(prefix="kvviz-"))
+def _export(trace, folder: Path) -> tuple[str, str]:
+    """Write this session's trace and step table to its own temporary folder (per run, deleted with the session)."""
     npz = trace.save(folder / "kvviz-trace.npz")
     csv = folder / "kvviz-steps.csv"
     trace.step_frame().to_csv(csv, index=False)

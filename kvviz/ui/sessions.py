@@ -1,0 +1,57 @@
+"""Many users on one app: what happens when a session ends, and how a failed job is reported.
+
+``install(demo, ctx)`` wires the end of a session (the browser tab closed or reloaded) to freeing
+everything that session holds: its Stop flag, its exported files, and — after a short grace
+period for a reconnect — its ``gr.State`` traces. It also turns on Gradio's periodic deletion of
+cached files, so nothing the app writes outlives ``Settings.file_max_age_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+import gradio as gr
+
+from kvviz.ui.context import AppContext
+
+log = logging.getLogger("kvviz")
+
+
+def job_failed(exc: Exception, what: str = "Generation") -> str:
+    """What the user reads when a job dies mid-way (the app and their earlier results are fine).
+
+    Logs the traceback as text, then clears the failed frames' locals: a traceback kept alive by
+    Gradio or a log handler would otherwise keep the job's KV cache in memory. Raise the
+    ``gr.Error`` with ``from None`` so the exception chain does not hold it either.
+    """
+    log.error("%s failed:\n%s", what, "".join(traceback.format_exception(exc)))
+    traceback.clear_frames(exc.__traceback__)
+    return (f"{what} failed: {type(exc).__name__}: {str(exc)[:200]}. The job was ended and its memory "
+            "freed; your earlier results are unchanged. Try again, perhaps with a shorter prompt.")
+
+
+def install(demo: gr.Blocks, ctx: AppContext) -> None:
+    """Free each session's data when it ends; delete cached files older than ``file_max_age_s``."""
+    grace = ctx.settings.session_grace_s
+
+    def end_session(request: gr.Request):
+        ctx.end_session(request)
+        holder = getattr(demo, "state_holder", None)
+        sessions = getattr(holder, "session_data", None)
+        if sessions is None:  # a Gradio without a state holder keeps its own (1 h) default
+            return
+        state = sessions.get(getattr(request, "session_hash", None))
+        if state is not None:
+            # Gradio keeps a closed session's gr.State for an hour; a lecture hall of closed tabs
+            # would hold every trace that long. Keep it only long enough for a reconnect.
+            state.STATE_TTL_WHEN_CLOSED = grace
+        # sessions that closed earlier and whose state Gradio has already expired: drop them whole
+        for key, old in list(sessions.items()):
+            if getattr(old, "is_closed", False) and not getattr(old, "state_data", True):
+                sessions.pop(key, None)
+
+    with demo:
+        demo.unload(end_session)
+    age = ctx.settings.file_max_age_s
+    demo.delete_cache = (max(60, age // 4), age)
