@@ -14,4 +14,4 @@ def lm():
 
 
 # (helper: issue 7) the running app for tests/api and tests/browser, started once per session
-from tests.server import app_server, app_server_process  # noqa: E402, F401
+from tests.server import app_server, app_server_process, inprocess_app  # noqa: E402, F401

@@ -115,3 +115,41 @@ def app_server_process(tmp_path_factory) -> RunningApp:
 def app_server(app_server_process: RunningApp) -> str:
     """Base URL of the shared running app, e.g. ``http://127.0.0.1:43121/``."""
     return app_server_process.url
+
+
+@dataclass
+class InProcessApp:
+    """The app served from the test process, so tests can look inside: its context, Blocks and model."""
+
+    url: str
+    ctx: object  # kvviz.ui.context.AppContext
+    demo: object  # gradio.Blocks
+
+
+@pytest.fixture(scope="session")
+def inprocess_app(lm, tmp_path_factory) -> InProcessApp:
+    """``build_app`` on the shared ``lm``, launched in this process (heartbeat 1 s so page closes are seen fast)."""
+    from kvviz.safety import SessionFiles
+    from kvviz.settings import Settings
+    from kvviz.ui import sessions
+    from kvviz.ui.app import build_app
+    from kvviz.ui.context import AppContext
+
+    old = os.environ.get("GRADIO_HEARTBEAT_INTERVAL")
+    os.environ["GRADIO_HEARTBEAT_INTERVAL"] = "1"
+    settings = Settings(max_new_tokens=64, max_prompt_tokens=1024, concurrency=1, session_grace_s=0)
+    ctx = AppContext(lm=lm, settings=settings, files=SessionFiles(tmp_path_factory.mktemp("inproc-files")))
+    demo = build_app(ctx)
+    sessions.install(demo, ctx)
+    demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield InProcessApp(url=f"http://127.0.0.1:{port}/", ctx=ctx, demo=demo)
+    finally:
+        demo.close()
+        ctx.files.cleanup()
+        if old is None:
+            os.environ.pop("GRADIO_HEARTBEAT_INTERVAL", None)
+        else:
+            os.environ["GRADIO_HEARTBEAT_INTERVAL"] = old
