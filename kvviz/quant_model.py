@@ -43,6 +43,7 @@ class QKV:
     k: torch.Tensor
     v: torch.Tensor
     scaling: float
+    model_outputs: torch.Tensor | None = None  # [Lyr, T, Hq*D] the model's own attention outputs, if kept
     _exact: list[torch.Tensor] | None = None
 
     def exact_output(self, layer: int) -> torch.Tensor:
@@ -76,26 +77,30 @@ class QKV:
 class _QueryCollector:
     """Stands in for :class:`kvviz.recorder.Recorder`: keeps each layer's query, nothing else."""
 
-    def __init__(self, layers: int):
+    def __init__(self, layers: int, keep_outputs: bool = False):
         self.queries: list[torch.Tensor | None] = [None] * layers
+        self.outputs: list[torch.Tensor | None] = [None] * layers
+        self.keep_outputs = keep_outputs
         self.scaling: float | None = None
 
     def record(self, layer, query, key, mask, scaling, softcap, out) -> None:
         self.queries[layer] = query[0].float().clone()  # [Hq, T, D]
         self.scaling = scaling
+        if self.keep_outputs:
+            self.outputs[layer] = out[0].reshape(out.shape[1], -1).float().clone()  # [T, Hq*D]
 
     def end_forward(self) -> None:
         pass
 
 
 def collect_qkv(lm: LoadedModel, prompt: str | None = None, chat: bool = False,
-                ids: list[int] | None = None) -> QKV:
-    """Run one prefill of the prompt and return every layer's Q, K, V."""
+                ids: list[int] | None = None, keep_outputs: bool = False) -> QKV:
+    """Run one prefill of the prompt and return every layer's Q, K, V (and the model's outputs if asked)."""
     ids = list(ids) if ids is not None else encode_prompt(lm, prompt or "", chat)
     if len(ids) < 2:
         raise ValueError("The prompt needs at least 2 tokens to show keys and values.")
     cache = DynamicCache(config=lm.config)
-    collector = _QueryCollector(len(cache.layers) or lm.config.num_hidden_layers)
+    collector = _QueryCollector(len(cache.layers) or lm.config.num_hidden_layers, keep_outputs)
     with torch.inference_mode(), installed(lm.model):
         forward(lm, ids, 0, cache, collector)
     lens = {layer.keys.shape[-2] for layer in cache.layers}
@@ -106,7 +111,8 @@ def collect_qkv(lm: LoadedModel, prompt: str | None = None, chat: bool = False,
     v = torch.stack([layer.values[0] for layer in cache.layers]).float()
     q = torch.stack(collector.queries)  # [Lyr, Hq, T, D]
     tok = lm.tokenizer
-    return QKV([tok.decode([i]) for i in ids], q, k, v, float(collector.scaling))
+    outputs = torch.stack(collector.outputs) if keep_outputs else None
+    return QKV([tok.decode([i]) for i in ids], q, k, v, float(collector.scaling), outputs)
 
 
 # ---- scoring a scheme ----------------------------------------------------------------------------
