@@ -28,6 +28,7 @@ from kvviz.quant import (
     FULL_BYTES,
     Scheme,
     attention_output,
+    quantized_prefix,
     simulate,
     stored_bytes,
 )
@@ -130,6 +131,9 @@ class SchemeResult:
     layer_key_error: list[float]
     layer_value_error: list[float]
     layer_output_error: list[float]
+    n_tokens: int = 0
+    key_quantized: int = 0  # tokens stored quantized (the rest wait in full precision)
+    value_quantized: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -164,8 +168,10 @@ def evaluate(qkv: QKV, scheme: Scheme) -> SchemeResult:
     def per_layer(errs):
         return [float(np.sqrt(e / n)) if n else 0.0 for e, n in errs]
 
+    t = qkv.n_tokens
     return SchemeResult(scheme, _pooled(kerr), _pooled(verr), _pooled(oerr), kb, vb,
-                        2 * int(np.prod(shape)) * FULL_BYTES, per_layer(kerr), per_layer(verr), per_layer(oerr))
+                        2 * int(np.prod(shape)) * FULL_BYTES, per_layer(kerr), per_layer(verr), per_layer(oerr),
+                        t, quantized_prefix(t, scheme.key), quantized_prefix(t, scheme.value))
 
 
 def compare(qkv: QKV, schemes: list[Scheme], progress=None) -> tuple[pd.DataFrame, list[SchemeResult]]:
@@ -187,6 +193,7 @@ def results_frame(results: list[SchemeResult]) -> pd.DataFrame:
         "K error (%)": round(100 * r.key_error, 3),
         "V error (%)": round(100 * r.value_error, 3),
         "attention output error (%)": round(100 * r.output_error, 3),
+        "tokens quantized (K / V)": f"{r.key_quantized} / {r.value_quantized} of {r.n_tokens}",
         "cache bytes": r.total_bytes,
         "vs 16-bit": f"{r.compression:.2f}× smaller",
     } for r in results])
