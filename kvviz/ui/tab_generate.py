@@ -127,8 +127,15 @@ def build(ctx: AppContext):
                 waste_text(trace), *files)
 
     outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
-    event = go_btn.click(gpu(run), [prompt, chat, max_new, temperature, top_p, seed, budget], outputs,
-                         api_name=False, concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+    def check(prompt_text, use_chat, n_new, temp, p, sd):
+        validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
+
+    # (helper: issue 7) bad input is refused by a quick step with no outputs, so its gr.Error is a toast
+    # and the previous run's results stay visible instead of being covered by error badges
+    event = go_btn.click(check, [prompt, chat, max_new, temperature, top_p, seed], None, api_name=False,
+                         concurrency_limit=None, show_progress="hidden").success(
+        gpu(run), [prompt, chat, max_new, temperature, top_p, seed, budget], outputs,
+        api_name=False, concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
 
     def stop(request: gr.Request):
         ctx.stop_flag(request).set()

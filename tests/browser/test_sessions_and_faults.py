@@ -1,0 +1,130 @@
+"""Many users in real browsers: Stop, bad input after a good run, a closed tab mid-generation, session cleanup.
+
+Runs against ``inprocess_app`` (the app served from this test process, heartbeat 1 s, session grace
+0 s) so the tests can check what the server still holds after each fault.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import time
+import weakref
+
+import pytest
+from gradio_client import Client
+from transformers import DynamicCache
+
+import kvviz.ui.tab_generate as tab_generate
+from kvviz.recorder import is_installed
+from kvviz.trace import Trace
+
+LONG_PROMPT = "Write a long story about a dragon who learns to bake bread."
+
+
+def wait_until(check, timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for: {what}")
+
+
+def open_page(browser_context, url: str):
+    tab = browser_context.new_page()
+    tab.set_default_timeout(30_000)
+    tab.goto(url, wait_until="load")
+    tab.wait_for_selector("#generate-btn")
+    return tab
+
+
+def start_generation(tab, prompt: str, new_tokens: int) -> None:
+    tab.locator("#prompt textarea").fill(prompt)
+    box = tab.get_by_label("number input for Max new tokens")
+    box.fill(str(new_tokens))
+    box.press("Enter")
+    tab.locator("#generate-btn").click()
+
+
+def sessions_with_traces(demo) -> int:
+    """How many sessions the server still holds a Trace for (in gr.State)."""
+    return sum(any(isinstance(v, Trace) for v in s.state_data.values())
+               for s in list(demo.state_holder.session_data.values()))
+
+
+@pytest.fixture
+def tracked_capture(monkeypatch):
+    """Wrap the Generate handlers' capture: count its steps, note when it is closed, weak-reference its cache."""
+    real = tab_generate.capture_iter
+    record: dict = {"steps": 0, "closed": False, "caches": []}
+
+    def cache_factory(lm):
+        cache = DynamicCache(config=lm.config)
+        record["caches"].append(weakref.ref(cache))
+        return cache
+
+    def tracked(*args, **kwargs):
+        gen = real(*args, cache_factory=cache_factory, **kwargs)
+        try:
+            for trace in gen:
+                record["steps"] += 1
+                yield trace
+        finally:
+            gen.close()
+            record["closed"] = True
+
+    monkeypatch.setattr(tab_generate, "capture_iter", tracked)
+    return record
+
+
+def test_stop_then_bad_input_keeps_results_and_closing_frees_the_session(browser_context, inprocess_app,
+                                                                          screenshot):
+    ctx, demo = inprocess_app.ctx, inprocess_app.demo
+    tab = open_page(browser_context, inprocess_app.url)
+    start_generation(tab, LONG_PROMPT, 64)
+    status = tab.locator("#gen-status")
+    status.get_by_text(re.compile(r"^Generating")).wait_for(timeout=90_000)
+    tab.locator("#stop-btn").click()
+    status.get_by_text(re.compile(r"stop: stopped")).wait_for(timeout=60_000)
+    n_done = int(re.search(r"Done: (\d+) tokens", status.inner_text()).group(1))
+    assert 1 <= n_done < 64
+    answer = tab.locator("#answer textarea").input_value()
+    assert answer.strip()
+    assert not ctx.stop_flags and not is_installed(ctx.lm.model)
+    assert len(ctx.files.sessions()) == 1  # this session's exports, in its own folder
+
+    # bad input after a good run: a clear message, and the earlier results stay on the page
+    tab.locator("#prompt textarea").fill("   ")
+    tab.locator("#generate-btn").click()
+    toast = tab.locator(".toast-body.error")
+    toast.first.wait_for(timeout=30_000)
+    assert "prompt is empty" in toast.first.inner_text()
+    assert tab.locator("#answer textarea").input_value() == answer
+    assert tab.locator("#token-stream").inner_text().strip()
+    screenshot(tab, "bad_input_keeps_results")
+    assert sessions_with_traces(demo) >= 1
+
+    tab.close()  # the session ends: flags, files and (after the 0 s grace) its trace are freed
+    wait_until(lambda: not ctx.files.sessions(), what="the session's files to be deleted")
+    wait_until(lambda: sessions_with_traces(demo) == 0, what="the session's trace to be dropped")
+    assert not ctx.stop_flags
+
+
+def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(browser_context, inprocess_app,
+                                                                       tracked_capture):
+    ctx = inprocess_app.ctx
+    tab = open_page(browser_context, inprocess_app.url)
+    start_generation(tab, LONG_PROMPT, 64)
+    tab.locator("#gen-status").get_by_text(re.compile(r"^Generating")).wait_for(timeout=90_000)
+    tab.close()
+    wait_until(lambda: tracked_capture["closed"], what="the job to be closed after the tab went away")
+    assert tracked_capture["steps"] < 64, "the job ran to the end although nobody was watching"
+    gc.collect()
+    assert tracked_capture["caches"] and all(r() is None for r in tracked_capture["caches"]), "its cache is alive"
+    assert not is_installed(ctx.lm.model)
+    wait_until(lambda: not ctx.stop_flags and not ctx.files.sessions(), what="the session to be forgotten")
+
+    out = Client(inprocess_app.url, verbose=False).predict("The capital of France is", 3, False, 0.0, 1.0, 0,
+                                                            api_name="/generate")
+    assert out["generated_tokens"] == 3 and "Paris" in out["text"]
