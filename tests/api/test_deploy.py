@@ -1,0 +1,65 @@
+"""Launching the app: public mode refuses local paths and models off the allowlist before loading anything;
+a missing model is a one-line error; launch options come from flags and environment variables."""
+
+from __future__ import annotations
+
+import pytest
+
+import app as app_module
+
+
+@pytest.fixture
+def run_app(monkeypatch, capsys):
+    """``python app.py ARGS`` in this process (same code path), with a clean deployment environment."""
+    for name in ("SPACE_ID", "KVVIZ_PUBLIC", "KVVIZ_MODEL", "KVVIZ_ALLOWED_MODELS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def run(*args: str, **env: str) -> tuple[int, str]:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        code = app_module.main(["--port", "1", *args])
+        return code, capsys.readouterr().err.strip()
+
+    return run
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("/etc", "local path"), ("./models/mine", "local path"), ("meta-llama/Llama-3.1-8B", "allowlist"),
+    ("not a model id", "allowlist"),
+])
+def test_public_mode_refuses_before_loading(run_app, monkeypatch, spec, message):
+    monkeypatch.setattr(app_module, "load_model", lambda *a, **k: pytest.fail("tried to load a refused model"))
+    code, err = run_app("--model", spec, KVVIZ_PUBLIC="1")
+    assert code == 2 and err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_a_space_refuses_a_local_model_from_the_environment(run_app):
+    code, err = run_app(SPACE_ID="someone/kvviz", KVVIZ_MODEL="/tmp")
+    assert code == 2 and "local path" in err
+
+
+def test_a_missing_model_is_a_one_line_error(run_app, tmp_path):
+    code, err = run_app("--model", str(tmp_path / "nowhere"))
+    assert code == 2 and "\n" not in err
+    assert err.startswith("error: Could not load model") and "--model" in err
+
+
+def test_launch_options_from_flags_and_environment(monkeypatch):
+    for name in ("KVVIZ_MODEL", "KVVIZ_HOST", "KVVIZ_PORT", "KVVIZ_SHARE", "KVVIZ_ROOT_PATH", "SPACE_ID",
+                 "GRADIO_SERVER_PORT", "GRADIO_ROOT_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    a = app_module.parse_args([])
+    assert (a.host, a.port, a.share, a.root_path, a.model) == ("127.0.0.1", 7860, False, None, None)
+    monkeypatch.setenv("KVVIZ_HOST", "0.0.0.0")
+    monkeypatch.setenv("KVVIZ_PORT", "9000")
+    monkeypatch.setenv("KVVIZ_SHARE", "1")
+    monkeypatch.setenv("KVVIZ_ROOT_PATH", "/kvviz")
+    monkeypatch.setenv("KVVIZ_MODEL", "some/model")
+    a = app_module.parse_args([])
+    assert (a.host, a.port, a.share, a.root_path, a.model) == ("0.0.0.0", 9000, True, "/kvviz", "some/model")
+    a = app_module.parse_args(["--port", "7000", "--model", "bundled", "--root-path", "/x", "--host", "127.0.0.1"])
+    assert (a.host, a.port, a.root_path, a.model) == ("127.0.0.1", 7000, "/x", "bundled")
+    monkeypatch.delenv("KVVIZ_HOST")
+    monkeypatch.setenv("SPACE_ID", "someone/kvviz")
+    assert app_module.parse_args([]).host == "0.0.0.0"  # a Space routes to the container from outside
