@@ -23,7 +23,7 @@ from kvviz.models import LoadedModel
 from kvviz.recorder import RECORDER_KWARG, Recorder, RecorderConfig, installed
 from kvviz.trace import ModelInfo, Step, Trace
 
-DISPLAY_BUDGET_BYTES = 96 * 2**20  # binned map + decode rows may use this much (or half the KV bytes)
+DISPLAY_BUDGET_BYTES = 48 * 2**20  # fp16 binned map + decode rows may use this much (or a quarter of the KV bytes)
 
 
 @dataclass
@@ -91,13 +91,18 @@ def cache_layer_bytes(cache) -> tuple[list[int], list[int]]:
 
 
 def choose_bin_factor(info: ModelInfo, n_prompt: int, t_max: int, budget: int | None = None) -> int:
-    """Smallest bin size whose binned map and decode rows (fp16) fit the display budget."""
-    budget = budget or max(DISPLAY_BUDGET_BYTES, info.kv_bytes_per_token * t_max // 2)
+    """Smallest bin size whose binned map and decode rows (fp16 in the trace) fit the display budget.
+
+    The budget is the larger of a fixed floor (short runs stay exact, f = 1, up to ~300 tokens in all on
+    SmolLM2) and a quarter of the final KV cache, so that with the exact summaries (column sums,
+    window rows) a trace stays within 2× the cache it describes at long contexts.
+    """
+    budget = budget or max(DISPLAY_BUDGET_BYTES, info.kv_bytes_per_token * t_max // 4)
     heads = info.layers * info.q_heads
     f = 1
     while True:
         nb, nqb = -(-t_max // f), -(-n_prompt // f)
-        if heads * 4 * nqb * nb + heads * 2 * (t_max - n_prompt) * nb <= budget or nb <= 16:
+        if heads * 2 * (nqb + t_max - n_prompt) * nb <= budget or nb <= 16:
             return f
         f += 1
 

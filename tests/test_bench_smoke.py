@@ -1,0 +1,54 @@
+"""The capture benchmarks run end to end at a small size (the 4K targets are reported by the benches, not asserted)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield lambda name: importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_prompt_is_exactly_n_chapter_tokens(bench, lm):
+    common = bench("_common")
+    ids = common.chapter_prompt_ids(lm.tokenizer, 7000)  # longer than the chapter: it repeats
+    assert len(ids) == 7000
+    one = common.chapter_prompt_ids(lm.tokenizer, 100)
+    assert ids[:100] == one and lm.tokenizer.decode(one).startswith("3.2 The KV Cache")
+
+
+def test_trace_memory_smoke(bench, lm, tmp_path):
+    tm = bench("trace_memory")
+    out = tmp_path / "tm.json"
+    result = tm.main(["--prompt-tokens", "96", "--new-tokens", "6", "--out", str(out)], lm=lm)
+    saved = json.loads(out.read_text())
+    assert saved["prompt_tokens"] == 96 and saved["new_tokens"] == 6 and saved["tokens_in_cache"] == 101
+    assert saved["kv_cache_bytes"] == 101 * 2 * 30 * 3 * 64 * 4  # the chapter's formula for SmolLM2 fp32
+    assert saved["trace_bytes"] == sum(saved["trace_bytes_by_array"].values()) > 0
+    # output_attentions: 30 layers × 9 heads × 4 bytes × (96² prefill + rows of 97 … 101 keys)
+    assert saved["output_attentions_bytes"] == 30 * 9 * 4 * (96 * 96 + sum(range(97, 102)))
+    assert result["trace_to_kv_ratio"] == pytest.approx(saved["trace_bytes"] / saved["kv_cache_bytes"])
+
+
+def test_capture_overhead_smoke(bench, lm, tmp_path):
+    co = bench("capture_overhead")
+    out = tmp_path / "co.json"
+    result = co.main(["--cases", "48:4", "--repeats", "1", "--out", str(out)], lm=lm)
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["same_tokens"] and case["prompt_tokens"] == 48 and case["new_tokens"] == 4
+    assert case["plain_median_s"] > 0 and case["capture_median_s"] > 0
+    assert result["cases"][0]["ratio_of_medians"] == pytest.approx(case["capture_median_s"] / case["plain_median_s"])
+    with pytest.raises(SystemExit):
+        co.parse_cases("1024x128")
