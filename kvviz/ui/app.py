@@ -21,6 +21,22 @@ TABS = [
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
 CSS = """
 .caption {font-size: 0.92em; opacity: 0.85}
+/* (helper: issue 6) presentation mode: tab_learn toggles body.kvviz-present (or ?present=1) */
+body.kvviz-present, body.kvviz-present .gradio-container {
+  background: #fff !important; color: #000;
+  --body-text-color: #000; --body-text-color-subdued: #111; --block-label-text-color: #000;
+  --block-title-text-color: #000; --block-info-text-color: #111; --table-text-color: #000;
+  --body-text-size: 24px; --prose-text-size: 24px; --input-text-size: 22px; --block-label-text-size: 20px;
+  --block-title-text-size: 22px; --block-info-text-size: 20px; --section-header-text-size: 24px;
+  --checkbox-label-text-size: 20px; --button-large-text-size: 24px; --button-medium-text-size: 22px;
+  --button-small-text-size: 20px; --text-sm: 20px; --text-md: 24px; --text-lg: 28px; --text-xl: 34px;
+}
+body.kvviz-present .gradio-container {max-width: 100% !important; font-size: 24px}
+body.kvviz-present .prose, body.kvviz-present .prose p, body.kvviz-present .prose li {font-size: 24px !important; line-height: 1.45}
+body.kvviz-present .prose h2 {font-size: 36px !important}
+body.kvviz-present .prose h3 {font-size: 30px !important}
+body.kvviz-present button[role="tab"] {font-size: 22px !important; font-weight: 600}
+body.kvviz-present .caption, body.kvviz-present .learn-note, body.kvviz-present footer {display: none !important}
 """
 
 

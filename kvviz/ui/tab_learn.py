@@ -1,0 +1,202 @@
+"""Learn tab: the chapter's objectives with "show me" actions, live-computed answers, pitfalls, presentation mode.
+
+Built last, so the other tabs' registered components (``ctx.components``) exist: a "show me" sets
+them, switches ``ctx.tabs`` to the view and presses its button (by element id, once the tab is
+mounted). Components a build lacks are listed under the button instead of failing. Presentation
+mode (toggle, or ``?present=1``) adds ``kvviz-present`` to the page body (CSS in ``app.py``):
+large type, high contrast, no captions; ← / → step the visible decode-step slider (``.kvviz-step``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+
+from kvviz.capture import capture
+from kvviz.lesson import OBJECTIVES, PITFALLS, QUESTIONS, Question, ShowMe, decode_step_view
+from kvviz.ui.context import AppContext
+from kvviz.ui.gpu import gpu
+
+PRESENT_CLASS = "kvviz-present"
+STEP_CLASS = "kvviz-step"  # sliders the arrow keys step in presentation mode
+STEP_KEYS = ("attention.step",)  # other tabs' decode-step sliders, marked at build time if registered
+EXAMPLE_PROMPT = "Once upon a time"
+TOGGLE_JS = f"() => {{ document.body.classList.toggle('{PRESENT_CLASS}'); return []; }}"
+LOAD_JS = """() => {
+  if (window.kvvizPresentInstalled) return [];
+  window.kvvizPresentInstalled = true;
+  if (new URLSearchParams(window.location.search).get('present') === '1') document.body.classList.add('__CLS__');
+  document.addEventListener('keydown', (e) => {
+    if (!document.body.classList.contains('__CLS__') || (e.key !== 'ArrowRight' && e.key !== 'ArrowLeft')) return;
+    const t = e.target, tag = (t && t.tagName) || '';
+    if (tag === 'INPUT' || tag === 'TEXTAREA' || tag === 'SELECT' || (t && t.isContentEditable)) return;
+    const s = [...document.querySelectorAll('.__STEP__ input[type=range]')].find((x) => x.offsetParent !== null);
+    if (!s) return;
+    const step = parseFloat(s.step) || 1, lo = parseFloat(s.min), hi = parseFloat(s.max), old = parseFloat(s.value);
+    const v = Math.min(hi, Math.max(lo, old + (e.key === 'ArrowRight' ? step : -step)));
+    e.preventDefault();
+    if (v === old) return;
+    Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(s, String(v));
+    for (const name of ['input', 'change']) s.dispatchEvent(new Event(name, {bubbles: true}));
+    s.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+  });
+  return [];
+}""".replace("__CLS__", PRESENT_CLASS).replace("__STEP__", STEP_CLASS)
+PRESS_JS = """() => {
+  const press = __PRESS__, anchor = __ANCHOR__, t0 = Date.now();
+  const tick = () => {
+    const el = press ? document.getElementById(press) : null;
+    if (press && !el && Date.now() - t0 < 10000) return setTimeout(tick, 100);
+    if (el) (el.tagName === 'BUTTON' ? el : (el.querySelector('button') || el)).click();
+    const a = anchor ? document.getElementById(anchor) : null;
+    if (a) setTimeout(() => a.scrollIntoView({behavior: 'smooth', block: 'start'}), 400);
+  };
+  setTimeout(tick, 150);
+  return [];
+}"""
+
+
+def _prefix(tab: str) -> str:
+    return tab.removeprefix("tab_")
+
+
+def _elem_id(component, key: str) -> str:
+    """The component's element id, giving it one if its tab did not (read when the page config is built)."""
+    if not getattr(component, "elem_id", None):
+        component.elem_id = "kvviz-" + key.replace(".", "-").replace("_", "-")
+    return component.elem_id
+
+
+def resolve(ctx: AppContext, sm: ShowMe) -> tuple[list[tuple[str, object]], list[str], str | None, bool]:
+    """What this build has for a show-me: (key, component) targets, missing keys, press elem id, available?"""
+    comps = ctx.components
+    targets = [(k, comps[k]) for k in sm.values if k in comps]
+    missing = [k for k in [*sm.values, *([sm.press] if sm.press else [])] if k not in comps]
+    built = {k.split(".", 1)[0] for k in comps}
+    available = _prefix(sm.tab) in built
+    press = _elem_id(comps[sm.press], sm.press) if sm.press in comps else None
+    return targets, missing, press, available
+
+
+def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State) -> None:
+    """A button that loads ``sm`` into its view; a note lists what this build lacks."""
+    targets, missing, press, available = resolve(ctx, sm)
+    btn = gr.Button(f"▶ Show me: {sm.label}", elem_id=elem_id, variant="primary" if available else "secondary",
+                    size="lg")
+    note = f"*Look for:* {sm.look_for}"
+    if not available:
+        note += f" *(The {_prefix(sm.tab).capitalize()} view is not in this build yet.)*"
+    elif missing:
+        note += f" *(Not in this build: {', '.join(missing)}; the rest is loaded.)*"
+    gr.Markdown(note, elem_classes="learn-note")
+    press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
+    via_generate = bool(press and press_tab == "generate" and _prefix(sm.tab) != "generate")
+    first_tab = "tab_generate" if via_generate else sm.tab
+
+    def load():
+        if not available:
+            gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
+            return [gr.skip()] * len(targets) + [gr.skip(), gr.skip()]
+        return [v for _, v in ((k, sm.values[k]) for k, _ in targets)] + [
+            gr.Tabs(selected=first_tab), sm.tab if via_generate else None]
+
+    event = btn.click(load, None, [c for _, c in targets] + [ctx.tabs, pending], api_name=False, queue=False)
+    if available:
+        js = PRESS_JS.replace("__PRESS__", json.dumps(press))
+        event.then(None, None, None, js=js.replace("__ANCHOR__", json.dumps(None if via_generate else sm.anchor)))
+
+
+def reveal(q: Question, ctx: AppContext) -> str:
+    """The chapter's answer beside the one kvviz computes now."""
+    try:
+        answer = q.compute(ctx.lm if q.needs_model else None)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    return f"**The chapter:** {q.chapter_answer}\n\n**Computed by kvviz now:** {answer.text}"
+
+
+def walkthrough(trace, step):
+    """Token strip and one sentence for a decode step of the session's trace."""
+    if trace is None:
+        return [], "No generation yet: press **Load the example** (or generate in the Generate tab)."
+    step = max(0, min(int(step or 0), len(trace.steps) - 1))
+    try:
+        spans, md = decode_step_view(trace, step)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    return spans, md
+
+
+def build(ctx: AppContext) -> None:
+    """Build the Learn tab inside the caller's ``gr.Tab`` (after every other tab)."""
+    for key in STEP_KEYS:  # let the arrow keys reach other tabs' decode-step sliders
+        if key in ctx.components:
+            comp = ctx.components[key]
+            comp.elem_classes = [*(comp.elem_classes or []), STEP_CLASS]
+    pending = gr.State(None)  # a view to open once a generation started by "show me" has finished
+    walk_trace = gr.State(None)
+    with gr.Row():
+        gr.Markdown("## The KV cache, in five objectives\nEach objective has a **Show me** button that loads a ready "
+                    "example into the view that demonstrates it. Go through them in order; no typing needed.")
+        present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
+    present.click(None, None, None, js=TOGGLE_JS, api_name=False, queue=False)
+    gr.on(triggers=None, fn=None, inputs=None, outputs=None, js=LOAD_JS)  # on page load: keys and ?present=1
+
+    n = len(OBJECTIVES)
+    ids = [f"learn-{o.number}" for o in OBJECTIVES] + ["learn-questions", "learn-pitfalls"]
+    with gr.Tabs(elem_id="learn-tabs") as inner:
+        for i, obj in enumerate(OBJECTIVES):
+            with gr.Tab(f"{obj.number} {obj.title}", id=ids[i]):
+                gr.Markdown(f"### Objective {obj.number} of {n}\n> {obj.chapter}\n\n{obj.explanation}",
+                            elem_classes="learn-objective")
+                for j, sm in enumerate(obj.show_me):
+                    show_me_button(ctx, sm, f"showme-{obj.number}-{j + 1}", pending)
+                if obj.number == 2:
+                    _walkthrough(ctx, walk_trace, pending)
+                nxt = gr.Button("Next objective ›" if i + 1 < n else "Check your understanding ›",
+                                elem_id=f"learn-next-{obj.number}", size="lg")
+                nxt.click(lambda target=ids[i + 1]: gr.Tabs(selected=target), None, inner, api_name=False,
+                          queue=False)
+        with gr.Tab("Questions", id=ids[n]):
+            for i, q in enumerate(QUESTIONS, 1):
+                gr.Markdown(f"**Q{i}.** {q.question}", elem_classes="learn-question")
+                btn = gr.Button(f"Reveal answer {i}" + (" (runs the model)" if q.needs_model else ""),
+                                elem_id=f"reveal-{i}", size="lg")
+                out = gr.Markdown(elem_id=f"answer-{i}")
+                btn.click(gpu(lambda q=q: reveal(q, ctx)), None, out, api_name=False,
+                          concurrency_id="model" if q.needs_model else None)
+        with gr.Tab("Pitfalls", id=ids[n + 1]):
+            for i, p in enumerate(PITFALLS, 1):
+                gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
+                show_me_button(ctx, p.show_me, f"pitfall-{i}", pending)
+    ctx.components.update({"learn.tabs": inner, "learn.present": present})
+
+
+def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> None:
+    """Step through a real generation's decode steps (← / → in presentation mode)."""
+    gr.Markdown("#### Decode, step by step\nEach step feeds only the new token; its K and V join the cache.")
+    load = gr.Button("Load the example (“Once upon a time”, 12 tokens)", elem_id="learn-load-example")
+    step = gr.Slider(0, 1, value=0, step=1, label="Decode step (0 = prefill)", elem_id="learn-step",
+                     elem_classes=[STEP_CLASS])
+    strip = gr.HighlightedText(label="Tokens", elem_id="learn-strip", show_legend=True, combine_adjacent=False,
+                               color_map={"in cache": "#cfe2ff", "computed this step": "#ffd8a8",
+                                          "predicted next": "#b2f2bb"})
+    text = gr.Markdown(elem_id="learn-step-text")
+
+    def run_example():
+        trace = capture(ctx.lm, EXAMPLE_PROMPT, chat=False, max_new_tokens=12)
+        spans, md = walkthrough(trace, 0)
+        return trace, gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0), spans, md
+
+    load.click(gpu(run_example), None, [walk_trace, step, strip, text], api_name=False, concurrency_id="model",
+               concurrency_limit=ctx.settings.concurrency)
+    step.change(walkthrough, [walk_trace, step], [strip, text], api_name=False, queue=False)
+
+    def from_generate(trace, target):
+        spans, md = walkthrough(trace, 0)
+        slider = gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0) if trace else gr.skip()
+        return trace, slider, spans, md, (gr.Tabs(selected=target) if target else gr.skip()), None
+
+    if ctx.trace_state is not None:
+        ctx.on_trace(from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending])
