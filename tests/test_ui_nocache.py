@@ -1,0 +1,31 @@
+"""Cache-vs-no-cache tab handlers, in-process on the real model."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from kvviz.settings import Settings
+from kvviz.ui import tab_nocache as tab
+from kvviz.ui.context import AppContext
+
+
+@pytest.fixture(scope="module")
+def ctx(lm):
+    return AppContext(lm=lm, settings=Settings())
+
+
+def test_table_and_measurement(ctx):
+    df = tab.table(ctx, "Once upon a time", False, 3)
+    assert list(df["Keys and Values computed"]) == ["K/V for tokens 1–4", "K/V for tokens 1–5", "K/V for tokens 1–6"]
+    time_fig, passes_fig, text, numbers = tab.measure(ctx, "Once upon a time", False, 5,
+                                                      progress=lambda *a, **k: None)
+    assert "**Same tokens:** yes" in text and "**8** token-forward passes with the cache vs **30** without" in text
+    assert list(numbers["passes without cache"]) == [4, 9, 15, 22, 30]
+    assert len(passes_fig.data) == 4 and len(time_fig.data) == 2
+
+
+@pytest.mark.parametrize("prompt,n,match", [("", 4, "empty"), ("Hi", 0, "N must"), ("Hi", 2.5, "N must")])
+def test_bad_input(ctx, prompt, n, match):
+    with pytest.raises(gr.Error, match=match):
+        tab.measure(ctx, prompt, False, n, progress=lambda *a, **k: None)
