@@ -30,12 +30,12 @@ def plain_generate(lm, ids: list[int], n_new: int) -> tuple[float, list[int]]:
     cfg.eos_token_id = None
     cfg.do_sample, cfg.max_new_tokens, cfg.min_new_tokens = False, n_new, None
     cfg.temperature = cfg.top_p = cfg.top_k = None
+    cfg.pad_token_id = lm.tokenizer.pad_token_id or 0
     x = torch.tensor([ids], device=lm.device)
     assert lm.model.config._attn_implementation == "sdpa", "the baseline must be plain SDPA"
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = lm.model.generate(x, attention_mask=torch.ones_like(x), generation_config=cfg,
-                                pad_token_id=lm.tokenizer.pad_token_id or 0)
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x), generation_config=cfg)
     return time.perf_counter() - t0, [int(i) for i in out[0, len(ids):]]
 
 
