@@ -15,6 +15,7 @@ TABS = [
     ("Eviction", "tab_eviction", "What StreamingLLM, H2O and SnapKV keep and evict, and what that does to the answer."),
     ("Memory", "tab_memory", "The KV-cache calculator for any architecture, batch capacity and decode time."),
     ("Quantization", "tab_quant", "Outlier key channels, per-channel vs per-token quantization (KIVI)."),
+    ("Cache vs no cache", "tab_nocache", "The same tokens generated with and without the cache, timed."),
     ("Learn", "tab_learn", "The chapter's objectives, questions and pitfalls, each linked to a view."),
 ]
 
