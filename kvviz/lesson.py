@@ -75,11 +75,11 @@ EQUIVALENCE = ShowMe("Generate and check cached = recomputed", "tab_generate",
                      "After the last token, the largest logit difference between cached decoding and full "
                      "recomputation (fp32) is far below 1e-3.")
 NOCACHE = ShowMe("Time both loops (cache vs no cache)", "tab_nocache",
-                 {"nocache.prompt": "Once upon a time", "nocache.chat": False, "nocache.new_tokens": 32},
+                 {"nocache.prompt": "Once upon a time", "nocache.chat": False, "nocache.new_tokens": 24},
                  "nocache.button", "nocache-passes",
                  "Passes grow as a line with the cache and as a parabola without; the tokens are identical.")
 WASTE = ShowMe("Count the waste of a real run", "tab_generate",
-               {"generate.prompt": "Once upon a time", "generate.chat": False, "generate.max_new": 32},
+               {"generate.prompt": "Once upon a time", "generate.chat": False, "generate.max_new": 16},
                "generate.button", "waste", "Token-forward passes with and without the cache for this run.")
 LLAMA70 = ShowMe("Calculator on Llama-3-70B", "tab_memory",
                  {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 131072, "memory.batch": 1},
@@ -94,10 +94,14 @@ DECODE = ShowMe("Decode time: weights vs KV", "tab_memory",
                 "memory.button", "memory-decode", "≈ 5.2 ms to read the weights, ≈ 16 ms to read 162 × 8K of KV.")
 SINKS = ShowMe("Sink map of the real model", "tab_attention",
                {"generate.prompt": needle_prompt(), "generate.chat": True, "generate.max_new": 16},
-               "generate.button", None,
+               "generate.button", "attn-sink-map",
                "Later layers put most of their attention on the first few tokens, whatever they say.")
-NEEDLE = ShowMe("Needle demo under eviction", "tab_eviction", {"eviction.demo": "Needle"}, "eviction.button", None,
-                "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact.")
+NEEDLE = ShowMe("Needle demo under eviction", "tab_eviction", {"eviction.compress": "with the question (it votes)"},
+                "eviction.needle", "evict-verdict",
+                "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it.")
+SINKS_MATTER = ShowMe("Perplexity with and without the sink tokens", "tab_eviction", {}, "eviction.sinks",
+                      "evict-sinks-plot", "With a small cache, dropping the first 4 tokens makes perplexity explode "
+                      "(a minute on a CPU).")
 KIVI = ShowMe("KIVI: outlier key channels, 2-bit", "tab_quant",
               {"quant.prompt": needle_prompt(), "quant.chat": True, "quant.layer": 15, "quant.head": 0,
                "quant.format": "int2", "quant.key_axis": "channel", "quant.value_axis": "token", "quant.group": 32,
@@ -241,7 +245,7 @@ PITFALLS = (
             "costs more time than reading the weights.", DECODE),
     Pitfall("Treating eviction as free", "Evicted entries are gone: a question about them cannot be answered.", NEEDLE),
     Pitfall("Dropping attention sinks", "The first tokens soak up attention in most heads; a window that lets them "
-            "go breaks the model.", SINKS),
+            "go breaks the model.", SINKS_MATTER),
 )
 
 

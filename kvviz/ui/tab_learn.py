@@ -89,7 +89,7 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
         note += f" *(The {_prefix(sm.tab).capitalize()} view is not in this build yet.)*"
     elif missing:
         note += f" *(Not in this build: {', '.join(missing)}; the rest is loaded.)*"
-    gr.Markdown(note, elem_classes="learn-note")
+    gr.Markdown(note, elem_classes="learn-note", elem_id=f"{elem_id}-note")
     press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
     via_generate = bool(press and press_tab == "generate" and _prefix(sm.tab) != "generate")
     first_tab = "tab_generate" if via_generate else sm.tab
@@ -166,6 +166,8 @@ def build(ctx: AppContext) -> None:
                 out = gr.Markdown(elem_id=f"answer-{i}")
                 btn.click(gpu(lambda q=q: reveal(q, ctx)), None, out, api_name=False,
                           concurrency_id="model" if q.needs_model else None)
+            to_pitfalls = gr.Button("Common pitfalls ›", elem_id="learn-next-questions", size="lg")
+            to_pitfalls.click(lambda: gr.Tabs(selected=ids[n + 1]), None, inner, api_name=False, queue=False)
         with gr.Tab("Pitfalls", id=ids[n + 1]):
             for i, p in enumerate(PITFALLS, 1):
                 gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
