@@ -87,6 +87,7 @@ class PolicyRun:
     params: dict
     position_mode: str
     prompt_ids: list[int]
+    tokens: list[str]  # text of every prompt and generated token, by position
     n_compressed: int  # prompt tokens prefilled and compressed; the rest was fed after, uncompressed
     n_kept: int
     generated_ids: list[int]
@@ -224,7 +225,7 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
                    total_s=time.perf_counter() - t0)
     return PolicyRun(
         policy=policy.name, params=policy.params(), position_mode=policy.position_mode, prompt_ids=ids,
-        n_compressed=n_c, n_kept=n_kept, generated_ids=generated,
+        tokens=[lm.tokenizer.decode([i]) for i in ids + generated], n_compressed=n_c, n_kept=n_kept, generated_ids=generated,
         text=lm.tokenizer.decode(generated, skip_special_tokens=True), kept=ev.kept, kept_roles=ev.kept_roles,
         prefill_scores=ev.prefill_scores, history=ev.history, history_roles=ev.history_roles,
         step_bytes=step_bytes, kv_bytes_per_token=info.kv_bytes_per_token, stop_reason=stop_reason,

@@ -1,0 +1,334 @@
+"""Eviction tab: what StreamingLLM, H2O and SnapKV keep per layer and KV head, and what that does to the answer.
+
+Handlers check raw widget values (``gr.Error`` says what to fix), call :mod:`kvviz.eviction`,
+:mod:`kvviz.eviction_compare` and :mod:`kvviz.eviction_demos`, and draw with
+:mod:`kvviz.figures.eviction`; no tensor math here. The named endpoint ``/evict`` returns the same
+dict as ``python -m kvviz evict --json``.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from kvviz.eviction import resolve_budget, run_policy
+from kvviz.eviction_compare import compare
+from kvviz.eviction_demos import (
+    NEEDLE_BUDGET,
+    NEEDLE_FILLER,
+    SINKS_CACHE,
+    SINKS_TOKENS,
+    needle_demo,
+    sinks_demo,
+    split_question,
+)
+from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
+from kvviz.figures import eviction as fig
+from kvviz.policies import POLICIES, field_specs, make_policy
+from kvviz.safety import clean_prompt, real_number, whole_number
+from kvviz.ui.context import AppContext
+from kvviz.ui.gpu import gpu
+from kvviz.ui.sessions import job_failed
+from kvviz.units import format_bytes
+
+COMPRESS = ["with the question (it votes)", "only the context (question fed after, uncompressed)"]
+BUDGET_MODES = ["tokens", "ratio"]
+EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
+
+
+def _user(fn, *args, what: str = "Eviction run"):
+    """Call the library; its ValueErrors become gr.Errors, anything else a clean job-failed message."""
+    try:
+        return fn(*args)
+    except gr.Error:
+        raise
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    except Exception as exc:  # the job dies, the app does not
+        raise gr.Error(job_failed(exc, what)) from None
+
+
+def policy_params(name: str, values: dict) -> dict:
+    """The chosen policy's hyper-parameters from raw widget values (others are ignored)."""
+    out = {}
+    for spec in field_specs(POLICIES[name]):
+        v = values.get(spec["name"])
+        if v is None:
+            continue
+        label = spec["name"].replace("_", " ")
+        if spec["type"] == "bool":
+            out[spec["name"]] = bool(v)
+        elif spec["type"] == "int":
+            out[spec["name"]] = whole_number(v, label, spec["min"] or 0, spec["max"] or 10**6)
+        elif spec["type"] == "float":
+            out[spec["name"]] = real_number(v, label, spec["min"] or 0.0, spec["max"] or 1.0)
+        else:
+            if spec["choices"] and v not in spec["choices"]:
+                raise ValueError(f"{label} must be one of {', '.join(spec['choices'])}, got {v!r}.")
+            out[spec["name"]] = str(v)
+    return out
+
+
+def check_request(ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new,
+                  params: dict, compress) -> dict:
+    """Everything a run needs, checked (gr.Error with what to fix before any model work)."""
+    try:
+        if policy_name not in POLICIES:
+            raise ValueError(f"Pick a policy: {', '.join(POLICIES)}.")
+        text = clean_prompt(context, ctx.settings.max_prompt_chars)
+        q = "" if question is None or not str(question).strip() else clean_prompt(question, 2000)
+        n_new = whole_number(max_new, "Max new tokens", 1, ctx.settings.max_new_tokens)
+        if mode not in BUDGET_MODES:
+            raise ValueError("Budget mode must be 'tokens' or 'ratio'.")
+        b = whole_number(budget, "Budget (tokens kept)", 1, 10**6) if mode == "tokens" else None
+        r = real_number(ratio, "Compression ratio", 0.0, 0.99) if mode == "ratio" else None
+        policy = make_policy(policy_name, **policy_params(policy_name, params))
+        context_only = compress == COMPRESS[1]
+        if context_only and not q:
+            raise ValueError("Compressing only the context needs a question: type one in the Question box.")
+        ids, n_context = split_question(ctx.lm, text, q, bool(chat))
+        limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
+        if len(ids) + n_new > limit:
+            raise ValueError(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit "
+                             f"of {limit:,} tokens. Shorten it or generate fewer tokens.")
+        n_c = n_context if context_only else len(ids)
+        resolve_budget(policy, n_c, b, r)  # validates the policy against the budget, no model work
+    except gr.Error:
+        raise
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    return {"ids": ids, "policy": policy, "budget": b, "ratio": r, "n_compress": n_c, "max_new_tokens": n_new}
+
+
+def status_text(run, policy) -> str:
+    mode = ("**Positions:** kept keys keep their original RoPE positions (a kept entry's cache slot differs "
+            "from its position)." if run.position_mode == "original" else
+            "**Positions:** re-positioned as in the StreamingLLM paper: kept keys are re-rotated so their RoPE "
+            "position is their cache slot, and new tokens are fed at the slot position.")
+    compressed = (f"the first {run.n_compressed} of {run.n_prompt} prompt tokens (the rest was fed afterwards)"
+                  if run.n_compressed < run.n_prompt else f"all {run.n_prompt} prompt tokens")
+    return (f"**{policy.title}** compressed {compressed} to **n_kept = {run.n_kept}** entries per layer and KV "
+            f"head. Cache now **{format_bytes(run.cache_bytes)}** (measured from the tensors) vs "
+            f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}")
+
+
+def views(run, layer, head, step, score_label=""):
+    """Strip, kept map, timeline, scores and slot table for the chosen layer, KV head and step."""
+    if run is None:
+        return (gr.skip(),) * 5
+    step = min(int(step or 0), len(run.history) - 1)
+    layer, head = int(layer or 0), int(head or 0)
+    return (fig.token_strip(run, layer, head, step), fig.kept_map(run, step), fig.timeline(run, layer, head),
+            fig.scores_figure(run, layer, head, score_label), fig.slot_table(run, layer, head, step))
+
+
+def build(ctx: AppContext) -> None:
+    """Build the tab inside the caller's ``gr.Tab``."""
+    info = ctx.info
+    gr.Markdown(
+        "Which cache entries each policy keeps, per layer and KV head, and what dropping the rest does to the "
+        f"answer. The cache is stored per KV head ({info.kv_heads} per layer here, each shared by "
+        f"{info.group_size} query heads), so score-based policies **average their scores over the query heads of "
+        "each KV group**. The generation below really drops the entries: the cache tensors shrink.")
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(label="Context (compressed)", lines=6, elem_id="evict-prompt",
+                                value=needle_passage(*NEEDLE_FILLER))
+            question = gr.Textbox(label="Question (appended after a blank line; optional)", lines=1,
+                                  elem_id="evict-question", value=f"Question: {NEEDLE_QUESTION}")
+            chat = gr.Checkbox(True, label="Use the chat template", elem_id="evict-chat")
+            compress = gr.Radio(COMPRESS, value=COMPRESS[0], label="What is compressed after the prefill",
+                                elem_id="evict-compress")
+        with gr.Column(scale=2):
+            policy = gr.Dropdown([(cls.title, name) for name, cls in POLICIES.items()], value="snapkv",
+                                 label="Policy", elem_id="evict-policy")
+            mode = gr.Radio(BUDGET_MODES, value="tokens", label="Budget as", elem_id="evict-mode")
+            budget = gr.Number(NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head",
+                               elem_id="evict-budget")
+            ratio = gr.Slider(0.0, 0.99, value=0.5, step=0.01, label="Compression ratio r (fraction evicted)",
+                              elem_id="evict-ratio", visible=False)
+            max_new = gr.Slider(1, min(128, ctx.settings.max_new_tokens), value=16, step=1, label="Max new tokens",
+                                elem_id="evict-max-new")
+            param_boxes, groups = {}, {}
+            for name, cls in POLICIES.items():
+                specs = field_specs(cls)
+                with gr.Group(visible=name == "snapkv") as groups[name]:
+                    if specs:
+                        gr.Markdown(f"**{cls.title}** parameters")
+                    for s in specs:
+                        key = f"{name}.{s['name']}"
+                        label = f"{s['name'].replace('_', ' ')} — {s['help']}"
+                        if s["type"] == "bool":
+                            param_boxes[key] = gr.Checkbox(s["default"], label=label)
+                        elif s["choices"]:
+                            param_boxes[key] = gr.Radio(s["choices"], value=s["default"], label=label)
+                        elif s["type"] == "float":
+                            param_boxes[key] = gr.Slider(s["min"], s["max"], value=s["default"], step=0.05, label=label)
+                        else:
+                            param_boxes[key] = gr.Number(s["default"], precision=0, label=label,
+                                                         minimum=s["min"], maximum=s["max"])
+            run_btn = gr.Button("Run policy", variant="primary", elem_id="evict-run")
+    status = gr.Markdown(EMPTY, elem_id="evict-status")
+    answer = gr.Textbox(label="Answer under the policy", lines=2, elem_id="evict-answer")
+    with gr.Row():
+        layer = gr.Slider(0, info.layers - 1, value=info.layers - 1, step=1, label="Layer", elem_id="evict-layer")
+        head = gr.Dropdown([(f"KV head {h} (query heads {h * info.group_size}–{(h + 1) * info.group_size - 1})", h)
+                            for h in range(info.kv_heads)], value=0, label="KV head", elem_id="evict-head")
+        step = gr.Slider(0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)",
+                         elem_id="evict-step")
+    strip = gr.HighlightedText(label="Tokens: kept / evicted / sink / window / heavy hitter", elem_id="evict-strip",
+                               color_map=fig.ROLE_COLORS, combine_adjacent=False, show_legend=True,
+                               show_inline_category=False)
+    gr.Markdown(fig.CAPTIONS["strip"], elem_classes="caption")
+    kept_plot = gr.Plot(label="Layers × positions", elem_id="evict-map")
+    gr.Markdown(fig.CAPTIONS["map"], elem_classes="caption")
+    time_plot = gr.Plot(label="Over decode steps", elem_id="evict-timeline")
+    gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
+    score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
+    gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
+    slots = gr.Dataframe(label="The chosen KV head's cache: slot, original position, RoPE position",
+                         elem_id="evict-slots", max_height=260)
+    gr.Markdown("Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
+                "position its key is rotated with (the status line above says which mode is in force).",
+                elem_classes="caption")
+
+    gr.Markdown("### Side by side: full cache vs policies (same prompt, same budget)")
+    with gr.Row():
+        chosen = gr.CheckboxGroup([(cls.title, n) for n, cls in POLICIES.items() if n != "full"],
+                                  value=["streaming_llm", "h2o", "snapkv"], label="Policies to compare (default "
+                                  "parameters; the selected policy uses yours)", elem_id="evict-compare-policies")
+        compare_btn = gr.Button("Compare", elem_id="evict-compare")
+    verdict = gr.Markdown(elem_id="evict-verdict")
+    table = gr.Dataframe(label="Answers and agreement with the full cache", elem_id="evict-table", wrap=True)
+    gr.Markdown(fig.CAPTIONS["comparison"], elem_classes="caption")
+    with gr.Row():
+        with gr.Column():
+            bytes_plot = gr.Plot(label="Cache bytes", elem_id="evict-bytes")
+            gr.Markdown(fig.CAPTIONS["bytes"], elem_classes="caption")
+        with gr.Column():
+            kl_plot = gr.Plot(label="KL per step", elem_id="evict-kl")
+            gr.Markdown(fig.CAPTIONS["kl"], elem_classes="caption")
+
+    gr.Markdown("### Demos")
+    with gr.Row():
+        needle_btn = gr.Button(f"Needle: who keeps the code {NEEDLE_ANSWER}?", elem_id="evict-needle")
+        sinks_btn = gr.Button("Sinks matter: perplexity with and without the first 4 tokens", elem_id="evict-sinks")
+    gr.Markdown(f"**Needle** compares the full cache, StreamingLLM and SnapKV at {NEEDLE_BUDGET} kept tokens on a "
+                "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
+                f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
+                f"{SINKS_CACHE}-entry cache (about a minute on a CPU).", elem_classes="caption")
+    sinks_md = gr.Markdown(elem_id="evict-sinks-result")
+    sinks_plot = gr.Plot(label="Sinks matter", elem_id="evict-sinks-plot")
+    gr.Markdown(fig.CAPTIONS["sinks"], elem_classes="caption")
+
+    run_state = gr.State(None)
+    ctx.components.update({"eviction.prompt": prompt, "eviction.question": question, "eviction.chat": chat,
+                           "eviction.policy": policy, "eviction.mode": mode, "eviction.budget": budget,
+                           "eviction.ratio": ratio, "eviction.compress": compress, "eviction.max_new": max_new,
+                           "eviction.run": run_btn, "eviction.needle": needle_btn, "eviction.sinks": sinks_btn,
+                           "eviction.compare": compare_btn})
+    keys = list(param_boxes)
+    main_inputs = [prompt, question, chat, policy, mode, budget, ratio, max_new, compress, *param_boxes.values()]
+    view_outputs = [strip, kept_plot, time_plot, score_plot, slots]
+
+    def gather(context, q, use_chat, name, md, b, r, n_new, comp, *pvals):
+        values = {k.split(".", 1)[1]: v for k, v in zip(keys, pvals) if k.startswith(f"{name}.")}
+        return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
+
+    def check(*args):
+        gather(*args)
+
+    def run(*args):
+        req = gather(*args)
+        result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
+                                          ratio=req["ratio"], n_compress=req["n_compress"],
+                                          max_new_tokens=req["max_new_tokens"]))
+        return (result, status_text(result, req["policy"]), result.text,
+                gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
+                *views(result, info.layers - 1, 0, 0, req["policy"].score_label))
+
+    run_outputs = [run_state, status, answer, step, *view_outputs]
+    run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden").success(
+        gpu(run), main_inputs, run_outputs, api_name=False, concurrency_id="model",
+        concurrency_limit=ctx.settings.concurrency)
+
+    def redraw(result, lyr, hd, st):
+        label = POLICIES[result.policy].score_label if result is not None else ""
+        return views(result, lyr, hd, st, label)
+
+    for control in (layer, head, step):
+        control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
+    policy.change(lambda n: [gr.Group(visible=n == name) for name in groups], policy, list(groups.values()),
+                  api_name=False, queue=False)
+    mode.change(lambda m: (gr.Number(visible=m == "tokens"), gr.Slider(visible=m == "ratio")), mode,
+                [budget, ratio], api_name=False, queue=False)
+
+    def comparison_outputs(cmp, found: dict | None = None):
+        text = f"Full cache answered: *{cmp.full.text.strip()}*"
+        if found is not None:
+            text = " · ".join(f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}"
+                              for n, ok in found.items())
+        return text, fig.comparison_table(cmp), fig.bytes_figure(cmp), fig.kl_figure(cmp)
+
+    def run_compare(names, *args, progress=gr.Progress()):
+        req = gather(*args)
+        if not names:
+            raise gr.Error("Tick at least one policy to compare with the full cache.")
+        pols = [req["policy"] if n == req["policy"].name else make_policy(n) for n in names if n in POLICIES]
+        for p in pols:
+            _user(resolve_budget, p, req["n_compress"], req["budget"], req["ratio"])
+        cmp = _user(lambda: compare(ctx.lm, req["ids"], pols, budget=req["budget"], ratio=req["ratio"],
+                                    n_compress=req["n_compress"], max_new_tokens=req["max_new_tokens"],
+                                    progress=lambda f, d: progress(f, desc=d)), what="Comparison")
+        return comparison_outputs(cmp)
+
+    compare_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden").success(
+        gpu(run_compare), [chosen, *main_inputs], [verdict, table, bytes_plot, kl_plot], api_name=False,
+        concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+
+    def run_needle(comp, progress=gr.Progress()):
+        res = _user(lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS[1],
+                                        progress=lambda f, d: progress(f, desc=d)), what="Needle demo")
+        snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
+        run = snap.run
+        return (needle_passage(*NEEDLE_FILLER), f"Question: {NEEDLE_QUESTION}", True, "snapkv", "tokens",
+                NEEDLE_BUDGET, run, status_text(run, snap.policy), run.text,
+                gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
+                *views(run, info.layers - 1, 0, 0, snap.policy.score_label),
+                *comparison_outputs(res.comparison, res.found()))
+
+    needle_btn.click(gpu(run_needle), [compress],
+                     [prompt, question, chat, policy, mode, budget, run_state, status, answer, step, *view_outputs,
+                      verdict, table, bytes_plot, kl_plot], api_name=False, concurrency_id="model",
+                     concurrency_limit=ctx.settings.concurrency)
+
+    def run_sinks(progress=gr.Progress()):
+        res = _user(lambda: sinks_demo(ctx.lm, progress=lambda f, d: progress(f, desc=d)), what="Sinks demo")
+        ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
+        return f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl}", fig.sinks_figure(res)
+
+    sinks_btn.click(gpu(run_sinks), None, [sinks_md, sinks_plot], api_name=False, concurrency_id="model",
+                    concurrency_limit=ctx.settings.concurrency)
+
+    def api_evict(prompt_text: str, policy_name: str = "snapkv", budget: int | None = None,
+                  ratio: float | None = None, chat: bool = True, max_new_tokens: int = 32, sinks: int | None = None,
+                  window_size: int | None = None, kernel_size: int | None = None, pooling: str | None = None,
+                  heavy_fraction: float | None = None, question: str = "",
+                  compress_context_only: bool = False) -> dict:
+        """Generate under an eviction policy; returns the same JSON as ``python -m kvviz evict --json``."""
+        if (budget is None) == (ratio is None):
+            raise gr.Error("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
+        given = {"sinks": sinks, "window_size": window_size, "kernel_size": kernel_size, "pooling": pooling,
+                 "heavy_fraction": heavy_fraction}
+        own = {f["name"] for f in field_specs(POLICIES[policy_name])} if policy_name in POLICIES else set()
+        extra = [k for k, v in given.items() if v is not None and k not in own]
+        if extra:
+            raise gr.Error(f"{', '.join(extra)} do(es) not apply to policy {policy_name!r}.")
+        req = check_request(ctx, prompt_text, question, chat, policy_name, "tokens" if budget is not None else "ratio",
+                            budget, ratio, max_new_tokens, given,
+                            COMPRESS[1] if compress_context_only else COMPRESS[0])
+        result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
+                                          ratio=req["ratio"], n_compress=req["n_compress"],
+                                          max_new_tokens=req["max_new_tokens"], record_history=False))
+        return result.summary()
+
+    gr.api(gpu(api_evict), api_name="evict", concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
