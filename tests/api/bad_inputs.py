@@ -91,12 +91,13 @@ CASES: list[Case] = [
     Case("mem-local-path", "memory", {"model|model_id|preset|source|config": "/etc/passwd"},
          r"path|not allowed|neither|config"),
     # --- evict (generate under a policy)
-    Case("evict-unknown-policy", "evict", {"policy": "lru"}, r"policy|lru"),
+    Case("evict-unknown-policy", "evict", {"policy|policy_name": "lru"}, r"policy|lru"),
     Case("evict-budget-zero", "evict", {"budget": 0}, r"budget"),
     Case("evict-budget-negative", "evict", {"budget": -3}, r"budget"),
     Case("evict-budget-nan", "evict", {"budget": NAN}, r"budget|whole|number", raw=True),
-    Case("evict-ratio-over", "evict", {"ratio": 1.5}, r"ratio"),
-    Case("evict-ratio-zero", "evict", {"ratio": 0.0}, r"ratio"),
+    Case("evict-ratio-over", "evict", {"ratio": 1.5, "budget": None}, r"ratio"),
+    Case("evict-ratio-negative", "evict", {"ratio": -0.2, "budget": None}, r"ratio"),
+    Case("evict-ratio-nan", "evict", {"ratio": NAN, "budget": None}, r"ratio|number", raw=True),
     Case("evict-empty-prompt", "evict", {"prompt|prompt_text": "  "}, r"prompt is empty|empty"),
 ]
 
@@ -110,9 +111,9 @@ def endpoints_in_source() -> set[str]:
 
 
 def resolve(case: Case, params: list[dict]) -> list:
-    """Positional inputs for ``case``: its values by parameter name, defaults (or examples) elsewhere."""
+    """Positional inputs for ``case``: its values by parameter name, else the endpoint's baseline, else defaults."""
     names = [p["parameter_name"] for p in params]
-    chosen = {}
+    chosen = {k: v for k, v in BASELINE.get(case.endpoint, {}).items() if k in names}
     for key, value in case.inputs.items():
         hit = next((n for n in key.split("|") if n in names), None)
         if hit is None:
@@ -131,6 +132,8 @@ def resolve(case: Case, params: list[dict]) -> list:
     return values
 
 
+# a valid request per endpoint that each case then breaks in one place (quick: few new tokens)
+BASELINE = {"evict": {"budget": 16, "max_new_tokens": 2}}
 # valid values for required parameters the cases do not set (the generic "example_input" may be invalid)
 VALID_EXAMPLES = {"prompt_text": "What is the capital of France?", "prompt": "What is the capital of France?",
                   "config": "loaded"}
