@@ -20,7 +20,7 @@ from kvviz.ui.gpu import gpu
 
 PRESENT_CLASS = "kvviz-present"
 STEP_CLASS = "kvviz-step"  # sliders the arrow keys step in presentation mode
-STEP_KEYS = ("attention.step",)  # other tabs' decode-step sliders, marked at build time if registered
+STEP_KEYS = ("attention.step", "eviction.step")  # other tabs' decode-step sliders, marked at build time if registered
 EXAMPLE_PROMPT = "Once upon a time"
 TOGGLE_JS = f"() => {{ document.body.classList.toggle('{PRESENT_CLASS}'); return []; }}"
 LOAD_JS = """() => {
