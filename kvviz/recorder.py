@@ -117,7 +117,7 @@ class RecorderConfig:
     obs_window: int = 64
     chunk: int = 256
     bin_factor: int = 1
-    chunk_elements: int = 2**21
+    chunk_elements: int = 2**22
 
 
 class Recorder:
@@ -152,8 +152,9 @@ class Recorder:
         self.keep_outputs = keep_outputs
         self.outputs: list[torch.Tensor] = []  # per forward: [Lyr, q, Hq*D] when keep_outputs
         self._out_step: list[torch.Tensor | None] = [None] * layers
-        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # reused score/prob buffers
+        self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
         self._tri: torch.Tensor | None = None  # [C, C] True above the diagonal (the causal mask's block)
+        self._pending: list[tuple[int, torch.Tensor, float]] = []  # decode scores awaiting end_forward
 
     # -- called from the attention function ------------------------------------------------
     def record(self, layer: int, query, key, mask, scaling, softcap, out) -> None:
@@ -167,7 +168,11 @@ class Recorder:
             self._record_prefill(layer, query, key, mask, scaling, softcap)
 
     def end_forward(self) -> None:
-        """Close one forward pass (collects attention outputs for the equivalence check)."""
+        """Close one forward pass: reduce the decode rows held back for it, copy the prompt's column
+        sums once the prompt is through, collect attention outputs for the equivalence check."""
+        self._flush_decode()
+        if self.phase != "outputs" and 0 < self.t_total <= self.n_prompt:
+            self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])  # only prompt queries so far
         if self.keep_outputs:
             self.outputs.append(torch.stack(self._out_step))  # [Lyr, q, Hq*D]
 
@@ -181,8 +186,39 @@ class Recorder:
 
     # -- decode: one query, one row per head ---------------------------------------------------
     def _record_decode(self, layer, query, key, mask, scaling, softcap) -> None:
-        probs = _decode_probs(query, key, mask, scaling, softcap)  # [Hq, k]
-        k_len, f, qpos = key.shape[2], self.cfg.bin_factor, self.t_total - 1
+        """Plain layers (no mask, no soft-cap, keys in order) only compute their scores here; the
+        softmax and every reduction run once per step for all of them in :meth:`_flush_decode`
+        (a few large ops instead of ~10 tiny ones per layer)."""
+        k_len = key.shape[2]
+        if mask is None and softcap is None and self._key_positions(layer, k_len) is None:
+            hq, d, hkv = query.shape[1], query.shape[-1], key.shape[1]
+            q = query[0, :, 0].float().reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
+            scores = torch.bmm(q, key[0].float().transpose(1, 2)).view(hq, k_len)  # [Hq, k]
+            scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+            self._pending.append((layer, scores, float(scale)))
+            return
+        self._record_decode_row(layer, _decode_probs(query, key, mask, scaling, softcap), k_len, key.shape[1])
+
+    def _flush_decode(self) -> None:
+        """Softmax and reduce the held-back decode scores, one batch per (cache length, scale)."""
+        pending, self._pending = self._pending, []
+        groups: dict[tuple[int, float], list] = {}
+        for layer, scores, scale in pending:
+            groups.setdefault((scores.shape[-1], scale), []).append((layer, scores))
+        qpos, f = self.t_total - 1, self.cfg.bin_factor
+        for (k_len, scale), items in groups.items():
+            layers = [i for i, _ in items]
+            idx = slice(layers[0], layers[-1] + 1) if layers == list(range(layers[0], layers[-1] + 1)) else layers
+            probs = torch.softmax(torch.stack([sc for _, sc in items]).mul_(scale), dim=-1)  # [n, Hq, k]
+            start = self.t_total - k_len
+            self.colsum[idx, :, start:self.t_total] += probs
+            self.sink_mass[idx, :, qpos] = probs[..., : max(self.cfg.sink_k - start, 0)].sum(-1)
+            b0, binned = _bin(probs, start, f, dim=2)  # [n, Hq, nbins]
+            self.decode_rows[qpos - self.n_prompt, idx, :, b0:b0 + binned.shape[2]] = binned.to(torch.float16)
+
+    def _record_decode_row(self, layer: int, probs: torch.Tensor, k_len: int, hkv: int) -> None:
+        """One layer's exact row [Hq, k] into the summaries (masked, soft-capped or evicted caches)."""
+        f, qpos = self.cfg.bin_factor, self.t_total - 1
         row = self.decode_rows[qpos - self.n_prompt, layer]  # [Hq, nb] fp16
         pos = self._key_positions(layer, k_len)
         if pos is None:  # keys are positions start … t_total-1: plain slices, no scatter
@@ -192,7 +228,7 @@ class Recorder:
             b0, binned = _bin(probs, start, f, dim=1)  # [Hq, nbins]
             row[:, b0:b0 + binned.shape[1]] = binned
             return
-        pos = pos.to(probs.device).repeat_interleave(self.q_heads // key.shape[1], dim=0)  # [Hq, k]
+        pos = pos.to(probs.device).repeat_interleave(self.q_heads // hkv, dim=0)  # [Hq, k]
         self.colsum[layer].scatter_add_(1, pos, probs)
         self.sink_mass[layer, :, qpos] = (probs * (pos < self.cfg.sink_k)).sum(-1)
         binned = torch.zeros(self.q_heads, self.nb, device=probs.device).scatter_add_(1, pos // f, probs)
@@ -205,11 +241,11 @@ class Recorder:
         rows = min(self.cfg.chunk, max(self.cfg.chunk_elements // (self.q_heads * k_len), 16))
         return max(rows // f, 1) * f
 
-    def _buffers(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat fp32 scratch for one chunk's scores and probabilities, kept across layers (no
-        per-chunk allocation: large fresh buffers cost page faults on every call)."""
-        if self._scratch is None or self._scratch[0].numel() < n or self._scratch[0].device != device:
-            self._scratch = (torch.empty(n, device=device), torch.empty(n, device=device))
+    def _buffer(self, n: int, device) -> torch.Tensor:
+        """Flat fp32 scratch for one chunk's scores, kept across layers and chunks (a fresh large
+        buffer per chunk would cost page faults every time)."""
+        if self._scratch is None or self._scratch.numel() < n or self._scratch.device != device:
+            self._scratch = torch.empty(n, device=device)
         return self._scratch
 
     def _record_prefill(self, layer, query, key, mask, scaling, softcap) -> None:
@@ -223,7 +259,7 @@ class Recorder:
         qs = (query[0].float() * scale).view(hkv, g, q_len, d)  # [Hkv, g, q, D]
         kt = key[0].float().transpose(1, 2)  # [Hkv, D, k]
         rows = self._chunk_rows(k_len)
-        sbuf, pbuf = self._buffers(hq * rows * k_len, query.device)
+        sbuf = self._buffer(hq * rows * k_len, query.device)
         w = self.window_rows.shape[2]
         w0 = self.n_prompt - w  # absolute position of the first window query
         first = qpos0 - qpos0 % rows  # chunks start at multiples of ``rows`` (so of f) in absolute positions
@@ -242,9 +278,8 @@ class Recorder:
                 s.masked_fill_(~mask[0, :, c0:c1, :kend], float("-inf"))
             else:
                 s.add_(mask[0, :, c0:c1, :kend].float())
-            p = pbuf[: hq * n * kend].view(hq, n, kend)
-            torch.softmax(s, dim=-1, out=p)
-            self._reduce_chunk(layer, p, qpos0 + c0, koff, w0)
+            torch.softmax(s, dim=-1, out=s)  # in place: the CPU/GPU kernels work row by row
+            self._reduce_chunk(layer, s, qpos0 + c0, koff, w0)
 
     def _tri_block(self, n: int, device) -> torch.Tensor:
         if self._tri is None or self._tri.shape[0] < n or self._tri.device != device:
@@ -266,9 +301,6 @@ class Recorder:
             return
         if a0 + n > self.n_prompt:  # a feed that runs past the prompt: keep only the prompt queries
             qb0, qbinned = _bin(p[:, : self.n_prompt - a0], a0, f, dim=1)
-            col = qbinned.sum(1)
-        kp = max(min(kend, self.n_prompt - koff), 0)  # prompt keys only
-        self.prefill_colsum[layer, :, koff:koff + kp] += col[:, :kp]
         kb0, binned = _bin(qbinned, koff, f, dim=2)  # [Hq, nqb_chunk, nkb]
         self.prefill_map[layer, :, qb0:qb0 + binned.shape[1], kb0:kb0 + binned.shape[2]] += binned
 

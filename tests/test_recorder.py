@@ -37,6 +37,11 @@ class SpyRecorder(Recorder):
             self.calls.append((layer, self.t_total, query[0].double(), key[0].double(), m, scaling, softcap))
         super().record(layer, query, key, mask, scaling, softcap, out)
 
+    def _flush_decode(self) -> None:
+        # note how many batches (cache length, scale) each decode step's plain layers formed
+        self.batches = getattr(self, "batches", []) + [len({(sc.shape[-1], s) for _, sc, s in self._pending})]
+        super()._flush_decode()
+
 
 def eager_probs(q, k, mask, scaling, softcap, t_total) -> torch.Tensor:
     """Exact attention probabilities [Hq, q, k] in float64: the textbook formula, keys repeated per group."""
@@ -122,6 +127,49 @@ def test_masked_softcapped_and_mha_models_equal_exact_attention(monkeypatch, lm,
     if name == "gemma2_hybrid":
         assert any(c[6] is not None for c in spy.calls)  # the soft-capping path ran
     assert_matches_reference(trace, spy)
+
+
+def test_hybrid_without_softcap_is_exact(monkeypatch, lm):
+    # Gemma-2 style sliding/full/sliding layers without soft-capping: the full layer's decode rows go
+    # through the batched path, the masked sliding layers through the per-layer one; both exact
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    from kvviz.models import LoadedModel
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                       max_position_embeddings=512, attn_logit_softcapping=None, final_logit_softcapping=None,
+                       layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    tiny = LoadedModel(model=model, tokenizer=lm.tokenizer, name="tiny-hybrid", device=torch.device("cpu"),
+                       dtype=torch.float32, stop_ids=set())
+    trace, spy = spied_capture(monkeypatch, tiny, list(range(100, 120)), RecorderConfig(obs_window=6, chunk=8))
+    assert max(spy.batches) == 1
+    assert_matches_reference(trace, spy)
+
+
+def test_decode_batches_group_layers_by_cache_length():
+    # layers 0 and 2 hold 5 keys (a sliding window), layer 1 holds all 7: two batches, non-adjacent layers
+    torch.manual_seed(1)
+    rec = SpyRecorder(3, 4, 8, 6, RecorderConfig(sink_k=2, bin_factor=3), torch.device("cpu"))
+    rec.phase, rec.t_total = "decode", 7
+    qs = [torch.randn(1, 4, 1, 8) for _ in range(3)]
+    ks = [torch.randn(1, 2, n, 8) for n in (5, 7, 5)]
+    for layer in range(3):
+        rec.record(layer, qs[layer], ks[layer], None, 0.3, None, torch.zeros(1, 1, 4, 8))
+    rec.end_forward()
+    assert rec.batches == [2]
+    for layer in range(3):
+        p = eager_probs(qs[layer][0].double(), ks[layer][0].double(), None, 0.3, None, 7).float()[:, 0]
+        start = 7 - p.shape[-1]
+        assert torch.allclose(rec.colsum[layer, :, start:7], p, atol=1e-6)
+        assert rec.colsum[layer, :, :start].abs().sum() == 0
+        assert torch.allclose(rec.sink_mass[layer, :, 6], p[:, : max(2 - start, 0)].sum(-1), atol=1e-6)
+        full = torch.zeros(4, 9)
+        full[:, start:7] = p
+        binned = full.view(4, 3, 3).sum(-1)  # bins of 3 positions
+        assert torch.allclose(rec.decode_rows[0, layer].float(), binned, atol=1e-3)
 
 
 def test_attention_rows_sum_to_one(monkeypatch, lm):
