@@ -1,4 +1,7 @@
-"""The ``/generate`` endpoint through gradio_client against the running app."""
+"""The ``/generate`` endpoint through gradio_client against the running app.
+
+Greedy answers equal solo runs under concurrency in test_concurrency.py; bad input in test_bad_inputs.py.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +10,17 @@ from gradio_client.exceptions import AppError
 
 
 def test_generate_returns_the_trace_summary(client):
-    out = client.predict("What is the capital of France?", 12, True, 0.0, 1.0, 0, api_name="/generate")
+    out = client.predict("What is the capital of France?", 8, True, 0.0, 1.0, 0, api_name="/generate")
     assert "Paris" in out["text"]
     model = out["model"]
     assert (model["layers"], model["q_heads"], model["kv_heads"], model["head_dim"]) == (30, 9, 3, 64)
     # bytes per token by the formula: 2 (K and V) x layers x kv_heads x head_dim x bytes/element
     per_token = 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * model["bytes_per_element"]
     assert out["kv_bytes_per_token"] == per_token
-    assert 1 <= out["generated_tokens"] <= 12
+    assert 1 <= out["generated_tokens"] <= 8
     # the cache holds every token but the last generated one (it was never fed back)
     assert out["cache_bytes"] == per_token * (out["prompt_tokens"] + out["generated_tokens"] - 1)
     assert out["max_abs_logit_diff_vs_recompute"] < 1e-3
-
-
-def test_generate_is_deterministic_when_greedy(client):
-    a = client.predict("Count: one, two,", 6, False, 0.0, 1.0, 0, api_name="/generate")
-    b = client.predict("Count: one, two,", 6, False, 0.0, 1.0, 0, api_name="/generate")
-    assert a["text"] == b["text"] and a["generated_tokens"] == 6
 
 
 def test_generate_rejects_an_empty_prompt_with_a_message(client):
