@@ -78,21 +78,30 @@ def tracked_capture(monkeypatch):
     return record
 
 
-def test_stop_then_bad_input_keeps_results_and_closing_frees_the_session(browser_context, inprocess_app,
-                                                                          screenshot):
+def test_queue_stop_bad_input_and_closing_free_the_session(browser_context, inprocess_app, screenshot):
     ctx, demo = inprocess_app.ctx, inprocess_app.demo
-    tab = open_page(browser_context, inprocess_app.url)
+    tab, other = open_page(browser_context, inprocess_app.url), open_page(browser_context, inprocess_app.url)
     start_generation(tab, LONG_PROMPT, 64)
     status = tab.locator("#gen-status")
     status.get_by_text(re.compile(r"^Generating")).wait_for(timeout=90_000)
+
+    # a second student waits in the queue and sees their position
+    start_generation(other, "The capital of France is", 2)
+    other.get_by_text(re.compile(r"queue: 1/1")).first.wait_for(timeout=30_000)
+    screenshot(other, "queue_position")
+
+    # Stop ends the first job early; the waiting one then runs to the end
     tab.locator("#stop-btn").click()
     status.get_by_text(re.compile(r"stop: stopped")).wait_for(timeout=60_000)
     n_done = int(re.search(r"Done: (\d+) tokens", status.inner_text()).group(1))
     assert 1 <= n_done < 64
+    other.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=90_000)
+    other.close()
     answer = tab.locator("#answer textarea").input_value()
     assert answer.strip()
-    assert not ctx.stop_flags and not is_installed(ctx.lm.model)
-    assert len(ctx.files.sessions()) == 1  # this session's exports, in its own folder
+    wait_until(lambda: not ctx.stop_flags, what="Stop flags to be dropped after the jobs")
+    assert not is_installed(ctx.lm.model)
+    wait_until(lambda: len(ctx.files.sessions()) == 1, what="only this session's exports to remain")
 
     # bad input after a good run: a clear message, and the earlier results stay on the page
     tab.locator("#prompt textarea").fill("   ")
@@ -128,3 +137,4 @@ def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(browser
     out = Client(inprocess_app.url, verbose=False).predict("The capital of France is", 3, False, 0.0, 1.0, 0,
                                                             api_name="/generate")
     assert out["generated_tokens"] == 3 and "Paris" in out["text"]
+
