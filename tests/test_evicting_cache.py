@@ -50,8 +50,8 @@ def test_cache_holds_n_kept_plus_generated_and_bytes_follow(lm, ids, name):
 
 
 def test_full_policy_equals_plain_generation(lm, ids):
-    plain = capture(lm, PROMPT, chat=True, max_new_tokens=12)
-    ours = run_policy(lm, ids, make_policy("full"), max_new_tokens=12)
+    plain = capture(lm, PROMPT, chat=True, max_new_tokens=8)
+    ours = run_policy(lm, ids, make_policy("full"), max_new_tokens=8)
     assert ours.generated_ids == plain.token_ids[plain.n_prompt:]
     assert ours.text == plain.text
 

@@ -99,7 +99,7 @@ def kept_map(run: PolicyRun, step: int = 0) -> go.Figure:
     hover = "layer %{y}<br>position %{x}" + (f"–+{f - 1}" if f > 1 else "") + "<br>%{z:.2f} of " + f"{hkv} KV heads<extra></extra>"
     fig = go.Figure(go.Heatmap(z=z, x=x, y=list(range(lyr)), zmin=0, zmax=hkv, colorscale="Greens",
                                colorbar=dict(title="KV heads"), hovertemplate=hover))
-    fig.update_layout(title=f"Kept per layer after step {step} ({run.n_kept} per head after the prefill)",
+    fig.update_layout(title=f"Kept per layer after step {step} (budget: {run.n_kept} per KV head)",
                       xaxis_title="position (token index)", yaxis_title="layer", height=360,
                       margin=dict(l=50, r=20, t=50, b=40))
     return fig

@@ -23,21 +23,22 @@ ROLE_NAMES = {EVICTED: "evicted", KEPT: "kept", SINK: "sink", WINDOW: "window", 
 
 
 def n_kept_for(n_tokens: int, budget: int | None = None, ratio: float | None = None) -> int:
-    """Entries kept per layer and KV head for a prompt of ``n_tokens``.
+    """Entries kept per layer and KV head (the cache's capacity under the policy) for a prompt of ``n_tokens``.
 
     Exactly one of ``budget`` (absolute tokens) and ``ratio`` (compression ratio r: the fraction
-    removed) is given; ``n_kept = max(1, int(L × (1 − r)))``. A budget ≥ L keeps everything (the
-    result is then L itself, so nothing is evicted after the prefill).
+    removed) is given; with a ratio ``n_kept = max(1, int(L × (1 − r)))``. An absolute budget is
+    returned as is: a budget ≥ L evicts nothing after the prefill, and the policies that evict while
+    decoding let the cache grow up to it first.
     """
     if n_tokens < 1:
         raise ValueError("The prompt is empty: there is nothing to compress.")
     if (budget is None) == (ratio is None):
         raise ValueError("Give exactly one of a budget (tokens kept) or a compression ratio.")
     if budget is not None:
-        if isinstance(budget, bool) or int(budget) != budget or budget < 1:
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or int(budget) != budget or budget < 1:
             raise ValueError(f"The budget must be a whole number of tokens ≥ 1, got {budget!r}.")
-        return min(int(budget), n_tokens)
-    if not (0.0 <= float(ratio) < 1.0):
+        return int(budget)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0.0 <= float(ratio) < 1.0):
         raise ValueError(f"The compression ratio must be in [0, 1) (the fraction of entries removed), got {ratio!r}.")
     return max(1, int(n_tokens * (1 - float(ratio))))
 

@@ -48,7 +48,7 @@ class StreamingLLM(Policy):
     def validate(self, n_kept: int, n_prompt: int) -> None:
         if isinstance(self.sinks, bool) or int(self.sinks) != self.sinks or self.sinks < 0:
             raise ValueError(f"sinks must be a whole number ≥ 0, got {self.sinks!r}.")
-        if n_kept < n_prompt and n_kept <= self.sinks:
+        if n_kept <= self.sinks:
             raise ValueError(f"StreamingLLM keeps {self.sinks} sink tokens plus a recent window: the budget "
                              f"({n_kept} tokens) must be at least sinks + 1 = {self.sinks + 1}.")
 
