@@ -8,7 +8,6 @@ import pytest
 from kvviz.capture import capture, model_info
 from kvviz.settings import Settings
 from kvviz.ui import tab_attention as tab
-from kvviz.ui.app import build_app
 from kvviz.ui.context import AppContext
 
 
@@ -56,10 +55,14 @@ def test_bad_selections_are_readable_errors(trace, args):
         tab._selection(trace, layer, head, step, k)
 
 
-def test_the_app_builds_with_the_tab_and_registers_its_inputs(lm):
+def test_the_tab_builds_and_registers_its_inputs(lm):
     ctx = AppContext(lm=lm, settings=Settings())
-    build_app(ctx)
+    with gr.Blocks():
+        ctx.trace_state = gr.State(None)
+        tab.build(ctx)
     for name in ("layer", "head", "view", "log", "step", "k", "sink_table"):
         assert f"attention.{name}" in ctx.components
     assert ctx.components["attention.layer"].elem_id == "attn-layer"
-    assert any(len(outputs) == 11 for _, _, outputs in ctx.listeners)  # the refresh after each generation
+    assert ctx.components["attention.layer"].maximum == 29  # SmolLM2's 30 layers
+    [(_, inputs, outputs)] = ctx.listeners  # the refresh after each generation
+    assert inputs[0] is ctx.trace_state and len(outputs) == 11
