@@ -322,7 +322,8 @@ def build(ctx: AppContext) -> None:
         own = {f["name"] for f in field_specs(POLICIES[policy_name])} if policy_name in POLICIES else set()
         extra = [k for k, v in given.items() if v is not None and k not in own]
         if extra:
-            raise gr.Error(f"{', '.join(extra)} do(es) not apply to policy {policy_name!r}.")
+            raise gr.Error(f"{extra[0]} does not apply to policy {policy_name!r}; its parameters: "
+                           f"{', '.join(sorted(own)) or 'none'}.")
         req = check_request(ctx, prompt_text, question, chat, policy_name, "tokens" if budget is not None else "ratio",
                             budget, ratio, max_new_tokens, given,
                             COMPRESS[1] if compress_context_only else COMPRESS[0])
