@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvviz import safety
+
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 MAX_CONFIG_BYTES = 1024 * 1024  # a config.json is a few KiB; refuse anything absurd
 
@@ -116,15 +118,10 @@ def load_preset(name: str) -> dict:
 
 def parse_config_json(text: str, where: str = "The config") -> dict:
     """A config dict from JSON text, or ValueError saying what is wrong (never reads a path)."""
-    if len(text.encode()) > MAX_CONFIG_BYTES:
-        raise ValueError(f"{where} is larger than {MAX_CONFIG_BYTES // 1024} KiB; a config.json is a few KiB.")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} must be a JSON object like a config.json, not {type(data).__name__}.")
-    return data
+        return safety.parse_config_json(text, MAX_CONFIG_BYTES)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _from_hub(repo_id: str) -> dict:

@@ -28,6 +28,7 @@ from kvviz.memory import (
 )
 from kvviz.memory_capacity import gpu_presets, report
 from kvviz.memory_config import parse_config_json
+from kvviz.safety import real_number, whole_number
 from kvviz.ui.context import AppContext
 
 SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
@@ -50,12 +51,16 @@ def user_errors() -> Iterator[None]:
 
 def _whole(value, what: str, lo: int, hi: int) -> int:
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise gr.Error(f"{what} must be a whole number.") from None
-    if number != int(number) or not lo <= number <= hi:
-        raise gr.Error(f"{what} must be a whole number from {lo:,} to {hi:,}, got {value!r}.")
-    return int(number)
+        return whole_number(value, what, lo, hi)  # refuses NaN, infinities, fractions and text
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+
+
+def _reserve(value) -> float:
+    try:
+        return real_number(value, "reserve", 0.0, 0.95)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
 
 
 def _positive(value, what: str, allow_blank: bool = True) -> float | None:
@@ -221,10 +226,10 @@ def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1
     if weights_gb is None and text.lower() == "loaded":
         weights_gb = ctx.info.weight_bytes / 1e9
     with user_errors():
-        return report(layout, _whole(context, "context", 0, MAX_CONTEXT), _whole(batch, "batch", 1, MAX_BATCH),
+        return report(layout, _whole(context, "context", 1, MAX_CONTEXT), _whole(batch, "batch", 1, MAX_BATCH),
                       kv_dtype, None if tp is None else _whole(tp, "tp", 1, MAX_TP),
                       None if not group_size else _whole(group_size, "group_size", 1, 1 << 20),
-                      _whole(gpus, "gpus", 1, MAX_GPUS), _positive(gpu_mem_gb, "gpu_mem_gb"), float(reserve),
+                      _whole(gpus, "gpus", 1, MAX_GPUS), _positive(gpu_mem_gb, "gpu_mem_gb"), _reserve(reserve),
                       weights_gb, "bf16", _positive(bandwidth_tbps, "bandwidth_tbps"))
 
 
