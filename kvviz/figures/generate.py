@@ -26,7 +26,8 @@ def cache_growth(trace: Trace) -> go.Figure:
     fig = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers", name="KV cache", customdata=hover,
                                hovertemplate="step %{x}<br>%{y:.3f} MiB<br>%{customdata}<extra></extra>"))
     if steps:
-        fig.add_annotation(x=0, y=y[0], text=f"prefill: {trace.n_prompt} tokens", showarrow=True, ax=40, ay=-30)
+        fig.add_annotation(x=0, y=y[0], text=f"prefill: {trace.n_prompt} tokens", showarrow=True, ax=50, ay=25)
+    fig.update_xaxes(tickformat="d", rangemode="tozero")
     fig.update_layout(title="KV cache size per step", xaxis_title="step (0 = prefill)",
                       yaxis_title="cache size (MiB)", height=320, margin=dict(l=50, r=20, t=50, b=40),
                       yaxis_rangemode="tozero")
@@ -75,7 +76,8 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
                            marker_color=["#d62728", "#1f77b4", "#7f7f7f"][: len(values)]))
     fig.update_layout(title=title, xaxis_title="bytes (log scale)", height=240,
                       margin=dict(l=120, r=60, t=50, b=40))
-    fig.update_xaxes(type="log")
+    ticks = [10**e for e in range(3, 13, 3)]
+    fig.update_xaxes(type="log", tickvals=ticks, ticktext=["1 kB", "1 MB", "1 GB", "1 TB"])
     return fig
 
 
