@@ -21,10 +21,16 @@ def test_cache_growth_plots_measured_bytes(trace):
 
 
 def test_gauge_says_how_many_tokens_fit(trace):
-    per_tok = trace.model.kv_bytes_per_token
-    f = fig.memory_gauge(trace.cache_bytes, trace.model.weight_bytes, 16e9, "T4", per_tok)
-    expected = int((16e9 - trace.model.weight_bytes) // per_tok)
-    assert f"{expected:,}" in f.layout.title.text
+    f = fig.memory_gauge(trace.cache_bytes, trace.model.weight_bytes, 16e9, "T4", 123_456)
+    assert "room for 123,456 cached tokens" in f.layout.title.text
+
+
+def test_room_for_tokens_uses_the_memory_module(lm):
+    from kvviz.ui.tab_generate import room_for_tokens
+
+    info_bytes = 2 * 30 * 3 * 64 * 4
+    weights = sum(p.numel() * 4 for p in lm.model.parameters())
+    assert room_for_tokens(lm, 16e9, weights) == int((16e9 - weights) // info_bytes)
 
 
 def test_token_spans_split_prompt_and_generated(trace):

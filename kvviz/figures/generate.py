@@ -55,10 +55,10 @@ def _ranges(idx: list[int]) -> str:
 
 
 def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None = None,
-                 budget_name: str = "GPU", bytes_per_token: int | None = None) -> go.Figure:
+                 budget_name: str = "GPU", room_tokens: int | None = None) -> go.Figure:
     """Horizontal bars on a log axis: cache vs weights vs the chosen GPU memory.
 
-    With ``bytes_per_token`` the title says how many cached tokens would fill what the weights leave.
+    ``room_tokens`` (how many cached tokens fit beside the weights) goes in the title.
     """
     names = ["KV cache (now)", "model weights"]
     values = [cache_bytes, weight_bytes]
@@ -68,9 +68,8 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
         names.append(f"{budget_name} memory")
         values.append(budget_bytes)
         labels.append(format_gb(budget_bytes))
-        if bytes_per_token:
-            fits = int(max(budget_bytes - weight_bytes, 0) // bytes_per_token)
-            title = f"{budget_name}: room for {fits:,} cached tokens after the weights"
+        if room_tokens is not None:
+            title = f"{budget_name}: room for {room_tokens:,} cached tokens after the weights"
     fig = go.Figure(go.Bar(x=[max(v, 1) for v in values], y=names, orientation="h", text=labels,
                            textposition="outside", cliponaxis=False,
                            marker_color=["#d62728", "#1f77b4", "#7f7f7f"][: len(values)]))

@@ -10,6 +10,8 @@ import gradio as gr
 from kvviz.capture import Sampling, capture_iter, encode_prompt
 from kvviz.examples import examples
 from kvviz.figures import generate as fig
+from kvviz.memory_capacity import max_context
+from kvviz.memory_config import cache_layout
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
@@ -40,6 +42,15 @@ def validate_request(ctx: AppContext, prompt: str, chat: bool, max_new_tokens: f
         raise gr.Error(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit of "
                        f"{limit:,} tokens. Shorten the prompt or generate fewer tokens.")
     return ids, n_new, sampling
+
+
+def room_for_tokens(lm, budget_bytes: float | None, weight_bytes: int) -> int | None:
+    """Cached tokens that fit beside the weights, by the memory module (windows and MLA included)."""
+    if not budget_bytes:
+        return None
+    layout = cache_layout(lm.config)
+    bytes_per_element = lm.model.dtype.itemsize
+    return max_context(layout, int(max(budget_bytes - weight_bytes, 0)), kv_dtype=bytes_per_element)
 
 
 def waste_text(trace) -> str:
@@ -122,7 +133,8 @@ def build(ctx: AppContext):
         files = _export(trace, ctx.session_dir(request)) if final else (None, None)
         return (trace if final else gr.skip(), msg, fig.token_spans(trace), trace.text, fig.cache_growth(trace),
                 fig.memory_gauge(trace.cache_bytes, ctx.info.weight_bytes, GPU_BUDGETS.get(budget_name),
-                                 budget_name.split(" (")[0], ctx.info.kv_bytes_per_token),
+                                 budget_name.split(" (")[0],
+                                 room_for_tokens(ctx.lm, GPU_BUDGETS.get(budget_name), ctx.info.weight_bytes)),
                 fig.equivalence_text(trace) if final else "Cached vs full recompute: checked when generation ends.",
                 waste_text(trace), *files)
 
