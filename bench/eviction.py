@@ -1,0 +1,93 @@
+"""Decode tokens/s under each eviction policy vs the full cache, on the same long prompt.
+
+Run: ``.venv/bin/python bench/eviction.py [--prompt-tokens 4096] [--new-tokens 64] [--budget 1024]
+[--repeats 1] [--policies full,streaming_llm,window,h2o,snapkv]``.
+Expectation (issue 5): a policy whose cache is smaller must not decode slower than the full cache.
+Every run decodes exactly ``--new-tokens`` tokens (no early stop) through kvviz's own loop
+(:func:`kvviz.eviction.run_policy`); the table also shows plain transformers decoding with a
+DynamicCache as a floor for the loop's own overhead. Writes ``bench/results/eviction.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from _common import RESULTS, chapter_prompt_ids, never_stopping
+from transformers import DynamicCache
+
+from kvviz.capture import forward
+from kvviz.eviction import run_policy
+from kvviz.models import load_model
+from kvviz.policies import POLICIES, make_policy
+
+SLOWER = 0.95  # below this fraction of the full cache's tokens/s a policy counts as slower
+
+
+def plain_decode(lm, ids: list[int], n_new: int) -> float:
+    """Decode tokens/s of a bare loop over transformers' DynamicCache (no kvviz machinery)."""
+    cache = DynamicCache(config=lm.config)
+    with torch.inference_mode():
+        logits = forward(lm, ids, 0, cache, None)[-1]
+        t0 = time.perf_counter()
+        for i in range(n_new - 1):
+            logits = forward(lm, [int(torch.argmax(logits))], len(ids) + i, cache, None)[-1]
+    return (n_new - 1) / (time.perf_counter() - t0)
+
+
+def one_policy(lm, ids: list[int], name: str, budget: int, n_new: int, repeats: int) -> dict:
+    policy = make_policy(name)
+    rates, prefill = [], []
+    run = None
+    for _ in range(repeats):
+        run = run_policy(lm, ids, policy, budget=budget, max_new_tokens=n_new, record_history=False)
+        rates.append(run.timings["decode_tokens_per_s"])
+        prefill.append(run.timings["prefill_s"])
+    return {"policy": name, "n_kept": run.n_kept, "decode_tokens_per_s": statistics.median(rates),
+            "prefill_s": statistics.median(prefill), "cache_bytes_end": run.cache_bytes,
+            "full_cache_bytes_end": run.full_cache_bytes, "generated": len(run.generated_ids)}
+
+
+def main(argv: list[str] | None = None, lm=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompt-tokens", type=int, default=4096)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--budget", type=int, default=1024, help="tokens kept per layer and KV head")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--out", type=Path, default=RESULTS / "eviction.json")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        ap.error(f"unknown policies: {', '.join(unknown)}")
+    if "full" not in names:
+        names.insert(0, "full")
+    lm = never_stopping(lm or load_model())
+    ids = chapter_prompt_ids(lm.tokenizer, args.prompt_tokens)
+    rows = [one_policy(lm, ids, n, args.budget, args.new_tokens, args.repeats) for n in names]
+    full = next(r for r in rows if r["policy"] == "full")["decode_tokens_per_s"]
+    for r in rows:
+        r["vs_full"] = r["decode_tokens_per_s"] / full
+        r["smaller_cache"] = r["cache_bytes_end"] < r["full_cache_bytes_end"]
+        r["slower_than_full"] = bool(r["smaller_cache"] and r["vs_full"] < SLOWER)
+    result = {"prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "budget": args.budget,
+              "repeats": args.repeats, "device": str(lm.device), "threads": torch.get_num_threads(),
+              "plain_dynamic_cache_tokens_per_s": plain_decode(lm, ids, args.new_tokens), "policies": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"prompt {args.prompt_tokens} tokens, {args.new_tokens} new, budget {args.budget} "
+          f"(plain DynamicCache loop: {result['plain_dynamic_cache_tokens_per_s']:.1f} tokens/s)")
+    for r in rows:
+        flag = "SLOWER" if r["slower_than_full"] else "ok"
+        print(f"  {r['policy']:<14} {r['decode_tokens_per_s']:7.1f} tokens/s  ×{r['vs_full']:.2f} vs full  "
+              f"cache {r['cache_bytes_end'] / 2**20:7.1f} MiB  prefill {r['prefill_s']:.1f} s  {flag}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
