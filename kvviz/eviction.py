@@ -33,8 +33,12 @@ from kvviz.recorder import Recorder, RecorderConfig, installed
 class Evictor:
     """Applies ``policy`` after every forward and keeps the history of held positions and roles."""
 
-    def __init__(self, lm: LoadedModel, policy: Policy, n_kept: int, n_prompt: int, record_history: bool = True):
+    def __init__(self, lm: LoadedModel, policy: Policy, n_kept: int, n_prompt: int, record_history: bool = True,
+                 feeds_slot_positions: bool = False):
+        """``feeds_slot_positions``: the caller feeds position ids = cache slots when the policy re-positions
+        keys (``run_policy`` does; ``capture_iter`` feeds absolute positions, so it cannot re-position)."""
         info = model_info(lm)
+        self.feeds_slot_positions = feeds_slot_positions
         self.policy, self.n_kept, self.n_prompt = policy, int(n_kept), int(n_prompt)
         self.kv_heads = info.kv_heads
         self.record_history = record_history
@@ -51,7 +55,12 @@ class Evictor:
         return RecorderConfig(obs_window=max(self.policy.observation_window, 1))
 
     def cache_factory(self, lm: LoadedModel) -> EvictingCache:
-        rerotator = KeyRerotator.from_model(lm.model) if self.policy.position_mode != "original" else None
+        rerotator = None
+        if self.policy.position_mode != "original":
+            if not self.feeds_slot_positions:
+                raise ValueError("Re-positioning keys needs a loop that feeds cache-slot positions "
+                                 "(kvviz.eviction.run_policy); capture_iter feeds original positions.")
+            rerotator = KeyRerotator.from_model(lm.model)
         return EvictingCache(lm.config, rerotator)
 
     def after_step(self, cache: EvictingCache, recorder: Recorder | None, step: int) -> None:
@@ -159,7 +168,7 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
         raise ValueError(f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's context "
                          f"of {info.context_length} tokens.")
     n_kept = resolve_budget(policy, n_c, budget, ratio)
-    ev = Evictor(lm, policy, n_kept, n_c, record_history)
+    ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True)
     needs_rec = policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c)
     t_max = len(ids) + max_new_tokens
     rec = None
@@ -175,6 +184,7 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
     generated: list[int] = []
     stop_reason = "max_new_tokens"
     timings: dict = {}
+    step_s: list[float] = []  # seconds of each generated token's forward + eviction
 
     def feed(token: int, t: int, step: int) -> torch.Tensor:
         r = rec if policy.needs_colsum else None
@@ -217,12 +227,15 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
                 stop_reason = "stopped"
                 break
             step += 1
+            ts = time.perf_counter()
             logits = feed(nxt, t, step)
+            step_s.append(time.perf_counter() - ts)
             t += 1
         decode_s = time.perf_counter() - t1
     fed = len(generated) - 1
     timings.update(decode_s=decode_s, decode_tokens_per_s=fed / decode_s if fed > 0 and decode_s > 0 else None,
-                   total_s=time.perf_counter() - t0)
+                   total_s=time.perf_counter() - t0,
+                   decode_step_median_s=float(np.median(step_s)) if step_s else None)
     return PolicyRun(
         policy=policy.name, params=policy.params(), position_mode=policy.position_mode, prompt_ids=ids,
         tokens=[lm.tokenizer.decode([i]) for i in ids + generated], n_compressed=n_c, n_kept=n_kept, generated_ids=generated,

@@ -124,6 +124,8 @@ def test_streaming_with_repositioning_runs_and_matches_full_when_nothing_is_evic
     assert squeezed.history[-1].shape[-1] == 12 and squeezed.position_mode.startswith("re-positioned")
     layer = squeezed.history[-1][0, 0]
     assert layer[:4].tolist() == [0, 1, 2, 3], "sinks stay at slots 0..3"
+    with pytest.raises(ValueError, match="cache-slot positions"):
+        Evictor(lm, policy, 12, len(ids)).cache_factory(lm)  # capture_iter's absolute positions cannot re-position
 
 
 @pytest.mark.parametrize("config", [
