@@ -64,28 +64,35 @@ class Evictor:
         return EvictingCache(lm.config, rerotator)
 
     def after_step(self, cache: EvictingCache, recorder: Recorder | None, step: int) -> None:
-        """Compress if the policy wants to now; then record what is held."""
-        held = cache.positions()
-        new = held.shape[-1] - (0 if self._roles is None else self._roles.shape[-1])
-        roles = held.new_full((*held.shape[:2], new), KEPT)
-        self._roles = roles if self._roles is None else torch.cat([self._roles, roles], dim=-1)
-        state = PolicyState(positions=held, n_kept=self.n_kept, n_prompt=self.n_prompt, step=step,
-                            kv_heads=self.kv_heads,
-                            colsum=recorder.colsum if recorder is not None and self.policy.needs_colsum else None,
-                            window_rows=recorder.window_rows if recorder is not None and step == 0 else None)
-        if self.policy.wants_compression(state):
+        """Compress if the policy wants to now; then record what is held (in cache-slot order)."""
+        track = self.record_history or step == 0  # roles are bookkeeping for the views only
+        n = cache.get_seq_length()
+        if track:
+            new = n - (0 if self._roles is None else self._roles.shape[-1])
+            roles = torch.full((len(cache.layers), self.kv_heads, new), KEPT, dtype=torch.int8)
+            self._roles = roles if self._roles is None else torch.cat([self._roles, roles], dim=-1)
+        compress = n > self.n_kept and (step == 0 or self.policy.evicts_while_decoding)
+        if compress and not isinstance(self.policy, FullCache):
+            held = cache.positions()  # [Lyr, Hkv, n] in slot order; new entries sit in the last slots
+            ordered, order = held.sort(dim=-1)
+            state = PolicyState(positions=ordered, n_kept=self.n_kept, n_prompt=self.n_prompt, step=step,
+                                kv_heads=self.kv_heads,
+                                colsum=recorder.colsum if recorder is not None and self.policy.needs_colsum else None,
+                                window_rows=recorder.window_rows if recorder is not None and step == 0 else None)
             sel = self.policy.select(state)
-            cache.keep(sel.keep)
-            self._roles = sel.roles
+            cache.keep(sel.keep, held=held, order=order)
+            if track or self.record_history:
+                now = cache.positions()
+                self._roles = sel.roles.to(torch.int8).gather(-1, torch.searchsorted(sel.keep, now).cpu())
             if step == 0 and sel.scores is not None:
                 self.prefill_scores = sel.scores.float().cpu().numpy()
         if step == 0:
-            self.prefill_positions = held.cpu().numpy().astype(np.int32)
+            self.prefill_positions = np.arange(n, dtype=np.int32)
             self.kept = cache.positions().cpu().numpy().astype(np.int32)
-            self.kept_roles = self._roles.cpu().numpy().astype(np.int8)
+            self.kept_roles = self._roles.numpy().copy()
         if self.record_history:
             self.history.append(cache.positions().cpu().numpy().astype(np.int32))
-            self.history_roles.append(self._roles.cpu().numpy().astype(np.int8))
+            self.history_roles.append(self._roles.numpy().copy())
 
 
 @dataclass
@@ -104,7 +111,7 @@ class PolicyRun:
     kept: np.ndarray  # [Lyr, Hkv, k] held right after the prefill compression
     kept_roles: np.ndarray  # [Lyr, Hkv, k] role codes (kvviz.policies.ROLE_NAMES)
     prefill_scores: np.ndarray | None  # [Lyr, Hkv, n_compressed] scores behind the prefill decision
-    history: list[np.ndarray]  # per step (0 = prefill): positions held after it, [Lyr, Hkv, n]
+    history: list[np.ndarray]  # per step (0 = prefill): positions held after it in cache-slot order, [Lyr, Hkv, n]
     history_roles: list[np.ndarray]
     step_bytes: list[int]  # cache bytes after each step, measured from the tensors
     kv_bytes_per_token: int
@@ -184,7 +191,8 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
     generated: list[int] = []
     stop_reason = "max_new_tokens"
     timings: dict = {}
-    step_s: list[float] = []  # seconds of each generated token's forward + eviction
+    step_s: list[float] = []  # wall seconds of each generated token's forward + eviction
+    step_cpu_s: list[float] = []  # CPU seconds of the same (this process, all threads): steadier on a busy machine
 
     def feed(token: int, t: int, step: int) -> torch.Tensor:
         r = rec if policy.needs_colsum else None
@@ -227,15 +235,17 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
                 stop_reason = "stopped"
                 break
             step += 1
-            ts = time.perf_counter()
+            ts, cs = time.perf_counter(), time.process_time()
             logits = feed(nxt, t, step)
             step_s.append(time.perf_counter() - ts)
+            step_cpu_s.append(time.process_time() - cs)
             t += 1
         decode_s = time.perf_counter() - t1
     fed = len(generated) - 1
     timings.update(decode_s=decode_s, decode_tokens_per_s=fed / decode_s if fed > 0 and decode_s > 0 else None,
                    total_s=time.perf_counter() - t0,
-                   decode_step_median_s=float(np.median(step_s)) if step_s else None)
+                   decode_step_median_s=float(np.median(step_s)) if step_s else None,
+                   decode_step_median_cpu_s=float(np.median(step_cpu_s)) if step_cpu_s else None)
     return PolicyRun(
         policy=policy.name, params=policy.params(), position_mode=policy.position_mode, prompt_ids=ids,
         tokens=[lm.tokenizer.decode([i]) for i in ids + generated], n_compressed=n_c, n_kept=n_kept, generated_ids=generated,

@@ -79,6 +79,23 @@ def test_per_head_kept_sets_are_gathered_from_the_original_tensors(lm, ids):
         cache.keep(torch.zeros(30, 3, 1, dtype=torch.long) + int(np.setdiff1d(np.arange(n), keep[0, 0])[0]))
 
 
+@pytest.mark.parametrize("name", ["streaming_llm", "h2o"])
+def test_slot_reuse_while_decoding_equals_gathering_new_tensors(lm, ids, name):
+    """The in-place path (refill the evicted slot) gives the same tokens and kept sets as fresh gathers."""
+    policy = make_policy(name)
+    results = []
+    for reuse in (True, False):
+        ev = Evictor(lm, policy, 14, len(ids))
+        trace = capture(lm, PROMPT, chat=True, max_new_tokens=N_NEW, cfg=ev.recorder_config(), after_step=ev.after_step,
+                        cache_factory=lambda lm, reuse=reuse: EvictingCache(lm.config, reuse_slots=reuse))
+        results.append((trace.token_ids, [np.sort(h, axis=-1) for h in ev.history], ev.history[-1]))
+    (tok_a, held_a, slots_a), (tok_b, held_b, slots_b) = results
+    assert tok_a == tok_b
+    assert all(np.array_equal(a, b) for a, b in zip(held_a, held_b))
+    assert not np.array_equal(slots_a, np.sort(slots_a, axis=-1)), "reused slots are out of position order"
+    assert np.array_equal(slots_b, np.sort(slots_b, axis=-1))
+
+
 def test_decoding_on_a_compressed_cache_maps_attention_to_original_positions(lm, ids):
     """The Recorder's colsum lands on kept positions only: evicted ones stop receiving attention."""
     run = run_policy(lm, ids, make_policy("h2o"), budget=12, max_new_tokens=4)

@@ -40,7 +40,8 @@ def h2o_keep(scores: torch.Tensor, positions: torch.Tensor, n_kept: int, n_recen
 
 def accumulated_scores(colsum: torch.Tensor, positions: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """Accumulated attention of each held entry: colsum [Lyr, Hq, T] at positions [Lyr, Hkv, n] → [Lyr, Hkv, n]."""
-    return group_mean(colsum, kv_heads).gather(-1, positions)
+    per_query_head = positions.repeat_interleave(colsum.shape[-2] // kv_heads, dim=-2)  # [Lyr, Hq, n]
+    return group_mean(colsum.gather(-1, per_query_head.to(colsum.device)), kv_heads)
 
 
 @dataclass
