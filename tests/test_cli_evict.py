@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from kvviz.__main__ import main
+
 PROMPT = "Write one sentence about the sea."
 
 
@@ -47,22 +49,31 @@ def test_json_contract_snapkv_ratio(lm, tmp_path):
     assert len({tuple(h) for layer in data["kept"] for h in layer}) > 1, "per layer and KV head"
 
 
-def test_flags_of_another_policy_are_refused():
-    res = _run("--prompt", PROMPT, "--policy", "streaming_llm", "--budget", "8", "--window-size", "4")
-    assert res.returncode == 2 and "--window-size does not apply" in res.stderr
+def _main(capsys, *args: str) -> tuple[int, str]:
+    """Exit code and stderr of the command run in-process (no new interpreter: the error paths are quick)."""
+    try:
+        code = main(["evict", *args])
+    except SystemExit as exc:  # argparse refuses before run()
+        code = exc.code
+    return code, capsys.readouterr().err
 
 
-def test_budget_and_ratio_are_exclusive():
-    res = _run("--prompt", PROMPT, "--policy", "h2o", "--budget", "8", "--ratio", "0.5")
-    assert res.returncode != 0 and "not allowed with" in res.stderr
+def test_flags_of_another_policy_are_refused(capsys):
+    code, err = _main(capsys, "--prompt", PROMPT, "--policy", "streaming_llm", "--budget", "8", "--window-size", "4")
+    assert code == 2 and "--window-size does not apply" in err
 
 
-def test_snapkv_budget_below_its_window_says_what_to_do(lm):
-    res = _run("--prompt", "word " * 100, "--policy", "snapkv", "--budget", "16", "--max-new-tokens", "1")
-    last = res.stderr.strip().splitlines()[-1]
-    assert res.returncode == 2 and last.startswith("error: SnapKV") and "window_size" in last
+def test_budget_and_ratio_are_exclusive(capsys):
+    code, err = _main(capsys, "--prompt", PROMPT, "--policy", "h2o", "--budget", "8", "--ratio", "0.5")
+    assert code != 0 and "not allowed with" in err
 
 
-def test_empty_prompt_is_an_error():
-    res = _run("--prompt", "  ", "--policy", "full", "--budget", "4")
-    assert res.returncode == 2 and "empty" in res.stderr
+def test_snapkv_budget_below_its_window_says_what_to_do(lm, capsys):
+    code, err = _main(capsys, "--prompt", "word " * 100, "--policy", "snapkv", "--budget", "16", "--max-new-tokens", "1")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("error: SnapKV") and "window_size" in last
+
+
+def test_empty_prompt_is_an_error(capsys):
+    code, err = _main(capsys, "--prompt", "  ", "--policy", "full", "--budget", "4")
+    assert code == 2 and "empty" in err
