@@ -137,7 +137,7 @@ def inprocess_app(lm, tmp_path_factory) -> InProcessApp:
 
     old = os.environ.get("GRADIO_HEARTBEAT_INTERVAL")
     os.environ["GRADIO_HEARTBEAT_INTERVAL"] = "1"
-    settings = Settings(max_new_tokens=64, max_prompt_tokens=1024, concurrency=1, session_grace_s=0)
+    settings = Settings(max_new_tokens=256, max_prompt_tokens=1024, concurrency=1, session_grace_s=0)
     ctx = AppContext(lm=lm, settings=settings, files=SessionFiles(tmp_path_factory.mktemp("inproc-files")))
     demo = build_app(ctx)
     sessions.install(demo, ctx)

@@ -20,6 +20,9 @@ from kvviz.recorder import is_installed
 from kvviz.trace import Trace
 
 LONG_PROMPT = "Write a long story about a dragon who learns to bake bread."
+# long enough that Stop and a closed tab always arrive mid-run, even when the test process (which also
+# serves the app and runs the model) is slow to drive the browser
+LONG_RUN = 256
 
 
 def wait_until(check, timeout_s: float = 60.0, what: str = "condition") -> None:
@@ -31,12 +34,24 @@ def wait_until(check, timeout_s: float = 60.0, what: str = "condition") -> None:
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for: {what}")
 
 
-def open_page(browser_context, url: str):
-    tab = browser_context.new_page()
-    tab.set_default_timeout(30_000)
-    tab.goto(url, wait_until="load")
-    tab.wait_for_selector("#generate-btn")
-    return tab
+@pytest.fixture
+def open_page(browser_context):
+    """``open_page(url)`` opens a new tab on the app; every tab still open is closed after the test,
+    so a failed test never leaves a session running into the next one."""
+    opened = []
+
+    def open_(url: str):
+        tab = browser_context.new_page()
+        opened.append(tab)
+        tab.set_default_timeout(30_000)
+        tab.goto(url, wait_until="load")
+        tab.wait_for_selector("#generate-btn")
+        return tab
+
+    yield open_
+    for tab in opened:
+        if not tab.is_closed():
+            tab.close()
 
 
 def start_generation(tab, prompt: str, new_tokens: int) -> None:
@@ -78,10 +93,10 @@ def tracked_capture(monkeypatch):
     return record
 
 
-def test_queue_stop_bad_input_and_closing_free_the_session(browser_context, inprocess_app, screenshot):
+def test_queue_stop_bad_input_and_closing_free_the_session(open_page, inprocess_app, screenshot):
     ctx, demo = inprocess_app.ctx, inprocess_app.demo
-    tab, other = open_page(browser_context, inprocess_app.url), open_page(browser_context, inprocess_app.url)
-    start_generation(tab, LONG_PROMPT, 64)
+    tab, other = open_page(inprocess_app.url), open_page(inprocess_app.url)
+    start_generation(tab, LONG_PROMPT, LONG_RUN)
     status = tab.locator("#gen-status")
     status.get_by_text(re.compile(r"^Generating")).wait_for(timeout=90_000)
 
@@ -91,10 +106,11 @@ def test_queue_stop_bad_input_and_closing_free_the_session(browser_context, inpr
     screenshot(other, "queue_position")
 
     # Stop ends the first job early; the waiting one then runs to the end
-    tab.locator("#stop-btn").click()
+    tab.bring_to_front()  # the first student is back on their own page
+    tab.locator("#stop-btn").click(timeout=60_000)
     status.get_by_text(re.compile(r"stop: stopped")).wait_for(timeout=180_000)  # the stopped run still verifies and exports
     n_done = int(re.search(r"Done: (\d+) tokens", status.inner_text()).group(1))
-    assert 1 <= n_done < 64
+    assert 1 <= n_done < LONG_RUN
     other.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=90_000)
     other.close()
     answer = tab.locator("#answer textarea").input_value()
@@ -120,15 +136,15 @@ def test_queue_stop_bad_input_and_closing_free_the_session(browser_context, inpr
     assert not ctx.stop_flags
 
 
-def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(browser_context, inprocess_app,
+def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(open_page, inprocess_app,
                                                                        tracked_capture):
     ctx = inprocess_app.ctx
-    tab = open_page(browser_context, inprocess_app.url)
-    start_generation(tab, LONG_PROMPT, 64)
+    tab = open_page(inprocess_app.url)
+    start_generation(tab, LONG_PROMPT, LONG_RUN)
     tab.locator("#gen-status").get_by_text(re.compile(r"^Generating")).wait_for(timeout=90_000)
     tab.close()
     wait_until(lambda: tracked_capture["closed"], what="the job to be closed after the tab went away")
-    assert tracked_capture["steps"] < 64, "the job ran to the end although nobody was watching"
+    assert tracked_capture["steps"] < LONG_RUN, "the job ran to the end although nobody was watching"
     gc.collect()
     assert tracked_capture["caches"] and all(r() is None for r in tracked_capture["caches"]), "its cache is alive"
     assert not is_installed(ctx.lm.model)
