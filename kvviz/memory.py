@@ -23,8 +23,7 @@ from kvviz.memory_config import (  # noqa: F401  (re-exported: one import for ca
     load_preset,
     preset_names,
 )
-from kvviz.units import format_bytes as _format_binary
-from kvviz.units import format_gb
+from kvviz.units import format_bytes, format_gb  # format_bytes re-exported for the memory views
 from kvviz.waste import ForwardPasses, forward_passes  # noqa: F401  (the chapter's waste counter)
 
 __all__ = [
@@ -223,24 +222,6 @@ def live_cache_bytes_formula(config, seq_len: int, dtype_bytes: int | str = 2, b
     layer_bytes = [batch * lb.tokens_held * lb.bytes_per_token for lb in est.layers]
     return {"tokens_held": [lb.tokens_held for lb in est.layers], "layer_bytes": layer_bytes,
             "state_bytes": [batch * lb.state_bytes for lb in est.layers], "total": sum(layer_bytes)}
-
-
-# ---- display -----------------------------------------------------------------------------------
-_DECIMAL = ["bytes", "kB", "MB", "GB", "TB", "PB"]
-
-
-def format_bytes(n: float, binary: bool = True, digits: int = 1) -> str:
-    """``327680`` → ``'320 KiB'``; ``binary=False`` gives decimal units (``'436 GB'``)."""
-    if binary:
-        return _format_binary(n, digits)
-    value, unit = float(n), 0
-    while abs(value) >= 1000 and unit < len(_DECIMAL) - 1:
-        value /= 1000
-        unit += 1
-    if unit == 0:
-        return f"{int(value):,} bytes"
-    text = f"{value:,.{digits}f}".rstrip("0").rstrip(".") if digits else f"{value:,.0f}"
-    return f"{text} {_DECIMAL[unit]}"
 
 
 # ---- the chapter's architecture table, for any shape -------------------------------------------

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 _BINARY = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"]
+_DECIMAL = ["bytes", "kB", "MB", "GB", "TB", "PB"]
 
 
-def format_bytes(n: float, digits: int = 1) -> str:
-    """``327680`` → ``'320 KiB'``; ``2684354560`` → ``'2.5 GiB'`` (trailing .0 dropped)."""
+def format_bytes(n: float, digits: int = 1, binary: bool = True) -> str:
+    """``327680`` → ``'320 KiB'``; ``2684354560`` → ``'2.5 GiB'`` (trailing .0 dropped);
+    ``binary=False`` gives decimal units (``'436 GB'``)."""
+    units, step = (_BINARY, 1024) if binary else (_DECIMAL, 1000)
     n = float(n)
     unit = 0
-    while abs(n) >= 1024 and unit < len(_BINARY) - 1:
-        n /= 1024
+    while abs(n) >= step and unit < len(units) - 1:
+        n /= step
         unit += 1
     if unit == 0:
         return f"{int(n):,} bytes"
     text = f"{n:,.{digits}f}".rstrip("0").rstrip(".") if digits else f"{n:,.0f}"
-    return f"{text} {_BINARY[unit]}"
+    return f"{text} {units[unit]}"
 
 
 def format_gb(n: float, digits: int = 2) -> str:
