@@ -109,15 +109,18 @@ def is_installed(model) -> bool:
 class RecorderConfig:
     """What the recorder keeps. ``bin_factor`` positions share one display bin.
 
-    ``chunk`` caps the prompt queries whose scores exist at once; the recorder uses fewer when one
-    chunk's scores would exceed ``chunk_elements`` floats (its one scratch buffer).
+    A prefill is scored ``chunk`` queries at a time, or an eighth of the keys when that is more,
+    but never more than ``chunk_elements`` floats at once (the recorder's one scratch buffer).
     """
 
     sink_k: int = 4
     obs_window: int = 64
-    chunk: int = 1024
+    # queries per chunk: at least this, else an eighth of the keys. Each chunk computes only the keys its
+    # queries can see, so several chunks skip most of the causal triangle (a 1,024-token prefill as one
+    # chunk computed twice the scores it needed and recorded 2.3× slower); tiny ones lose to per-op overhead
+    chunk: int = 192
     bin_factor: int = 1
-    chunk_elements: int = 2**24  # 64 MiB of fp32 scores: few, large ops (measured best on a busy 2-core CPU)
+    chunk_elements: int = 2**24  # at most 64 MiB of fp32 scores at once
 
 
 class Recorder:
@@ -155,6 +158,10 @@ class Recorder:
         self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
         self._tri: torch.Tensor | None = None  # [C, C] True above the diagonal (the causal mask's block)
         self._pending: list[tuple[int, torch.Tensor, float]] = []  # decode scores awaiting end_forward
+        # one step's decode scores, layer after layer, so a run of layers is one view (no stack, no
+        # fresh multi-MB allocation per step); sized for every layer at the longest cache
+        self._step_scores = torch.empty(layers * q_heads * t_max, device=device)
+        self._step_used = 0
 
     # -- called from the attention function ------------------------------------------------
     def record(self, layer: int, query, key, mask, scaling, softcap, out) -> None:
@@ -193,7 +200,13 @@ class Recorder:
         if mask is None and softcap is None and self._key_positions(layer, k_len) is None:
             hq, d, hkv = query.shape[1], query.shape[-1], key.shape[1]
             q = query[0, :, 0].float().reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
-            scores = torch.bmm(q, key[0].float().transpose(1, 2)).view(hq, k_len)  # [Hq, k]
+            used, n = self._step_used, hq * k_len
+            if used + n > self._step_scores.numel():  # longer than planned: a new buffer (earlier views stay valid)
+                self._step_scores, used = torch.empty(max(2 * n, self._step_scores.numel()), device=query.device), 0
+            scores = self._step_scores[used:used + n].view(hkv, hq // hkv, k_len)
+            torch.bmm(q, key[0].float().transpose(1, 2), out=scores)
+            scores = scores.view(hq, k_len)  # [Hq, k]
+            self._step_used = used + n
             scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
             self._pending.append((layer, scores, float(scale)))
             return
@@ -201,7 +214,7 @@ class Recorder:
 
     def _flush_decode(self) -> None:
         """Softmax and reduce the held-back decode scores, one batch per (cache length, scale)."""
-        pending, self._pending = self._pending, []
+        pending, self._pending, self._step_used = self._pending, [], 0
         groups: dict[tuple[int, float], list] = {}
         for layer, scores, scale in pending:
             groups.setdefault((scores.shape[-1], scale), []).append((layer, scores))
@@ -209,7 +222,10 @@ class Recorder:
         for (k_len, scale), items in groups.items():
             layers = [i for i, _ in items]
             idx = slice(layers[0], layers[-1] + 1) if layers == list(range(layers[0], layers[-1] + 1)) else layers
-            probs = torch.softmax(torch.stack([sc for _, sc in items]).mul_(scale), dim=-1)  # [n, Hq, k]
+            probs = _adjacent(items)  # [n, Hq, k]
+            if probs is None:
+                probs = torch.stack([sc for _, sc in items])
+            probs = torch.softmax(probs.mul_(scale), dim=-1, out=probs)
             start = self.t_total - k_len
             self.colsum[idx, :, start:self.t_total] += probs
             self.sink_mass[idx, :, qpos] = probs[..., : max(self.cfg.sink_k - start, 0)].sum(-1)
@@ -236,9 +252,9 @@ class Recorder:
 
     # -- prefill: query chunks, reduced as they are computed -------------------------------------
     def _chunk_rows(self, k_len: int) -> int:
-        """Queries per chunk: at most cfg.chunk, about chunk_elements scores, a multiple of bin_factor."""
+        """Queries per chunk: cfg.chunk or k/8 if more, at most ~chunk_elements scores, a multiple of bin_factor."""
         f = self.cfg.bin_factor
-        rows = min(self.cfg.chunk, max(self.cfg.chunk_elements // (self.q_heads * k_len), 16))
+        rows = min(max(self.cfg.chunk, k_len // 8), max(self.cfg.chunk_elements // (self.q_heads * k_len), 16))
         return max(rows // f, 1) * f
 
     def _buffer(self, n: int, device) -> torch.Tensor:
@@ -309,6 +325,17 @@ class Recorder:
         f, n = self.cfg.bin_factor, self.n_prompt
         counts = torch.bincount(torch.arange(n) // f, minlength=self.prefill_map.shape[2]).clamp(min=1)
         return self.prefill_map / counts.to(self.prefill_map.device)[None, None, :, None]
+
+
+def _adjacent(items: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
+    """The layers' [Hq, k] scores as one [n, Hq, k] view when they lie back to back in one buffer."""
+    first = items[0][1]
+    size = first.numel() * first.element_size()
+    for i, (_, sc) in enumerate(items):
+        if sc.shape != first.shape or sc.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() \
+                or sc.data_ptr() != first.data_ptr() + i * size:
+            return None
+    return first.as_strided((len(items), *first.shape), (first.numel(), *first.stride()))
 
 
 def _decode_probs(query, key, mask, scaling, softcap) -> torch.Tensor:

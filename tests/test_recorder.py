@@ -15,7 +15,7 @@ import torch
 
 import kvviz.capture as capture_mod
 from kvviz.capture import capture
-from kvviz.recorder import Recorder, RecorderConfig
+from kvviz.recorder import Recorder, RecorderConfig, _adjacent
 from tests.tiny_models import tiny_model
 
 N_NEW = 5
@@ -203,3 +203,20 @@ def test_evicted_positions_are_scattered_to_the_right_columns():
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="bin_factor"):
         Recorder(1, 1, 4, 4, RecorderConfig(bin_factor=0), torch.device("cpu"))
+
+
+def test_decode_scores_of_consecutive_layers_are_one_view_not_a_copy():
+    rec = Recorder(layers=3, q_heads=4, t_max=10, n_prompt=6, cfg=RecorderConfig(), device=torch.device("cpu"))
+    rec.phase, rec.t_total = "decode", 7
+    query, key = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 7, 8)
+    for layer in range(3):
+        rec.record(layer, query, key, None, None, None, None)
+    items = [(layer, sc) for layer, sc, _ in rec._pending]
+    view = _adjacent(items)
+    assert view is not None and view.shape == (3, 4, 7)
+    assert view.data_ptr() == rec._step_scores.data_ptr()  # the step buffer itself, no stack
+    torch.testing.assert_close(view, torch.stack([sc for _, sc in items]))
+    assert _adjacent(items[::2]) is None  # layers 0 and 2 are not back to back: the caller stacks them
+    rec.end_forward()
+    assert rec._step_used == 0 and not rec._pending
+    torch.testing.assert_close(rec.colsum[:, :, :7].sum(-1), torch.ones(3, 4))  # each row a distribution
