@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = ["trace", "memory", "evict"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not sys.stderr.isatty():  # piped or logged: an error is one line, not under a weight-loading bar
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = argparse.ArgumentParser(prog="python -m kvviz", description="See a transformer's KV cache.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:

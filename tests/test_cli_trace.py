@@ -34,9 +34,10 @@ def test_empty_prompt_is_an_error():
     assert res.returncode != 0 and "empty" in res.stderr
 
 
-def test_too_many_tokens_is_an_error():
-    res = _run("--prompt", "Hi", "--max-new-tokens", "100000")
+def test_too_many_tokens_is_a_one_line_error():
+    res = _run("--prompt", "Hi", "--max-new-tokens", "100000")  # fails after the model has loaded
     assert res.returncode != 0 and "context" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr  # no loading bar above it when piped
 
 
 def test_bad_model_is_a_one_line_error(tmp_path):
