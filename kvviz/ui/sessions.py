@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import gradio as gr
 
@@ -29,6 +31,25 @@ def job_failed(exc: Exception, what: str = "Generation") -> str:
     traceback.clear_frames(exc.__traceback__)
     return (f"{what} failed: {type(exc).__name__}: {str(exc)[:200]}. The job was ended and its memory "
             "freed; your earlier results are unchanged. Try again, perhaps with a shorter prompt.")
+
+
+@contextmanager
+def user_errors(what: str | None = None) -> Iterator[None]:
+    """The library's ValueErrors become readable gr.Errors (gr.Error is itself a ValueError: keep it).
+
+    With ``what`` (e.g. "Eviction run"), any other exception ends the job with :func:`job_failed`'s
+    message instead of crashing the event.
+    """
+    try:
+        yield
+    except gr.Error:
+        raise
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    except Exception as exc:
+        if what is None:
+            raise
+        raise gr.Error(job_failed(exc, what)) from None
 
 
 def install(demo: gr.Blocks, ctx: AppContext) -> None:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.figures import attention as fig
+from kvviz.safety import whole_number
 from kvviz.sinks import group_text, sink_frame
 from kvviz.ui.context import AppContext
+from kvviz.ui.sessions import user_errors
+from kvviz.ui.widgets import captioned_plot
 
 VIEWS = ["this head", "mean of its KV group"]
 K_MAX = 64  # the sink slider's ceiling (any k works in the library; the slider stays usable)
@@ -18,13 +21,8 @@ EMPTY = "Generate a run on the **Generate** tab first: this view fills in when i
 
 
 def _whole(value, what: str, lo: int, hi: int) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise gr.Error(f"{what} must be a whole number.") from None
-    if number != int(number) or not lo <= number <= hi:
-        raise gr.Error(f"{what} must be a whole number from {lo} to {hi}, got {value!r}.")
-    return int(number)
+    with user_errors():
+        return whole_number(value, what, lo, hi)  # refuses NaN, infinities, fractions and text
 
 
 def _ready(trace) -> bool:
@@ -40,12 +38,8 @@ def _selection(trace, layer, head, step=0, k=4) -> tuple[int, int, int, int]:
 
 def _call(fn, *args):
     """Library ValueErrors become readable messages in the page."""
-    try:
+    with user_errors():
         return fn(*args)
-    except gr.Error:
-        raise
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
 
 
 def _styled_sinks(trace, k: int):
@@ -145,9 +139,7 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         with gr.Column():
             sink_plot = gr.Plot(label="Sink map", elem_id="attn-sink-map")
-        with gr.Column():
-            line_plot = gr.Plot(label="Sink mass per layer", elem_id="attn-sink-line")
-            gr.Markdown(fig.CAPTIONS["sink_line"], elem_classes="caption")
+        line_plot = captioned_plot("Sink mass per layer", "attn-sink-line", fig.CAPTIONS["sink_line"])
     gr.Markdown(fig.CAPTIONS["sink_map"], elem_classes="caption")
     table = gr.Dataframe(label="Sink map (% on the first k tokens): click a cell to open that layer and head",
                          interactive=False, elem_id="attn-sink-table", max_height=420)

@@ -27,7 +27,8 @@ from kvviz.policies import POLICIES, field_specs, make_policy
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
-from kvviz.ui.sessions import job_failed
+from kvviz.ui.sessions import user_errors
+from kvviz.ui.widgets import captioned_plot
 from kvviz.units import format_bytes
 
 COMPRESS = ["with the question (it votes)", "only the context (question fed after, uncompressed)"]
@@ -37,14 +38,8 @@ EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
 
 def _user(fn, *args, what: str = "Eviction run"):
     """Call the library; its ValueErrors become gr.Errors, anything else a clean job-failed message."""
-    try:
+    with user_errors(what):  # the job dies, the app does not
         return fn(*args)
-    except gr.Error:
-        raise
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
-    except Exception as exc:  # the job dies, the app does not
-        raise gr.Error(job_failed(exc, what)) from None
 
 
 def policy_params(name: str, values: dict) -> dict:
@@ -71,7 +66,7 @@ def policy_params(name: str, values: dict) -> dict:
 def check_request(ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new,
                   params: dict, compress) -> dict:
     """Everything a run needs, checked (gr.Error with what to fix before any model work)."""
-    try:
+    with user_errors():
         if policy_name not in POLICIES:
             raise ValueError(f"Pick a policy: {', '.join(POLICIES)}.")
         text = clean_prompt(context, ctx.settings.max_prompt_chars)
@@ -92,10 +87,6 @@ def check_request(ctx: AppContext, context, question, chat, policy_name, mode, b
                              f"of {limit:,} tokens. Shorten it or generate fewer tokens.")
         n_c = n_context if context_only else len(ids)
         resolve_budget(policy, n_c, b, r)  # validates the policy against the budget, no model work
-    except gr.Error:
-        raise
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
     return {"ids": ids, "policy": policy, "budget": b, "ratio": r, "n_compress": n_c, "max_new_tokens": n_new}
 
 
@@ -201,12 +192,8 @@ def build(ctx: AppContext) -> None:
     table = gr.Dataframe(label="Answers and agreement with the full cache", elem_id="evict-table", wrap=True)
     gr.Markdown(fig.CAPTIONS["comparison"], elem_classes="caption")
     with gr.Row():
-        with gr.Column():
-            bytes_plot = gr.Plot(label="Cache bytes", elem_id="evict-bytes")
-            gr.Markdown(fig.CAPTIONS["bytes"], elem_classes="caption")
-        with gr.Column():
-            kl_plot = gr.Plot(label="KL per step", elem_id="evict-kl")
-            gr.Markdown(fig.CAPTIONS["kl"], elem_classes="caption")
+        bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
+        kl_plot = captioned_plot("KL per step", "evict-kl", fig.CAPTIONS["kl"])
 
     gr.Markdown("### Demos")
     with gr.Row():

@@ -15,7 +15,7 @@ from kvviz.memory_config import cache_layout
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
-from kvviz.ui.sessions import job_failed
+from kvviz.ui.sessions import job_failed, user_errors
 from kvviz.units import format_bytes
 from kvviz.waste import forward_passes
 
@@ -27,15 +27,13 @@ REFRESH_S = 0.25  # redraw charts at most this often while streaming
 def validate_request(ctx: AppContext, prompt: str, chat: bool, max_new_tokens: float, temperature: float,
                      top_p: float, seed: float) -> tuple[list[int], int, Sampling]:
     """Turn raw inputs into checked values, or raise gr.Error with what to fix (before any model work)."""
-    try:  # (helper: issue 7) every input checked by kvviz.safety: NaN, fractions, text, control characters
+    with user_errors():  # every input checked by kvviz.safety: NaN, fractions, text, control characters
         text = clean_prompt(prompt, ctx.settings.max_prompt_chars)
         n_new = whole_number(max_new_tokens, "Max new tokens", 1, ctx.settings.max_new_tokens)
         sampling = Sampling(real_number(0.0 if temperature is None else temperature, "Temperature", 0.0, 5.0),
                             real_number(1.0 if top_p is None else top_p, "Top-p", 0.0, 1.0, lo_open=True),
                             whole_number(0 if seed is None else seed, "Seed", 0, 2**32 - 1))
         sampling.validate()
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
     ids = encode_prompt(ctx.lm, text, bool(chat))
     limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
     if len(ids) + n_new > limit:

@@ -17,6 +17,7 @@ from kvviz.capture import capture
 from kvviz.lesson import OBJECTIVES, PITFALLS, QUESTIONS, Question, ShowMe, decode_step_view
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.sessions import user_errors
 
 PRESENT_CLASS = "kvviz-present"
 STEP_CLASS = "kvviz-step"  # sliders the arrow keys step in presentation mode
@@ -109,10 +110,8 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
 
 def reveal(q: Question, ctx: AppContext) -> str:
     """The chapter's answer beside the one kvviz computes now."""
-    try:
+    with user_errors():
         answer = q.compute(ctx.lm if q.needs_model else None)
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
     return f"**The chapter:** {q.chapter_answer}\n\n**Computed by kvviz now:** {answer.text}"
 
 
@@ -121,11 +120,8 @@ def walkthrough(trace, step):
     if trace is None:
         return [], "No generation yet: press **Load the example** (or generate in the Generate tab)."
     step = max(0, min(int(step or 0), len(trace.steps) - 1))
-    try:
-        spans, md = decode_step_view(trace, step)
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
-    return spans, md
+    with user_errors():
+        return decode_step_view(trace, step)
 
 
 def build(ctx: AppContext) -> None:

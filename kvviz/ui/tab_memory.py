@@ -7,8 +7,6 @@ The named endpoint ``/memory`` returns the same dict as ``python -m kvviz memory
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +28,8 @@ from kvviz.memory_capacity import gpu_presets, report
 from kvviz.memory_config import parse_config_json
 from kvviz.safety import real_number, whole_number
 from kvviz.ui.context import AppContext
+from kvviz.ui.sessions import user_errors
+from kvviz.ui.widgets import captioned_plot
 
 SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
 CUSTOM_GPU = "custom"
@@ -38,29 +38,16 @@ MAX_CONTEXT, MAX_BATCH, MAX_TP, MAX_GPUS = 2**24, 1_000_000, 1024, 100_000
 
 
 # ---- validation -----------------------------------------------------------------------------------
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """The library's ValueErrors become readable gr.Errors (gr.Error is itself a ValueError: keep it)."""
-    try:
-        yield
-    except gr.Error:
-        raise
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
 
 
 def _whole(value, what: str, lo: int, hi: int) -> int:
-    try:
+    with user_errors():
         return whole_number(value, what, lo, hi)  # refuses NaN, infinities, fractions and text
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
 
 
 def _reserve(value) -> float:
-    try:
+    with user_errors():
         return real_number(value, "reserve", 0.0, 0.95)
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
 
 
 def _positive(value, what: str, allow_blank: bool = True) -> float | None:
@@ -275,12 +262,8 @@ def build(ctx: AppContext) -> None:
     size = gr.Plot(first_values[3], label="KV cache vs context", elem_id="memory-size")
     gr.Markdown(fig.CAPTIONS["size"], elem_classes="caption")
     with gr.Row():
-        with gr.Column():
-            capacity = gr.Plot(first_values[4], label="Batch capacity", elem_id="memory-capacity")
-            gr.Markdown(fig.CAPTIONS["capacity"], elem_classes="caption")
-        with gr.Column():
-            decode = gr.Plot(first_values[5], label="Decode step", elem_id="memory-decode")
-            gr.Markdown(fig.CAPTIONS["decode"], elem_classes="caption")
+        capacity = captioned_plot("Batch capacity", "memory-capacity", fig.CAPTIONS["capacity"], first_values[4])
+        decode = captioned_plot("Decode step", "memory-decode", fig.CAPTIONS["decode"], first_values[5])
     gauge = gr.Plot(first_values[6], label="KV budget", elem_id="memory-gauge-budget")
     gr.Markdown(fig.CAPTIONS["gauge"], elem_classes="caption")
 

@@ -7,8 +7,11 @@ import gradio as gr
 from kvviz.capture import encode_prompt
 from kvviz.figures import nocache as fig
 from kvviz.nocache import compare_cache, table_for_prompt
+from kvviz.safety import whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.sessions import user_errors
+from kvviz.ui.widgets import captioned_plot
 
 MAX_N = 64  # the no-cache loop is quadratic: keep the live demo short
 MAX_PROMPT = 512
@@ -27,23 +30,16 @@ def _ids(ctx: AppContext, prompt, chat) -> list[int]:
 
 
 def _whole(value, what: str, lo: int, hi: int) -> int:
-    try:
-        n = int(value)
-    except (TypeError, ValueError, OverflowError):
-        raise gr.Error(f"{what} must be a whole number.") from None
-    if n != value or not lo <= n <= hi:
-        raise gr.Error(f"{what} must be a whole number from {lo} to {hi}, got {value!r}.")
-    return n
+    with user_errors():
+        return whole_number(value, what, lo, hi)  # refuses NaN, infinities, fractions and text
 
 
 def table(ctx: AppContext, prompt, chat, steps):
     """The redundant-work table with the real tokenizer and the model's own continuation."""
     _ids(ctx, prompt, chat)
     n = _whole(steps, "Steps", 1, 16)
-    try:
+    with user_errors():
         return table_for_prompt(ctx.lm, str(prompt), n, bool(chat))
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
 
 
 def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
@@ -86,12 +82,8 @@ def build(ctx: AppContext) -> None:
         run_btn = gr.Button("Generate with and without the cache", variant="primary", elem_id="nocache-run")
     summary = gr.Markdown(elem_id="nocache-summary")
     with gr.Row():
-        with gr.Column():
-            time_plot = gr.Plot(label="Time vs N", elem_id="nocache-time")
-            gr.Markdown(fig.CAPTIONS["time"], elem_classes="caption")
-        with gr.Column():
-            passes_plot = gr.Plot(label="Passes vs N", elem_id="nocache-passes")
-            gr.Markdown(fig.CAPTIONS["passes"], elem_classes="caption")
+        time_plot = captioned_plot("Time vs N", "nocache-time", fig.CAPTIONS["time"])
+        passes_plot = captioned_plot("Passes vs N", "nocache-passes", fig.CAPTIONS["passes"])
     with gr.Accordion("Per-N numbers", open=False):
         numbers = gr.Dataframe(interactive=False, elem_id="nocache-numbers")
 

@@ -12,6 +12,8 @@ from kvviz.quant_cache import compare_generation
 from kvviz.quant_model import QKV, channel_outlier_ratio, collect_qkv, compare, magnitude_map
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.sessions import user_errors
+from kvviz.ui.widgets import captioned_plot
 from kvviz.units import format_bytes
 
 GROUPS = [16, 32, 64]
@@ -40,10 +42,8 @@ def _qkv(ctx: AppContext, prompt: str, chat: bool) -> QKV:
     limit = min(MAX_PROMPT, ctx.settings.max_prompt_tokens)
     if len(ids) > limit:
         raise gr.Error(f"The prompt is {len(ids):,} tokens; this view analyses at most {limit:,}. Shorten it.")
-    try:
+    with user_errors():
         return collect_qkv(ctx.lm, ids=ids)
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
 
 
 def maps_text(qkv: QKV, layer: int, head: int) -> str:
@@ -61,12 +61,10 @@ def analyze(ctx: AppContext, prompt, chat, layer, head, fmt, key_axis, value_axi
     progress(0.0, desc="Prefill: collecting queries, keys and values")
     qkv = _qkv(ctx, prompt, chat)
     layer, head = int(layer), int(head)
-    try:
+    with user_errors():
         custom = custom_scheme(fmt, key_axis, value_axis, group, window)
         kmap, vmap = magnitude_map(qkv, layer, head, "k"), magnitude_map(qkv, layer, head, "v")
         table, results = compare(qkv, _schemes(custom, group, window), progress=progress)
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
     shown = [r for r in results if r.scheme.name in ("2-bit per token (K and V)", "2-bit K per channel, V per token")
              or r.scheme.name.startswith("KIVI") or r is results[-1]]
     by = {r.scheme.name: r for r in results}
@@ -95,10 +93,8 @@ def maps(ctx: AppContext, prompt, chat, layer, head):
     """Only the two magnitude maps (layer or head changed)."""
     qkv = _qkv(ctx, prompt, chat)
     layer, head = int(layer), int(head)
-    try:
+    with user_errors():
         kmap, vmap = magnitude_map(qkv, layer, head, "k"), magnitude_map(qkv, layer, head, "v")
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
     return (fig.magnitude_map(kmap, qkv.tokens, "keys", layer, head),
             fig.magnitude_map(vmap, qkv.tokens, "values", layer, head), maps_text(qkv, layer, head))
 
@@ -111,7 +107,7 @@ def generate(ctx: AppContext, prompt, chat, choice, fmt, key_axis, value_axis, g
     n_new = int(max_new)
     if not 1 <= n_new <= min(64, ctx.settings.max_new_tokens):
         raise gr.Error(f"Max new tokens must be between 1 and {min(64, ctx.settings.max_new_tokens)}.")
-    try:
+    with user_errors():
         custom = custom_scheme(fmt, key_axis, value_axis, group, window)
         schemes = {s.name: s for s in _schemes(custom, group, window)}
         scheme = custom if choice == CUSTOM else schemes.get(choice)
@@ -122,10 +118,6 @@ def generate(ctx: AppContext, prompt, chat, choice, fmt, key_axis, value_axis, g
             raise ValueError(f"The prompt is {len(ids):,} tokens; this view generates from at most {MAX_PROMPT:,}.")
         progress(0.1, desc=f"Generating with the full and the {scheme.name} cache")
         cmp = compare_generation(ctx.lm, str(prompt), scheme, n_new, bool(chat), ids=ids)
-    except gr.Error:
-        raise
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
     history = [c for c in (history or []) if c.scheme.name != cmp.scheme.name] + [cmp]
     div = "never" if cmp.first_divergence is None else f"at generated token {cmp.first_divergence + 1}"
     summary = (f"**{cmp.scheme.name}:** top-1 agreement **{100 * cmp.agreement:.0f} %** over {cmp.steps} steps, "
@@ -160,24 +152,16 @@ def build(ctx: AppContext) -> None:
                            elem_id="quant-window")
     analyze_btn = gr.Button("Analyze this prompt", variant="primary", elem_id="quant-analyze")
     with gr.Row():
-        with gr.Column():
-            kplot = gr.Plot(label="|keys|", elem_id="quant-keys")
-            gr.Markdown(fig.CAPTIONS["keys"], elem_classes="caption")
-        with gr.Column():
-            vplot = gr.Plot(label="|values|", elem_id="quant-values")
-            gr.Markdown(fig.CAPTIONS["values"], elem_classes="caption")
+        kplot = captioned_plot("|keys|", "quant-keys", fig.CAPTIONS["keys"])
+        vplot = captioned_plot("|values|", "quant-values", fig.CAPTIONS["values"])
     maps_md = gr.Markdown(elem_id="quant-maps-text")
     headline = gr.Markdown(elem_id="quant-headline")
     table = gr.Dataframe(label="Every scheme on this prompt", interactive=False, elem_id="quant-table")
     errors = gr.Plot(label="Error per scheme", elem_id="quant-errors")
     gr.Markdown(fig.CAPTIONS["errors"], elem_classes="caption")
     with gr.Row():
-        with gr.Column():
-            sizes = gr.Plot(label="Bytes per scheme", elem_id="quant-bytes")
-            gr.Markdown(fig.CAPTIONS["bytes"], elem_classes="caption")
-        with gr.Column():
-            layers_plot = gr.Plot(label="Error per layer", elem_id="quant-layers")
-            gr.Markdown(fig.CAPTIONS["layers"], elem_classes="caption")
+        sizes = captioned_plot("Bytes per scheme", "quant-bytes", fig.CAPTIONS["bytes"])
+        layers_plot = captioned_plot("Error per layer", "quant-layers", fig.CAPTIONS["layers"])
 
     gr.Markdown("### Generate with a cache that quantizes as it stores")
     names = [s.name for s in preset_schemes()] + [CUSTOM]
