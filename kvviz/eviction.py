@@ -71,8 +71,7 @@ class Evictor:
             new = n - (0 if self._roles is None else self._roles.shape[-1])
             roles = torch.full((len(cache.layers), self.kv_heads, new), KEPT, dtype=torch.int8)
             self._roles = roles if self._roles is None else torch.cat([self._roles, roles], dim=-1)
-        compress = n > self.n_kept and (step == 0 or self.policy.evicts_while_decoding)
-        if compress and not isinstance(self.policy, FullCache):
+        if self.policy.compresses(n, self.n_kept, step):
             held = cache.positions()  # [Lyr, Hkv, n] in slot order; new entries sit in the last slots
             ordered, order = held.sort(dim=-1)
             state = PolicyState(positions=ordered, n_kept=self.n_kept, n_prompt=self.n_prompt, step=step,
@@ -81,7 +80,7 @@ class Evictor:
                                 window_rows=recorder.window_rows if recorder is not None and step == 0 else None)
             sel = self.policy.select(state)
             cache.keep(sel.keep, held=held, order=order)
-            if track or self.record_history:
+            if track:
                 now = cache.positions()
                 self._roles = sel.roles.to(torch.int8).gather(-1, torch.searchsorted(sel.keep, now).cpu())
             if step == 0 and sel.scores is not None:

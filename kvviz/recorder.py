@@ -197,7 +197,8 @@ class Recorder:
         softmax and every reduction run once per step for all of them in :meth:`_flush_decode`
         (a few large ops instead of ~10 tiny ones per layer)."""
         k_len = key.shape[2]
-        if mask is None and softcap is None and self._key_positions(layer, k_len) is None:
+        pos = self._key_positions(layer, k_len)
+        if mask is None and softcap is None and pos is None:
             hq, d, hkv = query.shape[1], query.shape[-1], key.shape[1]
             q = query[0, :, 0].float().reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
             used, n = self._step_used, hq * k_len
@@ -210,7 +211,7 @@ class Recorder:
             scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
             self._pending.append((layer, scores, float(scale)))
             return
-        self._record_decode_row(layer, _decode_probs(query, key, mask, scaling, softcap), k_len, key.shape[1])
+        self._record_decode_row(layer, _decode_probs(query, key, mask, scaling, softcap), k_len, key.shape[1], pos)
 
     def _flush_decode(self) -> None:
         """Softmax and reduce the held-back decode scores, one batch per (cache length, scale)."""
@@ -232,11 +233,12 @@ class Recorder:
             b0, binned = _bin(probs, start, f, dim=2)  # [n, Hq, nbins]
             self.decode_rows[qpos - self.n_prompt, idx, :, b0:b0 + binned.shape[2]] = binned.to(torch.float16)
 
-    def _record_decode_row(self, layer: int, probs: torch.Tensor, k_len: int, hkv: int) -> None:
-        """One layer's exact row [Hq, k] into the summaries (masked, soft-capped or evicted caches)."""
+    def _record_decode_row(self, layer: int, probs: torch.Tensor, k_len: int, hkv: int,
+                           pos: torch.Tensor | None) -> None:
+        """One layer's exact row [Hq, k] into the summaries (masked, soft-capped or evicted caches);
+        ``pos``: the keys' absolute positions from an evicting cache, else None."""
         f, qpos = self.cfg.bin_factor, self.t_total - 1
         row = self.decode_rows[qpos - self.n_prompt, layer]  # [Hq, nb] fp16
-        pos = self._key_positions(layer, k_len)
         if pos is None:  # keys are positions start … t_total-1: plain slices, no scatter
             start = self.t_total - k_len
             self.colsum[layer, :, start:self.t_total] += probs

@@ -121,10 +121,13 @@ class Policy:
     def select(self, state: PolicyState) -> Selection:
         raise NotImplementedError
 
-    def wants_compression(self, state: PolicyState) -> bool:
+    def compresses(self, n_held: int, n_kept: int, step: int) -> bool:
         """Compress now? After the prefill when over budget; while decoding only if the policy evicts then."""
-        over = state.positions.shape[-1] > state.n_kept
-        return over and (state.step == 0 or self.evicts_while_decoding)
+        return n_held > n_kept and (step == 0 or self.evicts_while_decoding)
+
+    def wants_compression(self, state: PolicyState) -> bool:
+        """:meth:`compresses` for a policy state."""
+        return self.compresses(state.positions.shape[-1], state.n_kept, state.step)
 
 
 def field_specs(policy_cls: type[Policy]) -> list[dict]:

@@ -16,7 +16,7 @@ class FullCache(Policy):
     paper = "—"
     summary = "Keeps every key and value: the answer every policy is compared with."
 
-    def wants_compression(self, state: PolicyState) -> bool:
+    def compresses(self, n_held: int, n_kept: int, step: int) -> bool:
         return False
 
     def select(self, state: PolicyState) -> Selection:
