@@ -23,7 +23,7 @@ import torch
 from _common import RESULTS, chapter_prompt_ids, never_stopping
 from transformers import DynamicCache
 
-from kvviz.capture import capture, forward
+from kvviz.capture.loop import capture, forward
 from kvviz.models import load_model
 
 TARGET_RATIO = 1.3

@@ -4,7 +4,7 @@ Run: ``.venv/bin/python bench/eviction.py [--prompt-tokens 4096] [--new-tokens 6
 [--repeats 1] [--policies full,streaming_llm,window,h2o,snapkv]``.
 Expectation (issue 5): a policy whose cache is smaller must not decode slower than the full cache.
 Every run decodes exactly ``--new-tokens`` tokens (no early stop) through kvviz's own loop
-(:func:`kvviz.eviction.run_policy`); tokens/s = 1 / the median decode step (forward + eviction),
+(:func:`kvviz.eviction.run.run_policy`); tokens/s = 1 / the median decode step (forward + eviction),
 which a busy machine disturbs less than a total, and the median CPU-seconds per step of this
 process (steadier still when other processes share the cores). The table also shows a bare
 transformers loop over a DynamicCache for reference. Writes ``bench/results/eviction.json``.
@@ -22,10 +22,10 @@ import torch
 from _common import RESULTS, chapter_prompt_ids, never_stopping
 from transformers import DynamicCache
 
-from kvviz.capture import forward
-from kvviz.eviction import run_policy
+from kvviz.capture.loop import forward
+from kvviz.eviction.policies import POLICIES, make_policy
+from kvviz.eviction.run import run_policy
 from kvviz.models import load_model
-from kvviz.policies import POLICIES, make_policy
 
 SLOWER = 0.95  # below this fraction of the full cache's tokens/s a policy counts as slower
 

@@ -13,9 +13,9 @@ import time
 
 from _common import RESULTS, chapter_prompt_ids, never_stopping
 
-from kvviz.capture import capture
+from kvviz.capture.loop import capture
+from kvviz.capture.trace import _ARRAYS, ModelInfo
 from kvviz.models import load_model
-from kvviz.trace import _ARRAYS, ModelInfo
 from kvviz.units import format_bytes
 
 TARGET_RATIO = 2.0
@@ -35,7 +35,7 @@ def output_attentions_bytes(info: ModelInfo, n_prompt: int, n_new: int) -> int:
 
 def measure(lm, n_prompt: int, n_new: int, obs_window: int = 64) -> dict:
     """One capture of ``n_prompt`` chapter tokens + ``n_new`` greedy tokens; sizes in bytes."""
-    from kvviz.recorder import RecorderConfig
+    from kvviz.capture.recorder import RecorderConfig
 
     ids = chapter_prompt_ids(lm.tokenizer, n_prompt)
     t0 = time.perf_counter()

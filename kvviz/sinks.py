@@ -1,6 +1,6 @@
 """Attention sinks: how much attention lands on the first tokens, per layer and head, and why.
 
-Every number here comes from a finished :class:`~kvviz.trace.Trace`. The fraction on the first
+Every number here comes from a finished :class:`~kvviz.capture.trace.Trace`. The fraction on the first
 ``k`` tokens is read from the column sums, so any ``k`` works after the run: each fed query hands
 out exactly one unit of attention, and the queries 0 … k-1 can see nothing but the first k tokens,
 so ``(Σ colsum[:k] − k) / (n_fed − k)`` is the mean fraction over the queries that had a choice.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvviz.trace import ModelInfo, Trace
+from kvviz.capture.trace import ModelInfo, Trace
 
 
 def check_k(trace: Trace, k: int) -> int:

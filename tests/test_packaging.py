@@ -1,4 +1,4 @@
-"""`pip install .` gives a usable library: the wheel holds every kvviz module and the preset files."""
+"""`pip install .` gives a usable library: the wheel holds every kvviz module and every data file beside them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_wheel_holds_the_library_and_its_presets(tmp_path):
+def test_wheel_holds_the_library_and_its_data(tmp_path):
     src = tmp_path / "src"  # build from a copy: setuptools writes build/ and *.egg-info beside the sources
     shutil.copytree(ROOT / "kvviz", src / "kvviz", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "requirements.txt"):
@@ -21,8 +21,9 @@ def test_wheel_holds_the_library_and_its_presets(tmp_path):
     wheel = next((tmp_path / "dist").glob("kvviz-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kvviz").rglob("*.py")}
-    presets = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kvviz" / "presets").rglob("*.json")}
-    assert presets and modules
+    data = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kvviz").rglob("*")
+            if p.is_file() and p.suffix not in {".py", ".pyc"}}
+    assert any(n.endswith(".json") for n in data) and any(n.endswith(".txt") for n in data) and modules
     assert modules <= names, f"missing modules: {sorted(modules - names)}"
-    assert presets <= names, f"missing presets: {sorted(presets - names)}"
+    assert data <= names, f"missing data files: {sorted(data - names)}"
     assert not any(n.startswith(("tests/", "bench/", "tools/")) for n in names)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.capture import capture
+from kvviz.capture.loop import capture
 from kvviz.examples import needle_passage
 from kvviz.sinks import (
     group_text,

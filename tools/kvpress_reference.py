@@ -1,6 +1,6 @@
 """Record NVIDIA kvpress's kept KV positions on the bundled model: tests/data/kvpress_kept.json.
 
-The reference side of the parity test (tests/test_kvpress_parity.py): with fp32 and exact
+The reference side of the parity test (tests/eviction/test_kvpress_parity.py): with fp32 and exact
 attention, kvviz's StreamingLLM and SnapKV must keep exactly the positions kvpress's
 ``StreamingLLMPress`` and ``SnapKVPress`` keep, per layer and KV head. kvpress 0.5.x pins
 transformers < 5.3, so this script runs ONLY in a separate env and never imports kvviz; the token

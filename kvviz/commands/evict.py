@@ -11,7 +11,7 @@ import argparse
 import json
 
 from kvviz.commands.common import add_prompt_args, load, read_prompt
-from kvviz.policies import POLICIES, field_specs
+from kvviz.eviction.policies import POLICIES, field_specs
 
 
 def add_parser(sub) -> None:
@@ -57,9 +57,9 @@ def policy_params(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvviz.eviction import run_policy
-    from kvviz.eviction_demos import split_question
-    from kvviz.policies import make_policy
+    from kvviz.eviction.demos import split_question
+    from kvviz.eviction.policies import make_policy
+    from kvviz.eviction.run import run_policy
 
     prompt = read_prompt(args)
     if not prompt.strip():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvviz.memory import KV_DTYPES
+from kvviz.memory.estimate import KV_DTYPES
 
 
 def add_parser(sub) -> None:
@@ -41,8 +41,8 @@ def add_parser(sub) -> None:
 
 
 def _list() -> int:
-    from kvviz.memory import preset_names
-    from kvviz.memory_capacity import gpu_presets
+    from kvviz.memory.capacity import gpu_presets
+    from kvviz.memory.estimate import preset_names
 
     print("models: " + ", ".join(preset_names()))
     for g in gpu_presets().values():
@@ -51,7 +51,7 @@ def _list() -> int:
 
 
 def _human(r: dict, layout) -> str:
-    from kvviz.memory import estimate, format_bytes, format_gb, layer_groups
+    from kvviz.memory.estimate import estimate, format_bytes, format_gb, layer_groups
 
     est = estimate(layout, r["context"], r["batch"], r["kv_dtype"], r["tp"], r["group_size"])
     lines = [f"{r['model']} ({r['model_type']}): {r['attention']}, {r['num_layers']} layers, "
@@ -85,8 +85,8 @@ def _human(r: dict, layout) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvviz.memory import cache_layout, load_preset
-    from kvviz.memory_capacity import find_gpu, report
+    from kvviz.memory.capacity import find_gpu, report
+    from kvviz.memory.estimate import cache_layout, load_preset
 
     if args.list:
         return _list()

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvviz.capture import Sampling, capture
+    from kvviz.capture.loop import Sampling, capture
 
     prompt = read_prompt(args)
     if not prompt.strip():

@@ -11,6 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.capture.trace import Trace
 from kvviz.sinks import (
     check_k,
     kv_groups,
@@ -20,7 +21,6 @@ from kvviz.sinks import (
     span_norms,
     top_received,
 )
-from kvviz.trace import Trace
 
 MAX_SIDE = 320  # heatmap rows/columns sent to the browser
 MAX_STEP_COLS = 640  # key columns of the step chart (it has only one row per head)

@@ -1,7 +1,7 @@
 """Figures for the Eviction view: what a policy kept, why, over time, and what it did to the answer.
 
-Pure functions of a :class:`~kvviz.eviction.PolicyRun`, a :class:`~kvviz.eviction_compare.Comparison`
-or a :class:`~kvviz.eviction_demos.SinksResult`; each has a caption in ``CAPTIONS``. Long sequences
+Pure functions of a :class:`~kvviz.eviction.run.PolicyRun`, a :class:`~kvviz.eviction.compare.Comparison`
+or a :class:`~kvviz.eviction.demos.SinksResult`; each has a caption in ``CAPTIONS``. Long sequences
 are binned before plotting (at most ``MAX_COLS`` columns), never shipped whole.
 """
 
@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvviz.eviction import PolicyRun
-from kvviz.eviction_compare import Comparison
-from kvviz.eviction_demos import SinksResult
-from kvviz.policies import EVICTED, HEAVY, KEPT, ROLE_NAMES, SINK, WINDOW
+from kvviz.eviction.compare import Comparison
+from kvviz.eviction.demos import SinksResult
+from kvviz.eviction.policies import EVICTED, HEAVY, KEPT, ROLE_NAMES, SINK, WINDOW
+from kvviz.eviction.run import PolicyRun
 from kvviz.units import format_bytes
 
 MAX_COLS = 1200

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from kvviz.trace import ModelInfo, Trace
+from kvviz.capture.trace import ModelInfo, Trace
 from kvviz.units import format_bytes, format_gb
 
 CAPTIONS = {

@@ -1,6 +1,6 @@
 """Figures for the Memory view: the formula with numbers, the MHA/GQA/MQA/MLA table and four charts.
 
-Pure functions of a :class:`~kvviz.memory.CacheLayout` (plus context, dtype, GPUs); each has a
+Pure functions of a :class:`~kvviz.memory.estimate.CacheLayout` (plus context, dtype, GPUs); each has a
 one-sentence caption in ``CAPTIONS`` to show beside it. Cache sizes are in binary units (GiB),
 GPU memory and weights in decimal GB, times in ms.
 """
@@ -12,7 +12,8 @@ from dataclasses import replace
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvviz.memory import (
+from kvviz.memory.capacity import decode_step, max_sequences
+from kvviz.memory.estimate import (
     KV_DTYPES,
     CacheLayout,
     Estimate,
@@ -22,7 +23,6 @@ from kvviz.memory import (
     format_gb,
     layer_groups,
 )
-from kvviz.memory_capacity import decode_step, max_sequences
 
 GiB = 2**30
 DEFAULT_CONTEXTS = [2**k for k in range(7, 18)]  # 128 … 131,072 tokens

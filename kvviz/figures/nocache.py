@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from kvviz.nocache import CacheComparison, chapter_example
+from kvviz.lessons.nocache import CacheComparison, chapter_example
 
 CAPTIONS = {
     "time": "Wall-clock seconds to generate the first N tokens (prefill included) on this machine: without a "
@@ -52,7 +52,7 @@ def passes_vs_n(cmp: CacheComparison) -> go.Figure:
 
 
 def chapter_text(prompt_tokens: int = 1000, new_tokens: int = 1000) -> str:
-    """The chapter's formula with its 1,000 + 1,000 example, numbers computed by kvviz.waste."""
+    """The chapter's formula with its 1,000 + 1,000 example, numbers computed by kvviz.lessons.waste."""
     ex = chapter_example(prompt_tokens, new_tokens)
     lo, hi = ex["prompt_tokens"], ex["prompt_tokens"] + ex["new_tokens"]
     return (f"**The chapter's formula.** Without a cache, generating N tokens after an L-token prompt costs "

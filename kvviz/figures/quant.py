@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvviz.quant_cache import GenerationComparison
-from kvviz.quant_model import SchemeResult
+from kvviz.quant.cache import GenerationComparison
+from kvviz.quant.model import SchemeResult
 
 CAPTIONS = {
     "keys": "|key| per channel (rows) and token (columns) for one layer and KV head: a few channels are large for "

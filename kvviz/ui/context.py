@@ -9,18 +9,18 @@ from pathlib import Path
 
 import gradio as gr
 
-from kvviz.capture import model_info
+from kvviz.capture.loop import model_info
+from kvviz.capture.trace import ModelInfo
 from kvviz.models import LoadedModel
 from kvviz.safety import SessionFiles
 from kvviz.settings import Settings
-from kvviz.trace import ModelInfo
 
 
 @dataclass
 class AppContext:
     """Built once per app. The model is shared read-only; per-user data lives in ``trace_state``.
 
-    ``trace_state`` holds the session's latest finished :class:`~kvviz.trace.Trace` (or None).
+    ``trace_state`` holds the session's latest finished :class:`~kvviz.capture.trace.Trace` (or None).
     A tab that should refresh when a new trace arrives calls :meth:`on_trace`; the Generate tab
     chains those listeners after each run.
     """

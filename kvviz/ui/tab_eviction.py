@@ -1,7 +1,7 @@
 """Eviction tab: what StreamingLLM, H2O and SnapKV keep per layer and KV head, and what that does to the answer.
 
-Handlers check raw widget values (``gr.Error`` says what to fix), call :mod:`kvviz.eviction`,
-:mod:`kvviz.eviction_compare` and :mod:`kvviz.eviction_demos`, and draw with
+Handlers check raw widget values (``gr.Error`` says what to fix), call :mod:`kvviz.eviction.run`,
+:mod:`kvviz.eviction.compare` and :mod:`kvviz.eviction.demos`, and draw with
 :mod:`kvviz.figures.eviction`; no tensor math here. The named endpoint ``/evict`` returns the same
 dict as ``python -m kvviz evict --json``.
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from kvviz.eviction import resolve_budget, run_policy
-from kvviz.eviction_compare import compare
-from kvviz.eviction_demos import (
+from kvviz.eviction.compare import compare
+from kvviz.eviction.demos import (
     NEEDLE_BUDGET,
     NEEDLE_FILLER,
     SINKS_CACHE,
@@ -21,9 +20,10 @@ from kvviz.eviction_demos import (
     sinks_demo,
     split_question,
 )
+from kvviz.eviction.policies import POLICIES, field_specs, make_policy
+from kvviz.eviction.run import resolve_budget, run_policy
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as fig
-from kvviz.policies import POLICIES, field_specs, make_policy
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu

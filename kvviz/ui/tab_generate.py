@@ -7,17 +7,17 @@ from pathlib import Path
 
 import gradio as gr
 
-from kvviz.capture import Sampling, capture_iter, encode_prompt
+from kvviz.capture.loop import Sampling, capture_iter, encode_prompt
 from kvviz.examples import examples
 from kvviz.figures import generate as fig
-from kvviz.memory_capacity import max_context
-from kvviz.memory_config import cache_layout
+from kvviz.lessons.waste import forward_passes
+from kvviz.memory.capacity import max_context
+from kvviz.memory.layout import cache_layout
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.sessions import job_failed, user_errors
 from kvviz.units import format_bytes
-from kvviz.waste import forward_passes
 
 GPU_BUDGETS = {"none": None, "T4 (16 GB)": 16e9, "L4 (24 GB)": 24e9, "RTX 4090 (24 GB)": 24e9,
                "A100 (80 GB)": 80e9, "H100 (80 GB)": 80e9, "H200 (141 GB)": 141e9}

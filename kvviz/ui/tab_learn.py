@@ -13,8 +13,8 @@ import json
 
 import gradio as gr
 
-from kvviz.capture import capture
-from kvviz.lesson import OBJECTIVES, PITFALLS, QUESTIONS, Question, ShowMe, decode_step_view
+from kvviz.capture.loop import capture
+from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS, Question, ShowMe, decode_step_view
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.sessions import user_errors

@@ -1,7 +1,7 @@
 """Memory tab: the KV-cache calculator for any config, batch capacity, decode time, and the live cache check.
 
 Handlers turn raw widget values into checked numbers (``gr.Error`` with what to fix) and call
-:mod:`kvviz.memory`, :mod:`kvviz.memory_capacity` and :mod:`kvviz.figures.memory`; no arithmetic here.
+:mod:`kvviz.memory.estimate`, :mod:`kvviz.memory.capacity` and :mod:`kvviz.figures.memory`; no arithmetic here.
 The named endpoint ``/memory`` returns the same dict as ``python -m kvviz memory --json``.
 """
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import gradio as gr
 
 from kvviz.figures import memory as fig
-from kvviz.memory import (
+from kvviz.memory.capacity import gpu_presets, report
+from kvviz.memory.estimate import (
     KV_DTYPES,
     CacheLayout,
     cache_layout,
@@ -24,8 +25,7 @@ from kvviz.memory import (
     load_preset,
     preset_names,
 )
-from kvviz.memory_capacity import gpu_presets, report
-from kvviz.memory_config import parse_config_json
+from kvviz.memory.layout import parse_config_json
 from kvviz.safety import real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.sessions import user_errors

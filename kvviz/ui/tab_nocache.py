@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from kvviz.capture import encode_prompt
+from kvviz.capture.loop import encode_prompt
 from kvviz.figures import nocache as fig
-from kvviz.nocache import compare_cache, table_for_prompt
+from kvviz.lessons.nocache import compare_cache, table_for_prompt
 from kvviz.safety import whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu

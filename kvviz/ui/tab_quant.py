@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import gradio as gr
 
-from kvviz.capture import encode_prompt
+from kvviz.capture.loop import encode_prompt
 from kvviz.examples import needle_prompt
 from kvviz.figures import quant as fig
-from kvviz.quant import AXES, FORMATS, QuantSpec, Scheme, preset_schemes
-from kvviz.quant_cache import compare_generation
-from kvviz.quant_model import QKV, channel_outlier_ratio, collect_qkv, compare, magnitude_map
+from kvviz.quant.cache import compare_generation
+from kvviz.quant.model import QKV, channel_outlier_ratio, collect_qkv, compare, magnitude_map
+from kvviz.quant.schemes import AXES, FORMATS, QuantSpec, Scheme, preset_schemes
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.sessions import user_errors

@@ -16,7 +16,7 @@ from gradio_client.exceptions import AppError
 from transformers import DynamicCache
 
 import kvviz.ui.tab_generate as tab_generate
-from kvviz.recorder import is_installed
+from kvviz.capture.recorder import is_installed
 
 PROMPT = "The capital of France is"
 

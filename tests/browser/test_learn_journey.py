@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from kvviz.lesson import OBJECTIVES, PITFALLS, QUESTIONS
+from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS
 
 # how each view shows that a "show me" example has loaded: (element, text that must appear)
 READY = {

@@ -16,8 +16,8 @@ from gradio_client import Client
 from transformers import DynamicCache
 
 import kvviz.ui.tab_generate as tab_generate
-from kvviz.recorder import is_installed
-from kvviz.trace import Trace
+from kvviz.capture.recorder import is_installed
+from kvviz.capture.trace import Trace
 
 LONG_PROMPT = "Write a long story about a dragon who learns to bake bread."
 # long enough that Stop and a closed tab always arrive mid-run, even when the test process (which also

@@ -1,0 +1,155 @@
+"""The two ready eviction demos: Needle (who keeps the fact?) and Sinks matter (perplexity without sinks).
+
+Needle: a passage with one fact in the middle and a question at the end. StreamingLLM keeps only the
+first and the latest tokens, so at a budget well under the passage it drops the fact; SnapKV keeps
+it when the question sits in its observation window, and loses it when only the context is
+compressed (the question is fed afterwards, uncompressed, so it cannot vote).
+
+Sinks matter: perplexity token by token over a long text with a small cache, with and without the
+first 4 tokens. The stream is fed through an :class:`~kvviz.eviction.cache.EvictingCache` in chunks
+with a mask that gives every query exactly the keys a token-by-token streaming cache would hold
+(original positions), so the numbers equal token-by-token decoding (a test checks it) at a
+fraction of the time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kvviz.capture.loop import encode_prompt
+from kvviz.eviction.cache import EvictingCache
+from kvviz.eviction.compare import Comparison, compare
+from kvviz.eviction.policies import make_policy
+from kvviz.eviction.policies.base import same_for_all
+from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, chapter_text, needle_passage
+from kvviz.models import LoadedModel
+
+Progress = Callable[[float, str], None]
+
+# The needle demo's settings, tuned on the bundled SmolLM2-135M-Instruct (fp32, CPU; see tests/eviction/test_run.py).
+NEEDLE_FILLER = (8, 16)  # filler sentences before / after the fact
+NEEDLE_BUDGET = 256  # tokens kept per layer and KV head (52 % of the 496-token prompt)
+NEEDLE_POLICIES = ("streaming_llm", "snapkv")
+SINKS_TOKENS = 1536  # tokens of the chapter scored in the Sinks demo (~20 s on 2 idle CPU cores)
+SINKS_CACHE = 64  # cache size (entries per layer and KV head) in the Sinks demo
+
+
+def join_question(context: str, question: str) -> str:
+    """The prompt text: the context, a blank line, the question (how the needle prompt is written)."""
+    return f"{context}\n\n{question}" if question.strip() else context
+
+
+def split_question(lm: LoadedModel, context: str, question: str, chat: bool) -> tuple[list[int], int]:
+    """Token ids of context + question and how many of them belong to the context.
+
+    The split is where the tokens of the prompt stop matching those of the context alone, so a chat
+    template's prefix counts as context and its closing tokens follow the question.
+    """
+    if not context.strip():
+        raise ValueError("The context is empty: paste a passage to compress.")
+    ids = encode_prompt(lm, join_question(context, question), chat)
+    if not question.strip():
+        return ids, len(ids)
+    alone = encode_prompt(lm, context, chat)
+    n = next((i for i, (a, b) in enumerate(zip(ids, alone)) if a != b), min(len(ids), len(alone)))
+    return ids, max(n, 1)
+
+
+@dataclass
+class NeedleResult:
+    comparison: Comparison
+    compress_question: bool
+    n_context: int
+
+    def found(self) -> dict[str, bool]:
+        """Policy name → whether its answer contains the fact."""
+        return {r.policy.name: NEEDLE_ANSWER in r.run.text for r in self.comparison.results}
+
+
+def needle_demo(lm: LoadedModel, *, compress_question: bool = True, budget: int = NEEDLE_BUDGET,
+                policies: tuple[str, ...] = NEEDLE_POLICIES, max_new_tokens: int = 14,
+                progress: Progress | None = None) -> NeedleResult:
+    """Full cache vs StreamingLLM vs SnapKV on the needle passage (chat template on)."""
+    ids, n_context = split_question(lm, needle_passage(*NEEDLE_FILLER), f"Question: {NEEDLE_QUESTION}", True)
+    cmp = compare(lm, ids, [make_policy(p) for p in policies], budget=budget,
+                  n_compress=None if compress_question else n_context, max_new_tokens=max_new_tokens,
+                  progress=progress)
+    return NeedleResult(cmp, compress_question, n_context)
+
+
+def _cache_kwarg(model) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def streaming_nll(lm: LoadedModel, ids: list[int], cache_size: int | None, sinks: int, chunk: int = 128,
+                  progress: Progress | None = None) -> np.ndarray:
+    """Negative log-likelihood (nats) of ids[1:], each token predicted from a streaming cache.
+
+    ``cache_size`` entries are held between steps (``sinks`` first tokens + the latest ones; None =
+    the full cache); each query sees them plus itself, as in token-by-token decoding.
+    """
+    if cache_size is not None and not 0 <= sinks < cache_size:
+        raise ValueError(f"The cache ({cache_size}) must hold more than the {sinks} sinks.")
+    dev = lm.device
+    cache = EvictingCache(lm.config)
+    kw = _cache_kwarg(lm.model)
+    recent = None if cache_size is None else cache_size - sinks
+    out = []
+    with torch.inference_mode():
+        for c0 in range(0, len(ids) - 1, chunk):
+            c1 = min(c0 + chunk, len(ids) - 1)
+            qpos = torch.arange(c0, c1, device=dev)
+            mask = None
+            if recent is not None:
+                held = cache.positions()[0, 0] if c0 else torch.empty(0, dtype=torch.long, device=dev)
+                kpos = torch.cat([held.to(dev), qpos])  # [n + c] positions of the keys this chunk sees
+                allowed = (kpos[None] <= qpos[:, None]) & ((kpos[None] < sinks) | (kpos[None] >= qpos[:, None] - recent))
+                mask = allowed[None, None]  # [1, 1, c, n + c], True = attend
+            logits = lm.model(input_ids=torch.tensor([ids[c0:c1]], device=dev), position_ids=qpos[None],
+                              attention_mask=mask, use_cache=True, **{kw: cache}).logits[0].float()
+            target = torch.tensor(ids[c0 + 1:c1 + 1], device=dev)
+            out.append(-(torch.log_softmax(logits, -1).gather(1, target[:, None])[:, 0]).cpu())
+            if recent is not None:
+                held = cache.positions()[0, 0]
+                keep = torch.cat([held[held < sinks], held[held >= c1 - recent]])
+                layers, hkv = cache.positions().shape[:2]
+                cache.keep(same_for_all(keep, layers, hkv))
+            if progress is not None:
+                progress(c1 / (len(ids) - 1), "")
+    return torch.cat(out).numpy()
+
+
+@dataclass
+class SinksResult:
+    frame: pd.DataFrame  # position, then one NLL column (nats) per variant
+    perplexity: dict[str, float]  # variant → perplexity over the tokens after the cache first filled
+    cache_size: int
+    sinks: int
+
+
+def sinks_demo(lm: LoadedModel, *, text: str | None = None, n_tokens: int = SINKS_TOKENS,
+               cache_size: int = SINKS_CACHE, sinks: int = 4, progress: Progress | None = None) -> SinksResult:
+    """Perplexity of the first ``n_tokens`` of the chapter: full cache, sinks + window, window only."""
+    ids = lm.tokenizer(text if text is not None else chapter_text())["input_ids"][:n_tokens]
+    if len(ids) <= cache_size + 1:
+        raise ValueError(f"The text has {len(ids)} tokens; it needs more than the cache ({cache_size}) to show anything.")
+    variants = [("full cache", None, 0), (f"{sinks} sinks + {cache_size - sinks} recent", cache_size, sinks),
+                (f"{cache_size} recent, no sinks", cache_size, 0)]
+    cols = {"position": np.arange(1, len(ids))}
+    for i, (name, size, s) in enumerate(variants):
+        def step(f: float, _d: str, i=i, name=name) -> None:
+            if progress is not None:
+                progress((i + f) / len(variants), name)
+        cols[name] = streaming_nll(lm, ids, size, s, progress=step)
+    frame = pd.DataFrame(cols)
+    after = frame["position"] > cache_size
+    ppl = {name: float(math.exp(frame.loc[after, name].mean())) for name, _, _ in variants}
+    return SinksResult(frame, ppl, cache_size, sinks)

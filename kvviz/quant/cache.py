@@ -1,0 +1,165 @@
+"""A KV cache that quantizes as it stores, and what that does to the answer.
+
+``QuantizedKVCache`` is a transformers ``DynamicCache`` whose layers round-trip every entry through
+a :class:`kvviz.quant.schemes.Scheme` when it is stored (KIVI's full-precision recent window included), so
+generation really runs on a quantized cache. Usage::
+
+    from kvviz.capture.loop import capture
+    from kvviz.quant.schemes import kivi
+    from kvviz.quant.cache import cache_factory, compare_generation
+    trace = capture(lm, "Tell me a story.", cache_factory=cache_factory(kivi(2)))
+    compare_generation(lm, "Tell me a story.", kivi(2), max_new_tokens=24)   # agreement, texts side by side
+
+Simulated: the stored tensors hold the dequantized values in the model's dtype, so their own byte
+count is the unquantized one; :meth:`QuantizedKVCache.packed_bytes` counts what a packed store holds.
+As in serving engines (and transformers' ``QuantizedLayer``), the tokens of the forward that adds
+them attend to their own exact K/V; every later step reads them back quantized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from kvviz.capture.loop import capture, encode_prompt, forward
+from kvviz.models import LoadedModel
+from kvviz.quant.schemes import QuantSpec, Scheme, quantized_prefix, round_trip, stored_bytes
+
+
+class QuantizedLayer(DynamicLayer):
+    """One layer's cache: entries older than the spec's window are stored as their quantized round trip."""
+
+    def __init__(self, scheme: Scheme):
+        for spec in (scheme.key, scheme.value):
+            if spec.axis == "tensor":
+                raise ValueError("A per-tensor scale needs the whole tensor up front; in a cache that grows "
+                                 "use per-token or per-channel groups.")
+            if spec.axis == "channel" and not spec.group_size:
+                raise ValueError("Per-channel quantization in a growing cache needs a group size (tokens per group).")
+        super().__init__()
+        self.scheme = scheme
+        self.quantized_keys = 0  # tokens [0, n) of keys are stored quantized
+        self.quantized_values = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append, return old (quantized) + new (exact) entries, then quantize what left the window."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys = torch.cat([self.keys, key_states], dim=-2)  # [B, Hkv, t, D]
+        values = torch.cat([self.values, value_states], dim=-2)
+        self.keys, self.values = keys.clone(), values.clone()
+        self.quantized_keys = _settle(self.keys, self.scheme.key, self.quantized_keys)
+        self.quantized_values = _settle(self.values, self.scheme.value, self.quantized_values)
+        return keys, values
+
+    def reset(self) -> None:
+        super().reset()
+        self.quantized_keys = self.quantized_values = 0
+
+
+def _settle(x: torch.Tensor, spec: QuantSpec, done: int) -> int:
+    """Quantize, in place, the tokens that have just left the full-precision window; return the new count."""
+    n = quantized_prefix(x.shape[-2], spec)
+    if n > done:  # per-channel: [done, n) is a whole number of groups, aligned at multiples of group_size
+        x[..., done:n, :] = round_trip(x[..., done:n, :], spec).to(x.dtype)
+    return n
+
+
+class QuantizedKVCache(DynamicCache):
+    """A DynamicCache whose every layer is a :class:`QuantizedLayer` under one scheme."""
+
+    def __init__(self, config, scheme: Scheme):
+        super().__init__(config=config)
+        if any(getattr(layer, "is_sliding", False) for layer in self.layers):
+            raise ValueError("The quantized cache supports full-attention models only (this one has "
+                             "sliding-window layers).")
+        self.scheme = scheme
+        self.layers = [QuantizedLayer(scheme) for _ in self.layers]
+
+    def packed_bytes(self) -> int:
+        """Bytes a packed store of the current entries would take (payload, fp16 scales, 16-bit window)."""
+        total = 0
+        for layer in self.layers:
+            if layer.keys is None or layer.keys.numel() == 0:
+                continue
+            shape = tuple(layer.keys.shape)
+            total += stored_bytes(shape, self.scheme.key).total + stored_bytes(shape, self.scheme.value).total
+        return total
+
+
+def cache_factory(scheme: Scheme) -> Callable[[LoadedModel], QuantizedKVCache]:
+    """For ``capture_iter(cache_factory=...)``: a fresh quantized cache per run."""
+    return lambda lm: QuantizedKVCache(lm.config, scheme)
+
+
+# ---- next-token agreement -----------------------------------------------------------------------
+@dataclass
+class GenerationComparison:
+    """Full-precision vs quantized cache on one prompt (greedy)."""
+
+    scheme: Scheme
+    full_text: str
+    quant_text: str
+    full_tokens: list[str]
+    quant_tokens: list[str]
+    agreement: float  # top-1 agreement along the full cache's continuation, fraction
+    mean_kl: float  # mean KL(full ‖ quantized) of next-token distributions, nats
+    steps: int
+    first_divergence: int | None  # first generated index where the free-running texts differ
+    full_cache_bytes: int  # the same entries in 16-bit
+    packed_bytes: int  # what the quantized store holds after the quantized run
+
+    def side_by_side(self) -> list[dict]:
+        """Token-by-token rows (for a table): step, full-precision token, quantized token, same?"""
+        n = max(len(self.full_tokens), len(self.quant_tokens))
+        rows = []
+        for i in range(n):
+            a = self.full_tokens[i] if i < len(self.full_tokens) else ""
+            b = self.quant_tokens[i] if i < len(self.quant_tokens) else ""
+            rows.append({"step": i + 1, "full precision": a, "quantized": b, "same": a == b})
+        return rows
+
+
+def teacher_forced(lm: LoadedModel, ids: list[int], continuation: list[int], scheme: Scheme) -> tuple[float, float]:
+    """Feed the full cache's continuation to both caches; top-1 agreement and mean KL at every step."""
+    full, quant = DynamicCache(config=lm.config), QuantizedKVCache(lm.config, scheme)
+    agree, kls = [], []
+    with torch.inference_mode():
+        feed, start = list(ids), 0
+        for tok in continuation:
+            a = forward(lm, feed, start, full, None)[-1]
+            b = forward(lm, feed, start, quant, None)[-1]
+            agree.append(int(a.argmax()) == int(b.argmax()))
+            pa, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
+            kls.append(float((pa.exp() * (pa - lb)).sum()))
+            start += len(feed)
+            feed = [tok]
+    n = max(len(agree), 1)
+    return sum(agree) / n, sum(kls) / n
+
+
+def compare_generation(lm: LoadedModel, prompt: str, scheme: Scheme, max_new_tokens: int = 24, chat: bool = True,
+                       ids: list[int] | None = None) -> GenerationComparison:
+    """Generate with the full cache and with the quantized one (both through ``capture``), then score."""
+    ids = list(ids) if ids is not None else encode_prompt(lm, prompt, chat)
+    cache_holder: list[QuantizedKVCache] = []
+
+    def factory(model: LoadedModel) -> QuantizedKVCache:
+        cache_holder.append(QuantizedKVCache(model.config, scheme))
+        return cache_holder[-1]
+
+    full = capture(lm, prompt, chat=chat, max_new_tokens=max_new_tokens, prompt_ids=ids)
+    quant = capture(lm, prompt, chat=chat, max_new_tokens=max_new_tokens, prompt_ids=ids, cache_factory=factory)
+    full_ids, quant_ids = full.token_ids[full.n_prompt:], quant.token_ids[quant.n_prompt:]
+    agreement, kl = teacher_forced(lm, ids, full_ids, scheme)
+    diverge = next((i for i, (a, b) in enumerate(zip(full_ids, quant_ids)) if a != b),
+                   None if len(full_ids) == len(quant_ids) else min(len(full_ids), len(quant_ids)))
+    last = full.steps[-1]
+    full16 = sum(last.layer_bytes) * 2 // full.model.bytes_per_element
+    return GenerationComparison(scheme, full.text, quant.text, full.tokens[full.n_prompt:],
+                                quant.tokens[quant.n_prompt:], agreement, kl, len(full_ids), diverge, full16,
+                                cache_holder[-1].packed_bytes())

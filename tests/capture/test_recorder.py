@@ -1,0 +1,222 @@
+"""The recorder's chunked reductions against an exact eager reference (float64) on short prompts.
+
+A spy subclass keeps the exact queries and keys every attention call saw; the reference recomputes
+softmax(QKᵀ·scale + mask) from them and reduces it the obvious way. Small chunks make the
+recorder cut each prefill into several chunks (and partial bins when ``bin_factor`` > 1).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import kvviz.capture.loop as capture_mod
+from kvviz.capture.loop import capture
+from kvviz.capture.recorder import Recorder, RecorderConfig, _adjacent
+from tests.tiny_models import tiny_model
+
+N_NEW = 5
+
+
+class SpyRecorder(Recorder):
+    """A Recorder that also keeps every call's inputs (float64 copies)."""
+
+    last: SpyRecorder | None = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple] = []
+        SpyRecorder.last = self
+
+    def record(self, layer, query, key, mask, scaling, softcap, out) -> None:
+        if self.phase != "outputs":
+            m = None if mask is None else mask[0, 0].clone()  # [q, k]
+            self.calls.append((layer, self.t_total, query[0].double(), key[0].double(), m, scaling, softcap))
+        super().record(layer, query, key, mask, scaling, softcap, out)
+
+    def _flush_decode(self) -> None:
+        # note how many batches (cache length, scale) each decode step's plain layers formed
+        self.batches = getattr(self, "batches", []) + [len({(sc.shape[-1], s) for _, sc, s in self._pending})]
+        super()._flush_decode()
+
+
+def eager_probs(q, k, mask, scaling, softcap, t_total) -> torch.Tensor:
+    """Exact attention probabilities [Hq, q, k] in float64: the textbook formula, keys repeated per group."""
+    k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)  # [Hq, k, D]
+    s = q @ k.transpose(1, 2) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    n, kl = s.shape[-2:]
+    if mask is None:
+        allowed = torch.arange(kl)[None] + (t_total - kl) <= torch.arange(n)[:, None] + (t_total - n)
+    elif mask.dtype == torch.bool:
+        allowed = mask[:, :kl]
+    else:
+        s = s + mask[:, :kl].double()
+        allowed = torch.ones(n, kl, dtype=torch.bool)
+    return torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
+
+
+def reference(spy: SpyRecorder, trace) -> dict[str, np.ndarray]:
+    """The trace's summaries, recomputed from exact probabilities."""
+    m, t, n_prompt, f, k_sink = trace.model, trace.n_tokens, trace.n_prompt, trace.bin_factor, trace.sink_k
+    w = trace.window_rows.shape[2]
+    nb = -(-t // f)
+    colsum = np.zeros((m.layers, m.q_heads, t))
+    prefill_colsum = np.zeros((m.layers, m.q_heads, n_prompt))
+    sink = np.zeros((m.layers, m.q_heads, trace.n_fed))
+    window = np.zeros((m.layers, m.q_heads, w, n_prompt))
+    pmap = np.zeros((m.layers, m.q_heads, -(-n_prompt // f), nb))
+    drows = np.zeros((trace.n_fed - n_prompt, m.layers, m.q_heads, nb))
+    for layer, t_total, q, k, mask, scaling, softcap in spy.calls:
+        p = eager_probs(q, k, mask, scaling, softcap, t_total).numpy()  # [Hq, n, kl]
+        n, kl = p.shape[1:]
+        kpos = np.arange(t_total - kl, t_total)
+        colsum[layer][:, kpos] += p.sum(1)
+        sink[layer][:, t_total - n:t_total] = p[..., kpos < k_sink].sum(-1)
+        binned = np.zeros((m.q_heads, n, nb))
+        np.add.at(binned, (slice(None), slice(None), kpos // f), p)
+        if n > 1:  # the prefill
+            window[layer] = p[:, n_prompt - w:, :]
+            prefill_colsum[layer] = p.sum(1)
+            counts = np.bincount(np.arange(n_prompt) // f)
+            for b, c in enumerate(counts):
+                pmap[layer][:, b] = binned[:, b * f:b * f + c].sum(1) / c
+        else:
+            drows[t_total - 1 - n_prompt, layer] = binned[:, 0]
+    return dict(colsum=colsum, prefill_colsum=prefill_colsum, sink_mass=sink, window_rows=window, prefill_map=pmap, decode_rows=drows)
+
+
+def spied_capture(monkeypatch, model, ids, cfg):
+    monkeypatch.setattr(capture_mod, "Recorder", SpyRecorder)
+    trace = capture(model, "", prompt_ids=ids, max_new_tokens=N_NEW, cfg=cfg)
+    return trace, SpyRecorder.last
+
+
+def assert_matches_reference(trace, spy):
+    ref = reference(spy, trace)
+    assert len({c[0] for c in spy.calls}) == trace.model.layers
+    # the fp32 reductions: exact to 1e-5
+    np.testing.assert_allclose(trace.colsum, ref["colsum"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(trace.sink_mass, ref["sink_mass"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(trace.window_rows, ref["window_rows"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(trace.prefill_colsum, ref["prefill_colsum"], rtol=1e-5, atol=1e-5)
+    # the display data is stored in fp16: equal to fp16 rounding
+    np.testing.assert_allclose(trace.prefill_map.astype(np.float64), ref["prefill_map"], atol=1e-3)
+    np.testing.assert_allclose(trace.decode_rows.astype(np.float64), ref["decode_rows"], atol=1e-3)
+
+
+@pytest.mark.parametrize("bin_factor, chunk", [(1, 16), (3, 10)])
+def test_real_model_reductions_equal_exact_attention(monkeypatch, lm, bin_factor, chunk):
+    ids = lm.tokenizer("The cat sat on the mat because it was warm. " * 6)["input_ids"][:47]
+    cfg = RecorderConfig(sink_k=4, obs_window=8, chunk=chunk, bin_factor=bin_factor)
+    trace, spy = spied_capture(monkeypatch, lm, ids, cfg)
+    assert trace.bin_factor == bin_factor and trace.n_prompt == 47
+    assert spy._chunk_rows(47) < 47  # several chunks were exercised
+    assert_matches_reference(trace, spy)
+
+
+@pytest.mark.parametrize("name", ["gemma2_hybrid", "mistral_sliding", "gpt2_mha"])
+def test_masked_softcapped_and_mha_models_equal_exact_attention(monkeypatch, lm, name):
+    # 20 tokens: longer than the sliding window (8), so sliding layers receive an explicit mask
+    model = tiny_model(name, lm.tokenizer)
+    trace, spy = spied_capture(monkeypatch, model, list(range(100, 120)), RecorderConfig(obs_window=6, chunk=8))
+    if name == "gemma2_hybrid":
+        assert any(c[6] is not None for c in spy.calls)  # the soft-capping path ran
+    assert_matches_reference(trace, spy)
+
+
+def test_hybrid_without_softcap_is_exact(monkeypatch, lm):
+    # Gemma-2 style sliding/full/sliding layers without soft-capping: the full layer's decode rows go
+    # through the batched path, the masked sliding layers through the per-layer one; both exact
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    from kvviz.models import LoadedModel
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                       max_position_embeddings=512, attn_logit_softcapping=None, final_logit_softcapping=None,
+                       layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    tiny = LoadedModel(model=model, tokenizer=lm.tokenizer, name="tiny-hybrid", device=torch.device("cpu"),
+                       dtype=torch.float32, stop_ids=set())
+    trace, spy = spied_capture(monkeypatch, tiny, list(range(100, 120)), RecorderConfig(obs_window=6, chunk=8))
+    assert max(spy.batches) == 1
+    assert_matches_reference(trace, spy)
+
+
+def test_decode_batches_group_layers_by_cache_length():
+    # layers 0 and 2 hold 5 keys (a sliding window), layer 1 holds all 7: two batches, non-adjacent layers
+    torch.manual_seed(1)
+    rec = SpyRecorder(3, 4, 8, 6, RecorderConfig(sink_k=2, bin_factor=3), torch.device("cpu"))
+    rec.phase, rec.t_total = "decode", 7
+    qs = [torch.randn(1, 4, 1, 8) for _ in range(3)]
+    ks = [torch.randn(1, 2, n, 8) for n in (5, 7, 5)]
+    for layer in range(3):
+        rec.record(layer, qs[layer], ks[layer], None, 0.3, None, torch.zeros(1, 1, 4, 8))
+    rec.end_forward()
+    assert rec.batches == [2]
+    for layer in range(3):
+        p = eager_probs(qs[layer][0].double(), ks[layer][0].double(), None, 0.3, None, 7).float()[:, 0]
+        start = 7 - p.shape[-1]
+        assert torch.allclose(rec.colsum[layer, :, start:7], p, atol=1e-6)
+        assert rec.colsum[layer, :, :start].abs().sum() == 0
+        assert torch.allclose(rec.sink_mass[layer, :, 6], p[:, : max(2 - start, 0)].sum(-1), atol=1e-6)
+        full = torch.zeros(4, 9)
+        full[:, start:7] = p
+        binned = full.view(4, 3, 3).sum(-1)  # bins of 3 positions
+        assert torch.allclose(rec.decode_rows[0, layer].float(), binned, atol=1e-3)
+
+
+def test_attention_rows_sum_to_one(monkeypatch, lm):
+    ids = lm.tokenizer("Once upon a time there lived a king who had three daughters.")["input_ids"]
+    trace, _ = spied_capture(monkeypatch, lm, ids, RecorderConfig(obs_window=4, chunk=5, bin_factor=2))
+    assert np.allclose(trace.window_rows.sum(-1), 1.0, atol=1e-5)
+    assert np.allclose(trace.prefill_map.astype(np.float32).sum(-1), 1.0, atol=3e-3)  # mean row per bin
+    assert np.allclose(trace.decode_rows.astype(np.float32).sum(-1), 1.0, atol=3e-3)
+    assert np.allclose(trace.colsum.sum(-1), trace.n_fed, rtol=1e-5)
+
+
+def test_evicted_positions_are_scattered_to_the_right_columns():
+    # an evicting cache reports which positions it still holds: 0-3 (sinks) and 10-12
+    torch.manual_seed(0)
+    pos = torch.tensor([0, 1, 2, 3, 10, 11, 12]).expand(2, -1)  # [Hkv, k]
+    q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 7, 8)
+    rec = Recorder(1, 4, 16, 8, RecorderConfig(sink_k=2, bin_factor=4), torch.device("cpu"))
+    rec.cache = SimpleNamespace(layers=[SimpleNamespace(kv_positions=pos)])
+    rec.phase, rec.t_total = "decode", 13
+    rec.record(0, q, k, None, 0.5, None, torch.zeros(1, 1, 4, 8))
+    p = eager_probs(q[0].double(), k[0].double(), None, 0.5, None, 7).float()[:, 0]  # [Hq, 7]
+    assert torch.allclose(rec.colsum[0][:, pos[0]], p, atol=1e-6)
+    assert rec.colsum[0][:, 4:10].abs().sum() == 0  # evicted positions got nothing
+    assert torch.allclose(rec.sink_mass[0, :, 12], p[:, :2].sum(-1), atol=1e-6)
+    row = rec.decode_rows[12 - 8, 0].float()  # bins of 4 positions: {0-3}, {8-11}, {12-15}
+    assert torch.allclose(row[:, 0], p[:, :4].sum(-1), atol=1e-3)
+    assert torch.allclose(row[:, 2], p[:, 4:6].sum(-1), atol=1e-3)
+    assert torch.allclose(row[:, 3], p[:, 6], atol=1e-3)
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="bin_factor"):
+        Recorder(1, 1, 4, 4, RecorderConfig(bin_factor=0), torch.device("cpu"))
+
+
+def test_decode_scores_of_consecutive_layers_are_one_view_not_a_copy():
+    rec = Recorder(layers=3, q_heads=4, t_max=10, n_prompt=6, cfg=RecorderConfig(), device=torch.device("cpu"))
+    rec.phase, rec.t_total = "decode", 7
+    query, key = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 7, 8)
+    for layer in range(3):
+        rec.record(layer, query, key, None, None, None, None)
+    items = [(layer, sc) for layer, sc, _ in rec._pending]
+    view = _adjacent(items)
+    assert view is not None and view.shape == (3, 4, 7)
+    assert view.data_ptr() == rec._step_scores.data_ptr()  # the step buffer itself, no stack
+    torch.testing.assert_close(view, torch.stack([sc for _, sc in items]))
+    assert _adjacent(items[::2]) is None  # layers 0 and 2 are not back to back: the caller stacks them
+    rec.end_forward()
+    assert rec._step_used == 0 and not rec._pending
+    torch.testing.assert_close(rec.colsum[:, :, :7].sum(-1), torch.ones(3, 4))  # each row a distribution

@@ -1,0 +1,92 @@
+"""The Eviction view's figures: pure functions of a run, with the right shapes, labels and units."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvviz.capture.loop import encode_prompt
+from kvviz.eviction.compare import compare
+from kvviz.eviction.demos import SinksResult
+from kvviz.eviction.policies import make_policy
+from kvviz.eviction.run import run_policy
+from kvviz.figures import eviction as fig
+
+PROMPT = "The cat sat on the mat. Where did the cat sit?"
+
+
+@pytest.fixture(scope="module")
+def ids(lm):
+    return encode_prompt(lm, PROMPT, True)
+
+
+@pytest.fixture(scope="module")
+def h2o_run(lm, ids):
+    return run_policy(lm, ids, make_policy("h2o"), budget=10, max_new_tokens=4)
+
+
+def test_token_strip_colours_every_fed_token(h2o_run, ids):
+    strip = fig.token_strip(h2o_run, 29, 1, 0)
+    assert [t for t, _ in strip] == h2o_run.tokens[: len(ids)]
+    labels = [lab for _, lab in strip]
+    assert labels.count("evicted") == len(ids) - 10
+    assert labels.count("window") == 5 and labels.count("heavy hitter") == 5
+    assert set(labels) <= set(fig.ROLE_COLORS)
+    later = fig.token_strip(h2o_run, 29, 1, len(h2o_run.history) - 1)
+    assert len(later) == len(ids) + len(h2o_run.history) - 1
+    assert later[-1][1] == "window", "the newest token is in the recent window"
+
+
+def test_kept_map_counts_kv_heads(h2o_run, ids):
+    f = fig.kept_map(h2o_run, 0)
+    z = np.array(f.data[0].z)
+    assert z.shape == (30, len(ids))
+    assert (z.sum(axis=1) == 3 * 10).all(), "each of the 3 KV heads keeps 10 positions per layer"
+    assert f.layout.xaxis.title.text == "position (token index)"
+
+
+def test_timeline_has_one_row_per_step(h2o_run):
+    f = fig.timeline(h2o_run, 0, 0)
+    z = np.array(f.data[0].z)
+    assert z.shape == (len(h2o_run.history), len(h2o_run.tokens))
+    first = fig.role_row(h2o_run, 0, 0, 0)
+    assert (first[len(h2o_run.prompt_ids):] == fig.NOT_SEEN).all()
+
+
+def test_scores_and_slot_table(h2o_run, ids):
+    f = fig.scores_figure(h2o_run, 3, 2, "accumulated attention")
+    assert len(f.data[0].y) == len(ids) and f.layout.yaxis.title.text == "accumulated attention"
+    table = fig.slot_table(h2o_run, 3, 2, 0)
+    assert list(table.columns) == ["cache slot", "original position", "token", "role", "RoPE position"]
+    assert table["cache slot"].tolist() == list(range(10))
+    assert (table["RoPE position"] == table["original position"]).all(), "original-position mode"
+    assert table["original position"].is_monotonic_increasing
+
+
+def test_bad_selection_is_a_value_error(h2o_run):
+    with pytest.raises(ValueError, match="layer"):
+        fig.token_strip(h2o_run, 30, 0, 0)
+    with pytest.raises(ValueError, match="step"):
+        fig.kept_map(h2o_run, 99)
+
+
+def test_comparison_table_and_charts(lm, ids):
+    cmp = compare(lm, ids, [make_policy("window")], budget=8, max_new_tokens=3)
+    table = fig.comparison_table(cmp)
+    assert table["policy"].tolist() == ["Full cache (no eviction)", "Sliding window (no sinks)"]
+    assert table["cache"].tolist()[1] == "360 KiB"  # 8 entries × 2 × 30 layers × 3 KV heads × 64 × 4 bytes
+    assert fig.bytes_figure(cmp).layout.xaxis.title.text == "cache size (MiB)"
+    assert len(fig.kl_figure(cmp).data) == 1
+
+
+def test_sinks_figure_uses_a_log_axis():
+    frame = pd.DataFrame({"position": np.arange(1, 11), "a": np.full(10, 2.0), "b": np.full(10, 3.0)})
+    f = fig.sinks_figure(SinksResult(frame, {"a": 7.4, "b": 20.1}, 4, 4), smooth=2)
+    assert f.layout.yaxis.type == "log" and len(f.data) == 2
+    assert np.allclose(f.data[0].y, np.exp(2.0))
+
+
+def test_every_view_has_a_caption():
+    for key in ("strip", "map", "timeline", "scores", "comparison", "bytes", "kl", "sinks"):
+        assert fig.CAPTIONS[key].endswith(".")

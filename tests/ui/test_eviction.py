@@ -1,0 +1,74 @@
+"""Eviction tab handlers, in-process on the real model: validation, the views, the tab and its /evict endpoint."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from kvviz.eviction.run import run_policy
+from kvviz.settings import Settings
+from kvviz.ui import tab_eviction as tab
+from kvviz.ui.context import AppContext
+
+CONTEXT = "The library opens at nine. The code for the locker is 3390. The library closes at six."
+QUESTION = "Question: What is the code for the locker?"
+
+
+@pytest.fixture(scope="module")
+def ctx(lm):
+    return AppContext(lm=lm, settings=Settings(max_new_tokens=64))
+
+
+def req(ctx, **kw):
+    args = dict(context=CONTEXT, question=QUESTION, chat=True, policy_name="h2o", mode="tokens", budget=12,
+                ratio=0.5, max_new=4, params={"heavy_fraction": 0.5}, compress=tab.COMPRESS[0])
+    args.update(kw)
+    return tab.check_request(ctx, *args.values())
+
+
+def test_a_checked_request_has_everything_a_run_needs(ctx):
+    r = req(ctx)
+    assert r["policy"].name == "h2o" and r["budget"] == 12 and r["ratio"] is None
+    assert r["n_compress"] == len(r["ids"])
+    only_context = req(ctx, compress=tab.COMPRESS[1])
+    assert only_context["n_compress"] < len(only_context["ids"])
+    by_ratio = req(ctx, mode="ratio", ratio=0.75)
+    assert by_ratio["budget"] is None and by_ratio["ratio"] == 0.75
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"context": "   "}, "empty"),
+    ({"budget": 2.5}, "whole number"),
+    ({"budget": 0}, "Budget"),
+    ({"mode": "ratio", "ratio": 1.5}, "ratio"),
+    ({"max_new": 10_000}, "Max new tokens"),
+    ({"policy_name": "lru"}, "Pick a policy"),
+    ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 4, "pooling": "avg"}}, "odd"),
+    ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 5, "pooling": "avg"}}, "window"),
+    ({"policy_name": "streaming_llm", "params": {"sinks": 12, "reposition": False}}, "sinks"),
+    ({"question": "", "compress": tab.COMPRESS[1]}, "needs a question"),
+])
+def test_bad_input_is_a_readable_error(ctx, change, message):
+    with pytest.raises(gr.Error, match=message):
+        req(ctx, **change)
+
+
+def test_views_draw_every_output_and_say_the_position_mode(ctx):
+    r = req(ctx)
+    run = run_policy(ctx.lm, r["ids"], r["policy"], budget=12, max_new_tokens=4)
+    strip, kept, timeline, scores, slots = tab.views(run, 29, 2, 99, "score")
+    assert len(strip) == len(run.tokens) - 1  # clamped to the last step: every fed token
+    assert kept is not None and timeline is not None and scores is not None
+    assert len(slots) == 12
+    text = tab.status_text(run, r["policy"])
+    assert "n_kept = 12" in text and "original RoPE positions" in text and "KiB" in text
+    assert tab.views(None, 0, 0, 0) == (gr.skip(),) * 5
+
+
+def test_the_tab_builds_registers_its_inputs_and_the_evict_endpoint(ctx):
+    with gr.Blocks() as demo:
+        tab.build(ctx)
+    for key in ("policy", "budget", "prompt", "question", "compress", "needle", "sinks"):
+        assert f"eviction.{key}" in ctx.components
+    params = [p["parameter_name"] for p in demo.get_api_info()["named_endpoints"]["/evict"]["parameters"]]
+    assert params[:4] == ["prompt_text", "policy_name", "budget", "ratio"]
