@@ -8,6 +8,7 @@ Limits and the public mode come from the environment too (see ``kvviz/settings.p
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -32,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace):
     from kvviz.ui import sessions
-    from kvviz.ui.app import build_app
+    from kvviz.ui.app import build_app, serve
     from kvviz.ui.context import AppContext
 
     settings = Settings.from_env()
@@ -45,8 +46,7 @@ def build(args: argparse.Namespace):
     ctx = AppContext(lm=lm, settings=settings)
     demo = build_app(ctx)
     sessions.install(demo, ctx)
-    demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
-    return demo
+    return demo, serve(demo, settings)
 
 
 def _interrupt(signum, frame) -> None:
@@ -55,8 +55,12 @@ def _interrupt(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # one line per refused request (kvviz.ui.jobs.UserError); real failures log their traceback
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        demo = build(args)
+        demo, launch_options = build(args)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a Space restarting, a test ending) closes the server like Ctrl-C, so temp files are deleted
     signal.signal(signal.SIGTERM, _interrupt)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, root_path=args.root_path,
-                theme=THEME, css=CSS, footer_links=["api"])
+                theme=THEME, css=CSS, footer_links=["api"], **launch_options)
     return 0
 
 

@@ -10,6 +10,11 @@ KVVIZ_MAX_NEW_TOKENS        most tokens one request may generate (512)
 KVVIZ_CONCURRENCY           model jobs running at once (1 per 4 CPU cores, at least 1; 2 on a GPU)
 KVVIZ_QUEUE_SIZE            jobs waiting beyond that before new ones are refused (64)
 KVVIZ_MAX_CONFIG_BYTES      largest uploaded or pasted config.json (262144)
+KVVIZ_MAX_JOB_SECONDS       a model job running longer ends with what it has (180)
+KVVIZ_MAX_RSS_GB            no new model jobs while the server's resident memory is above this
+                            (75% of the machine's memory, or 12 where that is unknown)
+KVVIZ_MAX_KEY_READS         largest job, in attention key reads over all layers and runs
+                            (what the longest allowed prompt and generation cost: about 1e9 here)
 KVVIZ_SESSION_GRACE_S       seconds a closed session's traces are kept for a reconnect (60)
 KVVIZ_FILE_MAX_AGE_S        exported files older than this are deleted (3600)
 KVVIZ_PUBLIC                1 = public deployment (also implied by SPACE_ID on a Hugging Face Space)
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvviz.admission import machine_memory
 from kvviz.models import HUB_DEFAULT
 
 
@@ -38,6 +44,25 @@ def _int(name: str, default: int, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
     return value
+
+
+def _float(name: str, default: float, minimum: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+    if not value >= minimum or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number of at least {minimum:g}, got {raw!r}")
+    return value
+
+
+def default_max_rss_gb() -> float:
+    """Three quarters of the machine: room for the OS and a job's peak above the ceiling."""
+    total = machine_memory()
+    return round(0.75 * total / 2**30, 1) if total else 12.0
 
 
 def _flag(name: str) -> bool:
@@ -65,6 +90,9 @@ class Settings:
     max_config_bytes: int = 256 * 1024
     session_grace_s: int = 60
     file_max_age_s: int = 3600
+    max_job_seconds: float = 180.0
+    max_rss_gb: float = 12.0
+    max_key_reads: int | None = None  # None: what max_prompt_tokens + max_new_tokens cost on the loaded model
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -83,4 +111,7 @@ class Settings:
             max_config_bytes=_int("KVVIZ_MAX_CONFIG_BYTES", cls.max_config_bytes, minimum=1024),
             session_grace_s=_int("KVVIZ_SESSION_GRACE_S", cls.session_grace_s, minimum=0),
             file_max_age_s=_int("KVVIZ_FILE_MAX_AGE_S", cls.file_max_age_s, minimum=60),
+            max_job_seconds=_float("KVVIZ_MAX_JOB_SECONDS", cls.max_job_seconds, 1.0),
+            max_rss_gb=_float("KVVIZ_MAX_RSS_GB", default_max_rss_gb(), 0.5),
+            max_key_reads=_int("KVVIZ_MAX_KEY_READS", 0, minimum=0) or None,
         )

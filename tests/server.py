@@ -45,6 +45,12 @@ class RunningApp:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def rss(self) -> int:
+        """The server's resident memory in bytes."""
+        import psutil
+
+        return psutil.Process(self.proc.pid).memory_info().rss
+
 
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
@@ -132,7 +138,7 @@ def inprocess_app(lm, tmp_path_factory) -> InProcessApp:
     from kvviz.safety import SessionFiles
     from kvviz.settings import Settings
     from kvviz.ui import sessions
-    from kvviz.ui.app import build_app
+    from kvviz.ui.app import build_app, serve
     from kvviz.ui.context import AppContext
 
     old = os.environ.get("GRADIO_HEARTBEAT_INTERVAL")
@@ -141,9 +147,9 @@ def inprocess_app(lm, tmp_path_factory) -> InProcessApp:
     ctx = AppContext(lm=lm, settings=settings, files=SessionFiles(tmp_path_factory.mktemp("inproc-files")))
     demo = build_app(ctx)
     sessions.install(demo, ctx)
-    demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
+    options = serve(demo, settings)
     port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **options)
     try:
         yield InProcessApp(url=f"http://127.0.0.1:{port}/", ctx=ctx, demo=demo)
     finally:

@@ -75,7 +75,7 @@ def resolve_kv_dtype(name: str | KVDtype | int, group_size: int | None = None) -
         name = by_bytes[name]
     key = _ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     if key not in KV_DTYPES:
-        raise ValueError(f"Unknown KV dtype {name!r}; choose one of {', '.join(KV_DTYPES)}.")
+        raise ValueError(f"Unknown KV dtype {str(name)[:40]!r}; choose one of {', '.join(KV_DTYPES)}.")
     if group_size is not None:
         if key in _FLOATS:
             raise ValueError(f"{key} needs no per-group scales; group_size applies to fp8/int8/int4/int2.")
@@ -189,17 +189,20 @@ def estimate(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str | 
     _check_count(batch, "batch", 1)
     _check_count(tp, "tp", 1)
     rows, total = [], 0
+    groups: dict[tuple, tuple[int, int, int, int]] = {}  # identical layers are sized once
     for layer in layout.layers:
-        per_token = layer_bytes_per_token(layer, dtype)
-        held = tokens_held(layer, context, keep)
-        state = -(-layer.state_elements * sdtype.bits // 8)
+        key = (layer.vectors, layer.kv_heads, layer.window, layer.state_elements)
+        if key not in groups:
+            per_token = layer_bytes_per_token(layer, dtype)
+            held = tokens_held(layer, context, keep)
+            state = -(-layer.state_elements * sdtype.bits // 8)
+            kv = held * per_token  # every head stores the same vectors, so kv // kv_heads is exact
+            gpu_kv = batch * tp * _tp_heads_per_gpu(layer.kv_heads, tp) * (kv // layer.kv_heads) if kv else 0
+            groups[key] = (per_token, held, state, gpu_kv + batch * state)
+        per_token, held, state, layer_total = groups[key]
         rows.append(LayerBytes(layer.index, layer.kind, layer.layer_type, held, held * per_token + state,
                                per_token, state))
-        kv = held * per_token
-        if kv:
-            per_head = kv // layer.kv_heads  # exact: every head stores the same vectors
-            total += batch * tp * _tp_heads_per_gpu(layer.kv_heads, tp) * per_head
-        total += batch * state
+        total += layer_total
     per_seq = sum(r.bytes for r in rows)
     return Estimate(
         name=layout.name, attention=layout.attention, kv_dtype=dtype.name, group_size=dtype.group_size,

@@ -17,7 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz import safety
+from kvviz import limits, safety
+from kvviz.limits import check_list_length, config_int
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 MAX_CONFIG_BYTES = 1024 * 1024  # a config.json is a few KiB; refuse anything absurd
@@ -163,17 +164,19 @@ def load_config(source, *, allow_hub: bool = False) -> dict:
 
 
 # ---- reading the numbers -----------------------------------------------------------------------
-def _first(cfg: dict, *names: str):
+def _first(cfg: dict, *names: str) -> int | None:
+    """The first of ``names`` the config states, checked against its bound (see :mod:`kvviz.limits`)."""
     for name in names:
         if cfg.get(name) is not None:
-            return cfg[name]
+            return config_int(cfg, name)
     return None
 
 
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}.")
-    return int(value)
+def _required(cfg: dict, *names: str) -> int:
+    value = _first(cfg, *names)
+    if value is None:
+        raise ValueError(f"The config states none of {', '.join(names)}.")
+    return value
 
 
 def _text_config(cfg: dict) -> dict:
@@ -187,15 +190,15 @@ def _text_config(cfg: dict) -> dict:
 
 def _kv_heads(cfg: dict, q_heads: int, notes: list[str]) -> int:
     if cfg.get("num_key_value_heads") is not None:
-        return _positive_int(cfg["num_key_value_heads"], "num_key_value_heads")
+        return config_int(cfg, "num_key_value_heads")
     if cfg.get("new_decoder_architecture") and cfg.get("num_kv_heads") is not None:  # Falcon-40B/180B
-        return _positive_int(cfg["num_kv_heads"], "num_kv_heads")
+        return config_int(cfg, "num_kv_heads")
     if cfg.get("multi_query"):  # GPTBigCode, Falcon-7B
         notes.append("multi_query=true: one K/V head shared by every query head (MQA)")
         return 1
     value = _first(cfg, "num_kv_heads", "n_head_kv", "multi_query_group_num")
     if value is not None:
-        return _positive_int(value, "num_kv_heads")
+        return value
     notes.append("num_key_value_heads not stated: every query head has its own K/V head (MHA)")
     return q_heads
 
@@ -204,30 +207,29 @@ def _layer_types(cfg: dict, n_layers: int, model_type: str, notes: list[str]) ->
     """transformers' ``layer_types``, derived the way the model's config class derives them."""
     types = cfg.get("layer_types")
     if types is not None:
-        if not isinstance(types, list) or len(types) != n_layers:
-            raise ValueError(f"layer_types must list one type per layer ({n_layers}), got {types!r:.80}.")
-        return [str(t) for t in types]
+        return [str(t)[:64] for t in check_list_length(types, "layer_types", n_layers)]
     if model_type in _ALL_STATE:
         return ["mamba"] * n_layers
     if model_type == "jamba":
-        period, offset = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
+        period, offset = config_int(cfg, "attn_layer_period", 8), config_int(cfg, "attn_layer_offset", 4)
         return ["full_attention" if i % period == offset else "mamba" for i in range(n_layers)]
-    window = cfg.get("sliding_window")
+    window = config_int(cfg, "sliding_window")
     if cfg.get("use_sliding_window") is False:
         window = None  # Qwen2/Qwen3 configs state a window they do not use
     if model_type in _ALTERNATING and window:
-        every = int(cfg.get("sliding_window_pattern") or _ALTERNATING[model_type])
+        every = config_int(cfg, "sliding_window_pattern") or _ALTERNATING[model_type]
         notes.append(f"{model_type}: layers i with (i+1) % {every} != 0 are sliding-window (window {window}), "
                      "the others global, as transformers' config class derives them")
         return ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
     if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and window:
-        first = int(cfg.get("max_window_layers", n_layers))
+        first = config_int(cfg, "max_window_layers", n_layers)
         return ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
     if window:
         return ["sliding_attention"] * n_layers
-    if cfg.get("attention_chunk_size"):  # Llama-4: RoPE layers are chunked, every 4th (NoPE) layer is global
-        every = int(cfg.get("no_rope_layer_interval") or 4)
+    if config_int(cfg, "attention_chunk_size"):  # Llama-4: RoPE layers are chunked, every 4th (NoPE) is global
+        every = config_int(cfg, "no_rope_layer_interval") or 4
         flags = cfg.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n_layers)]
+        check_list_length(flags, "no_rope_layers", n_layers)
         return ["chunked_attention" if flag else "full_attention" for flag in flags]
     return ["full_attention"] * n_layers
 
@@ -235,32 +237,30 @@ def _layer_types(cfg: dict, n_layers: int, model_type: str, notes: list[str]) ->
 def _state_elements(cfg: dict, model_type: str) -> int:
     """Elements of one layer's fixed state (conv + recurrent) per sequence."""
     if cfg.get("linear_num_value_heads") is not None:  # Qwen3-Next / Qwen3.5 gated DeltaNet
-        nk, nv = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
-        dk, dv = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
-        conv = (2 * nk * dk + nv * dv) * int(cfg.get("linear_conv_kernel_dim", 4))
+        nk, nv = _required(cfg, "linear_num_key_heads"), _required(cfg, "linear_num_value_heads")
+        dk, dv = _required(cfg, "linear_key_head_dim"), _required(cfg, "linear_value_head_dim")
+        conv = (2 * nk * dk + nv * dv) * config_int(cfg, "linear_conv_kernel_dim", 4)
         return conv + nv * dk * dv
     if model_type in ("mamba", "falcon_mamba"):
-        inner = int(cfg.get("intermediate_size") or cfg.get("expand", 2) * cfg["hidden_size"])
-        return inner * int(cfg.get("conv_kernel", 4)) + inner * int(cfg.get("state_size", 16))
+        inner = config_int(cfg, "intermediate_size") or config_int(cfg, "expand", 2) * _required(cfg, "hidden_size")
+        return inner * config_int(cfg, "conv_kernel", 4) + inner * config_int(cfg, "state_size", 16)
     if model_type == "mamba2":
-        inner = int(cfg.get("expand", 2) * cfg["hidden_size"])
-        groups, n = int(cfg.get("n_groups", 1)), int(cfg.get("state_size", 128))
-        conv = (inner + 2 * groups * n) * int(cfg.get("conv_kernel", 4))
-        return conv + int(cfg["num_heads"]) * int(cfg["head_dim"]) * n
+        inner = config_int(cfg, "expand", 2) * _required(cfg, "hidden_size")
+        groups, n = config_int(cfg, "n_groups", 1), config_int(cfg, "state_size", 128)
+        conv = (inner + 2 * groups * n) * config_int(cfg, "conv_kernel", 4)
+        return conv + _required(cfg, "num_heads") * _required(cfg, "head_dim") * n
     if model_type == "jamba":
-        inner = int(cfg.get("mamba_expand", 2) * cfg["hidden_size"])
-        return inner * int(cfg.get("mamba_d_conv", 4)) + inner * int(cfg.get("mamba_d_state", 16))
+        inner = config_int(cfg, "mamba_expand", 2) * _required(cfg, "hidden_size")
+        return inner * config_int(cfg, "mamba_d_conv", 4) + inner * config_int(cfg, "mamba_d_state", 16)
     raise ValueError(f"kvviz does not know the state size of the linear/state-space layers of {model_type!r}.")
 
 
 def _attention_shape(cfg: dict, notes: list[str]) -> tuple[int, int, int, dict | None]:
     """(query heads, KV heads, head_dim, MLA dims or None), read the way the model reads them."""
-    q_heads = _positive_int(_first(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads"),
-                            "num_attention_heads (n_head)")
-    hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
-    hidden = _positive_int(hidden, "hidden_size (n_embd)") if hidden is not None else 0
+    q_heads = _required(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim") or 0
     if cfg.get("kv_lora_rank") is not None:  # MLA: num_key_value_heads plays no part in the cache
-        mla = {k: int(cfg.get(k) or 0) for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
+        mla = {k: config_int(cfg, k, 0) for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
         notes.append(f"MLA: each token caches a {mla['kv_lora_rank']}-dim latent plus a "
                      f"{mla['qk_rope_head_dim']}-dim RoPE key per layer (no factor 2, no heads)")
         return q_heads, q_heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], mla
@@ -268,7 +268,7 @@ def _attention_shape(cfg: dict, notes: list[str]) -> tuple[int, int, int, dict |
     if q_heads % kv_heads:
         raise ValueError(f"num_attention_heads {q_heads} is not a multiple of num_key_value_heads {kv_heads}.")
     if cfg.get("head_dim") is not None:
-        head_dim = _positive_int(cfg["head_dim"], "head_dim")
+        head_dim = config_int(cfg, "head_dim")
         if hidden and head_dim * q_heads != hidden:
             notes.append(f"head_dim {head_dim} is stated in the config; hidden_size / heads would give "
                          f"{hidden} / {q_heads} = {hidden / q_heads:g}")
@@ -281,13 +281,17 @@ def _attention_shape(cfg: dict, notes: list[str]) -> tuple[int, int, int, dict |
     return q_heads, kv_heads, hidden // q_heads, None
 
 
+def _parameters(cfg: dict) -> int | None:
+    value = cfg.get("_num_parameters")
+    return None if value is None else limits.bounded_int(value, "_num_parameters", 1, limits.MAX_PARAMETERS)
+
+
 def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) -> CacheLayout:
     """The per-layer description of what the cache stores, from any config source."""
     cfg = _text_config(load_config(source, allow_hub=allow_hub))
     notes: list[str] = []
-    model_type = str(cfg.get("model_type") or "unknown")
-    n_layers = _positive_int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers"),
-                             "num_hidden_layers (n_layer)")
+    model_type = str(cfg.get("model_type") or "unknown")[:64]
+    n_layers = _required(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     types = _layer_types(cfg, n_layers, model_type, notes)
     unknown = [(i, t) for i, t in enumerate(types) if t not in _LAYER_KINDS]
     if unknown:
@@ -302,7 +306,9 @@ def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) ->
         window = None
         if kind.startswith(("sliding", "chunked")):
             key = "attention_chunk_size" if kind == "chunked" else "sliding_window"
-            window = _positive_int(cfg.get(key), key)
+            window = config_int(cfg, key)
+            if window is None:
+                raise ValueError(f"Layer {i} is {layer_type} but the config states no {key}.")
         state = _state_elements(cfg, model_type) if kind.endswith("state") else 0
         vectors: tuple[tuple[int, int], ...] = ()
         heads = 0
@@ -316,9 +322,9 @@ def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) ->
 
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
     return CacheLayout(
-        name=name or str(cfg.get("_name") or cfg.get("_name_or_path") or cfg.get("name_or_path") or model_type),
+        name=name or str(cfg.get("_name") or cfg.get("_name_or_path") or cfg.get("name_or_path") or model_type)[:120],
         model_type=model_type, layers=tuple(layers), num_attention_heads=q_heads, num_key_value_heads=kv_heads,
-        head_dim=head_dim, hidden_size=int(hidden or 0), num_parameters=cfg.get("_num_parameters"),
+        head_dim=head_dim, hidden_size=int(hidden or 0), num_parameters=_parameters(cfg),
         max_position_embeddings=_first(cfg, "max_position_embeddings", "n_positions", "max_seq_len"),
         mla=mla, notes=tuple(notes),
     )

@@ -22,7 +22,7 @@ TABS = [
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
 CSS = """
 .caption {font-size: 0.92em; opacity: 0.85}
-/* (helper: issue 6) presentation mode: tab_learn toggles body.kvviz-present (or ?present=1) */
+/* presentation mode: tab_learn toggles body.kvviz-present (or ?present=1) */
 body.kvviz-present, body.kvviz-present .gradio-container {
   background: #fff !important; color: #000;
   --body-text-color: #000; --body-text-color-subdued: #111; --block-label-text-color: #000;
@@ -39,6 +39,18 @@ body.kvviz-present .prose h3 {font-size: 30px !important}
 body.kvviz-present button[role="tab"] {font-size: 22px !important; font-weight: 600}
 body.kvviz-present .caption, body.kvviz-present .learn-note, body.kvviz-present footer {display: none !important}
 """
+
+
+def serve(demo: gr.Blocks, settings) -> dict:
+    """Turn on the queue and return the ``launch`` options the app needs.
+
+    Model handlers carry no Gradio concurrency limit (the gate in ``kvviz/ui/jobs.py`` is the model's
+    queue), so each job that waits at the gate holds a worker: there must be one for every job the
+    gate may queue, plus some for the quick events (checks, redraws) that must never wait behind them.
+    """
+    demo.queue(max_size=settings.queue_size + settings.concurrency + 16,
+               default_concurrency_limit=settings.concurrency)
+    return {"max_threads": settings.queue_size + settings.concurrency + 32}
 
 
 def build_app(ctx: AppContext) -> gr.Blocks:

@@ -14,6 +14,7 @@ from kvviz.capture.trace import ModelInfo
 from kvviz.models import LoadedModel
 from kvviz.safety import SessionFiles
 from kvviz.settings import Settings
+from kvviz.ui.jobs import Jobs
 
 
 @dataclass
@@ -34,15 +35,23 @@ class AppContext:
     components: dict[str, gr.components.Component] = field(default_factory=dict)
     tabs: gr.Tabs | None = None
     stop_flags: dict[str, threading.Event] = field(default_factory=dict)
-    # (helper: issue 7) every file written for a user lives in that session's temp folder
+    # every file written for a user lives in that session's temp folder
     files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None
+    _jobs: Jobs | None = None
 
     @property
     def info(self) -> ModelInfo:
         if self._info is None:
             self._info = model_info(self.lm)
         return self._info
+
+    @property
+    def jobs(self) -> Jobs:
+        """The one gate to the model for every session (admission, fair shares, time budget)."""
+        if self._jobs is None:
+            self._jobs = Jobs(self.settings, self.info)
+        return self._jobs
 
     def on_trace(self, fn: Callable, inputs: list, outputs: list) -> None:
         """Run ``fn(*inputs)`` → ``outputs`` after every new trace (inputs usually start with trace_state)."""
@@ -57,7 +66,7 @@ class AppContext:
         key = getattr(request, "session_hash", None) or "default"
         self.stop_flags.pop(key, None)
 
-    # (helper: issue 7) per-session exports and the end of a session
+    # per-session exports and the end of a session
     def session_dir(self, request: gr.Request | None) -> Path:
         """A fresh folder for one export, inside the session's own temp folder (deleted when it ends)."""
         return self.files.run_folder(getattr(request, "session_hash", None))
@@ -65,4 +74,6 @@ class AppContext:
     def end_session(self, request: gr.Request | None) -> None:
         """The user closed the page: drop their Stop flag and delete their files."""
         self.forget_session(request)
+        if self._jobs is not None:
+            self._jobs.forget(request)
         self.files.forget(getattr(request, "session_hash", None))

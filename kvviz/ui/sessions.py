@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import gradio as gr
 
 from kvviz.ui.context import AppContext
+from kvviz.ui.jobs import UserError
 
 log = logging.getLogger("kvviz")
 
@@ -45,11 +46,11 @@ def user_errors(what: str | None = None) -> Iterator[None]:
     except gr.Error:
         raise
     except ValueError as exc:
-        raise gr.Error(str(exc)) from None
+        raise UserError(str(exc)) from None
     except Exception as exc:
         if what is None:
             raise
-        raise gr.Error(job_failed(exc, what)) from None
+        raise gr.Error(job_failed(exc, what), print_exception=False) from None
 
 
 def install(demo: gr.Blocks, ctx: AppContext) -> None:

@@ -27,12 +27,14 @@ from kvviz.figures import eviction as fig
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot
 from kvviz.units import format_bytes
 
 COMPRESS = ["with the question (it votes)", "only the context (question fed after, uncompressed)"]
 BUDGET_MODES = ["tokens", "ratio"]
+NEEDLE_TOKENS = 512  # the needle demo's prompt (496 tokens), for its cost estimate
 EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
 
 
@@ -221,22 +223,23 @@ def build(ctx: AppContext) -> None:
         values = {k.split(".", 1)[1]: v for k, v in zip(keys, pvals) if k.startswith(f"{name}.")}
         return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
 
-    def check(*args):
-        gather(*args)
-
-    def run(*args):
+    def check(*args, request: gr.Request):
         req = gather(*args)
-        result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
-                                          ratio=req["ratio"], n_compress=req["n_compress"],
-                                          max_new_tokens=req["max_new_tokens"]))
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction run", len(req["ids"]), req["max_new_tokens"]))
+
+    def run(*args, request: gr.Request):
+        req = gather(*args)
+        with ctx.jobs.start(request, "eviction run", len(req["ids"]), req["max_new_tokens"]) as ticket:
+            result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
+                                              ratio=req["ratio"], n_compress=req["n_compress"],
+                                              max_new_tokens=req["max_new_tokens"], should_stop=ticket.expired))
         return (result, status_text(result, req["policy"]), result.text,
                 gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
                 *views(result, info.layers - 1, 0, 0, req["policy"].score_label))
 
     run_outputs = [run_state, status, answer, step, *view_outputs]
-    run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden").success(
-        gpu(run), main_inputs, run_outputs, api_name=False, concurrency_id="model",
-        concurrency_limit=ctx.settings.concurrency)
+    run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
+        gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None)
 
     def redraw(result, lyr, hd, st):
         label = POLICIES[result.policy].score_label if result is not None else ""
@@ -256,25 +259,39 @@ def build(ctx: AppContext) -> None:
                               for n, ok in found.items())
         return text, fig.comparison_table(cmp), fig.bytes_figure(cmp), fig.kl_figure(cmp)
 
-    def run_compare(names, *args, progress=gr.Progress()):
+    def compare_request(names, *args):
         req = gather(*args)
         if not names:
-            raise gr.Error("Tick at least one policy to compare with the full cache.")
+            raise UserError("Tick at least one policy to compare with the full cache.")
         pols = [req["policy"] if n == req["policy"].name else make_policy(n) for n in names if n in POLICIES]
         for p in pols:
             _user(resolve_budget, p, req["n_compress"], req["budget"], req["ratio"])
-        cmp = _user(lambda: compare(ctx.lm, req["ids"], pols, budget=req["budget"], ratio=req["ratio"],
-                                    n_compress=req["n_compress"], max_new_tokens=req["max_new_tokens"],
-                                    progress=lambda f, d: progress(f, desc=d)), what="Comparison")
+        return req, pols
+
+    def check_compare(names, *args, request: gr.Request):
+        req, pols = compare_request(names, *args)
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "comparison", len(req["ids"]), req["max_new_tokens"],
+                                              runs=len(pols) + 1))
+
+    def run_compare(names, *args, request: gr.Request, progress=gr.Progress()):
+        req, pols = compare_request(names, *args)
+        with ctx.jobs.start(request, "comparison", len(req["ids"]), req["max_new_tokens"],
+                            runs=len(pols) + 1) as ticket:
+            cmp = _user(lambda: compare(ctx.lm, req["ids"], pols, budget=req["budget"], ratio=req["ratio"],
+                                        n_compress=req["n_compress"], max_new_tokens=req["max_new_tokens"],
+                                        progress=lambda f, d: progress(f, desc=d), should_stop=ticket.expired),
+                        what="Comparison")
         return comparison_outputs(cmp)
 
-    compare_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden").success(
+    compare_btn.click(check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden",
+                      concurrency_limit=None).success(
         gpu(run_compare), [chosen, *main_inputs], [verdict, table, bytes_plot, kl_plot], api_name=False,
-        concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+        concurrency_limit=None)
 
-    def run_needle(comp, progress=gr.Progress()):
-        res = _user(lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS[1],
-                                        progress=lambda f, d: progress(f, desc=d)), what="Needle demo")
+    def run_needle(comp, request: gr.Request, progress=gr.Progress()):
+        with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):
+            res = _user(lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS[1],
+                                            progress=lambda f, d: progress(f, desc=d)), what="Needle demo")
         snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
         run = snap.run
         return (needle_passage(*NEEDLE_FILLER), f"Question: {NEEDLE_QUESTION}", True, "snapkv", "tokens",
@@ -285,38 +302,42 @@ def build(ctx: AppContext) -> None:
 
     needle_btn.click(gpu(run_needle), [compress],
                      [prompt, question, chat, policy, mode, budget, run_state, status, answer, step, *view_outputs,
-                      verdict, table, bytes_plot, kl_plot], api_name=False, concurrency_id="model",
-                     concurrency_limit=ctx.settings.concurrency)
+                      verdict, table, bytes_plot, kl_plot], api_name=False, concurrency_limit=None)
 
-    def run_sinks(progress=gr.Progress()):
-        res = _user(lambda: sinks_demo(ctx.lm, progress=lambda f, d: progress(f, desc=d)), what="Sinks demo")
+    def run_sinks(request: gr.Request, progress=gr.Progress()):
+        with ctx.jobs.start(request, "sinks demo", SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE, runs=3):
+            res = _user(lambda: sinks_demo(ctx.lm, progress=lambda f, d: progress(f, desc=d)), what="Sinks demo")
         ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
         return f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl}", fig.sinks_figure(res)
 
-    sinks_btn.click(gpu(run_sinks), None, [sinks_md, sinks_plot], api_name=False, concurrency_id="model",
-                    concurrency_limit=ctx.settings.concurrency)
+    sinks_btn.click(gpu(run_sinks), None, [sinks_md, sinks_plot], api_name=False, concurrency_limit=None)
 
     def api_evict(prompt_text: str, policy_name: str = "snapkv", budget: int | None = None,
                   ratio: float | None = None, chat: bool = True, max_new_tokens: int = 32, sinks: int | None = None,
                   window_size: int | None = None, kernel_size: int | None = None, pooling: str | None = None,
                   heavy_fraction: float | None = None, question: str = "",
-                  compress_context_only: bool = False) -> dict:
+                  compress_context_only: bool = False, request: gr.Request = None) -> dict:
         """Generate under an eviction policy; returns the same JSON as ``python -m kvviz evict --json``."""
         if (budget is None) == (ratio is None):
-            raise gr.Error("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
+            raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
         given = {"sinks": sinks, "window_size": window_size, "kernel_size": kernel_size, "pooling": pooling,
                  "heavy_fraction": heavy_fraction}
         own = {f["name"] for f in field_specs(POLICIES[policy_name])} if policy_name in POLICIES else set()
         extra = [k for k, v in given.items() if v is not None and k not in own]
         if extra:
-            raise gr.Error(f"{extra[0]} does not apply to policy {policy_name!r}; its parameters: "
+            raise UserError(f"{extra[0]} does not apply to policy {policy_name!r}; its parameters: "
                            f"{', '.join(sorted(own)) or 'none'}.")
         req = check_request(ctx, prompt_text, question, chat, policy_name, "tokens" if budget is not None else "ratio",
                             budget, ratio, max_new_tokens, given,
                             COMPRESS[1] if compress_context_only else COMPRESS[0])
-        result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
-                                          ratio=req["ratio"], n_compress=req["n_compress"],
-                                          max_new_tokens=req["max_new_tokens"], record_history=False))
-        return result.summary()
+        with ctx.jobs.start(request, "eviction run", len(req["ids"]), req["max_new_tokens"]) as ticket:
+            result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
+                                              ratio=req["ratio"], n_compress=req["n_compress"],
+                                              max_new_tokens=req["max_new_tokens"], record_history=False,
+                                              should_stop=ticket.expired))
+        out = result.summary()
+        if ticket.timed_out:
+            out["note"] = ctx.jobs.timeout_note(ticket).lstrip(" ·")
+        return out
 
-    gr.api(gpu(api_evict), api_name="evict", concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+    gr.api(gpu(api_evict), api_name="evict", concurrency_limit=None)

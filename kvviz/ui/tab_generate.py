@@ -16,6 +16,7 @@ from kvviz.memory.layout import cache_layout
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import job_failed, user_errors
 from kvviz.units import format_bytes
 
@@ -37,7 +38,7 @@ def validate_request(ctx: AppContext, prompt: str, chat: bool, max_new_tokens: f
     ids = encode_prompt(ctx.lm, text, bool(chat))
     limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
     if len(ids) + n_new > limit:
-        raise gr.Error(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit of "
+        raise UserError(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit of "
                        f"{limit:,} tokens. Shorten the prompt or generate fewer tokens.")
     return ids, n_new, sampling
 
@@ -105,29 +106,36 @@ def build(ctx: AppContext):
 
     def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, request: gr.Request):
         ids, n_new, sampling = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
+        ticket = ctx.jobs.take(request) or ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2)
         flag = ctx.stop_flag(request)
         flag.clear()
         last = 0.0
         trace = None
-        try:  # (helper: issue 7) a fault, Stop or disconnect ends this job only; the cache goes with it
+        try:  # a fault, Stop, the time budget or a disconnect ends this job only; the cache goes with it
+            for line in ctx.jobs.turns(ticket):
+                yield (gr.skip(), line, *[gr.skip()] * (len(outputs) - 2))
             for trace in capture_iter(ctx.lm, prompt_text, chat=bool(use_chat), max_new_tokens=n_new,
-                                      sampling=sampling, prompt_ids=ids, should_stop=flag.is_set, verify=True):
+                                      sampling=sampling, prompt_ids=ids, verify=True,
+                                      should_stop=lambda: flag.is_set() or ticket.expired()):
                 now = time.perf_counter()
                 if now - last < REFRESH_S and not trace.stop_reason:
                     continue
                 last = now
                 yield _outputs(trace, budget_name, final=bool(trace.stop_reason) and trace.colsum is not None,
-                               request=request)
+                               request=request, note=ctx.jobs.timeout_note(ticket))
+        except gr.Error:
+            raise
         except Exception as exc:
-            raise gr.Error(job_failed(exc)) from None
+            raise gr.Error(job_failed(exc), print_exception=False) from None
         finally:
+            ticket.release()
             ctx.forget_session(request)
 
-    def _outputs(trace, budget_name, final, request=None):
+    def _outputs(trace, budget_name, final, request=None, note=""):
         msg = (f"{'Done' if final else 'Generating'}: {trace.n_generated} tokens, cache "
                f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)")
         if final:
-            msg += f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s"
+            msg += f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"
         files = _export(trace, ctx.session_dir(request)) if final else (None, None)
         return (trace if final else gr.skip(), msg, fig.token_spans(trace), trace.text, fig.cache_growth(trace),
                 fig.memory_gauge(trace.cache_bytes, ctx.info.weight_bytes, GPU_BUDGETS.get(budget_name),
@@ -137,15 +145,16 @@ def build(ctx: AppContext):
                 waste_text(trace), *files)
 
     outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
-    def check(prompt_text, use_chat, n_new, temp, p, sd):
-        validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
+    def check(prompt_text, use_chat, n_new, temp, p, sd, request: gr.Request):
+        ids, n_new, _ = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2))
 
-    # (helper: issue 7) bad input is refused by a quick step with no outputs, so its gr.Error is a toast
-    # and the previous run's results stay visible instead of being covered by error badges
+    # bad input (and a refused admission) is answered by a quick step with no outputs, so its message is
+    # a toast and the previous run's results stay visible; the run step waits its turn at the gate
     event = go_btn.click(check, [prompt, chat, max_new, temperature, top_p, seed], None, api_name=False,
                          concurrency_limit=None, show_progress="hidden").success(
         gpu(run), [prompt, chat, max_new, temperature, top_p, seed, budget], outputs,
-        api_name=False, concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+        api_name=False, concurrency_limit=None)
 
     def stop(request: gr.Request):
         ctx.stop_flag(request).set()
@@ -153,17 +162,22 @@ def build(ctx: AppContext):
     stop_btn.click(stop, None, None, queue=False, api_name=False)
 
     def api_generate(prompt_text: str, max_new_tokens: int = 48, chat: bool = True, temperature: float = 0.0,
-                     top_p: float = 1.0, seed: int = 0) -> dict:
+                     top_p: float = 1.0, seed: int = 0, request: gr.Request = None) -> dict:
         """Generate with the captured model and return the trace summary (JSON)."""
         ids, n_new, sampling = validate_request(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
-        try:
-            *_, trace = capture_iter(ctx.lm, prompt_text, chat=bool(chat), max_new_tokens=n_new, sampling=sampling,
-                                     prompt_ids=ids, verify=True)
-        except Exception as exc:
-            raise gr.Error(job_failed(exc)) from None
-        return trace.summary()
+        with ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2) as ticket:
+            ticket.wait()
+            try:
+                *_, trace = capture_iter(ctx.lm, prompt_text, chat=bool(chat), max_new_tokens=n_new,
+                                         sampling=sampling, prompt_ids=ids, verify=True, should_stop=ticket.expired)
+            except Exception as exc:
+                raise gr.Error(job_failed(exc), print_exception=False) from None
+        out = trace.summary()
+        if ticket.timed_out:
+            out["note"] = ctx.jobs.timeout_note(ticket).lstrip(" ·")
+        return out
 
-    gr.api(gpu(api_generate), api_name="generate", concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+    gr.api(gpu(api_generate), api_name="generate", concurrency_limit=None)
     return event
 
 

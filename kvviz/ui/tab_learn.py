@@ -160,8 +160,7 @@ def build(ctx: AppContext) -> None:
                 btn = gr.Button(f"Reveal answer {i}" + (" (runs the model)" if q.needs_model else ""),
                                 elem_id=f"reveal-{i}", size="lg")
                 out = gr.Markdown(elem_id=f"answer-{i}")
-                btn.click(gpu(lambda q=q: reveal(q, ctx)), None, out, api_name=False,
-                          concurrency_id="model" if q.needs_model else None)
+                btn.click(gpu(_revealer(ctx, q)), None, out, api_name=False, concurrency_limit=None)
             to_pitfalls = gr.Button("Common pitfalls ›", elem_id="learn-next-questions", size="lg")
             to_pitfalls.click(lambda: gr.Tabs(selected=ids[n + 1]), None, inner, api_name=False, queue=False)
         with gr.Tab("Pitfalls", id=ids[n + 1]):
@@ -169,6 +168,18 @@ def build(ctx: AppContext) -> None:
                 gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
                 show_me_button(ctx, p.show_me, f"pitfall-{i}", pending)
     ctx.components.update({"learn.tabs": inner, "learn.present": present})
+
+
+def _revealer(ctx: AppContext, q):
+    """The handler of one Reveal button; an answer that runs the model takes its turn at the gate."""
+
+    def show(request: gr.Request) -> str:
+        if not q.needs_model:
+            return reveal(q, ctx)
+        with ctx.jobs.start(request, "answer", 64, 64):
+            return reveal(q, ctx)
+
+    return show
 
 
 def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> None:
@@ -182,13 +193,13 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
                                           "predicted next": "#b2f2bb"})
     text = gr.Markdown(elem_id="learn-step-text")
 
-    def run_example():
-        trace = capture(ctx.lm, EXAMPLE_PROMPT, chat=False, max_new_tokens=12)
+    def run_example(request: gr.Request):
+        with ctx.jobs.start_prompt(request, "walkthrough example", ctx.lm, EXAMPLE_PROMPT, False, 12):
+            trace = capture(ctx.lm, EXAMPLE_PROMPT, chat=False, max_new_tokens=12)
         spans, md = walkthrough(trace, 0)
         return trace, gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0), spans, md
 
-    load.click(gpu(run_example), None, [walk_trace, step, strip, text], api_name=False, concurrency_id="model",
-               concurrency_limit=ctx.settings.concurrency)
+    load.click(gpu(run_example), None, [walk_trace, step, strip, text], api_name=False, concurrency_limit=None)
     step.change(walkthrough, [walk_trace, step], [strip, text], api_name=False, queue=False)
 
     def from_generate(trace, target):

@@ -13,6 +13,7 @@ from pathlib import Path
 import gradio as gr
 
 from kvviz.figures import memory as fig
+from kvviz.limits import calculator_number
 from kvviz.memory.capacity import gpu_presets, report
 from kvviz.memory.estimate import (
     KV_DTYPES,
@@ -26,65 +27,48 @@ from kvviz.memory.estimate import (
     preset_names,
 )
 from kvviz.memory.layout import parse_config_json
-from kvviz.safety import real_number, whole_number
 from kvviz.ui.context import AppContext
+from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot
 
 SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
 CUSTOM_GPU = "custom"
 COMPARE_DEFAULT = ["Llama-3-8B", "Mistral-7B-v0.1", "gemma-2-9b", "gpt-oss-20b", "DeepSeek-V3"]
-MAX_CONTEXT, MAX_BATCH, MAX_TP, MAX_GPUS = 2**24, 1_000_000, 1024, 100_000
 
 
 # ---- validation -----------------------------------------------------------------------------------
 
 
-def _whole(value, what: str, lo: int, hi: int) -> int:
-    with user_errors():
-        return whole_number(value, what, lo, hi)  # refuses NaN, infinities, fractions and text
-
-
-def _reserve(value) -> float:
-    with user_errors():
-        return real_number(value, "reserve", 0.0, 0.95)
-
-
-def _positive(value, what: str, allow_blank: bool = True) -> float | None:
+def _number(name: str, value, label: str | None = None, blank=None):
+    """A calculator input checked against its bound in :mod:`kvviz.limits` (``blank`` when left empty)."""
     if value is None or (isinstance(value, str) and not value.strip()):
-        if allow_blank:
-            return None
-        raise gr.Error(f"{what} is required.")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise gr.Error(f"{what} must be a number.") from None
-    if not number > 0 or number != number or number == float("inf"):
-        raise gr.Error(f"{what} must be a positive number, got {value!r}.")
-    return number
+        return blank
+    with user_errors():  # refuses NaN, infinities, fractions of counts, text and out-of-range values
+        return calculator_number(name, value, label)
 
 
 def _config_text(text: str, limit: int) -> dict:
     if text is None or not str(text).strip():
-        raise gr.Error("Paste the model's config.json (a JSON object) or pick a preset.")
+        raise UserError("Paste the model's config.json (a JSON object) or pick a preset.")
     if len(str(text).encode()) > limit:
-        raise gr.Error(f"The config is larger than {limit // 1024} KiB; a config.json is a few KiB.")
+        raise UserError(f"The config is larger than {limit // 1024} KiB; a config.json is a few KiB.")
     with user_errors():
         return parse_config_json(str(text), "The pasted config")
 
 
 def _upload(path, limit: int) -> dict:
     if not path:
-        raise gr.Error("Upload a config.json file first.")
+        raise UserError("Upload a config.json file first.")
     p = Path(path)
     if p.suffix.lower() != ".json":
-        raise gr.Error("Upload a .json file (the model's config.json).")
+        raise UserError("Upload a .json file (the model's config.json).")
     if p.stat().st_size > limit:
-        raise gr.Error(f"The file is larger than {limit // 1024} KiB; a config.json is a few KiB.")
+        raise UserError(f"The file is larger than {limit // 1024} KiB; a config.json is a few KiB.")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise gr.Error("The file is not UTF-8 text; upload the model's config.json.") from None
+        raise UserError("The file is not UTF-8 text; upload the model's config.json.") from None
     return _config_text(text, limit)
 
 
@@ -104,7 +88,7 @@ def resolve_layout(ctx: AppContext, source: str, preset: str, pasted: str, uploa
         if source == "Upload config.json":
             return cache_layout(_upload(upload, limit))
         if preset not in preset_names():
-            raise gr.Error(f"Unknown preset {preset!r}; choose one of {', '.join(preset_names())}.")
+            raise UserError(f"Unknown preset {preset!r}; choose one of {', '.join(preset_names())}.")
         return cache_layout(load_preset(preset))
 
 
@@ -143,14 +127,14 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
               gpus, gpu_mem_gb, bandwidth_tbps, reserve, weights_gb, compare):
     """Every output of the tab for one set of inputs: summary, formula, table and four figures."""
     layout = resolve_layout(ctx, source, preset, pasted, upload)
-    context = _whole(context, "Context", 1, MAX_CONTEXT)
-    batch = _whole(batch, "Batch", 1, MAX_BATCH)
-    gpus = _whole(gpus, "Number of GPUs", 1, MAX_GPUS)
-    tp = _whole(tp, "Tensor parallelism", 0, MAX_TP) or gpus  # 0 = one model over all the GPUs
-    group = _whole(group_size, "Group size", 0, 1 << 20) if group_size not in (None, "") else 0
-    mem = _positive(gpu_mem_gb, "GPU memory (GB)")
-    bw = _positive(bandwidth_tbps, "Bandwidth (TB/s)")
-    weights = _positive(weights_gb, "Weights (GB)") if weights_gb not in (None, 0) else None
+    context = _number("context", context, "Context", blank=8192)
+    batch = _number("batch", batch, "Batch", blank=1)
+    gpus = _number("gpus", gpus, "Number of GPUs", blank=1)
+    tp = gpus if tp in (0, 0.0, None, "") else _number("tp", tp, "Tensor parallelism")  # 0 = all the GPUs
+    group = 0 if group_size in (0, 0.0, None, "") else _number("group_size", group_size, "Group size")
+    mem = _number("gpu_mem_gb", gpu_mem_gb, "GPU memory (GB)")
+    bw = _number("bandwidth_tbps", bandwidth_tbps, "Bandwidth (TB/s)")
+    weights = None if weights_gb in (0, 0.0) else _number("weights_gb", weights_gb, "Weights (GB)")
     if source == "Loaded model" and weights is None:
         weights = ctx.info.weight_bytes / 1e9
     with user_errors():  # sizes first: bad input here is the user's to fix
@@ -165,8 +149,8 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
         note = "Give the weights in GB to see capacity and decode time (this config has no parameter count)."
     elif mem is not None or bw is not None:
         try:  # capacity may legitimately not exist (weights larger than the GPUs): say so, keep the sizes
-            r = report(layout, context, batch, kv_dtype, tp, group or None, gpus, mem, float(reserve), weights,
-                       "bf16", bw)
+            r = report(layout, context, batch, kv_dtype, tp, group or None, gpus, mem,
+                       _number("reserve", reserve, "Reserve", blank=0.1), weights, "bf16", bw)
         except ValueError as exc:
             note = str(exc)
     cap = dec = gauge = None
@@ -209,15 +193,15 @@ def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1
     elif text.lower() in {n.lower() for n in preset_names()}:
         layout = resolve_layout(ctx, "Preset", next(n for n in preset_names() if n.lower() == text.lower()), "", None)
     else:
-        raise gr.Error(f"config must be a preset ({', '.join(preset_names())}), 'loaded', or config JSON text.")
+        raise UserError(f"config must be a preset ({', '.join(preset_names())}), 'loaded', or config JSON text.")
     if weights_gb is None and text.lower() == "loaded":
         weights_gb = ctx.info.weight_bytes / 1e9
     with user_errors():
-        return report(layout, _whole(context, "context", 1, MAX_CONTEXT), _whole(batch, "batch", 1, MAX_BATCH),
-                      kv_dtype, None if tp is None else _whole(tp, "tp", 1, MAX_TP),
-                      None if not group_size else _whole(group_size, "group_size", 1, 1 << 20),
-                      _whole(gpus, "gpus", 1, MAX_GPUS), _positive(gpu_mem_gb, "gpu_mem_gb"), _reserve(reserve),
-                      weights_gb, "bf16", _positive(bandwidth_tbps, "bandwidth_tbps"))
+        return report(layout, _number("context", context, blank=8192), _number("batch", batch, blank=1),
+                      kv_dtype, _number("tp", tp), None if group_size in (0, None) else _number("group_size", group_size),
+                      _number("gpus", gpus, blank=1), _number("gpu_mem_gb", gpu_mem_gb),
+                      _number("reserve", reserve, blank=0.1), _number("weights_gb", weights_gb),
+                      "bf16", _number("bandwidth_tbps", bandwidth_tbps))
 
 
 # ---- the page ----------------------------------------------------------------------------------------
@@ -287,11 +271,13 @@ def build(ctx: AppContext) -> None:
               bandwidth, reserve, weights, compare]
     outputs = [summary, formula, table, size, capacity, decode, gauge]
 
-    def run(*values):
+    def recalculate(*values):
         return calculate(ctx, *values)
 
+    # arithmetic on bounded inputs (kvviz.limits): quick, so it never waits in a queue
     gr.on([button.click, source.change, preset.change, kv_dtype.change, gpu.change, compare.change,
-           context.submit, batch.submit, tp.submit, gpus.submit], run, inputs, outputs, api_name=False)
+           context.submit, batch.submit, tp.submit, gpus.submit], recalculate, inputs, outputs, api_name=False,
+          concurrency_limit=None)
     if ctx.trace_state is not None:
         ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
 
@@ -302,4 +288,4 @@ def build(ctx: AppContext) -> None:
         return api_memory(ctx, config, context, batch, kv_dtype, tp, gpus, gpu_mem_gb, reserve, weights_gb,
                           bandwidth_tbps, group_size)
 
-    gr.api(memory, api_name="memory")
+    gr.api(memory, api_name="memory", concurrency_limit=None)

@@ -10,6 +10,7 @@ from kvviz.lessons.nocache import compare_cache, table_for_prompt
 from kvviz.safety import whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot
 
@@ -20,11 +21,11 @@ DEFAULT_PROMPT = "Once upon a time"
 
 def _ids(ctx: AppContext, prompt, chat) -> list[int]:
     if prompt is None or not str(prompt).strip():
-        raise gr.Error("The prompt is empty: type some text, e.g. “Once upon a time”.")
+        raise UserError("The prompt is empty: type some text, e.g. “Once upon a time”.")
     ids = encode_prompt(ctx.lm, str(prompt), bool(chat))
     limit = min(MAX_PROMPT, ctx.settings.max_prompt_tokens)
     if len(ids) > limit:
-        raise gr.Error(f"The prompt is {len(ids):,} tokens; the no-cache loop re-runs it every step, so this view "
+        raise UserError(f"The prompt is {len(ids):,} tokens; the no-cache loop re-runs it every step, so this view "
                        f"takes at most {limit:,}. Shorten it.")
     return ids
 
@@ -91,13 +92,16 @@ def build(ctx: AppContext) -> None:
                            "nocache.table_button": table_btn, "nocache.new_tokens": new_tokens,
                            "nocache.button": run_btn})
 
-    def run_table(p, c, s):
-        return table(ctx, p, c, s)
+    def run_table(p, c, s, request: gr.Request):
+        n = _whole(s, "Table steps", 1, 16)
+        with ctx.jobs.start_prompt(request, "no-cache table", ctx.lm, p, c, n, runs=2):
+            return table(ctx, p, c, n)
 
-    def run_measure(p, c, n, progress=gr.Progress()):
-        return measure(ctx, p, c, n, progress=progress)
+    def run_measure(p, c, n, request: gr.Request, progress=gr.Progress()):
+        n = _whole(n, "N", 1, min(MAX_N, ctx.settings.max_new_tokens))
+        with ctx.jobs.start_prompt(request, "cache vs no-cache timing", ctx.lm, p, c, n, runs=2 + n // 4):
+            return measure(ctx, p, c, n, progress=progress)
 
-    table_btn.click(gpu(run_table), [prompt, chat, steps], tbl, api_name=False, concurrency_id="model",
-                    concurrency_limit=ctx.settings.concurrency)
+    table_btn.click(gpu(run_table), [prompt, chat, steps], tbl, api_name=False, concurrency_limit=None)
     run_btn.click(gpu(run_measure), [prompt, chat, new_tokens], [time_plot, passes_plot, summary, numbers],
-                  api_name=False, concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+                  api_name=False, concurrency_limit=None)

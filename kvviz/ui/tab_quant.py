@@ -10,8 +10,10 @@ from kvviz.figures import quant as fig
 from kvviz.quant.cache import compare_generation
 from kvviz.quant.model import QKV, channel_outlier_ratio, collect_qkv, compare, magnitude_map
 from kvviz.quant.schemes import AXES, FORMATS, QuantSpec, Scheme, preset_schemes
+from kvviz.safety import whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot
 from kvviz.units import format_bytes
@@ -37,11 +39,11 @@ def _schemes(custom: Scheme, group: int, window: int) -> list[Scheme]:
 
 def _qkv(ctx: AppContext, prompt: str, chat: bool) -> QKV:
     if prompt is None or not str(prompt).strip():
-        raise gr.Error("The prompt is empty: type some text (a few hundred tokens shows the structure best).")
+        raise UserError("The prompt is empty: type some text (a few hundred tokens shows the structure best).")
     ids = encode_prompt(ctx.lm, str(prompt), bool(chat))
     limit = min(MAX_PROMPT, ctx.settings.max_prompt_tokens)
     if len(ids) > limit:
-        raise gr.Error(f"The prompt is {len(ids):,} tokens; this view analyses at most {limit:,}. Shorten it.")
+        raise UserError(f"The prompt is {len(ids):,} tokens; this view analyses at most {limit:,}. Shorten it.")
     with user_errors():
         return collect_qkv(ctx.lm, ids=ids)
 
@@ -99,14 +101,19 @@ def maps(ctx: AppContext, prompt, chat, layer, head):
             fig.magnitude_map(vmap, qkv.tokens, "values", layer, head), maps_text(qkv, layer, head))
 
 
+def _max_new(ctx: AppContext, value) -> int:
+    with user_errors():
+        return whole_number(value, "Max new tokens", 1, min(64, ctx.settings.max_new_tokens))
+
+
 def generate(ctx: AppContext, prompt, chat, choice, fmt, key_axis, value_axis, group, window, max_new, history,
              progress=gr.Progress()):
     """Generate with the full and the quantized cache; texts side by side, agreement accumulated per session."""
     if prompt is None or not str(prompt).strip():
-        raise gr.Error("The prompt is empty: type some text.")
-    n_new = int(max_new)
+        raise UserError("The prompt is empty: type some text.")
+    n_new = _max_new(ctx, max_new)
     if not 1 <= n_new <= min(64, ctx.settings.max_new_tokens):
-        raise gr.Error(f"Max new tokens must be between 1 and {min(64, ctx.settings.max_new_tokens)}.")
+        raise UserError(f"Max new tokens must be between 1 and {min(64, ctx.settings.max_new_tokens)}.")
     with user_errors():
         custom = custom_scheme(fmt, key_axis, value_axis, group, window)
         schemes = {s.name: s for s in _schemes(custom, group, window)}
@@ -186,19 +193,22 @@ def build(ctx: AppContext) -> None:
     })
     controls = [prompt, chat, layer, head, fmt, key_axis, value_axis, group, window]
 
-    def run_analyze(*values, progress=gr.Progress()):
-        return analyze(ctx, *values, progress=progress)
+    def run_analyze(*values, request: gr.Request, progress=gr.Progress()):
+        with ctx.jobs.start_prompt(request, "quantization analysis", ctx.lm, values[0], values[1], 0):
+            return analyze(ctx, *values, progress=progress)
 
-    def run_maps(*values):
-        return maps(ctx, *values)
+    def run_maps(*values, request: gr.Request):
+        with ctx.jobs.start_prompt(request, "key/value maps", ctx.lm, values[0], values[1], 0):
+            return maps(ctx, *values)
 
-    def run_generate(*values, progress=gr.Progress()):
-        return generate(ctx, *values, progress=progress)
+    def run_generate(*values, request: gr.Request, progress=gr.Progress()):
+        n_new = _max_new(ctx, values[8])
+        with ctx.jobs.start_prompt(request, "quantized generation", ctx.lm, values[0], values[1], n_new, runs=2):
+            return generate(ctx, *values, progress=progress)
 
     analyze_btn.click(gpu(run_analyze), controls, [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot],
-                      api_name=False, concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+                      api_name=False, concurrency_limit=None)
     gr.on([layer.release, head.release], gpu(run_maps), [prompt, chat, layer, head], [kplot, vplot, maps_md],
-          api_name=False, concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+          api_name=False, concurrency_limit=None)
     gen_btn.click(gpu(run_generate), [prompt, chat, scheme, fmt, key_axis, value_axis, group, window, max_new, history],
-                  [full_text, quant_text, gen_md, tokens, agreement, history], api_name=False,
-                  concurrency_id="model", concurrency_limit=ctx.settings.concurrency)
+                  [full_text, quant_text, gen_md, tokens, agreement, history], api_name=False, concurrency_limit=None)

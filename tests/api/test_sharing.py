@@ -44,13 +44,15 @@ def test_the_shared_model_is_never_changed_by_any_endpoint(inprocess_app):
     assert all(not p.requires_grad for p in lm.model.parameters())
 
 
-def test_model_work_is_queued_with_the_configured_limit(inprocess_app):
+def test_model_handlers_wait_at_the_gate_not_in_a_gradio_group(inprocess_app):
+    """The gate (kvviz/ui/jobs.py) is the model's one queue: a Gradio limit on a model handler would make its
+    checks and refusals wait behind running jobs, and too few workers would stall the whole queue."""
     demo, settings = inprocess_app.demo, inprocess_app.ctx.settings
-    model_fns = [f for f in demo.fns.values() if f.concurrency_id == "model"]
-    assert {f.name for f in model_fns} >= {"run", "api_generate"}
-    for f in model_fns:
-        assert f.queue, f"{f.name} bypasses the queue"
-        assert f.concurrency_limit in (settings.concurrency, "default"), f"{f.name}: {f.concurrency_limit}"
-    assert demo.max_threads >= settings.concurrency
-    run = next(f for f in model_fns if f.name == "run")
-    assert run.show_progress == "full"  # the page shows queue position, then the streamed progress
+    model_handlers = {"run", "api_generate", "api_evict", "run_compare", "run_needle", "run_sinks", "run_table",
+                      "run_measure", "run_analyze", "run_generate", "run_example"}
+    fns = {f.name: f for f in demo.fns.values() if f.name in model_handlers}
+    assert set(fns) == model_handlers
+    limited = [name for name, f in fns.items() if f.concurrency_limit is not None]
+    assert not limited, f"model handlers with a Gradio concurrency limit: {limited}"
+    assert demo.max_threads > settings.queue_size + settings.concurrency
+    assert inprocess_app.ctx.jobs.gate.slots == settings.concurrency

@@ -1,0 +1,176 @@
+"""Every bound on every input, and what a model job will cost, in one place.
+
+A public deployment takes numbers from strangers: a pasted ``config.json``, the Memory tab's
+fields, the API's arguments. Each is checked here against a range that no real model comes near
+but that keeps the work small, before any work starts, and each refusal is a ``ValueError`` that
+names the field, the value and the allowed range. Nothing here imports gradio.
+
+The bounds are generous on purpose: the largest released models have ~126 layers, 128 query
+heads, head dims of 256, hidden sizes of 16K and contexts of 10M tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# ---- a config.json ------------------------------------------------------------------------------
+MAX_LAYERS = 1024
+MAX_HEADS = 4096
+MAX_HEAD_DIM = 16_384
+MAX_HIDDEN = 1 << 20
+MAX_CONTEXT = 1 << 27  # 134M tokens
+MAX_STATE_DIM = 1 << 20
+
+# field name (every alias a config may use) → (lowest, highest) allowed whole number
+CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), (1, MAX_LAYERS)),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads"), (1, MAX_HEADS)),
+    **dict.fromkeys(("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"), (1, MAX_HEADS)),
+    **dict.fromkeys(("linear_num_key_heads", "linear_num_value_heads", "n_groups"), (1, MAX_HEADS)),
+    **dict.fromkeys(("head_dim", "linear_key_head_dim", "linear_value_head_dim"), (1, MAX_HEAD_DIM)),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "intermediate_size"), (1, MAX_HIDDEN)),
+    **dict.fromkeys(("kv_lora_rank",), (1, MAX_HEAD_DIM)),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), (0, MAX_HEAD_DIM)),
+    **dict.fromkeys(("sliding_window", "attention_chunk_size"), (1, MAX_CONTEXT)),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "max_seq_len"), (1, MAX_CONTEXT)),
+    **dict.fromkeys(("max_window_layers", "attn_layer_offset"), (0, MAX_LAYERS)),
+    **dict.fromkeys(("sliding_window_pattern", "no_rope_layer_interval", "attn_layer_period"), (1, MAX_LAYERS)),
+    **dict.fromkeys(("expand", "mamba_expand"), (1, 64)),
+    **dict.fromkeys(("conv_kernel", "mamba_d_conv", "linear_conv_kernel_dim"), (1, 1024)),
+    **dict.fromkeys(("state_size", "mamba_d_state"), (1, MAX_STATE_DIM)),
+}
+MAX_PARAMETERS = 10**15  # "_num_parameters" of a preset: a quadrillion is beyond any model
+
+
+def _range(lo: float, hi: float) -> str:
+    return f"{lo:,} … {hi:,}" if isinstance(lo, int) else f"{lo:g} … {hi:g}"
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "…"
+
+
+def config_int(cfg: dict, name: str, default: int | None = None) -> int | None:
+    """``cfg[name]`` as a whole number inside its bound (``default`` when absent or null).
+
+    Refuses booleans, text, fractions, negative counts and anything outside ``CONFIG_BOUNDS``,
+    naming the field, its value and the allowed range.
+    """
+    value = cfg.get(name)
+    if value is None:
+        return default
+    return bounded_int(value, f"config field {name!r}", *CONFIG_BOUNDS[name])
+
+
+def bounded_int(value, what: str, lo: int, hi: int) -> int:
+    """``value`` as an int in [lo, hi], or a ValueError naming ``what``, the value and the range."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or int(value) != value:
+        raise ValueError(f"{what} must be a whole number in {_range(lo, hi)}; got {_shown(value)}.")
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} = {_shown(value)} is outside the allowed range {_range(lo, hi)}.")
+    return int(value)
+
+
+def check_list_length(value, what: str, length: int) -> list:
+    """A per-layer list must have exactly one entry per layer (and so is bounded by ``MAX_LAYERS``)."""
+    if not isinstance(value, list) or len(value) != length:
+        shown = f"{len(value):,} entries" if isinstance(value, list) else _shown(value)
+        raise ValueError(f"{what} must list one entry per layer ({length:,}); got {shown}.")
+    return value
+
+
+# ---- the Memory tab and /memory ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Bound:
+    """One numeric input: its range and whether it must be whole."""
+
+    lo: float
+    hi: float
+    whole: bool = True
+
+
+CALCULATOR_BOUNDS: dict[str, Bound] = {
+    "context": Bound(1, MAX_CONTEXT),
+    "batch": Bound(1, 1 << 20),
+    "tp": Bound(1, 1024),
+    "gpus": Bound(1, 100_000),
+    "group_size": Bound(1, 1 << 20),
+    "gpu_mem_gb": Bound(0.001, 100_000.0, whole=False),
+    "bandwidth_tbps": Bound(0.001, 1_000.0, whole=False),
+    "weights_gb": Bound(0.0, 10_000_000.0, whole=False),
+    "reserve": Bound(0.0, 0.95, whole=False),
+}
+
+
+def calculator_number(name: str, value, label: str | None = None) -> float | int:
+    """A Memory-tab / ``/memory`` input checked against :data:`CALCULATOR_BOUNDS`."""
+    bound = CALCULATOR_BOUNDS[name]
+    what = label or name
+    if bound.whole:
+        if isinstance(value, str):
+            value = _parse(value, what, bound)
+        return bounded_int(value, what, int(bound.lo), int(bound.hi))
+    number = _parse(value, what, bound) if isinstance(value, str) else value
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+        raise ValueError(f"{what} must be a number in {_range(bound.lo, bound.hi)}; got {_shown(value)}.")
+    if not bound.lo <= number <= bound.hi:
+        raise ValueError(f"{what} = {_shown(value)} is outside the allowed range {_range(bound.lo, bound.hi)}.")
+    return float(number)
+
+
+def _parse(text: str, what: str, bound: Bound) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        kind = "a whole number" if bound.whole else "a number"
+        raise ValueError(f"{what} must be {kind} in {_range(bound.lo, bound.hi)}; got {_shown(text)}.") from None
+
+
+# ---- what a model job costs ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobCost:
+    """The work and memory of a model job, known before it runs.
+
+    ``token_passes`` counts token × layer forward passes (prefill plus decode, for every run the job
+    makes); ``key_reads`` counts the attention keys those queries read (the quadratic part);
+    ``bytes`` is the KV cache plus the recorder's arrays at the job's longest sequence.
+    """
+
+    prompt_tokens: int
+    new_tokens: int
+    layers: int
+    runs: int
+    token_passes: int
+    key_reads: int
+    bytes: int
+
+    def describe(self) -> str:
+        runs = f"{self.runs} runs of " if self.runs > 1 else ""
+        return (f"{runs}{self.prompt_tokens:,} prompt + {self.new_tokens:,} new tokens × {self.layers} layers "
+                f"({self.key_reads:.3g} attention key reads, ~{self.bytes / 2**20:,.0f} MiB)")
+
+
+def job_cost(prompt_tokens: int, new_tokens: int, layers: int, bytes_per_token: int, runs: int = 1) -> JobCost:
+    """What ``runs`` generations of ``new_tokens`` after a ``prompt_tokens`` prompt will cost.
+
+    ``bytes_per_token`` is the model's KV bytes per token (all layers); the recorder keeps about as
+    much again beside the cache (attention summaries and statistics), so the estimate doubles it.
+    """
+    total = prompt_tokens + new_tokens
+    passes = runs * layers * total
+    reads = runs * layers * (prompt_tokens * (prompt_tokens + 1) // 2 + new_tokens * prompt_tokens
+                             + new_tokens * (new_tokens + 1) // 2)
+    return JobCost(prompt_tokens, new_tokens, layers, runs, passes, reads, 2 * runs * total * bytes_per_token)
+
+
+def check_cost(cost: JobCost, max_key_reads: int, max_bytes: int | None) -> None:
+    """Refuse a job whose cost passes the deployment's limits, saying what to shrink."""
+    if cost.key_reads > max_key_reads:
+        raise ValueError(f"This job is too large for this deployment: {cost.describe()}; the limit is "
+                         f"{max_key_reads:.3g} key reads. Use a shorter prompt, fewer new tokens or fewer runs.")
+    if max_bytes is not None and cost.bytes > max_bytes:
+        raise ValueError(f"This job would need ~{cost.bytes / 2**20:,.0f} MiB for its cache and trace; the server "
+                         f"can spare {max_bytes / 2**20:,.0f} MiB now. Use a shorter prompt or fewer new tokens.")

@@ -1,0 +1,118 @@
+"""Model jobs in the app: checked and admitted before they wait, run under a time budget, refused politely.
+
+Every handler that runs the model follows the same three steps:
+
+1. check its inputs (``kvviz.safety`` / ``kvviz.limits``) — a bad request is told at once;
+2. :meth:`Jobs.admit` — the job's cost is estimated and checked, and the session gets its one place
+   in line (a second job of the same session, a full line or a server short of memory is refused
+   at once, with the reason);
+3. wait for its turn (:meth:`Jobs.turns` yields the line position for a streaming handler), run
+   with ``ticket.expired`` polled beside the Stop flag, and release the ticket in ``finally``.
+
+Handlers are registered with no Gradio concurrency limit: the :class:`~kvviz.admission.Gate` is the
+one queue for the model, so checks and refusals never wait behind running jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import gradio as gr
+
+from kvviz.admission import Gate, Refused, Ticket
+from kvviz.capture.loop import encode_prompt
+from kvviz.capture.trace import ModelInfo
+from kvviz.limits import check_cost, job_cost
+from kvviz.safety import clean_prompt
+from kvviz.settings import Settings
+
+log = logging.getLogger("kvviz")
+
+
+class UserError(gr.Error):
+    """A refusal the user can fix: shown as a message, logged as one line (no stack trace)."""
+
+    def __init__(self, message: str, **kwargs):
+        kwargs.setdefault("print_exception", False)
+        super().__init__(message, **kwargs)
+        log.info("refused: %s", message.replace("\n", " ")[:300])
+
+
+def session_of(request: gr.Request | None) -> str:
+    """The caller's session (one per browser tab or API client)."""
+    return getattr(request, "session_hash", None) or "anonymous"
+
+
+class Jobs:
+    """The app's gate to the model, with the deployment's limits."""
+
+    def __init__(self, settings: Settings, info: ModelInfo):
+        self.settings, self.info = settings, info
+        self.gate = Gate(slots=settings.concurrency, max_waiting=settings.queue_size,
+                         max_seconds=settings.max_job_seconds, max_rss_bytes=int(settings.max_rss_gb * 2**30))
+        ceiling = job_cost(settings.max_prompt_tokens, settings.max_new_tokens, info.layers, info.kv_bytes_per_token)
+        self.max_key_reads = settings.max_key_reads or ceiling.key_reads
+        self._held: dict[str, Ticket] = {}
+
+    def hold(self, request: gr.Request | None, ticket: Ticket) -> None:
+        """Keep a ticket admitted by a button's check step for the run step that follows it."""
+        self._held[session_of(request)] = ticket
+
+    def take(self, request: gr.Request | None) -> Ticket | None:
+        """The ticket the check step admitted for this session, if any."""
+        return self._held.pop(session_of(request), None)
+
+    def forget(self, request: gr.Request | None) -> None:
+        """The session ended: a ticket admitted for a run that never started goes back."""
+        ticket = self._held.pop(session_of(request), None)
+        if ticket is not None:
+            ticket.release()
+
+    def admit(self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int,
+              runs: int = 1) -> Ticket:
+        """A place in line for this session's job, or :class:`UserError` at once."""
+        cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs)
+        try:
+            self.gate.check_memory()
+            check_cost(cost, self.max_key_reads, self.gate.spare_bytes())
+            return self.gate.admit(session_of(request), what)
+        except (Refused, ValueError) as exc:
+            raise UserError(str(exc)) from None
+
+    def start(self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int,
+              runs: int = 1) -> Ticket:
+        """The session's held ticket (or a new one), once it is this job's turn: use it as ``with``."""
+        ticket = self.take(request) or self.admit(request, what, prompt_tokens, new_tokens, runs)
+        try:
+            ticket.wait()
+        except BaseException:
+            ticket.release()
+            raise
+        return ticket
+
+    def start_prompt(self, request: gr.Request | None, what: str, lm, prompt, chat: bool, new_tokens: int,
+                     runs: int = 1) -> Ticket:
+        """:meth:`start` for a job on a raw prompt: checked and counted in tokens first."""
+        try:
+            text = clean_prompt(prompt, self.settings.max_prompt_chars)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        n = len(encode_prompt(lm, text, bool(chat)))
+        if n > self.settings.max_prompt_tokens:
+            raise UserError(f"The prompt is {n:,} tokens; the limit is {self.settings.max_prompt_tokens:,}.")
+        return self.start(request, what, n, new_tokens, runs)
+
+    def turns(self, ticket: Ticket, poll: float = 1.0) -> Iterator[str]:
+        """While the ticket waits: a line like "Queued: position 3 of 7" every ``poll`` seconds."""
+        while not ticket.wait(poll):
+            pos = ticket.position()
+            if pos > 0:
+                yield f"Queued: position {pos} of {self.gate.snapshot()['waiting']} — your run starts when the ones before it finish."
+
+    def timeout_note(self, ticket: Ticket) -> str:
+        """What to tell the user when a run ended on its time budget (else "")."""
+        if not ticket.timed_out:
+            return ""
+        return (f" · stopped at the time budget of {ticket.max_seconds:g} s (KVVIZ_MAX_JOB_SECONDS): "
+                "what was done so far is shown")

@@ -1,0 +1,91 @@
+"""kvviz.admission: one job per session, arrival order, a bounded line, a memory ceiling and a time budget."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kvviz.admission import Gate, Refused, current_rss
+
+
+def test_second_job_of_a_session_is_refused_with_its_place_in_line():
+    gate = Gate(slots=1)
+    running = gate.admit("a")
+    queued = gate.admit("b")
+    with pytest.raises(Refused, match="still running"):
+        gate.admit("a")
+    with pytest.raises(Refused, match="still queued, position 1 of 1"):
+        gate.admit("b")
+    running.release()
+    assert queued.position() == 0
+    gate.admit("a").release()  # a's job ended: a may submit again
+
+
+def test_jobs_start_in_arrival_order_and_never_more_than_the_slots():
+    gate = Gate(slots=2)
+    peak = [0]
+
+    def job(ticket):
+        ticket.wait()
+        peak[0] = max(peak[0], gate.snapshot()["running"])
+        time.sleep(0.05)
+        ticket.release()
+
+    tickets = [gate.admit(f"s{i}") for i in range(8)]
+    threads = [threading.Thread(target=job, args=(t,)) for t in tickets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert peak[0] == 2
+    started = sorted(tickets, key=lambda t: t.started)
+    assert [t.number for t in started] == sorted(t.number for t in tickets)  # the gate starts them first come
+    assert gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
+
+
+def test_the_line_is_bounded():
+    gate = Gate(slots=1, max_waiting=2)
+    gate.admit("run")
+    gate.admit("w1")
+    gate.admit("w2")
+    with pytest.raises(Refused, match="2 jobs are waiting"):
+        gate.admit("w3")
+
+
+def test_memory_ceiling_refuses_new_jobs_and_reports_what_is_spare():
+    rss = [10 * 2**30]
+    gate = Gate(max_rss_bytes=8 * 2**30, rss=lambda: rss[0])
+    with pytest.raises(Refused, match=r"short of memory \(10.0 GiB in use, ceiling 8.0 GiB"):
+        gate.admit("a")
+    rss[0] = 6 * 2**30
+    assert gate.spare_bytes() == 2 * 2**30
+    gate.admit("a")
+
+
+def test_time_budget_starts_when_the_job_runs_not_while_it_waits():
+    gate = Gate(slots=1, max_seconds=0.2)
+    first, second = gate.admit("a"), gate.admit("b")
+    time.sleep(0.3)
+    assert first.expired() and first.timed_out
+    assert not second.expired()  # still waiting: its budget has not started
+    first.release()
+    assert second.wait(1.0) and not second.expired()
+    assert second.wait(0) is True
+
+
+def test_a_waiting_ticket_released_leaves_the_line_and_wait_times_out():
+    gate = Gate(slots=1)
+    gate.admit("a")
+    waiting = gate.admit("b")
+    assert waiting.wait(0.05) is False
+    waiting.release()
+    assert gate.snapshot()["waiting"] == 0
+    with pytest.raises(Refused, match="cancelled"):
+        waiting.wait(0.01)
+
+
+def test_current_rss_reads_this_process():
+    rss = current_rss()
+    assert rss is None or 10 * 2**20 < rss < 64 * 2**30
