@@ -122,6 +122,7 @@ class LiveCache:
     tokens_seen: int
     text: str
     tensors: tuple[CacheTensor, ...]
+    tokens_held: tuple[int, ...]  # per layer (a sliding layer keeps window - 1 between steps)
     layer_bytes: tuple[int, ...]  # measured from the tensors
     formula_layer_bytes: tuple[int, ...]  # the memory calculator for the same config and tokens
     bytes_per_token: int  # every layer, no window: measured bytes / tokens held, summed over layers
@@ -130,6 +131,7 @@ class LiveCache:
     per_head_bytes_per_token: int  # heads × (key dim + value dim): what attention sees, what MLA avoids caching
     max_abs_logit_diff_vs_unpatched: float
     elapsed_s: float
+    learned_sink_share: float | None = None  # mean share of attention the learned sinks took (no cache entry holds it)
 
     @property
     def measured_bytes(self) -> int:
@@ -138,6 +140,10 @@ class LiveCache:
     @property
     def formula_bytes(self) -> int:
         return sum(self.formula_layer_bytes)
+
+    @property
+    def label(self) -> str:
+        return describe(self.kind)
 
     @property
     def agrees(self) -> bool:
@@ -193,9 +199,10 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
         per_head = 2 * layout.num_key_value_heads * layout.head_dim
     return LiveCache(
         kind=kind, model_type=layout.model_type, attention=layout.attention, tokens_seen=seen, text=trace.text,
-        tensors=tuple(tensors), layer_bytes=measured, formula_layer_bytes=tuple(formula["layer_bytes"]),
+        tensors=tuple(tensors), tokens_held=tuple(held), layer_bytes=measured, formula_layer_bytes=tuple(formula["layer_bytes"]),
         bytes_per_token=sum(b // n for b, n in zip(measured, held) if n), formula_bytes_per_token=est.bytes_per_token,
         formula=" + ".join(_term(g) for g in layer_groups(layout, est)),
         per_head_bytes_per_token=per_head * 4 * layout.num_layers,
         max_abs_logit_diff_vs_unpatched=trace.equivalence["max_abs_logit_diff_vs_unpatched"], elapsed_s=elapsed,
+        learned_sink_share=None if trace.learned_sink_mass is None else float(trace.learned_sink_mass.mean()),
     )

@@ -30,9 +30,9 @@ STRIP_MAX = 1200  # tokens shown in the token strip (the middle of a longer run 
 
 CAPTIONS = {
     "heatmap": "Rows are queries (prompt tokens, then each generated token), columns are keys in the cache; "
-               "colour is the share of the query's attention (each row sums to 1). Look for bright columns at the "
-               "left (sinks); the blank upper triangle is the causal mask, the dashed lines mark where "
-               "generation began.",
+               "colour is the share of the query's attention (each row sums to 1, less what a learned sink takes "
+               "in gpt-oss). Look for bright columns at the left (sinks); the blank upper triangle is the causal "
+               "mask, the dashed lines mark where generation began.",
     "step": "One decode step: the new token's query reads every cached key, in every head of this layer; each row "
             "is one head's attention (sums to 1). Scrub the steps to see most heads return to the same few tokens.",
     "sink_map": "Share of attention (percent, averaged over queries) that each layer's heads give the first k "

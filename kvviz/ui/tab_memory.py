@@ -27,6 +27,7 @@ from kvviz.memory import (
 from kvviz.memory_capacity import gpu_presets, report
 from kvviz.memory_config import parse_config_json
 from kvviz.safety import real_number, whole_number
+from kvviz.ui import memory_architectures
 from kvviz.ui.context import AppContext
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot
@@ -303,3 +304,4 @@ def build(ctx: AppContext) -> None:
                           bandwidth_tbps, group_size)
 
     gr.api(memory, api_name="memory")
+    memory_architectures.build(ctx)
