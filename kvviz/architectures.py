@@ -199,7 +199,8 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
         per_head = 2 * layout.num_key_value_heads * layout.head_dim
     return LiveCache(
         kind=kind, model_type=layout.model_type, attention=layout.attention, tokens_seen=seen, text=trace.text,
-        tensors=tuple(tensors), tokens_held=tuple(held), layer_bytes=measured, formula_layer_bytes=tuple(formula["layer_bytes"]),
+        tensors=tuple(tensors), tokens_held=tuple(held), layer_bytes=measured,
+        formula_layer_bytes=tuple(formula["layer_bytes"]),
         bytes_per_token=sum(b // n for b, n in zip(measured, held) if n), formula_bytes_per_token=est.bytes_per_token,
         formula=" + ".join(_term(g) for g in layer_groups(layout, est)),
         per_head_bytes_per_token=per_head * 4 * layout.num_layers,

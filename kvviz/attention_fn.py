@@ -88,7 +88,8 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
 # ---- what can be captured ------------------------------------------------------------------------
 def attention_modules(model) -> list:
     """The model's self-attention layers: modules named ``*Attention*`` that know their ``layer_idx``."""
-    return [m for m in model.modules() if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)]
+    return [m for m in model.modules()
+            if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)]
 
 
 def uses_interface(model) -> bool:

@@ -62,7 +62,8 @@ def test_prefill_attention_equals_eager_output_attentions(run):
     t = run.trace
     assert t.bin_factor == 1 and t.window_rows.shape[2] == len(PROMPT)  # every prompt row, exact fp32
     np.testing.assert_allclose(t.window_rows, run.attentions, atol=1e-5, err_msg=run.name)
-    np.testing.assert_allclose(t.prefill_map[..., : len(PROMPT)].astype(np.float32), run.attentions, atol=2e-3, err_msg=run.name)
+    shown = t.prefill_map[..., : len(PROMPT)].astype(np.float32)  # the display map, fp16
+    np.testing.assert_allclose(shown, run.attentions, atol=2e-3, err_msg=run.name)
     learned = 1.0 - run.attentions.sum(-1)  # [Lyr, Hq, L]: what eager's rows do not give to any key
     if t.model.learned_sinks:
         assert learned.max() > 0.01, run.name

@@ -17,6 +17,8 @@ COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_
 MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}  # gpt-oss / DeepSeek default to YaRN
 HYBRID = ["sliding_attention", "full_attention", "sliding_attention"]
+MLA = dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8,
+           v_head_dim=16, n_routed_experts=4, first_k_dense_replace=1, n_group=1, topk_group=1)
 
 CONFIGS: dict[str, dict] = {
     "llama": dict(model_type="llama", **COMMON, num_key_value_heads=2),
@@ -44,12 +46,8 @@ CONFIGS: dict[str, dict] = {
                          num_attention_heads=4, alibi=True, bos_token_id=1, eos_token_id=2),
     "bloom": dict(model_type="bloom", vocab_size=256, hidden_size=64, n_layer=2, n_head=4, bos_token_id=1,
                   eos_token_id=2),  # ALiBi
-    "deepseek_v2": dict(model_type="deepseek_v2", **COMMON, **MOE, **ROPE, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
-                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4,
-                        first_k_dense_replace=1, n_group=1, topk_group=1),
-    "deepseek_v3": dict(model_type="deepseek_v3", **COMMON, **MOE, **ROPE, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
-                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4,
-                        first_k_dense_replace=1, n_group=1, topk_group=1),
+    "deepseek_v2": dict(model_type="deepseek_v2", **COMMON, **MOE, **ROPE, **MLA),
+    "deepseek_v3": dict(model_type="deepseek_v3", **COMMON, **MOE, **ROPE, **MLA),
     "gpt_oss": dict(model_type="gpt_oss", **{**COMMON, "num_hidden_layers": 3}, **ROPE, num_key_value_heads=2,
                     head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2),
     "llama4_chunked": dict(model_type="llama4_text", **{**COMMON, "num_hidden_layers": 4}, num_key_value_heads=2,

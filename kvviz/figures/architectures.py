@@ -24,7 +24,8 @@ CAPTIONS = {
 def cache_table(live: LiveCache) -> pd.DataFrame:
     """One row per layer: kind, tensors with shapes, tokens held, measured and formula bytes."""
     rows = []
-    for layer, (held, measured, formula) in enumerate(zip(live.tokens_held, live.layer_bytes, live.formula_layer_bytes)):
+    per_layer = zip(live.tokens_held, live.layer_bytes, live.formula_layer_bytes)
+    for layer, (held, measured, formula) in enumerate(per_layer):
         parts = [t for t in live.tensors if t.layer == layer]
         rows.append({
             "layer": layer, "kind": parts[0].layer_kind if parts else "",

@@ -242,8 +242,8 @@ def sink_map(trace: Trace, k: int = 4) -> go.Figure:
     learned = learned_sink_fraction(trace, k)
     if learned is not None:
         panels.append(("learned sink", learned * 100))
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels] if learned is not None else None,
-                        shared_yaxes=True, horizontal_spacing=0.04)
+    titles = [p[0] for p in panels] if learned is not None else None
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles, shared_yaxes=True, horizontal_spacing=0.04)
     x = [f"q{h}" for h in range(info.q_heads)]
     for col, (name, frac) in enumerate(panels, start=1):
         fig.add_trace(go.Heatmap(

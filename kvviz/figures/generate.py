@@ -106,8 +106,8 @@ def model_card(info: ModelInfo) -> str:
     ]
     if arch == "MLA":  # the cache holds one latent and one RoPE key per token and layer, not per-head K/V
         (dc, dr), b = info.stored_dims, info.bytes_per_element
-        lines[-1] = (f"KV bytes per token = n_layers × (d_latent + d_rope) × b = {info.layers} × ({dc} + {dr}) × {b} "
-                     f"= **{per_tok:,} bytes = {format_bytes(per_tok)}** (MLA: no factor 2, no heads)")
+        lines[-1] = (f"KV bytes per token = n_layers × (d_latent + d_rope) × b = {info.layers} × ({dc} + {dr}) × "
+                     f"{b} = **{per_tok:,} bytes = {format_bytes(per_tok)}** (MLA: no factor 2, no heads)")
     if kinds != ["full_attention"]:
         lines.append(f"\nLayer kinds: {', '.join(kinds)}; sliding window {info.sliding_window} tokens "
                      "(a sliding layer holds at most window − 1 entries between steps).")
