@@ -110,10 +110,14 @@ def check_capturable(model) -> None:
         layout = cache_layout(config)
     except ValueError as exc:
         raise CaptureError(f"kvviz cannot capture {name}: {exc}") from None
-    state = [s.index for s in layout.layers if s.kind.endswith("state") or s.kind == "none"]
+    state = [s.index for s in layout.layers if s.kind.endswith("state")]
     if state:
         raise CaptureError(f"kvviz cannot capture {name}: layers {', '.join(map(str, state[:6]))} are linear-attention "
                            "/ state-space layers, which have no attention probabilities to record.")
+    plain = [s.index for s in layout.layers if s.kind == "none"]
+    if plain:
+        raise CaptureError(f"kvviz cannot capture {name}: layers {', '.join(map(str, plain[:6]))} have no attention "
+                           "(no cache entries), which kvviz's per-layer records assume.")
     modules = attention_modules(model)
     if not modules:
         raise CaptureError(f"kvviz cannot capture {name}: no attention layer with a layer index was found.")
