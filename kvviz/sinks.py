@@ -4,6 +4,9 @@ Every number here comes from a finished :class:`~kvviz.capture.trace.Trace`. The
 ``k`` tokens is read from the column sums, so any ``k`` works after the run: each fed query hands
 out exactly one unit of attention, and the queries 0 … k-1 can see nothing but the first k tokens,
 so ``(Σ colsum[:k] − k) / (n_fed − k)`` is the mean fraction over the queries that had a choice.
+Models with learned sinks (gpt-oss) give part of each unit to a per-head sink logit instead of any
+token; that share is recorded on its own (``learned_sink_mass``), subtracted from the first queries'
+unit above, and shown next to the emergent sinks on the first tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +38,19 @@ def sink_fraction(trace: Trace, k: int = 4) -> np.ndarray:
     """
     k = check_k(trace, k)
     on_first = trace.colsum[..., :k].astype(np.float64).sum(-1)  # [Lyr, Hq]
-    return np.clip((on_first - k) / (trace.n_fed - k), 0.0, 1.0)
+    given_by_first = float(k)  # queries 0 … k-1 give the first k tokens all they give to tokens
+    if trace.learned_sink_mass is not None:
+        given_by_first = k - trace.learned_sink_mass[..., :k].astype(np.float64).sum(-1)
+    return np.clip((on_first - given_by_first) / (trace.n_fed - k), 0.0, 1.0)
+
+
+def learned_sink_fraction(trace: Trace, k: int = 4) -> np.ndarray | None:
+    """[Lyr, Hq]: mean share of each query's attention that went to its head's learned sink (gpt-oss),
+    over the same queries as :func:`sink_fraction`; None for models without learned sinks."""
+    k = check_k(trace, k)
+    if trace.learned_sink_mass is None:
+        return None
+    return np.clip(trace.learned_sink_mass[..., k:trace.n_fed].astype(np.float64).mean(-1), 0.0, 1.0)
 
 
 def uniform_fraction(n_fed: int, k: int) -> float:
@@ -56,12 +71,17 @@ def sink_frame(trace: Trace, k: int = 4) -> pd.DataFrame:
 
 
 def layer_sink_line(trace: Trace, k: int = 4) -> pd.DataFrame:
-    """Per layer: mean, min and max over heads of the sink fraction (0–1), and the uniform baseline."""
+    """Per layer: mean, min and max over heads of the sink fraction (0–1), the uniform baseline, and
+    for models with learned sinks the mean share on them (``learned``)."""
     frac = sink_fraction(trace, k)
-    return pd.DataFrame({
+    df = pd.DataFrame({
         "layer": np.arange(frac.shape[0]), "mean": frac.mean(1), "min": frac.min(1), "max": frac.max(1),
         "uniform": uniform_fraction(trace.n_fed, int(k)),
     })
+    learned = learned_sink_fraction(trace, k)
+    if learned is not None:
+        df["learned"] = learned.mean(1)
+    return df
 
 
 def sink_norms(trace: Trace, k: int = 4) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from kvviz.sinks import (
     kv_groups,
     kv_head_of,
     layer_sink_line,
+    learned_sink_fraction,
     sink_fraction,
     sink_frame,
     sink_norms,
@@ -91,3 +92,26 @@ def test_kv_groups_follow_the_model(trace):
     assert "shared with query heads 3, 5" in group_text(info, 4)
     with pytest.raises(ValueError):
         kv_head_of(info, 9)
+
+
+def test_learned_sinks_are_counted_apart_from_the_first_tokens():
+    # gpt-oss: each head's learned sink logit takes part of every row; with one new token every fed query
+    # is a prompt query, whose exact rows the trace keeps, so both fractions can be read off directly
+    from kvviz.figures import attention as fa
+    from tests.tiny_models import tiny_model
+
+    trace = capture(tiny_model("gpt_oss"), "", prompt_ids=list(range(100, 124)), max_new_tokens=1)
+    k = 4
+    rows = trace.window_rows.astype(np.float64)  # [Lyr, Hq, L, L]
+    np.testing.assert_allclose(sink_fraction(trace, k), rows[:, :, k:, :k].sum(-1).mean(-1), atol=1e-6)
+    learned = learned_sink_fraction(trace, k)
+    np.testing.assert_allclose(learned, 1 - rows[:, :, k:].sum(-1).mean(-1), atol=1e-6)
+    assert learned.min() > 0.01
+    assert np.allclose(layer_sink_line(trace, k)["learned"], learned.mean(1))
+    panels = fa.sink_map(trace, k)
+    assert [t.type for t in panels.data] == ["heatmap", "heatmap"] and "learned sink" in panels.layout.title.text
+    assert "learned sink" in [t.name for t in fa.sink_line(trace, k).data]
+
+
+def test_models_without_learned_sinks_have_no_learned_share(trace):
+    assert learned_sink_fraction(trace, 4) is None and "learned" not in layer_sink_line(trace, 4)

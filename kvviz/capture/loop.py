@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from kvviz.capture.recorder import RECORDER_KWARG, Recorder, RecorderConfig, installed
+from kvviz.capture.attention_fn import attention_modules, recording, unpatched
+from kvviz.capture.recorder import Recorder, RecorderConfig, installed
 from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.models import LoadedModel
 
@@ -42,17 +43,19 @@ class Sampling:
 
 
 def model_info(lm: LoadedModel) -> ModelInfo:
-    """The attention shape read from the config the way the model reads it."""
+    """The attention shape read from the config the way the model reads it (:mod:`kvviz.memory.layout`)."""
+    from kvviz.memory.layout import cache_layout
+
     cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
-    layers = getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
-    q_heads = getattr(cfg, "num_attention_heads", None) or cfg.n_head
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or q_heads
-    hidden = getattr(cfg, "hidden_size", None) or cfg.n_embd
-    head_dim = getattr(cfg, "head_dim", None) or hidden // q_heads
-    kinds = list(getattr(cfg, "layer_types", None) or [])
-    window = getattr(cfg, "sliding_window", None)
-    if not kinds:
-        kinds = ["sliding_attention" if window else "full_attention"] * layers
+    layout = cache_layout(cfg)
+    layers = layout.num_layers
+    q_heads, kv_heads, head_dim = layout.num_attention_heads, layout.num_key_value_heads, layout.head_dim
+    cache_heads, cache_dims = kv_heads, [head_dim, head_dim]
+    if layout.mla:  # attention sees per-head keys and values; the cache holds one latent + one RoPE key
+        cache_heads, cache_dims = 1, [layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]]
+    sinks = any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in attention_modules(lm.model))
+    kinds = ["full_attention" if spec.layer_type == "mla" else spec.layer_type for spec in layout.layers]
+    window = min(layout.windows) if layout.windows else None
     params = sum(p.numel() for p in lm.model.parameters())
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0)
@@ -60,8 +63,9 @@ def model_info(lm: LoadedModel) -> ModelInfo:
         name=lm.name, model_type=cfg.model_type, layers=layers, q_heads=q_heads, kv_heads=kv_heads,
         head_dim=head_dim, dtype=str(lm.dtype).removeprefix("torch."),
         bytes_per_element=torch.tensor([], dtype=lm.dtype).element_size(), layer_kinds=kinds,
-        sliding_window=window if any(k == "sliding_attention" for k in kinds) else None,
+        sliding_window=window,
         context_length=int(ctx), param_count=int(params), weight_bytes=int(weight_bytes), device=str(lm.device),
+        attention=layout.attention, cache_heads=cache_heads, cache_dims=cache_dims, learned_sinks=sinks,
     )
 
 
@@ -129,9 +133,8 @@ def forward(lm: LoadedModel, ids: list[int], start: int, cache, recorder: Record
     x = torch.tensor([ids], device=lm.device)
     pos = torch.arange(start, start + len(ids), device=lm.device)[None]
     kw = {_cache_kwarg(lm.model): cache}
-    if recorder is not None:
-        kw[RECORDER_KWARG] = recorder
-    out = lm.model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=logits_to_keep, **kw)
+    with recording(lm.model, recorder) as extra:
+        out = lm.model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=logits_to_keep, **kw, **extra)
     if recorder is not None:
         recorder.end_forward()
     return out.logits[0].float()
@@ -211,6 +214,8 @@ def capture_iter(
         _finish(trace, rec, cache)
         if verify:
             trace.equivalence = _verify(lm, trace, logits_seen, rec.outputs)
+    if verify:  # outside the capture: the model's own attention, nothing of kvviz's in the way
+        trace.equivalence.update(_verify_unpatched(lm, trace, logits_seen))
     yield trace
 
 
@@ -230,21 +235,25 @@ def _finish(trace: Trace, rec: Recorder, cache) -> None:
     trace.window_rows = rec.window_rows.cpu().numpy()
     trace.prefill_map = rec.finish_prefill_map()[..., :nb].half().cpu().numpy()
     trace.decode_rows = rec.decode_rows[: tq - n, ..., :nb].cpu().numpy()
+    if rec.learned_sink_mass is not None:
+        trace.learned_sink_mass = rec.learned_sink_mass[:, :, :tq].cpu().numpy()
     _kv_stats(trace, cache)
 
 
 def _kv_stats(trace: Trace, cache) -> None:
-    """Norms of every cached key/value and mean |k|, |v| per channel, from the final cache."""
+    """Norms of every cached key/value and mean |k|, |v| per channel, from the final cache (for MLA,
+    of the latent and the RoPE key it stores instead)."""
     info, t = trace.model, trace.n_tokens
-    knorm = np.full((info.layers, info.kv_heads, t), np.nan, dtype=np.float32)
+    (dk, dv), heads = info.stored_dims, info.stored_heads
+    knorm = np.full((info.layers, heads, t), np.nan, dtype=np.float32)
     vnorm = knorm.copy()
-    kch = np.zeros((info.layers, info.kv_heads, info.head_dim), dtype=np.float32)
-    vch = kch.copy()
+    kch = np.zeros((info.layers, heads, dk), dtype=np.float32)
+    vch = np.zeros((info.layers, heads, dv), dtype=np.float32)
     for i, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if keys is None or keys.numel() == 0:
             continue
-        k, v = keys[0].float(), values[0].float()  # [Hkv, n, D]
+        k, v = keys[0].float(), values[0].float()  # [Hkv, n, Dk], [Hkv, n, Dv]
         pos = getattr(layer, "kv_positions", None)
         if pos is None:
             pos = torch.arange(trace.n_fed - k.shape[1], trace.n_fed).expand(k.shape[0], -1)
@@ -269,7 +278,20 @@ def _verify(lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor],
     rec.t_total = len(fed)
     full = forward(lm, fed, 0, DynamicCache(config=lm.config), rec, logits_to_keep=n)  # [n, V]
     logit_diff = (full - torch.stack(cached_logits)).abs().max().item()
-    ref = rec.outputs[0][:, -n:]  # [Lyr, n, Hq*D]: outputs at the positions cached decoding produced
-    mine = torch.cat([o[:, -1:] for o in cached_outputs], dim=1)  # last query of each forward
-    out_diff = (ref - mine).abs().max().item()
+    out_diff = None
+    if rec.outputs[0] is not None and all(o is not None for o in cached_outputs):
+        ref = rec.outputs[0][:, -n:]  # [Lyr, n, Hq*Dv]: outputs at the positions cached decoding produced
+        mine = torch.cat([o[:, -1:] for o in cached_outputs], dim=1)  # last query of each forward
+        out_diff = (ref - mine).abs().max().item()
     return {"max_abs_logit_diff": logit_diff, "max_abs_attn_output_diff": out_diff, "positions_checked": n}
+
+
+def _verify_unpatched(lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor]) -> dict:
+    """The captured run's logits against the model itself: full recomputation without kvviz's
+    attention function (so a capture that changed the model's output would show here)."""
+    fed = trace.token_ids[: trace.n_fed]
+    n = len(cached_logits)
+    with torch.inference_mode(), unpatched(lm.model) as alone:
+        full = forward(lm, fed, 0, DynamicCache(config=lm.config), None, logits_to_keep=n)  # [n, V]
+    return {"max_abs_logit_diff_vs_unpatched": (full - torch.stack(cached_logits)).abs().max().item(),
+            "unpatched_reference": alone}

@@ -1,109 +1,32 @@
-"""The capture attention function and the recorder that reduces attention on the fly.
+"""The recorder that reduces attention on the fly, beside the model's own attention.
 
-``installed(model)`` registers ``kvviz_capture`` with transformers' AttentionInterface for the
-duration of a run: the model's output is still computed by transformers' own SDPA function, and
-beside it the recorder computes attention probabilities in query chunks and keeps only what the
-views need (column sums, sink mass, observation-window rows, a binned map, one binned row per
-decode step). Nothing T×T per head is ever kept for long prompts.
+While ``installed(model)`` (:mod:`kvviz.capture.attention_fn`) routes a run's attention through the capture
+wrapper, the model's output stays its own implementation's, and the recorder reduces the attention
+probabilities that output used to what the views need (column sums, sink mass, observation-window
+rows, a binned map, one binned row per decode step, each head's learned-sink mass). Probabilities an
+implementation returns (eager) are used as they are; otherwise they are recomputed in query chunks
+with everything the implementation applied (:mod:`kvviz.capture.attention_math`), and checked against the
+layer's output once per phase. Nothing T×T per head is ever kept for long prompts.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-NAME = "kvviz_capture"
-RECORDER_KWARG = "kvviz_recorder"
-_lock = threading.Lock()
-_users: dict[int, list] = {}  # id(model) -> [count, previous attn implementation]
+from kvviz.capture.attention_fn import (  # noqa: F401  (re-exported: where callers have always found them)
+    NAME,
+    RECORDER_KWARG,
+    CaptureError,
+    capture_attention,
+    installed,
+    is_installed,
+)
+from kvviz.capture.attention_math import Extras, check_output, decode_probs, mask_window_, softmax_
 
-
-def capture_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """SDPA output, plus a call to the run's recorder (if any) with the same tensors.
-
-    query: [B, Hq, q, D]; key/value: [B, Hkv, k, D] (the whole cache for this layer).
-    """
-    recorder = kwargs.pop(RECORDER_KWARG, None)
-    softcap = kwargs.get("softcap")
-    if softcap is not None:  # SDPA has no soft-capping (Gemma-2): use the exact eager formula
-        probs = attention_probs(query, key, attention_mask, scaling, softcap, kwargs.get("sliding_window"))
-        out = torch.matmul(probs.to(value.dtype), repeat_kv(value, query.shape[1] // key.shape[1]))
-        out = out.transpose(1, 2).contiguous()  # [B, q, Hq, D], as sdpa_attention_forward returns
-    else:
-        kwargs.pop("softcap", None)
-        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                        scaling=scaling, **kwargs)
-    if recorder is not None:
-        recorder.record(module.layer_idx, query, key, attention_mask, scaling, softcap, out)
-    return out, None
-
-
-def attention_probs(query, key, mask, scaling, softcap=None, sliding_window=None, q_offset=None):
-    """Exact softmax(QKᵀ·scale + mask) in fp32: [B, Hq, q, k].
-
-    ``mask`` is what transformers passes (bool: True = attend; float: additive; None = causal with
-    the queries being the last ``q`` positions of the keys, or ``q_offset`` if given).
-    """
-    group = query.shape[1] // key.shape[1]
-    k = repeat_kv(key, group).float()  # [B, Hq, k, D]
-    scores = torch.matmul(query.float(), k.transpose(-1, -2))  # [B, Hq, q, k]
-    scores = scores * (scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1]))
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    q_len, k_len = scores.shape[-2:]
-    if mask is None:
-        if q_len > 1:
-            offset = k_len - q_len if q_offset is None else q_offset
-            qpos = torch.arange(q_len, device=scores.device)[:, None] + offset
-            kpos = torch.arange(k_len, device=scores.device)[None, :]
-            allowed = kpos <= qpos
-            if sliding_window is not None:
-                allowed &= kpos > qpos - sliding_window
-            scores = scores.masked_fill(~allowed, float("-inf"))
-    elif mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask[..., :k_len], float("-inf"))
-    else:
-        scores = scores + mask[..., :k_len].float()
-    return torch.softmax(scores, dim=-1)
-
-
-@contextmanager
-def installed(model):
-    """Route ``model``'s attention through :func:`capture_attention` for the block, then restore.
-
-    Re-entrant and thread-safe: concurrent runs on one shared model share the installation, and
-    the last one out puts the previous implementation back.
-    """
-    with _lock:
-        AttentionInterface.register(NAME, capture_attention)
-        if NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-            ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
-        entry = _users.setdefault(id(model), [0, model.config._attn_implementation])
-        if entry[0] == 0:
-            entry[1] = model.config._attn_implementation
-            model.set_attn_implementation(NAME)
-        entry[0] += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            entry[0] -= 1
-            if entry[0] == 0:
-                model.set_attn_implementation(entry[1])
-                _users.pop(id(model), None)
-
-
-def is_installed(model) -> bool:
-    """True while a capture is routing this model's attention (tests check it is gone after)."""
-    return model.config._attn_implementation == NAME
-
+PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against the layer's output
 
 @dataclass
 class RecorderConfig:
@@ -153,7 +76,7 @@ class Recorder:
         self.t_total = 0
         self.cache = None
         self.keep_outputs = keep_outputs
-        self.outputs: list[torch.Tensor] = []  # per forward: [Lyr, q, Hq*D] when keep_outputs
+        self.outputs: list[torch.Tensor | None] = []  # per forward: [Lyr, q, Hq*Dv] when keep_outputs
         self._out_step: list[torch.Tensor | None] = [None] * layers
         self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
         self._tri: torch.Tensor | None = None  # [C, C] True above the diagonal (the causal mask's block)
@@ -162,26 +85,79 @@ class Recorder:
         # fresh multi-MB allocation per step); sized for every layer at the longest cache
         self._step_scores = torch.empty(layers * q_heads * t_max, device=device)
         self._step_used = 0
+        self.learned_sink_mass: torch.Tensor | None = None  # [Lyr, Hq, T] share on each head's learned sink
+        self._recorded = [False] * layers  # layers this forward reached (each must)
+        self._decode_checked = False  # the first decode step checks every layer's row against its output
 
     # -- called from the attention function ------------------------------------------------
-    def record(self, layer: int, query, key, mask, scaling, softcap, out) -> None:
+    def record(self, layer: int, query, key, mask, scaling, softcap, out, *, value=None, weights=None,
+               sinks=None, bias=None, sliding_window=None) -> None:
+        """One layer's attention call. ``weights``: the probabilities the implementation returned
+        (eager), used as they are; otherwise they are recomputed from the query, keys, mask, scaling,
+        soft-cap, learned ``sinks`` ([Hq] logits), additive ``bias`` and ``sliding_window``. ``value``
+        and ``out`` let the first prefill and decode step check the probabilities against the output."""
+        self._recorded[layer] = True
         if self.keep_outputs:
-            self._out_step[layer] = out[0].reshape(out.shape[1], -1).float()  # [q, Hq*D]
+            self._out_step[layer] = out[0].reshape(out.shape[1], -1).float()  # [q, Hq*Dv]
         if self.phase == "outputs":
             return
+        if weights is not None:
+            self.record_weights(layer, weights, learned_sinks=sinks is not None)
+            n = min(PROBE_ROWS, weights.shape[2])
+            if query.shape[2] > 1 or not self._decode_checked:
+                check_output(layer, weights[0, :, -n:].float(), value, out)
+            return
+        extras = Extras(sinks, bias, sliding_window)
         if query.shape[2] == 1:
-            self._record_decode(layer, query, key, mask, scaling, softcap)
+            self._record_decode(layer, query, key, mask, scaling, softcap, extras if extras else None, value, out)
         else:
-            self._record_prefill(layer, query, key, mask, scaling, softcap)
+            self._record_prefill(layer, query, key, mask, scaling, softcap, extras, value, out)
+
+    def record_weights(self, layer: int, weights: torch.Tensor, learned_sinks: bool = False) -> None:
+        """Probabilities [B, Hq, q, k] the model's own implementation computed, reduced as they are; a
+        row summing to less than one gave the rest to its head's learned sink (``learned_sinks``)."""
+        self._recorded[layer] = True
+        if self.phase == "outputs":
+            return
+        w = weights[0]
+        q_len, k_len = w.shape[1], w.shape[2]
+        if q_len == 1:
+            p = w[:, 0].float()  # [Hq, k]
+            if learned_sinks:
+                self._learned(layer, p.device)[:, self.t_total - 1] = 1 - p.sum(-1)
+            self._record_decode_row(layer, p, k_len, self._key_positions(layer, k_len))
+            return
+        koff, qpos0 = self.t_total - k_len, self.t_total - q_len
+        rows = self._chunk_rows(k_len)
+        for a0 in range(qpos0 - qpos0 % rows, qpos0 + q_len, rows):
+            c0, c1 = max(a0, qpos0) - qpos0, min(a0 + rows, qpos0 + q_len) - qpos0
+            p = w[:, c0:c1].float()  # [Hq, C, k]
+            if learned_sinks:
+                self._learned(layer, p.device)[:, qpos0 + c0:qpos0 + c1] = 1 - p.sum(-1)
+            self._reduce_chunk(layer, p, qpos0 + c0, koff, self.n_prompt - self.window_rows.shape[2])
+
+    def _learned(self, layer: int, device) -> torch.Tensor:
+        """This layer's learned-sink shares [Hq, T], allocated for every layer on first use."""
+        if self.learned_sink_mass is None:
+            self.learned_sink_mass = torch.zeros(self.layers, self.q_heads, self.t_max, device=device)
+        return self.learned_sink_mass[layer]
 
     def end_forward(self) -> None:
         """Close one forward pass: reduce the decode rows held back for it, copy the prompt's column
         sums once the prompt is through, collect attention outputs for the equivalence check."""
+        missing = [i for i, seen in enumerate(self._recorded) if not seen]
+        self._recorded = [False] * self.layers
+        if missing:
+            raise CaptureError(f"Layers {', '.join(map(str, missing[:8]))} ran without reaching kvviz's capture: "
+                               "their attention bypasses transformers' attention interface.")
         self._flush_decode()
+        if self.phase == "decode":
+            self._decode_checked = True
         if self.phase != "outputs" and 0 < self.t_total <= self.n_prompt:
             self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])  # only prompt queries so far
         if self.keep_outputs:
-            self.outputs.append(torch.stack(self._out_step))  # [Lyr, q, Hq*D]
+            held = all(o is not None for o in self._out_step)  # legacy attention hands over no output
+            self.outputs.append(torch.stack(self._out_step) if held else None)  # [Lyr, q, Hq*Dv]
 
     def _key_positions(self, layer: int, k_len: int) -> torch.Tensor | None:
         """Absolute positions of the cached keys ([Hkv, k]) when an evicting cache says so, else None
@@ -192,13 +168,16 @@ class Recorder:
         return pos if pos is not None and pos.shape[-1] == k_len else None
 
     # -- decode: one query, one row per head ---------------------------------------------------
-    def _record_decode(self, layer, query, key, mask, scaling, softcap) -> None:
-        """Plain layers (no mask, no soft-cap, keys in order) only compute their scores here; the
-        softmax and every reduction run once per step for all of them in :meth:`_flush_decode`
-        (a few large ops instead of ~10 tiny ones per layer)."""
+    def _record_decode(self, layer, query, key, mask, scaling, softcap, extras: Extras | None, value, out) -> None:
+        """Plain layers (no mask, soft-cap, sinks or bias, keys in order) only compute their scores here;
+        the softmax and every reduction run once per step for all of them in :meth:`_flush_decode`
+        (a few large ops instead of ~10 tiny ones per layer). The first decode step takes the exact
+        path for every layer and checks it against the layer's output."""
         k_len = key.shape[2]
         pos = self._key_positions(layer, k_len)
-        if mask is None and softcap is None and pos is None:
+        plain = extras is None or (extras.sinks is None and extras.bias is None and k_len <= extras.window)
+        check = not self._decode_checked and value is not None and out is not None
+        if mask is None and softcap is None and pos is None and plain and not check:
             hq, d, hkv = query.shape[1], query.shape[-1], key.shape[1]
             q = query[0, :, 0].float().reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
             used, n = self._step_used, hq * k_len
@@ -211,7 +190,12 @@ class Recorder:
             scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
             self._pending.append((layer, scores, float(scale)))
             return
-        self._record_decode_row(layer, _decode_probs(query, key, mask, scaling, softcap), k_len, key.shape[1], pos)
+        probs, learned = decode_probs(query, key, mask, scaling, softcap, extras, self.t_total - 1)
+        if learned is not None:
+            self._learned(layer, probs.device)[:, self.t_total - 1] = learned
+        if check:
+            check_output(layer, probs[:, None], value, out)
+        self._record_decode_row(layer, probs, k_len, pos)
 
     def _flush_decode(self) -> None:
         """Softmax and reduce the held-back decode scores, one batch per (cache length, scale)."""
@@ -233,8 +217,7 @@ class Recorder:
             b0, binned = _bin(probs, start, f, dim=2)  # [n, Hq, nbins]
             self.decode_rows[qpos - self.n_prompt, idx, :, b0:b0 + binned.shape[2]] = binned.to(torch.float16)
 
-    def _record_decode_row(self, layer: int, probs: torch.Tensor, k_len: int, hkv: int,
-                           pos: torch.Tensor | None) -> None:
+    def _record_decode_row(self, layer: int, probs: torch.Tensor, k_len: int, pos: torch.Tensor | None) -> None:
         """One layer's exact row [Hq, k] into the summaries (masked, soft-capped or evicted caches);
         ``pos``: the keys' absolute positions from an evicting cache, else None."""
         f, qpos = self.cfg.bin_factor, self.t_total - 1
@@ -246,7 +229,7 @@ class Recorder:
             b0, binned = _bin(probs, start, f, dim=1)  # [Hq, nbins]
             row[:, b0:b0 + binned.shape[1]] = binned
             return
-        pos = pos.to(probs.device).repeat_interleave(self.q_heads // hkv, dim=0)  # [Hq, k]
+        pos = pos.to(probs.device).repeat_interleave(self.q_heads // pos.shape[0], dim=0)  # [Hq, k]
         self.colsum[layer].scatter_add_(1, pos, probs)
         self.sink_mass[layer, :, qpos] = (probs * (pos < self.cfg.sink_k)).sum(-1)
         binned = torch.zeros(self.q_heads, self.nb, device=probs.device).scatter_add_(1, pos // f, probs)
@@ -266,7 +249,7 @@ class Recorder:
             self._scratch = torch.empty(n, device=device)
         return self._scratch
 
-    def _record_prefill(self, layer, query, key, mask, scaling, softcap) -> None:
+    def _record_prefill(self, layer, query, key, mask, scaling, softcap, extras: Extras, value, out) -> None:
         hq, q_len, d = query.shape[1:]
         hkv, k_len = key.shape[1], key.shape[2]
         g = hq // hkv
@@ -290,13 +273,21 @@ class Recorder:
             s = s.view(hq, n, kend)  # [Hq, C, kend]; head h = kv*g + j, as repeat_kv orders them
             if softcap is not None:
                 s.div_(softcap).tanh_().mul_(softcap)
+            if extras.bias is not None:
+                s.add_(extras.bias[0, :, c0:c1, :kend].float())
             if mask is None:  # causal: only the diagonal block has masked entries
                 s[:, :, kend - n:].masked_fill_(self._tri_block(n, query.device), float("-inf"))
+                if extras.window is not None:
+                    mask_window_(s, qpos0 + c0, koff, extras.window)
             elif mask.dtype == torch.bool:
                 s.masked_fill_(~mask[0, :, c0:c1, :kend], float("-inf"))
             else:
                 s.add_(mask[0, :, c0:c1, :kend].float())
-            torch.softmax(s, dim=-1, out=s)  # in place: the CPU/GPU kernels work row by row
+            learned = softmax_(s, extras.sinks)  # in place: the CPU/GPU kernels work row by row
+            if learned is not None:
+                self._learned(layer, s.device)[:, qpos0 + c0:qpos0 + c1] = learned
+            if c1 == q_len:  # the call's last queries: do these probabilities give the layer's output?
+                check_output(layer, s[:, -min(PROBE_ROWS, n):], value, out)
             self._reduce_chunk(layer, s, qpos0 + c0, koff, w0)
 
     def _tri_block(self, n: int, device) -> torch.Tensor:
@@ -338,21 +329,6 @@ def _adjacent(items: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
                 or sc.data_ptr() != first.data_ptr() + i * size:
             return None
     return first.as_strided((len(items), *first.shape), (first.numel(), *first.stride()))
-
-
-def _decode_probs(query, key, mask, scaling, softcap) -> torch.Tensor:
-    """Exact attention row of one query per head, [Hq, k] fp32, without repeating the keys."""
-    hq, d = query.shape[1], query.shape[-1]
-    hkv, k_len = key.shape[1], key.shape[2]
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
-    q = (query[0, :, 0].float() * scale).view(hkv, hq // hkv, d)  # [Hkv, g, D]
-    s = torch.bmm(q, key[0].float().transpose(1, 2)).view(hq, k_len)  # [Hq, k]
-    if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
-    if mask is not None:
-        m = mask[0, :, -1, :k_len]  # [1 or Hq, k]
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
-    return torch.softmax(s, dim=-1)
 
 
 def _bin(x: torch.Tensor, start: int, f: int, dim: int) -> tuple[int, torch.Tensor]:

@@ -19,7 +19,7 @@ import pandas as pd
 FORMAT_VERSION = 1
 _ARRAYS = (
     "prefill_colsum", "colsum", "sink_mass", "window_rows", "prefill_map", "decode_rows",
-    "key_norms", "value_norms", "key_channel_absmean", "value_channel_absmean",
+    "key_norms", "value_norms", "key_channel_absmean", "value_channel_absmean", "learned_sink_mass",
 )
 
 
@@ -41,6 +41,12 @@ class ModelInfo:
     param_count: int
     weight_bytes: int
     device: str
+    attention: str = ""  # "MHA", "GQA", "MQA" or "MLA"
+    # what each layer's cache stores per token: heads × (key-side dim, value-side dim). Attention layers:
+    # kv_heads × (head_dim, head_dim); MLA: 1 × (latent, RoPE key), whatever heads attention expands them to
+    cache_heads: int | None = None
+    cache_dims: list[int] | None = None
+    learned_sinks: bool = False  # each head has a learned sink logit (gpt-oss)
 
     @property
     def group_size(self) -> int:
@@ -48,9 +54,24 @@ class ModelInfo:
         return self.q_heads // self.kv_heads
 
     @property
+    def stored_heads(self) -> int:
+        return self.cache_heads or self.kv_heads
+
+    @property
+    def stored_dims(self) -> tuple[int, int]:
+        """Per head: elements of the stored key-side and value-side vectors (MLA: latent and RoPE key)."""
+        return tuple(self.cache_dims) if self.cache_dims else (self.head_dim, self.head_dim)
+
+    @property
+    def stored_names(self) -> tuple[str, str]:
+        """What the cache's two tensors hold: keys and values, or MLA's latent and RoPE key."""
+        return ("latent", "RoPE key") if self.attention == "MLA" else ("key", "value")
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """2 (K and V) × layers × KV heads × head dim × bytes: the chapter's formula."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_element
+        """Layers × stored heads × (key + value dims) × bytes: the chapter's 2 · L · n_kv · d_h · b, and
+        L · (d_c + d_rope) · b for MLA (no factor 2, no heads)."""
+        return self.layers * self.stored_heads * sum(self.stored_dims) * self.bytes_per_element
 
 
 @dataclass
@@ -95,10 +116,12 @@ class Trace:
     window_rows: np.ndarray | None = None  # [Lyr, Hq, W, L] exact rows of the last W prompt queries
     prefill_map: np.ndarray | None = None  # [Lyr, Hq, nqb, nkb] mean row per query bin, mass per key bin
     decode_rows: np.ndarray | None = None  # [S, Lyr, Hq, nb] one binned row per fed decode token
+    # the cache's own tensors (MLA: "key" = the latent, "value" = the RoPE key; see ModelInfo.stored_names)
     key_norms: np.ndarray | None = None  # [Lyr, Hkv, T] L2 norm of each cached key (NaN if not held)
     value_norms: np.ndarray | None = None  # [Lyr, Hkv, T]
-    key_channel_absmean: np.ndarray | None = None  # [Lyr, Hkv, D] mean |k| per channel
-    value_channel_absmean: np.ndarray | None = None  # [Lyr, Hkv, D]
+    key_channel_absmean: np.ndarray | None = None  # [Lyr, Hkv, Dk] mean |k| per channel
+    value_channel_absmean: np.ndarray | None = None  # [Lyr, Hkv, Dv]
+    learned_sink_mass: np.ndarray | None = None  # [Lyr, Hq, Tq] share each query gave its head's learned sink
 
     # ---- derived views -------------------------------------------------------------------
     @property
@@ -155,7 +178,8 @@ class Trace:
         out = {
             "model": {"name": m.name, "layers": m.layers, "q_heads": m.q_heads, "kv_heads": m.kv_heads,
                       "head_dim": m.head_dim, "dtype": m.dtype, "bytes_per_element": m.bytes_per_element,
-                      "layer_kinds": m.layer_kinds, "sliding_window": m.sliding_window},
+                      "layer_kinds": m.layer_kinds, "sliding_window": m.sliding_window, "attention": m.attention,
+                      "learned_sinks": m.learned_sinks},
             "prompt_tokens": self.n_prompt,
             "generated_tokens": self.n_generated,
             "text": self.text,
@@ -169,6 +193,7 @@ class Trace:
         if self.equivalence is not None:
             out["max_abs_logit_diff_vs_recompute"] = self.equivalence.get("max_abs_logit_diff")
             out["max_abs_attn_output_diff_vs_recompute"] = self.equivalence.get("max_abs_attn_output_diff")
+            out["max_abs_logit_diff_vs_unpatched"] = self.equivalence.get("max_abs_logit_diff_vs_unpatched")
         return out
 
     def nbytes(self) -> int:

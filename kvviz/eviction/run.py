@@ -165,6 +165,9 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
     """
     ids = [int(i) for i in prompt_ids]
     info = model_info(lm)
+    if info.attention == "MLA":
+        raise ValueError("Eviction keeps or drops entries per KV head, but this model caches MLA's one shared "
+                         "latent per token; kvviz does not evict MLA caches.")
     n_c = len(ids) if n_compress is None else int(n_compress)
     if not 1 <= n_c <= len(ids):
         raise ValueError(f"n_compress must be between 1 and the prompt length {len(ids)}, got {n_compress}.")

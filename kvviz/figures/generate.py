@@ -90,7 +90,7 @@ def token_spans(trace: Trace) -> list[tuple[str, str | None]]:
 def model_card(info: ModelInfo) -> str:
     """Markdown: the attention shape and the chapter's formula with this model's numbers."""
     kinds = sorted(set(info.layer_kinds))
-    arch = "MHA" if info.kv_heads == info.q_heads else ("MQA" if info.kv_heads == 1 else "GQA")
+    arch = info.attention or ("MHA" if info.kv_heads == info.q_heads else ("MQA" if info.kv_heads == 1 else "GQA"))
     per_tok = info.kv_bytes_per_token
     lines = [
         f"**{info.name}** · {info.model_type} · {info.param_count / 1e6:.0f} M parameters "
@@ -104,6 +104,10 @@ def model_card(info: ModelInfo) -> str:
         f"KV bytes per token = 2 × n_layers × n_kv × d_h × b = 2 × {info.layers} × {info.kv_heads} × "
         f"{info.head_dim} × {info.bytes_per_element} = **{per_tok:,} bytes = {format_bytes(per_tok)}**",
     ]
+    if arch == "MLA":  # the cache holds one latent and one RoPE key per token and layer, not per-head K/V
+        (dc, dr), b = info.stored_dims, info.bytes_per_element
+        lines[-1] = (f"KV bytes per token = n_layers × (d_latent + d_rope) × b = {info.layers} × ({dc} + {dr}) × "
+                     f"{b} = **{per_tok:,} bytes = {format_bytes(per_tok)}** (MLA: no factor 2, no heads)")
     if kinds != ["full_attention"]:
         lines.append(f"\nLayer kinds: {', '.join(kinds)}; sliding window {info.sliding_window} tokens "
                      "(a sliding layer holds at most window − 1 entries between steps).")
@@ -116,6 +120,15 @@ def equivalence_text(trace: Trace) -> str:
     if not eq:
         return "Cached vs full recompute: not checked for this run."
     ok = eq["max_abs_logit_diff"] < 1e-3
-    return (f"**Cached decoding {'equals' if ok else 'DIFFERS FROM'} full recomputation** over "
-            f"{eq['positions_checked']} generated positions: max |Δ logit| = {eq['max_abs_logit_diff']:.2e}, "
-            f"max |Δ attention output| = {eq['max_abs_attn_output_diff']:.2e} (fp rounding only; threshold 1e-3).")
+    out_diff = eq.get("max_abs_attn_output_diff")
+    text = (f"**Cached decoding {'equals' if ok else 'DIFFERS FROM'} full recomputation** over "
+            f"{eq['positions_checked']} generated positions: max |Δ logit| = {eq['max_abs_logit_diff']:.2e}"
+            + (f", max |Δ attention output| = {out_diff:.2e}" if out_diff is not None else "")
+            + " (fp rounding only; threshold 1e-3).")
+    model_diff = eq.get("max_abs_logit_diff_vs_unpatched")
+    if model_diff is not None:
+        same = model_diff < 1e-3
+        text += (f" Against the model without kvviz's capture: max |Δ logit| = {model_diff:.2e} — the capture "
+                 f"{'changes nothing' if same else '**CHANGED THE OUTPUT**'}"
+                 + ("" if eq.get("unpatched_reference", True) else " (another run kept the capture installed)") + ".")
+    return text

@@ -84,11 +84,14 @@ class _QueryCollector:
         self.keep_outputs = keep_outputs
         self.scaling: float | None = None
 
-    def record(self, layer, query, key, mask, scaling, softcap, out) -> None:
+    def record(self, layer, query, key, mask, scaling, softcap, out, **extra) -> None:
         self.queries[layer] = query[0].float().clone()  # [Hq, T, D]
         self.scaling = scaling
         if self.keep_outputs:
             self.outputs[layer] = out[0].reshape(out.shape[1], -1).float().clone()  # [T, Hq*D]
+
+    def record_weights(self, layer, weights, learned_sinks: bool = False) -> None:
+        pass  # legacy attention hands over probabilities only; collect_qkv then refuses (no queries)
 
     def end_forward(self) -> None:
         pass
@@ -110,7 +113,13 @@ def collect_qkv(lm: LoadedModel, prompt: str | None = None, chat: bool = False,
                          "view needs every layer to hold the whole prompt (shorten the prompt).")
     k = torch.stack([layer.keys[0] for layer in cache.layers]).float()  # [Lyr, Hkv, T, D]
     v = torch.stack([layer.values[0] for layer in cache.layers]).float()
+    if any(q is None for q in collector.queries):
+        raise ValueError("This model's attention bypasses transformers' attention interface, so its queries "
+                         "cannot be read for the quantization view.")
     q = torch.stack(collector.queries)  # [Lyr, Hq, T, D]
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError("This model caches MLA's latent and RoPE key, not per-head keys and values; the "
+                         "quantization view needs per-head keys.")
     tok = lm.tokenizer
     outputs = torch.stack(collector.outputs) if keep_outputs else None
     return QKV([tok.decode([i]) for i in ids], q, k, v, float(collector.scaling), outputs)

@@ -27,6 +27,7 @@ from kvviz.memory.estimate import (
     preset_names,
 )
 from kvviz.memory.layout import parse_config_json
+from kvviz.ui import memory_architectures
 from kvviz.ui.context import AppContext
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
@@ -289,3 +290,4 @@ def build(ctx: AppContext) -> None:
                           bandwidth_tbps, group_size)
 
     gr.api(memory, api_name="memory", concurrency_limit=None)
+    memory_architectures.build(ctx)

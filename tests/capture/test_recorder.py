@@ -16,7 +16,7 @@ import torch
 import kvviz.capture.loop as capture_mod
 from kvviz.capture.loop import capture
 from kvviz.capture.recorder import Recorder, RecorderConfig, _adjacent
-from tests.tiny_models import tiny_model
+from tests.tiny_models import recompute_probabilities, tiny_model
 
 N_NEW = 5
 
@@ -31,11 +31,11 @@ class SpyRecorder(Recorder):
         self.calls: list[tuple] = []
         SpyRecorder.last = self
 
-    def record(self, layer, query, key, mask, scaling, softcap, out) -> None:
+    def record(self, layer, query, key, mask, scaling, softcap, out, **extra) -> None:
         if self.phase != "outputs":
             m = None if mask is None else mask[0, 0].clone()  # [q, k]
             self.calls.append((layer, self.t_total, query[0].double(), key[0].double(), m, scaling, softcap))
-        super().record(layer, query, key, mask, scaling, softcap, out)
+        super().record(layer, query, key, mask, scaling, softcap, out, **extra)
 
     def _flush_decode(self) -> None:
         # note how many batches (cache length, scale) each decode step's plain layers formed
@@ -119,33 +119,26 @@ def test_real_model_reductions_equal_exact_attention(monkeypatch, lm, bin_factor
     assert_matches_reference(trace, spy)
 
 
-@pytest.mark.parametrize("name", ["gemma2_hybrid", "mistral_sliding", "gpt2_mha"])
-def test_masked_softcapped_and_mha_models_equal_exact_attention(monkeypatch, lm, name):
-    # 20 tokens: longer than the sliding window (8), so sliding layers receive an explicit mask
-    model = tiny_model(name, lm.tokenizer)
+@pytest.mark.parametrize("name, recompute", [("gemma2", False), ("gemma2", True), ("mistral", False), ("gpt2", False)])
+def test_masked_softcapped_and_mha_models_equal_exact_attention(monkeypatch, name, recompute):
+    # 20 tokens: longer than the sliding window (8), so sliding layers receive an explicit mask. Gemma-2
+    # runs eager (no SDPA with soft-capping): its own probabilities, or recomputed with the soft-cap
+    model = tiny_model(name)
+    if recompute:
+        recompute_probabilities(monkeypatch)
     trace, spy = spied_capture(monkeypatch, model, list(range(100, 120)), RecorderConfig(obs_window=6, chunk=8))
-    if name == "gemma2_hybrid":
-        assert any(c[6] is not None for c in spy.calls)  # the soft-capping path ran
+    if name == "gemma2":
+        assert any(c[6] is not None for c in spy.calls)  # soft-capped
     assert_matches_reference(trace, spy)
 
 
-def test_hybrid_without_softcap_is_exact(monkeypatch, lm):
-    # Gemma-2 style sliding/full/sliding layers without soft-capping: the full layer's decode rows go
-    # through the batched path, the masked sliding layers through the per-layer one; both exact
-    from transformers import AutoModelForCausalLM, Gemma2Config
-
-    from kvviz.models import LoadedModel
-
-    torch.manual_seed(0)
-    cfg = Gemma2Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
-                       max_position_embeddings=512, attn_logit_softcapping=None, final_logit_softcapping=None,
-                       layer_types=["sliding_attention", "full_attention", "sliding_attention"])
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
-    tiny = LoadedModel(model=model, tokenizer=lm.tokenizer, name="tiny-hybrid", device=torch.device("cpu"),
-                       dtype=torch.float32, stop_ids=set())
+def test_hybrid_under_sdpa_is_exact(monkeypatch):
+    # Gemma-3 sliding/full/sliding layers under SDPA: the full layer's decode rows go through the batched
+    # path (no mask), the masked sliding layers through the per-layer one; both exact
+    tiny = tiny_model("gemma3")
+    assert tiny.model.config._attn_implementation == "sdpa"
     trace, spy = spied_capture(monkeypatch, tiny, list(range(100, 120)), RecorderConfig(obs_window=6, chunk=8))
-    assert max(spy.batches) == 1
+    assert spy.batches[:2] == [0, 0] and max(spy.batches) == 1  # prefill; first decode step checks layer by layer
     assert_matches_reference(trace, spy)
 
 

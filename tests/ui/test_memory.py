@@ -104,3 +104,26 @@ def test_api_memory_matches_the_cli_json(ctx):
     assert out["max_sequences"] == 162
     with pytest.raises(gr.Error, match="config must be a preset"):
         tab.api_memory(ctx, "/etc/hosts")
+
+
+def test_live_architecture_section_shows_the_real_cache_next_to_the_formula():
+    from kvviz.ui.memory_architectures import show_architecture
+
+    summary, table, chart = show_architecture("MLA", "The KV cache")
+    assert "equal, layer by layer ✓" in summary and "no factor 2 and no head count" in summary
+    assert list(table["tensors"]) == ["latent [1, 1, 19, 32] + RoPE key [1, 1, 19, 8]"] * 2
+    assert [t.name for t in chart.data] == ["measured (cache tensors)", "formula (memory calculator)",
+                                            "per-head K/V (the pitfall)"]
+    summary, table, _ = show_architecture("sliding", "The KV cache")
+    assert set(table["tokens held"]) == {7} and "✓" in summary  # window 8: transformers keeps 7
+
+
+@pytest.mark.parametrize("kind, prompt, message", [
+    ("Mamba", "hi", "Pick one of the architectures"), ("GQA", "   ", "Type a short prompt"),
+    ("GQA", "é" * 101, "at most 200 bytes"), ("GQA", None, "Type a short prompt"),
+])
+def test_live_architecture_bad_input_is_a_readable_error(kind, prompt, message):
+    from kvviz.ui.memory_architectures import show_architecture
+
+    with pytest.raises(gr.Error, match=message):
+        show_architecture(kind, prompt)

@@ -1,0 +1,250 @@
+"""The capture attention function: the model's own attention, with the run's recorder beside it.
+
+``installed(model)`` routes a model's attention through :func:`capture_attention` for a run. The
+wrapper calls the very implementation the model was loaded with (its modeling file's
+``eager_attention_forward``, or transformers' SDPA / flex / flash function), with every argument
+the model passed (learned sinks, soft-capping, sliding windows, scalings), so the model's output
+is its own; the recorder then gets the same tensors, and the probabilities when the implementation
+returns them. Models whose attention never calls transformers' AttentionInterface (Falcon, Bloom,
+MPT: "legacy" attention) run their own eager path with ``output_attentions`` instead, and a forward
+hook per attention layer hands those probabilities to the recorder. ``check_capturable`` refuses,
+in one line naming the feature, what cannot be captured; ``unpatched`` holds the model without
+the wrapper (the equivalence check's reference).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import weakref
+from contextlib import contextmanager
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+NAME = "kvviz_capture"
+RECORDER_KWARG = "kvviz_recorder"
+_cond = threading.Condition()
+_users: dict[int, dict] = {}  # id(model) -> {"count", "previous", "legacy", "hooks"}
+_exclusive: set[int] = set()  # models held without the wrapper (see ``unpatched``)
+_wraps: dict[str, str] = {}  # registered name -> the implementation it calls
+_tls = threading.local()  # the recorder of this thread's forward, for legacy attention's hooks
+_eager_agrees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # legacy models checked once
+
+
+class CaptureError(ValueError):
+    """kvviz cannot capture this model's attention faithfully; the message names the feature."""
+
+
+def _name_for(impl: str) -> str:
+    """The registered name that wraps ``impl``. The names avoid "sdpa", "eager", "flash" and "flex",
+    which transformers' own dispatch checks look for inside implementation names."""
+    for name, wrapped in _wraps.items():
+        if wrapped == impl:
+            return name
+    name = NAME if not _wraps else f"{NAME}_{len(_wraps)}"
+    AttentionInterface.register(name, capture_attention)
+    mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(impl, sdpa_mask)  # the mask ``impl`` would get
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask)
+    _wraps[name] = impl
+    return name
+
+
+def _implementation(module, impl: str):
+    """The function the module's forward would call for ``impl``: for eager, the ``eager_attention_forward``
+    its own modeling file defines (gpt-oss's adds learned sinks, Gemma-2's soft-capping)."""
+    forward_globals = inspect.unwrap(type(module).forward).__globals__
+    eager = forward_globals.get("eager_attention_forward")
+    if impl == "eager" and eager is None:
+        raise CaptureError(f"{type(module).__name__} defines no eager_attention_forward; kvviz cannot call it.")
+    return ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)
+
+
+def _learned_sinks(kwargs: dict, q_heads: int) -> torch.Tensor | None:
+    """Per-head sink logits ([Hq]) the model passes (gpt-oss's ``s_aux``), else None."""
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    return sinks if isinstance(sinks, torch.Tensor) and sinks.numel() == q_heads else None
+
+
+def capture_attention(module, query, key, value, attention_mask, *args, **kwargs):
+    """The wrapped implementation's output (and weights), plus a call to the run's recorder, if any.
+
+    query: [B, Hq, q, Dk]; key: [B, Hkv, k, Dk]; value: [B, Hkv, k, Dv] (the layer's whole cache).
+    """
+    recorder = kwargs.pop(RECORDER_KWARG, None)
+    impl = _wraps.get(getattr(getattr(module, "config", None), "_attn_implementation", None))
+    if impl is None:
+        raise CaptureError(f"{type(module).__name__} has no config naming its attention implementation.")
+    out, weights = _implementation(module, impl)(module, query, key, value, attention_mask, *args, **kwargs)
+    if recorder is not None:
+        recorder.record(module.layer_idx, query, key, attention_mask, kwargs.get("scaling"), kwargs.get("softcap"),
+                        out, value=value, weights=weights, sinks=_learned_sinks(kwargs, query.shape[1]),
+                        bias=kwargs.get("position_bias"), sliding_window=kwargs.get("sliding_window"))
+    return out, weights
+
+
+# ---- what can be captured ------------------------------------------------------------------------
+def attention_modules(model) -> list:
+    """The model's self-attention layers: modules named ``*Attention*`` that know their ``layer_idx``."""
+    return [m for m in model.modules()
+            if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)]
+
+
+def uses_interface(model) -> bool:
+    """Whether the model's attention goes through transformers' AttentionInterface (transformers' own test)."""
+    can_set = getattr(type(model), "_can_set_attn_implementation", None)
+    return bool(can_set()) if can_set is not None else True
+
+
+def check_capturable(model) -> None:
+    """Raise :class:`CaptureError` naming the feature when kvviz cannot capture ``model`` faithfully."""
+    from kvviz.memory.layout import cache_layout  # the cache's per-layer kinds
+
+    config = model.config
+    name = getattr(config, "model_type", type(model).__name__)
+    if getattr(config, "is_encoder_decoder", False):
+        raise CaptureError(f"kvviz cannot capture {name}: encoder-decoder attention (kvviz captures decoder-only LMs).")
+    try:
+        layout = cache_layout(config)
+    except ValueError as exc:
+        raise CaptureError(f"kvviz cannot capture {name}: {exc}") from None
+    state = [s.index for s in layout.layers if s.kind.endswith("state")]
+    if state:
+        raise CaptureError(f"kvviz cannot capture {name}: layers {', '.join(map(str, state[:6]))} are linear-attention "
+                           "/ state-space layers, which have no attention probabilities to record.")
+    plain = [s.index for s in layout.layers if s.kind == "none"]
+    if plain:
+        raise CaptureError(f"kvviz cannot capture {name}: layers {', '.join(map(str, plain[:6]))} have no attention "
+                           "(no cache entries), which kvviz's per-layer records assume.")
+    modules = attention_modules(model)
+    if not modules:
+        raise CaptureError(f"kvviz cannot capture {name}: no attention layer with a layer index was found.")
+    if not uses_interface(model):
+        params = inspect.signature(type(modules[0]).forward).parameters
+        if "output_attentions" not in params:
+            raise CaptureError(f"kvviz cannot capture {name}: its attention bypasses transformers' attention "
+                               "interface and cannot return its probabilities (no output_attentions).")
+
+
+# ---- installing ----------------------------------------------------------------------------------
+def _legacy_hook(module, args, kwargs, output):
+    """Hand the probabilities a legacy attention layer returned to this thread's recorder, then drop
+    them from the output (so the model does not keep every layer's T × T matrix)."""
+    recorder = getattr(_tls, "recorder", None)
+    if recorder is None or not isinstance(output, tuple):
+        return None
+    if len(output) < 2 or output[1] is None:
+        raise CaptureError(f"{type(module).__name__} returned no attention probabilities with output_attentions.")
+    recorder.record_weights(module.layer_idx, output[1])
+    return (output[0], None, *output[2:])
+
+
+def _check_eager_agrees(model, previous: str) -> None:
+    """Legacy attention returns probabilities only on its eager path: before switching a model loaded
+    with another implementation to it, make sure both give the same output (Falcon with ALiBi does
+    not: its eager path adds ALiBi twice), once per model."""
+    if previous == "eager" or _eager_agrees.get(model):
+        return
+    param = next(model.parameters())
+    ids = torch.arange(min(16, int(getattr(model.config, "vocab_size", 16))), device=param.device)[None]
+    with torch.inference_mode():
+        ref = model(input_ids=ids, use_cache=False).logits.float()
+        model.config._attn_implementation = "eager"
+        try:
+            mine = model(input_ids=ids, use_cache=False, output_attentions=True).logits.float()
+        finally:
+            model.config._attn_implementation = previous
+    diff = (ref - mine).abs().max().item()
+    if not diff <= (1e-3 if param.dtype == torch.float32 else 5e-2) * max(1.0, ref.abs().max().item()):
+        raise CaptureError(f"kvviz cannot capture {model.config.model_type} loaded with {previous} attention: its "
+                           f"eager attention, the only path that returns probabilities, gives other outputs (max "
+                           f"|Δ logit| {diff:.2g}); load it with attn_implementation='eager'.")
+    _eager_agrees[model] = True
+
+
+def _install(model) -> dict:
+    previous = model.config._attn_implementation
+    entry = {"count": 0, "previous": previous, "legacy": not uses_interface(model), "hooks": []}
+    if entry["legacy"]:  # its own eager path is the one that returns probabilities
+        _check_eager_agrees(model, previous)
+        model.config._attn_implementation = "eager"
+        entry["hooks"] = [m.register_forward_hook(_legacy_hook, with_kwargs=True) for m in attention_modules(model)]
+    else:
+        model.set_attn_implementation(_name_for(previous))
+    return entry
+
+
+def _uninstall(model, entry: dict) -> None:
+    for hook in entry["hooks"]:
+        hook.remove()
+    if entry["legacy"]:
+        model.config._attn_implementation = entry["previous"]
+    else:
+        model.set_attn_implementation(entry["previous"])
+
+
+@contextmanager
+def installed(model):
+    """Route ``model``'s attention through the capture wrapper for the block, then restore it.
+
+    Re-entrant and thread-safe: concurrent runs on one shared model share the installation, and
+    the last one out puts the previous implementation back.
+    """
+    check_capturable(model)
+    with _cond:
+        _cond.wait_for(lambda: id(model) not in _exclusive)
+        entry = _users.get(id(model))
+        if entry is None:
+            entry = _users[id(model)] = _install(model)
+        entry["count"] += 1
+    try:
+        yield
+    finally:
+        with _cond:
+            entry["count"] -= 1
+            if entry["count"] == 0:
+                _uninstall(model, entry)
+                _users.pop(id(model), None)
+                _cond.notify_all()
+
+
+def is_installed(model) -> bool:
+    """True while a capture is routing this model's attention (tests check it is gone after)."""
+    impl = model.config._attn_implementation
+    return id(model) in _users or (isinstance(impl, str) and impl.startswith(NAME))
+
+
+@contextmanager
+def recording(model, recorder):
+    """The extra forward arguments that hand ``recorder`` this forward's attention, for the block."""
+    if recorder is None:
+        yield {}
+        return
+    entry = _users.get(id(model))
+    if entry is None or not entry["legacy"]:
+        yield {RECORDER_KWARG: recorder}
+        return
+    previous, _tls.recorder = getattr(_tls, "recorder", None), recorder
+    try:
+        yield {"output_attentions": True}
+    finally:
+        _tls.recorder = previous
+
+
+@contextmanager
+def unpatched(model, timeout: float = 10.0):
+    """Hold ``model`` without the capture wrapper for the block; yields False if another run kept it
+    installed for ``timeout`` seconds (the block then runs with the wrapper, which changes no output)."""
+    with _cond:
+        alone = _cond.wait_for(lambda: id(model) not in _users, timeout)
+        if alone:
+            _exclusive.add(id(model))
+    try:
+        yield alone
+    finally:
+        if alone:
+            with _cond:
+                _exclusive.discard(id(model))
+                _cond.notify_all()

@@ -1,0 +1,209 @@
+"""Tiny random-weight models of each cache architecture, run live to show what transformers really stores.
+
+The configs ship with kvviz (``presets/tiny_architectures.json``: MHA, GQA, MQA, MLA, sliding,
+hybrid, learned-sink); weights are random, nothing is downloaded, and a byte-level tokenizer
+(UTF-8 bytes = token ids, vocabulary 256) stands in for a real one. ``run_kind`` captures a short
+generation with kvviz's own capture and reads the cache's tensors, layer by layer, next to the
+memory calculator's formula::
+
+    from kvviz.memory.architectures import run_kind
+    live = run_kind("MLA")
+    live.measured_bytes == live.formula_bytes, live.tensors[0].shape   # True, (1, 1, 20, 32): the latent
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from kvviz.models import LoadedModel
+
+KINDS_FILE = Path(__file__).resolve().parent / "presets" / "tiny_architectures.json"
+DEFAULT_PROMPT = "The KV cache"
+MAX_PROMPT_BYTES = 200  # the tiny models' positions and a second's work
+
+
+class ByteTokenizer:
+    """Text ↔ UTF-8 bytes, one byte per token (the tiny models' vocabulary is 256). No chat template,
+    no end token: random weights would never mean one."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": list(text.encode("utf-8"))}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
+
+    def get_vocab(self) -> dict:
+        return {}
+
+
+@cache
+def _kinds() -> dict:
+    return json.loads(KINDS_FILE.read_text())
+
+
+def kinds() -> list[str]:
+    """The architecture kinds, in the order the page lists them."""
+    return list(_kinds())
+
+
+def describe(kind: str) -> str:
+    """One line saying what the kind's cache holds."""
+    return _kinds()[check_kind(kind)]["label"]
+
+
+def check_kind(kind: str) -> str:
+    if kind not in _kinds():
+        raise ValueError(f"Unknown architecture {kind!r}; choose one of {', '.join(kinds())}.")
+    return kind
+
+
+def tiny_config(kind: str) -> dict:
+    """The shipped config dict of ``kind`` (a copy, with ``model_type``)."""
+    return json.loads(json.dumps(_kinds()[check_kind(kind)]["config"]))
+
+
+def build(config: dict, name: str | None = None, seed: int = 0, attn_implementation: str | None = None) -> LoadedModel:
+    """A random-weight fp32 CPU model from a config dict (``model_type`` plus the config's fields).
+
+    The implementation is transformers' default for the class (SDPA where it has one), or eager for
+    attention that bypasses transformers' attention interface, the only path kvviz can capture there.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kvviz.capture.attention_fn import check_capturable, uses_interface
+
+    fields = dict(config)
+    model_type = fields.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, **fields)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=attn_implementation)
+    if not uses_interface(model):
+        model.config._attn_implementation = "eager"
+    model.eval().requires_grad_(False)
+    check_capturable(model)
+    return LoadedModel(model=model, tokenizer=ByteTokenizer(), name=name or f"tiny-{model_type}",
+                       device=torch.device("cpu"), dtype=torch.float32, stop_ids=set())
+
+
+@cache
+def tiny_model(kind: str) -> LoadedModel:
+    """The tiny model of ``kind``, built once per process and shared read-only."""
+    return build(tiny_config(kind), name=f"tiny {kind} ({tiny_config(kind)['model_type']})")
+
+
+@dataclass(frozen=True)
+class CacheTensor:
+    """One tensor a cache layer holds: what it is, its shape and its bytes."""
+
+    layer: int
+    layer_kind: str  # the memory calculator's kind: "full", "sliding", "mla", ...
+    name: str  # "keys", "values", or for MLA "latent" / "RoPE key"
+    shape: tuple[int, ...]  # [batch, heads, tokens, dim]
+    dtype: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class LiveCache:
+    """A tiny model's real cache after a short run, next to the formula (all sizes in bytes)."""
+
+    kind: str
+    model_type: str
+    attention: str  # "MHA", "GQA", "MQA", "MLA"
+    tokens_seen: int
+    text: str
+    tensors: tuple[CacheTensor, ...]
+    tokens_held: tuple[int, ...]  # per layer (a sliding layer keeps window - 1 between steps)
+    layer_bytes: tuple[int, ...]  # measured from the tensors
+    formula_layer_bytes: tuple[int, ...]  # the memory calculator for the same config and tokens
+    bytes_per_token: int  # every layer, no window: measured bytes / tokens held, summed over layers
+    formula_bytes_per_token: int
+    formula: str  # the per-token arithmetic, one term per group of layers
+    per_head_bytes_per_token: int  # heads × (key dim + value dim): what attention sees, what MLA avoids caching
+    max_abs_logit_diff_vs_unpatched: float
+    elapsed_s: float
+    learned_sink_share: float | None = None  # mean share of attention the learned sinks took (no cache entry holds it)
+
+    @property
+    def measured_bytes(self) -> int:
+        return sum(self.layer_bytes)
+
+    @property
+    def formula_bytes(self) -> int:
+        return sum(self.formula_layer_bytes)
+
+    @property
+    def label(self) -> str:
+        return describe(self.kind)
+
+    @property
+    def agrees(self) -> bool:
+        return self.layer_bytes == self.formula_layer_bytes and self.bytes_per_token == self.formula_bytes_per_token
+
+
+def _term(group) -> str:
+    """One group of layers in the per-token formula: ``2 sliding layers × 2 × 2 KV heads × 16 × 4 B``."""
+    kind = "MLA" if group.kind == "mla" else group.kind
+    return f"{group.count} {kind} layer{'s' if group.count > 1 else ''} × {group.per_token_expr}"
+
+
+def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -> LiveCache:
+    """Capture ``prompt`` + ``max_new_tokens`` on the tiny model of ``kind`` and read its cache."""
+    from transformers import DynamicCache
+
+    from kvviz.capture.loop import capture
+    from kvviz.memory.estimate import cache_layout, estimate, layer_groups, live_cache_bytes_formula
+
+    check_kind(kind)
+    data = (prompt or "").encode("utf-8")
+    if not data:
+        raise ValueError("The prompt is empty: type a few words.")
+    if len(data) > MAX_PROMPT_BYTES:
+        raise ValueError(f"The prompt is {len(data)} bytes; the tiny models take at most {MAX_PROMPT_BYTES}.")
+    if not 1 <= max_new_tokens <= 64:
+        raise ValueError("max_new_tokens must be from 1 to 64.")
+    lm = tiny_model(kind)
+    caches: list = []
+
+    def keep_cache(model: LoadedModel):
+        caches.append(DynamicCache(config=model.config))
+        return caches[-1]
+
+    t0 = time.perf_counter()
+    trace = capture(lm, prompt, chat=False, max_new_tokens=max_new_tokens, cache_factory=keep_cache, verify=True)
+    elapsed = time.perf_counter() - t0
+    layout = cache_layout(lm.config)
+    names = ("latent", "RoPE key") if layout.mla else ("keys", "values")
+    tensors, held = [], []
+    for spec, layer in zip(layout.layers, caches[0].layers):
+        held.append(int(layer.keys.shape[-2]))
+        for name, t in zip(names, (layer.keys, layer.values)):
+            tensors.append(CacheTensor(spec.index, spec.kind, name, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                                       t.numel() * t.element_size()))
+    measured = tuple(sum(t.bytes for t in tensors if t.layer == i) for i in range(layout.num_layers))
+    seen = trace.n_fed
+    formula = live_cache_bytes_formula(layout, seen, 4)
+    est = estimate(layout, seen, kv_dtype="fp32")
+    if layout.mla:  # attention expands the latent to every head's key (nope + rope) and value
+        per_head = layout.num_attention_heads * (layout.head_dim + layout.mla["v_head_dim"])
+    else:
+        per_head = 2 * layout.num_key_value_heads * layout.head_dim
+    return LiveCache(
+        kind=kind, model_type=layout.model_type, attention=layout.attention, tokens_seen=seen, text=trace.text,
+        tensors=tuple(tensors), tokens_held=tuple(held), layer_bytes=measured,
+        formula_layer_bytes=tuple(formula["layer_bytes"]),
+        bytes_per_token=sum(b // n for b, n in zip(measured, held) if n), formula_bytes_per_token=est.bytes_per_token,
+        formula=" + ".join(_term(g) for g in layer_groups(layout, est)),
+        per_head_bytes_per_token=per_head * 4 * layout.num_layers,
+        max_abs_logit_diff_vs_unpatched=trace.equivalence["max_abs_logit_diff_vs_unpatched"], elapsed_s=elapsed,
+        learned_sink_share=None if trace.learned_sink_mass is None else float(trace.learned_sink_mass.mean()),
+    )

@@ -1,0 +1,63 @@
+"""The cache of every architecture, live: each tiny model's real cache tensors against the formula."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvviz.figures import architectures as fig
+from kvviz.memory.architectures import kinds, run_kind, tiny_config
+
+
+@pytest.fixture(scope="module", params=kinds())
+def live(request):
+    return run_kind(request.param, "The KV cache", max_new_tokens=8)
+
+
+def test_every_kind_holds_exactly_the_formulas_bytes(live):
+    assert live.agrees, live.kind
+    assert live.measured_bytes == sum(t.bytes for t in live.tensors) == live.formula_bytes
+    assert live.max_abs_logit_diff_vs_unpatched < 1e-4
+    assert live.tokens_seen == len(b"The KV cache") + 7 and live.elapsed_s < 5
+
+
+def test_each_kind_stores_what_its_architecture_says(live):
+    cfg = tiny_config(live.kind)
+    shapes = {(t.name, t.shape[1], t.shape[3]) for t in live.tensors}
+    expected = {"MHA": ("MHA", 4), "GQA": ("GQA", 2), "MQA": ("MQA", 1), "sliding": ("GQA", 2), "hybrid": ("GQA", 2),
+                "learned-sink": ("GQA", 2)}
+    if live.kind == "MLA":  # one latent and one RoPE key per token: one "head", no factor 2
+        assert shapes == {("latent", 1, cfg["kv_lora_rank"]), ("RoPE key", 1, cfg["qk_rope_head_dim"])}
+        assert live.bytes_per_token == 2 * (32 + 8) * 4
+        assert live.per_head_bytes_per_token == 2 * 4 * (24 + 16) * 4  # what attention expands it to
+    else:
+        attention, heads = expected[live.kind]
+        assert live.attention == attention and shapes == {("keys", heads, 16), ("values", heads, 16)}
+    windows = {n for n, t in zip(live.tokens_held, live.tensors[::2]) if t.layer_kind == "sliding"}
+    assert windows <= {cfg.get("sliding_window", 0) - 1}  # transformers keeps window - 1 between steps
+    assert (live.learned_sink_share is not None) == (live.kind == "learned-sink")
+
+
+def test_figures_and_summary(live):
+    table = fig.cache_table(live)
+    assert list(table["measured bytes"]) == list(live.formula_layer_bytes) and set(table["equal"]) == {"✓"}
+    chart = fig.bytes_chart(live)
+    assert len(chart.data) == (3 if live.kind == "MLA" else 2)
+    text = fig.summary_markdown(live)
+    assert f"**{live.measured_bytes:,} B" in text and "equal, layer by layer ✓" in text
+    if live.kind == "MLA":
+        assert "no factor 2 and no head count" in text and "4× more" in text
+
+
+def test_captions_are_one_sentence():
+    assert all(c.strip().endswith(".") and c.count(". ") == 0 for c in fig.CAPTIONS.values())
+    json.dumps(fig.CAPTIONS)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("GQA", ""), "prompt is empty"), (("GQA", "x" * 201), "at most 200"), (("RWKV", "hi"), "Unknown architecture"),
+])
+def test_bad_input_is_refused(args, message):
+    with pytest.raises(ValueError, match=message):
+        run_kind(*args)
