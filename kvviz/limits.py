@@ -153,17 +153,29 @@ class JobCost:
                 f"({self.key_reads:.3g} attention key reads, ~{self.bytes / 2**20:,.0f} MiB)")
 
 
-def job_cost(prompt_tokens: int, new_tokens: int, layers: int, bytes_per_token: int, runs: int = 1) -> JobCost:
+def job_cost(prompt_tokens: int, new_tokens: int, layers: int, bytes_per_token: int, runs: int = 1,
+             window: int | None = None) -> JobCost:
     """What ``runs`` generations of ``new_tokens`` after a ``prompt_tokens`` prompt will cost.
 
     ``bytes_per_token`` is the model's KV bytes per token (all layers); the recorder keeps about as
     much again beside the cache (attention summaries and statistics), so the estimate doubles it.
+    ``window`` caps the keys each decode step reads (a cache that holds at most that many entries).
     """
     total = prompt_tokens + new_tokens
-    passes = runs * layers * total
-    reads = runs * layers * (prompt_tokens * (prompt_tokens + 1) // 2 + new_tokens * prompt_tokens
-                             + new_tokens * (new_tokens + 1) // 2)
-    return JobCost(prompt_tokens, new_tokens, layers, runs, passes, reads, 2 * runs * total * bytes_per_token)
+    prefill = prompt_tokens * (prompt_tokens + 1) // 2
+    decode = _sum_range(prompt_tokens + 1, total)  # step t reads the prompt_tokens + t keys it can see
+    if window is not None and total > window:
+        below = max(0, min(total, window) - prompt_tokens)  # steps that still see fewer than ``window`` keys
+        decode = _sum_range(prompt_tokens + 1, prompt_tokens + below) + (new_tokens - below) * window
+    reads = runs * layers * (prefill + decode)
+    held = total if window is None else min(total, window)
+    return JobCost(prompt_tokens, new_tokens, layers, runs, runs * layers * total, reads,
+                   2 * runs * held * bytes_per_token)
+
+
+def _sum_range(lo: int, hi: int) -> int:
+    """lo + (lo + 1) + … + hi (0 when hi < lo)."""
+    return 0 if hi < lo else (lo + hi) * (hi - lo + 1) // 2
 
 
 def check_cost(cost: JobCost, max_key_reads: int, max_bytes: int | None) -> None:

@@ -14,7 +14,7 @@ KVVIZ_MAX_JOB_SECONDS       a model job running longer ends with what it has (18
 KVVIZ_MAX_RSS_GB            no new model jobs while the server's resident memory is above this
                             (75% of the machine's memory, or 12 where that is unknown)
 KVVIZ_MAX_KEY_READS         largest job, in attention key reads over all layers and runs
-                            (what the longest allowed prompt and generation cost: about 1e9 here)
+                            (four runs of the longest allowed prompt and generation: ~4e9 for SmolLM2)
 KVVIZ_SESSION_GRACE_S       seconds a closed session's traces are kept for a reconnect (60)
 KVVIZ_FILE_MAX_AGE_S        exported files older than this are deleted (3600)
 KVVIZ_PUBLIC                1 = public deployment (also implied by SPACE_ID on a Hugging Face Space)

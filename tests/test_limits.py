@@ -65,6 +65,13 @@ def test_job_cost_counts_prefill_and_decode_reads():
     assert job_cost(4, 2, 3, 10, runs=3).key_reads == 3 * cost.key_reads
 
 
+def test_a_bounded_cache_caps_the_keys_each_step_reads():
+    capped = job_cost(prompt_tokens=4, new_tokens=6, layers=1, bytes_per_token=10, window=6)
+    # prefill 10; steps see 5, 6, then 6, 6, 6, 6 keys (the cache holds 6) = 35; bytes for 6 held tokens
+    assert capped.key_reads == 10 + 35 and capped.bytes == 2 * 6 * 10
+    assert job_cost(4, 6, 1, 10, window=100).key_reads == job_cost(4, 6, 1, 10).key_reads
+
+
 def test_check_cost_names_what_to_shrink():
     cost = job_cost(8192, 512, 30, 46080)
     check_cost(cost, cost.key_reads, None)

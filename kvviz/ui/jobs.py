@@ -51,7 +51,10 @@ class Jobs:
         self.settings, self.info = settings, info
         self.gate = Gate(slots=settings.concurrency, max_waiting=settings.queue_size,
                          max_seconds=settings.max_job_seconds, max_rss_bytes=int(settings.max_rss_gb * 2**30))
-        ceiling = job_cost(settings.max_prompt_tokens, settings.max_new_tokens, info.layers, info.kv_bytes_per_token)
+        # by default the largest job is four runs at the longest prompt and generation allowed (a comparison of
+        # three policies with the full cache); the time budget bounds it too
+        ceiling = job_cost(settings.max_prompt_tokens, settings.max_new_tokens, info.layers, info.kv_bytes_per_token,
+                           runs=4)
         self.max_key_reads = settings.max_key_reads or ceiling.key_reads
         self._held: dict[str, Ticket] = {}
 
@@ -70,9 +73,9 @@ class Jobs:
             ticket.release()
 
     def admit(self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int,
-              runs: int = 1) -> Ticket:
-        """A place in line for this session's job, or :class:`UserError` at once."""
-        cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs)
+              runs: int = 1, window: int | None = None) -> Ticket:
+        """A place in line for this session's job, or :class:`UserError` at once (see :func:`job_cost`)."""
+        cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
         try:
             self.gate.check_memory()
             check_cost(cost, self.max_key_reads, self.gate.spare_bytes())
@@ -81,9 +84,9 @@ class Jobs:
             raise UserError(str(exc)) from None
 
     def start(self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int,
-              runs: int = 1) -> Ticket:
+              runs: int = 1, window: int | None = None) -> Ticket:
         """The session's held ticket (or a new one), once it is this job's turn: use it as ``with``."""
-        ticket = self.take(request) or self.admit(request, what, prompt_tokens, new_tokens, runs)
+        ticket = self.take(request) or self.admit(request, what, prompt_tokens, new_tokens, runs, window)
         try:
             ticket.wait()
         except BaseException:

@@ -223,11 +223,11 @@ def build(ctx: AppContext) -> None:
         values = {k.split(".", 1)[1]: v for k, v in zip(keys, pvals) if k.startswith(f"{name}.")}
         return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
 
-    def check(*args, request: gr.Request):
+    def check(request: gr.Request, *args):
         req = gather(*args)
         ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction run", len(req["ids"]), req["max_new_tokens"]))
 
-    def run(*args, request: gr.Request):
+    def run(request: gr.Request, *args):
         req = gather(*args)
         with ctx.jobs.start(request, "eviction run", len(req["ids"]), req["max_new_tokens"]) as ticket:
             result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
@@ -268,13 +268,13 @@ def build(ctx: AppContext) -> None:
             _user(resolve_budget, p, req["n_compress"], req["budget"], req["ratio"])
         return req, pols
 
-    def check_compare(names, *args, request: gr.Request):
+    def check_compare(request: gr.Request, names, *args):
         req, pols = compare_request(names, *args)
         ctx.jobs.hold(request, ctx.jobs.admit(request, "comparison", len(req["ids"]), req["max_new_tokens"],
                                               runs=len(pols) + 1))
 
-    def run_compare(names, *args, request: gr.Request, progress=gr.Progress()):
-        req, pols = compare_request(names, *args)
+    def run_compare(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
+        req, pols = compare_request(*args)
         with ctx.jobs.start(request, "comparison", len(req["ids"]), req["max_new_tokens"],
                             runs=len(pols) + 1) as ticket:
             cmp = _user(lambda: compare(ctx.lm, req["ids"], pols, budget=req["budget"], ratio=req["ratio"],
@@ -305,7 +305,7 @@ def build(ctx: AppContext) -> None:
                       verdict, table, bytes_plot, kl_plot], api_name=False, concurrency_limit=None)
 
     def run_sinks(request: gr.Request, progress=gr.Progress()):
-        with ctx.jobs.start(request, "sinks demo", SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE, runs=3):
+        with ctx.jobs.start(request, "sinks demo", SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE, runs=3, window=SINKS_CACHE):
             res = _user(lambda: sinks_demo(ctx.lm, progress=lambda f, d: progress(f, desc=d)), what="Sinks demo")
         ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
         return f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl}", fig.sinks_figure(res)

@@ -113,6 +113,10 @@ def build(ctx: AppContext):
         trace = None
         try:  # a fault, Stop, the time budget or a disconnect ends this job only; the cache goes with it
             for line in ctx.jobs.turns(ticket):
+                if flag.is_set():
+                    yield (gr.skip(), "Stopped before it started: the run left the queue.",
+                           *[gr.skip()] * (len(outputs) - 2))
+                    return
                 yield (gr.skip(), line, *[gr.skip()] * (len(outputs) - 2))
             for trace in capture_iter(ctx.lm, prompt_text, chat=bool(use_chat), max_new_tokens=n_new,
                                       sampling=sampling, prompt_ids=ids, verify=True,
@@ -121,8 +125,10 @@ def build(ctx: AppContext):
                 if now - last < REFRESH_S and not trace.stop_reason:
                     continue
                 last = now
-                yield _outputs(trace, budget_name, final=bool(trace.stop_reason) and trace.colsum is not None,
-                               request=request, note=ctx.jobs.timeout_note(ticket))
+                final = bool(trace.stop_reason) and trace.colsum is not None
+                if final:  # the model's work is done: free the session's place before the page shows "Done"
+                    ticket.release()
+                yield _outputs(trace, budget_name, final=final, request=request, note=ctx.jobs.timeout_note(ticket))
         except gr.Error:
             raise
         except Exception as exc:

@@ -193,15 +193,15 @@ def build(ctx: AppContext) -> None:
     })
     controls = [prompt, chat, layer, head, fmt, key_axis, value_axis, group, window]
 
-    def run_analyze(*values, request: gr.Request, progress=gr.Progress()):
+    def run_analyze(request: gr.Request, progress=gr.Progress(), *values):  # Gradio injects both
         with ctx.jobs.start_prompt(request, "quantization analysis", ctx.lm, values[0], values[1], 0):
             return analyze(ctx, *values, progress=progress)
 
-    def run_maps(*values, request: gr.Request):
+    def run_maps(request: gr.Request, *values):
         with ctx.jobs.start_prompt(request, "key/value maps", ctx.lm, values[0], values[1], 0):
             return maps(ctx, *values)
 
-    def run_generate(*values, request: gr.Request, progress=gr.Progress()):
+    def run_generate(request: gr.Request, progress=gr.Progress(), *values):  # Gradio injects both
         n_new = _max_new(ctx, values[8])
         with ctx.jobs.start_prompt(request, "quantized generation", ctx.lm, values[0], values[1], n_new, runs=2):
             return generate(ctx, *values, progress=progress)

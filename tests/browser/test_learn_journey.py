@@ -63,6 +63,9 @@ def show_me(page, button_id: str, sm, must_change: bool = True) -> None:
             "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
             " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
             arg=[sel, pattern, old, must_change and sm.tab != "tab_attention"], timeout=LONG)
+    # the session has one model job at a time: the next show-me starts once this one's outputs settle
+    page.wait_for_function("() => !document.querySelector('[data-testid=status-tracker]:not(.hide)')",
+                           timeout=LONG)
 
 
 def assert_clean(page, errors) -> None:
