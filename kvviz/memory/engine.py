@@ -110,6 +110,10 @@ class EngineStartup:
                 hi = mid - 1
         return lo
 
+    def concurrency_at(self, model_len: int) -> float:
+        """Maximum concurrency the same blocks would give requests of ``model_len`` tokens."""
+        return self.num_blocks / _request_blocks(self, bounded_int(model_len, "max_model_len", 1, MAX_CONTEXT))
+
     @property
     def advice(self) -> str:
         return ADVICE.format(fit=self.fitting_model_len()) if self.max_concurrency < 1 else ""
