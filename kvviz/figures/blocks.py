@@ -126,9 +126,10 @@ def allocation_bars(allocs: Sequence[Allocation]) -> go.Figure:
     ])
     paged, *rest = allocs
     removed = max(a.wasted_bytes for a in rest) - paged.wasted_bytes if rest else 0
-    fig.update_layout(barmode="stack", xaxis_title="bytes of this sequence's cache (MiB)", height=260,
+    fig.update_layout(barmode="stack", xaxis_title="bytes of this sequence's cache (MiB)", height=300,
                       title=f"Paging wastes {format_bytes(paged.wasted_bytes)}; it removes up to "
-                            f"{format_bytes(removed)} of reserved-but-empty cache", legend={"orientation": "h"})
+                            f"{format_bytes(removed)} of reserved-but-empty cache",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.35})
     return fig
 
 
@@ -191,7 +192,8 @@ def freed_bars(runs: Sequence[PolicyPaging]) -> go.Figure:
               ("blocks freed in every head", [r.paging.blocks_freed_all_heads.mean() for r in runs], "#2171b5")]
     fig = go.Figure([go.Bar(x=names, y=ys, name=label, marker_color=color) for label, ys, color in series])
     p = runs[0].paging
-    fig.update_layout(barmode="group", yaxis_title="blocks per layer (mean)", height=320, legend={"orientation": "h"},
+    fig.update_layout(barmode="group", yaxis_title="blocks per layer (mean)", height=340,
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.15},
                       title=f"{p.n_tokens} prompt tokens = {p.blocks_before} blocks of {p.block_size}; "
                             f"budget {runs[0].budget} entries per layer and KV head")
     return fig
@@ -256,11 +258,12 @@ def table_summary(table: BlockTable, allocs: Sequence[Allocation], what: str) ->
 def sharing_summary(s: Sharing) -> str:
     """What sharing saved, in one paragraph with units."""
     common = common_prefix([p.token_ids for p in s.prompts])
-    found = ", ".join(f"{p.name}: {p.cached_blocks}" for p in s.prompts[1:]) or "—"
+    found = ", ".join(f"{p.name} → {p.cached_blocks} block{'s' if p.cached_blocks != 1 else ''}"
+                      for p in s.prompts[1:]) or "nothing (one prompt)"
     return (f"The prompts start with the same **{common} tokens** → **{s.shared_blocks} full block"
             f"{'s' if s.shared_blocks != 1 else ''} of {s.block_size}** in common (a block is shared only when its "
-            f"chained hash matches, i.e. every token up to its end is equal). Blocks found in the prefix cache — "
-            f"{found}: **{s.prefill_tokens_saved:,} prefill tokens** not recomputed ({s.prefill_tokens_saved:,} of "
+            f"chained hash matches, i.e. every token up to its end is equal). Found in the prefix cache: {found}. "
+            f"That is **{s.prefill_tokens_saved:,} prefill tokens** not recomputed ({s.prefill_tokens_saved:,} of "
             f"{s.prefill_tokens:,}) and **{format_bytes(s.bytes_saved)}** not stored again "
             f"({format_bytes(s.bytes_per_block)} per block over every layer); {s.logical_blocks} logical blocks "
             f"on {s.physical_blocks} physical ones.")

@@ -17,8 +17,9 @@ CAPTIONS = {
            "it with this configuration's values.",
     "groups": "The model's layers by attention kind: each kind is split into KV-cache groups of equal size that "
               "share one pool of blocks, and a request needs this many blocks in each group.",
-    "concurrency": "Requests of each length that fit at once in the same blocks; below the dashed line at 1 the "
-                   "engine cannot hold even one request of that length and refuses to start.",
+    "concurrency": "Requests of each length that fit at once in the same blocks (dotted: your max_model_len); "
+                   "below the dashed line at 1 the engine cannot hold even one request of that length and refuses "
+                   "to start.",
 }
 
 
@@ -42,12 +43,13 @@ def groups_table(s: EngineStartup) -> pd.DataFrame:
 
 
 def concurrency_chart(s: EngineStartup) -> go.Figure:
-    top = max(s.max_model_len, 1024)
-    lens = sorted({2**k for k in range(10, top.bit_length() + 1) if 2**k <= top} | {s.max_model_len})
+    top = max(s.max_model_len, 2 * s.kv_cache_tokens, 1024)  # past the point where one request no longer fits
+    lens = sorted({2**k for k in range(10, min(top, 1 << 27).bit_length() + 1)} | {s.max_model_len})
     ys = [s.concurrency_at(m) for m in lens]
     fig = go.Figure(go.Scatter(x=lens, y=ys, mode="lines+markers", name="maximum concurrency",
                                hovertemplate="%{x:,} tokens per request: %{y:.2f}x<extra></extra>"))
     fig.add_hline(y=1, line_dash="dash", line_color="#a50f15")
+    fig.add_vline(x=s.max_model_len, line_dash="dot", line_color="#636363")
     fig.update_layout(title=f"{s.num_blocks:,} blocks of {s.block_size} tokens: requests that fit at once",
                       xaxis_title="max_model_len (tokens, log scale)", yaxis_title="maximum concurrency (×, log)",
                       xaxis_type="log", yaxis_type="log", height=300)

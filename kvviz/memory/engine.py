@@ -136,10 +136,11 @@ class EngineStartup:
                f"weights = {b.kv_budget_bytes / 1e9:,.2f} GB over {b.gpus} GPU{'s' if b.gpus > 1 else ''} → "
                f"{self.kv_bytes_per_gpu:,} B per GPU = {self.kv_bytes_per_gpu / GiB:.2f} GiB")
         per_layer = self.layers_per_group_per_gpu
-        block = (f"block = {self.page_expr} per layer × {per_layer} layer{'s' if per_layer > 1 else ''} per group"
+        block = (f"⌊{self.kv_bytes_per_gpu:,} B / {self.bytes_per_block_per_gpu:,} B per block⌋ = "
+                 f"{self.num_blocks:,} blocks, where one block = {self.page_expr} per layer × {per_layer} "
+                 f"layer{'s' if per_layer > 1 else ''} per group"
                  + (f" on each of {self.pp} pipeline stages" if self.pp > 1 else "")
-                 + f" = {self.bytes_per_block_per_gpu:,} B ({format_bytes(self.bytes_per_block_per_gpu)}); "
-                 f"⌊{self.kv_bytes_per_gpu:,} B / {self.bytes_per_block_per_gpu:,} B⌋ = {self.num_blocks:,} blocks")
+                 + f" = {self.bytes_per_block_per_gpu:,} B ({format_bytes(self.bytes_per_block_per_gpu)})")
         g = self.num_groups
         tokens = (f"⌊{self.num_blocks:,} blocks / {g} group{'s' if g > 1 else ''}⌋ × {self.block_size} tokens = "
                   f"{self.kv_cache_tokens:,} tokens")

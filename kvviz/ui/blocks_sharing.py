@@ -76,12 +76,12 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
         prompts = check_prompts(ctx, list(texts))
         return size, prompts, token_ids(ctx, prompts, use_chat)
 
-    def check(b, use_chat, *texts, request: gr.Request):
-        _, prompts, ids = request_of(b, use_chat, *texts)
+    def check(b, use_chat, first, second, third, request: gr.Request):
+        _, prompts, ids = request_of(b, use_chat, first, second, third)
         ctx.jobs.hold(request, ctx.jobs.admit(request, "prefix sharing", max(map(len, ids)), 1, runs=len(ids)))
 
-    def run(b, use_chat, *texts, request: gr.Request):
-        size, prompts, ids = request_of(b, use_chat, *texts)
+    def run(b, use_chat, first, second, third, request: gr.Request):
+        size, prompts, ids = request_of(b, use_chat, first, second, third)
         names = [f"prompt {i + 1}" for i in range(len(ids))]
         with ctx.jobs.start(request, "prefix sharing", max(map(len, ids)), 1, runs=len(ids)) as ticket, \
                 user_errors("Prefix sharing"):

@@ -59,7 +59,7 @@ def check_prompt(ctx: AppContext, prompt, chat, max_new) -> tuple[str, int, int]
     """The prompt, its length in tokens and the number of new tokens, checked before any model work."""
     with user_errors():
         text = clean_prompt(prompt, ctx.settings.max_prompt_chars)
-        n_new = whole_number(max_new, "Max new tokens", 1, ctx.settings.max_new_tokens)
+        n_new = whole_number(max_new, "Tokens to generate", 1, ctx.settings.max_new_tokens)
         n = len(encode_prompt(ctx.lm, text, bool(chat)))
         limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
         if n + n_new > limit:
@@ -99,7 +99,7 @@ def build(ctx: AppContext) -> None:
         with gr.Column(scale=2):
             block_size = gr.Radio(BLOCK_SIZES, value=16, label="Block size (tokens per block)",
                                   elem_id="blocks-size")
-            max_new = gr.Slider(1, min(64, ctx.settings.max_new_tokens), value=24, step=1, label="Max new tokens",
+            max_new = gr.Slider(1, min(64, ctx.settings.max_new_tokens), value=24, step=1, label="Tokens to generate",
                                 elem_id="blocks-max-new")
             run_btn = gr.Button("Run", variant="primary", elem_id="blocks-run")
     state = gr.State(None)

@@ -56,7 +56,7 @@ def test_own_prompt_runs_through_the_gate(ctx):
     assert result.n_generated >= 1 and ctx.jobs.gate.snapshot()["running"] == 0
     with pytest.raises(gr.Error, match="empty"):
         tab.run_prompt(ctx, "   ", True, 3, None)
-    with pytest.raises(gr.Error, match="Max new tokens"):
+    with pytest.raises(gr.Error, match="Tokens to generate"):
         tab.run_prompt(ctx, "Hello!", True, 1000, None)
 
 
@@ -97,7 +97,7 @@ def test_engine_section_chapter_example_and_refusals(ctx):
                                                    0.1, 140)
     assert "INFO GPU KV cache size: 1,330,560 tokens ³" in md
     assert "INFO Maximum concurrency for 8,192 tokens per request: 162.42x ⁴" in md
-    assert "⌊54,500,000,000 B / 655,360 B⌋ = 83,160 blocks" in md
+    assert "⌊54,500,000,000 B / 655,360 B per block⌋ = 83,160 blocks" in md
     assert list(groups["layers"]) == [80] and chart is not None
     hybrid, table, _ = memory_engine.startup_view(ctx, "gemma-2-9b", H100, 1, 80, 0, "bf16", 16, 8192, 2048, 0.1, 0)
     assert list(table["KV-cache groups"]) == [1, 1] and "2 groups" in hybrid
