@@ -63,25 +63,28 @@ def block_grid(table: BlockTable) -> go.Figure:
         return _empty("The cache is empty")
     rows, text, labels = [], [], []
     for p in table.layers:
-        fill, hover = np.full(width, np.nan), [""] * width
-        first_block = p.first_position // b
+        fill = np.full(width, np.nan)
+        spans: dict[int, tuple[int, int, int]] = {}  # column → (block, first position, entries)
         for j in range(p.blocks):
-            lo = p.first_position + j * b
-            n = min(b, p.tokens - j * b)
-            col = first_block + j  # drawn under the positions it holds
+            col = p.first_position // b + j  # drawn under the positions it holds
             if col < width:
+                n = min(b, p.tokens - j * b)
                 fill[col] = n / b
-                hover[col] = (f"layer {p.layer}: block {j} holds {n}/{b} slots (positions {lo}–{lo + n - 1}), "
-                              f"{format_bytes(b * p.bytes_per_slot_per_head)} per KV head"
-                              + (f", {b - n} empty" if n < b else ""))
+                spans[col] = (j, p.first_position + j * b, n)
         for h in range(table.kv_heads):
             rows.append(fill)
-            text.append([t.replace("layer", f"KV head {h}, layer", 1) if t else "" for t in hover])
+            text.append([f"layer {p.layer}, KV head {h}: block {spans[c][0]} holds {spans[c][2]}/{b} slots (positions "
+                         f"{spans[c][1]}–{spans[c][1] + spans[c][2] - 1}), "
+                         f"{format_bytes(b * p.bytes_per_slot_per_head)}"
+                         + (f", {b - spans[c][2]} empty" if spans[c][2] < b else "") if c in spans else ""
+                         for c in range(width)])
             labels.append(f"L{p.layer} h{h}")
     fig = go.Figure(go.Heatmap(z=rows, text=text, hoverinfo="text", colorscale=FILL, zmin=0, zmax=1, xgap=1, ygap=1,
                                showscale=False, y=labels, x=list(range(width))))
-    fig.update_layout(title=f"{table.blocks:,} blocks of {b} slots over {len(table.layers)} layers × "
-                            f"{table.kv_heads} KV heads · {table.seen:,} tokens",
+    most = max(table.blocks_per_layer)
+    fewer = " (sliding layers fewer)" if min(table.blocks_per_layer) < most else ""
+    fig.update_layout(title=f"{table.seen:,} tokens → {most} blocks of {b} slots per layer and KV head{fewer} · "
+                            f"{len(table.layers)} layers × {table.kv_heads} KV heads",
                       xaxis_title="logical block", yaxis_autorange="reversed",
                       height=min(1400, 140 + 9 * len(labels)), margin={"l": 70})
     return fig

@@ -30,7 +30,7 @@ def test_blocks_journey(page, screenshot):
     page.locator("#blocks-status").get_by_text(re.compile("cache of this prompt")).wait_for(timeout=120_000)
     summary = page.locator("#blocks-summary")
     summary.get_by_text(re.compile(r"16 tokens × 46,080 B = 720 KiB")).wait_for(timeout=30_000)
-    _title(page, "blocks-grid", r"blocks of 16 slots over 30 layers × 3 KV heads")
+    _title(page, "blocks-grid", r"tokens → \d+ blocks of 16 slots per layer and KV head · 30 layers × 3 KV heads")
     _title(page, "blocks-alloc", r"^Paging wastes")
     assert page.locator("#blocks-table").get_by_text("entries held").count() >= 1
 

@@ -33,6 +33,8 @@ def test_views_of_a_generate_run(trace):
     assert "16 tokens × 46,080 B = **720 KiB**" in summary and "(8 KiB per layer and KV head)" in summary
     assert "contiguous: model context" in summary
     assert len(grid.data[0].z) == 30 * 3 and len(table) == 30
+    assert grid.layout.title.text.startswith(f"{n} tokens → {blocks} blocks of 16 slots per layer and KV head ·")
+    assert grid.data[0].text[4][blocks - 1].startswith(f"layer 1, KV head 1: block {blocks - 1} holds")
     assert slots.layout.title.text.startswith(f"Layer 3: {n} entries in {blocks} blocks of 16 slots")
     assert alloc.layout.title.text.startswith("Paging wastes")
     later = tab.views(trace, 8, 99, 0)[0]  # clamped to the last step: every fed token
