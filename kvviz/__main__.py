@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ["trace", "memory", "evict"]
+COMMANDS = ["trace", "memory", "evict", "blocks"]
 
 
 def main(argv: list[str] | None = None) -> int:

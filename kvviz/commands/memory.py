@@ -36,6 +36,10 @@ def add_parser(sub) -> None:
                    help="weights in decimal GB (default: the preset's parameters × --weight-dtype)")
     p.add_argument("--weight-dtype", default="bf16", help="bytes per parameter for the default weights (bf16)")
     p.add_argument("--bandwidth-tbps", type=float, default=None, help="memory bandwidth per GPU, TB/s")
+    p.add_argument("--block-size", type=int, default=None, help="paged engine: tokens per KV block; adds the "
+                   "start-up numbers a vLLM-style engine logs (`engine` in the JSON)")
+    p.add_argument("--max-model-len", type=int, default=None, help="paged engine: tokens per request "
+                   "(default: the config's context)")
     p.add_argument("--json", action="store_true", help="print JSON (all sizes in bytes)")
     p.set_defaults(func=run)
 
@@ -101,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
     r = report(layout, context=args.context, batch=args.batch, kv_dtype=args.kv_dtype, tp=args.tp,
                group_size=args.group_size, gpus=args.gpus, gpu_mem_gb=mem, reserve=args.reserve,
                weights_gb=args.weights_gb, weight_dtype=args.weight_dtype, bandwidth_tbps=bw)
-    print(json.dumps(r) if args.json else _human(r, layout))
+    if args.block_size is not None or args.max_model_len is not None:
+        from kvviz.memory.engine import from_report
+
+        r["engine"] = from_report(layout, r, args.block_size or 16, args.max_model_len).to_json()
+    print(json.dumps(r) if args.json else _human(r, layout) + ("\n" + r["engine"]["log"] if "engine" in r else ""))
     return 0
 
 

@@ -16,6 +16,7 @@ TABS = [
     ("Memory", "tab_memory", "The KV-cache calculator for any architecture, batch capacity and decode time."),
     ("Quantization", "tab_quant", "Outlier key channels, per-channel vs per-token quantization (KIVI)."),
     ("Cache vs no cache", "tab_nocache", "The same tokens generated with and without the cache, timed."),
+    ("Blocks", "tab_blocks", "The live cache in fixed-size blocks, prefix sharing and eviction × paging."),
     ("Learn", "tab_learn", "The chapter's objectives, questions and pitfalls, each linked to a view."),
 ]
 

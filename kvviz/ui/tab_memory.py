@@ -27,7 +27,7 @@ from kvviz.memory.estimate import (
     preset_names,
 )
 from kvviz.memory.layout import parse_config_json
-from kvviz.ui import memory_architectures
+from kvviz.ui import memory_architectures, memory_engine
 from kvviz.ui.context import AppContext
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
@@ -291,3 +291,4 @@ def build(ctx: AppContext) -> None:
 
     gr.api(memory, api_name="memory", concurrency_limit=None)
     memory_architectures.build(ctx)
+    memory_engine.build(ctx)
