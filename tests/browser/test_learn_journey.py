@@ -64,8 +64,9 @@ def show_me(page, button_id: str, sm, must_change: bool = True) -> None:
             " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
             arg=[sel, pattern, old, must_change and sm.tab != "tab_attention"], timeout=LONG)
     # the session has one model job at a time: the next show-me starts once this one's outputs settle
-    page.wait_for_function("() => !document.querySelector('[data-testid=status-tracker]:not(.hide)')",
-                           timeout=LONG)
+    page.wait_for_function("() => ![...document.querySelectorAll('[data-testid=status-tracker]:not(.hide)')].some("
+                           "e => e.classList.contains('generating') || e.querySelector('.eta-bar, .progress-level,"
+                           " .loading'))", timeout=LONG)
 
 
 def assert_clean(page, errors) -> None:
