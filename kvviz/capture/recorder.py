@@ -167,6 +167,11 @@ class Recorder:
         pos = getattr(cache_layer, "kv_positions", None)
         return pos if pos is not None and pos.shape[-1] == k_len else None
 
+    def _in_order(self, layer: int) -> bool:
+        """Whether the layer's cached keys are consecutive positions (no evicting cache's slot map)."""
+        layers = getattr(self.cache, "layers", None)
+        return layers is None or layer >= len(layers) or getattr(layers[layer], "kv_positions", None) is None
+
     # -- decode: one query, one row per head ---------------------------------------------------
     def _record_decode(self, layer, query, key, mask, scaling, softcap, extras: Extras | None, value, out) -> None:
         """Plain layers (no mask, soft-cap, sinks or bias, keys in order) only compute their scores here;
@@ -300,9 +305,10 @@ class Recorder:
         from koff) into the column sums, sink mass, window rows and the binned map."""
         n, kend, f = p.shape[1], p.shape[2], self.cfg.bin_factor
         self.sink_mass[layer, :, a0:a0 + n] = p[..., : max(self.cfg.sink_k - koff, 0)].sum(-1)
-        if a0 + n > w0 and a0 < self.n_prompt and koff == 0:
+        # keys koff… in order: from 0, or a sliding layer's window in a later prefill chunk (earlier keys got 0)
+        if a0 + n > w0 and a0 < self.n_prompt and (koff == 0 or self._in_order(layer)):
             lo, hi = max(a0, w0), min(a0 + n, self.n_prompt)
-            self.window_rows[layer, :, lo - w0:hi - w0, :kend] = p[:, lo - a0:hi - a0]
+            self.window_rows[layer, :, lo - w0:hi - w0, koff:koff + kend] = p[:, lo - a0:hi - a0]
         qb0, qbinned = _bin(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
         col = qbinned.sum(1)  # [Hq, kend]: every query of the chunk, once
         self.colsum[layer, :, koff:koff + kend] += col
