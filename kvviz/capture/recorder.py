@@ -64,6 +64,7 @@ class Recorder:
         self.nb = -(-t_max // f)
         nqb = -(-n_prompt // f)
         w = min(cfg.obs_window, n_prompt)
+        self.device = torch.empty(0, device=device).device  # "cuda" → "cuda:0", as tensors report it
         z = dict(device=device, dtype=torch.float32)
         self.colsum = torch.zeros(layers, q_heads, t_max, **z)  # [Lyr, Hq, T]
         self.prefill_colsum = torch.zeros(layers, q_heads, n_prompt, **z)
@@ -97,6 +98,10 @@ class Recorder:
         soft-cap, learned ``sinks`` ([Hq] logits), additive ``bias`` and ``sliding_window``. ``value``
         and ``out`` let the first prefill and decode step check the probabilities against the output."""
         self._recorded[layer] = True
+        if query.device != self.device:  # a dispatched model's layer on another device hands its tensors over
+            query, key, mask, out, value, weights, sinks, bias = (
+                x.to(self.device) if isinstance(x, torch.Tensor) else x
+                for x in (query, key, mask, out, value, weights, sinks, bias))
         if self.keep_outputs:
             self._out_step[layer] = out[0].reshape(out.shape[1], -1).float()  # [q, Hq*Dv]
         if self.phase == "outputs":
@@ -119,7 +124,7 @@ class Recorder:
         self._recorded[layer] = True
         if self.phase == "outputs":
             return
-        w = weights[0]
+        w = weights[0].to(self.device)
         q_len, k_len = w.shape[1], w.shape[2]
         if q_len == 1:
             p = w[:, 0].float()  # [Hq, k]
