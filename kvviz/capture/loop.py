@@ -1,7 +1,8 @@
 """Prefill + decode over a transformers cache, recording a Trace as the model generates.
 
 ``capture_iter`` yields the growing Trace after the prefill and after every decode step (the UI
-streams from it); ``capture`` runs to the end. Usage from a notebook::
+streams from it) and reports what it is doing in between (prefill chunks, the equivalence check)
+through ``progress``; ``capture`` runs to the end. Usage from a notebook::
 
     from kvviz.models import load_model
     from kvviz.capture.loop import capture
@@ -25,6 +26,19 @@ from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.models import LoadedModel
 
 DISPLAY_BUDGET_BYTES = 48 * 2**20  # fp16 binned map + decode rows may use this much (or a quarter of the KV bytes)
+# prompt tokens per prefill forward: a long prompt reports progress between chunks and never holds
+# activations for more than this many tokens at once; each chunk attends to the cache the ones before it left
+PREFILL_CHUNK = 1024
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a run is between two yielded steps: ``phase`` "prefill" (``done`` of ``total`` prompt tokens
+    are in the cache) or "verify" (recomputing without the cache; ``done`` of ``total`` reference runs)."""
+
+    phase: str
+    done: int
+    total: int
 
 
 @dataclass
@@ -145,13 +159,19 @@ def capture_iter(
     sampling: Sampling | None = None, prompt_ids: list[int] | None = None,
     should_stop: Callable[[], bool] | None = None, cache_factory: Callable | None = None,
     after_step: Callable | None = None, cfg: RecorderConfig | None = None, verify: bool = False,
+    prefill_chunk: int | None = None, progress: Callable[[Progress], None] | None = None,
 ) -> Iterator[Trace]:
     """Generate while recording; yields the same (growing) Trace after each step.
 
     ``cache_factory(lm)`` builds the cache (default: transformers' DynamicCache, which gives
     sliding-window layers where the config has them); ``after_step(cache, recorder, step)`` runs
-    after each forward (an eviction policy compresses the cache there). ``verify`` re-runs the whole
-    sequence without a cache at the end and stores the largest logit/attention-output difference.
+    after each forward of a new token (an eviction policy compresses the cache there; after the
+    whole prompt for the prefill). ``verify`` re-runs the whole sequence without a cache at the end
+    and stores the largest logit/attention-output difference. ``prefill_chunk`` prompt tokens go
+    through the model per prefill forward (0: the whole prompt at once; default :data:`PREFILL_CHUNK`
+    with the default cache, one forward with a ``cache_factory``'s, whose semantics may hang on
+    forward boundaries: a quantized cache keeps a forward's own tokens exact). ``progress`` hears
+    of every prefill chunk and of the check.
     """
     sampling = sampling or Sampling()
     sampling.validate()
@@ -161,6 +181,10 @@ def capture_iter(
         raise ValueError("The prompt is empty: type some text.")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1.")
+    if prefill_chunk is None:
+        prefill_chunk = 0 if cache_factory else PREFILL_CHUNK
+    if prefill_chunk < 0:
+        raise ValueError("prefill_chunk must be 0 (one forward) or a positive number of tokens.")
     if len(ids) + max_new_tokens > info.context_length > 0:
         raise ValueError(f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's "
                          f"context of {info.context_length} tokens; shorten the prompt or generate fewer tokens.")
@@ -178,12 +202,15 @@ def capture_iter(
     gen = torch.Generator().manual_seed(int(sampling.seed))
     logits_seen: list[torch.Tensor] = []
     t0 = time.perf_counter()
+    report = progress or (lambda _: None)
     with torch.inference_mode(), installed(lm.model):
         feed, start = ids, 0
         for step in range(max_new_tokens):
-            rec.phase = "prefill" if step == 0 else "decode"
-            rec.t_total = start + len(feed)
-            logits = forward(lm, feed, start, cache, rec)[-1]
+            if step == 0:
+                logits = _prefill(lm, ids, cache, rec, prefill_chunk or n_prompt, report)
+            else:
+                rec.phase, rec.t_total = "decode", start + len(feed)
+                logits = forward(lm, feed, start, cache, rec)[-1]
             if verify:
                 logits_seen.append(logits)
             if after_step is not None:
@@ -213,8 +240,10 @@ def capture_iter(
         trace.timings["decode_tokens_per_s"] = (len(trace.steps) - 1) / decode_s if decode_s > 0 else None
         _finish(trace, rec, cache)
         if verify:
+            report(Progress("verify", 0, 2))
             trace.equivalence = _verify(lm, trace, logits_seen, rec.outputs)
     if verify:  # outside the capture: the model's own attention, nothing of kvviz's in the way
+        report(Progress("verify", 1, 2))
         trace.equivalence.update(_verify_unpatched(lm, trace, logits_seen))
     yield trace
 
@@ -223,6 +252,22 @@ def capture(lm: LoadedModel, prompt: str, **kwargs) -> Trace:
     """Run :func:`capture_iter` to the end and return the finished Trace."""
     *_, trace = capture_iter(lm, prompt, **kwargs)
     return trace
+
+
+def _prefill(lm: LoadedModel, ids: list[int], cache, rec: Recorder, chunk: int,
+             report: Callable[[Progress], None]) -> torch.Tensor:
+    """The prompt through the model ``chunk`` tokens per forward, each at its absolute positions over
+    the cache the earlier chunks filled; returns the last position's logits [vocab]."""
+    n = len(ids)
+    rec.phase = "prefill"
+    report(Progress("prefill", 0, n))
+    for start in range(0, n, chunk):
+        part = ids[start:start + chunk]
+        rec.t_total = start + len(part)
+        logits = forward(lm, part, start, cache, rec)[-1]
+        del rec.outputs[:-1]  # the check compares the last prompt query only: earlier chunks' outputs go
+        report(Progress("prefill", rec.t_total, n))
+    return logits
 
 
 def _finish(trace: Trace, rec: Recorder, cache) -> None:

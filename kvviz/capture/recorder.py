@@ -64,6 +64,7 @@ class Recorder:
         self.nb = -(-t_max // f)
         nqb = -(-n_prompt // f)
         w = min(cfg.obs_window, n_prompt)
+        self.device = torch.empty(0, device=device).device  # "cuda" → "cuda:0", as tensors report it
         z = dict(device=device, dtype=torch.float32)
         self.colsum = torch.zeros(layers, q_heads, t_max, **z)  # [Lyr, Hq, T]
         self.prefill_colsum = torch.zeros(layers, q_heads, n_prompt, **z)
@@ -97,6 +98,10 @@ class Recorder:
         soft-cap, learned ``sinks`` ([Hq] logits), additive ``bias`` and ``sliding_window``. ``value``
         and ``out`` let the first prefill and decode step check the probabilities against the output."""
         self._recorded[layer] = True
+        if query.device != self.device:  # a dispatched model's layer on another device hands its tensors over
+            query, key, mask, out, value, weights, sinks, bias = (
+                x.to(self.device) if isinstance(x, torch.Tensor) else x
+                for x in (query, key, mask, out, value, weights, sinks, bias))
         if self.keep_outputs:
             self._out_step[layer] = out[0].reshape(out.shape[1], -1).float()  # [q, Hq*Dv]
         if self.phase == "outputs":
@@ -119,7 +124,7 @@ class Recorder:
         self._recorded[layer] = True
         if self.phase == "outputs":
             return
-        w = weights[0]
+        w = weights[0].to(self.device)
         q_len, k_len = w.shape[1], w.shape[2]
         if q_len == 1:
             p = w[:, 0].float()  # [Hq, k]
@@ -166,6 +171,11 @@ class Recorder:
         cache_layer = layers[layer] if layers is not None and layer < len(layers) else None
         pos = getattr(cache_layer, "kv_positions", None)
         return pos if pos is not None and pos.shape[-1] == k_len else None
+
+    def _in_order(self, layer: int) -> bool:
+        """Whether the layer's cached keys are consecutive positions (no evicting cache's slot map)."""
+        layers = getattr(self.cache, "layers", None)
+        return layers is None or layer >= len(layers) or getattr(layers[layer], "kv_positions", None) is None
 
     # -- decode: one query, one row per head ---------------------------------------------------
     def _record_decode(self, layer, query, key, mask, scaling, softcap, extras: Extras | None, value, out) -> None:
@@ -300,9 +310,10 @@ class Recorder:
         from koff) into the column sums, sink mass, window rows and the binned map."""
         n, kend, f = p.shape[1], p.shape[2], self.cfg.bin_factor
         self.sink_mass[layer, :, a0:a0 + n] = p[..., : max(self.cfg.sink_k - koff, 0)].sum(-1)
-        if a0 + n > w0 and a0 < self.n_prompt and koff == 0:
+        # keys koff… in order: from 0, or a sliding layer's window in a later prefill chunk (earlier keys got 0)
+        if a0 + n > w0 and a0 < self.n_prompt and (koff == 0 or self._in_order(layer)):
             lo, hi = max(a0, w0), min(a0 + n, self.n_prompt)
-            self.window_rows[layer, :, lo - w0:hi - w0, :kend] = p[:, lo - a0:hi - a0]
+            self.window_rows[layer, :, lo - w0:hi - w0, koff:koff + kend] = p[:, lo - a0:hi - a0]
         qb0, qbinned = _bin(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
         col = qbinned.sum(1)  # [Hq, kend]: every query of the chunk, once
         self.colsum[layer, :, koff:koff + kend] += col

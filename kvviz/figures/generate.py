@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.capture.trace import ModelInfo, Trace
@@ -17,9 +18,17 @@ CAPTIONS = {
 }
 
 
-def cache_growth(trace: Trace) -> go.Figure:
-    """Cache bytes (MiB) after every step, with per-layer lengths and bytes on hover."""
+GROWTH_POINTS = 256  # at most this many steps drawn: the line is straight, and a redraw never grows with the run
+_SHOWN = {"\n": "↵", "\t": "⇥", " ": "␣", "\r": "␍"}
+
+
+def cache_growth(trace: Trace, max_points: int = GROWTH_POINTS) -> go.Figure:
+    """Cache bytes (MiB) after every step (at most ``max_points`` of them, evenly spread, first and
+    last included), with per-layer lengths and bytes on hover."""
     steps = trace.steps
+    if len(steps) > max_points:
+        keep = np.unique(np.linspace(0, len(steps) - 1, max_points).round().astype(int))
+        steps = [steps[i] for i in keep]
     x = [s.index for s in steps]
     y = [s.cache_bytes / 2**20 for s in steps]
     hover = [_layer_hover(s.cache_lens, s.layer_bytes) for s in steps]
@@ -80,10 +89,19 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
     return fig
 
 
+def chip_text(token: str) -> str:
+    """A token as one visible chip: newlines inside it shown as ↵ (the line still breaks after it) and a
+    token of spaces or tabs as ␣ / ⇥, since the strip draws no chip for blank text."""
+    shown = token.replace("\n", "↵")
+    if not shown.strip():
+        shown = "".join(_SHOWN.get(c, "␣") for c in shown) or "∅"  # ∅: a token that decodes to nothing
+    return shown + "\n" if "\n" in token else shown
+
+
 def token_spans(trace: Trace) -> list[tuple[str, str | None]]:
-    """(text, label) pairs for a highlighted token strip: prompt vs generated."""
-    out = [(t, "prompt") for t in trace.tokens[: trace.n_prompt]]
-    out += [(t, "generated") for t in trace.tokens[trace.n_prompt:]]
+    """(text, label) pairs for a highlighted token strip, one chip per token: prompt vs generated."""
+    out = [(chip_text(t), "prompt") for t in trace.tokens[: trace.n_prompt]]
+    out += [(chip_text(t), "generated") for t in trace.tokens[trace.n_prompt:]]
     return out
 
 

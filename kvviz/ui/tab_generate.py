@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import gradio as gr
@@ -10,19 +9,18 @@ import gradio as gr
 from kvviz.capture.loop import Sampling, capture_iter, encode_prompt
 from kvviz.examples import examples
 from kvviz.figures import generate as fig
-from kvviz.lessons.waste import forward_passes
 from kvviz.memory.capacity import max_context
 from kvviz.memory.layout import cache_layout
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
+from kvviz.ui.generate_stream import STATUS_S, LiveRun, mark
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import job_failed, user_errors
-from kvviz.units import format_bytes
+from kvviz.ui.streaming import Background
 
 GPU_BUDGETS = {"none": None, "T4 (16 GB)": 16e9, "L4 (24 GB)": 24e9, "RTX 4090 (24 GB)": 24e9,
                "A100 (80 GB)": 80e9, "H100 (80 GB)": 80e9, "H200 (141 GB)": 141e9}
-REFRESH_S = 0.25  # redraw charts at most this often while streaming
 
 
 def validate_request(ctx: AppContext, prompt: str, chat: bool, max_new_tokens: float, temperature: float,
@@ -50,15 +48,6 @@ def room_for_tokens(lm, budget_bytes: float | None, weight_bytes: int) -> int | 
     layout = cache_layout(lm.config)
     bytes_per_element = lm.model.dtype.itemsize
     return max_context(layout, int(max(budget_bytes - weight_bytes, 0)), kv_dtype=bytes_per_element)
-
-
-def waste_text(trace) -> str:
-    """The chapter's waste counter for this run."""
-    fp = forward_passes(trace.n_prompt, trace.n_generated)
-    return (f"**Token-forward passes for this run** ({trace.n_prompt} prompt + {trace.n_generated} generated): "
-            f"with the cache **{fp.with_cache:,}**, without it **{fp.without_cache:,}** "
-            f"(each step re-runs the whole sequence) — **{fp.ratio:,.1f}×** the work. "
-            f"The chapter's approximation (sum of t for t = L … L+N ≈ NL + N²/2) gives {fp.chapter_without_cache:,}.")
 
 
 def build(ctx: AppContext):
@@ -109,8 +98,7 @@ def build(ctx: AppContext):
         ticket = ctx.jobs.take(request) or ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2)
         flag = ctx.stop_flag(request)
         flag.clear()
-        last = 0.0
-        trace = None
+        job = None
         try:  # a fault, Stop, the time budget or a disconnect ends this job only; the cache goes with it
             for line in ctx.jobs.turns(ticket):
                 if flag.is_set():
@@ -118,37 +106,32 @@ def build(ctx: AppContext):
                            *[gr.skip()] * (len(outputs) - 2))
                     return
                 yield (gr.skip(), line, *[gr.skip()] * (len(outputs) - 2))
-            for trace in capture_iter(ctx.lm, prompt_text, chat=bool(use_chat), max_new_tokens=n_new,
-                                      sampling=sampling, prompt_ids=ids, verify=True,
-                                      should_stop=lambda: flag.is_set() or ticket.expired()):
-                now = time.perf_counter()
-                if now - last < REFRESH_S and not trace.stop_reason:
-                    continue
-                last = now
-                final = bool(trace.stop_reason) and trace.colsum is not None
-                if final:  # the model's work is done: free the session's place before the page shows "Done"
-                    ticket.release()
-                yield _outputs(trace, budget_name, final=final, request=request, note=ctx.jobs.timeout_note(ticket))
+            budget = GPU_BUDGETS.get(budget_name)
+            live = LiveRun(ctx.info, budget_name, budget, room_for_tokens(ctx.lm, budget, ctx.info.weight_bytes),
+                           [ctx.lm.tokenizer.decode([i]) for i in ids],
+                           export=lambda trace: _export(trace, ctx.session_dir(request)))
+
+            def work(report):
+                return capture_iter(ctx.lm, prompt_text, chat=bool(use_chat), max_new_tokens=n_new, sampling=sampling,
+                                    prompt_ids=ids, verify=True, progress=report,
+                                    should_stop=lambda: flag.is_set() or ticket.expired() or job.cancelled)
+
+            # the model runs in its own thread and releases the ticket there when it has stopped; this
+            # generator only renders the latest state at the page's pace
+            job = Background(work, mark=mark, on_exit=[ticket.release], name="kvviz-generate")
+            job.start()
+            for snap in job.snapshots(STATUS_S):
+                yield live.outputs(snap, note=ctx.jobs.timeout_note(ticket))
         except gr.Error:
             raise
         except Exception as exc:
             raise gr.Error(job_failed(exc), print_exception=False) from None
         finally:
-            ticket.release()
+            if job is not None and job.started:
+                job.cancel()  # a page that went away: the worker stops at its next step
+            else:
+                ticket.release()
             ctx.forget_session(request)
-
-    def _outputs(trace, budget_name, final, request=None, note=""):
-        msg = (f"{'Done' if final else 'Generating'}: {trace.n_generated} tokens, cache "
-               f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)")
-        if final:
-            msg += f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"
-        files = _export(trace, ctx.session_dir(request)) if final else (None, None)
-        return (trace if final else gr.skip(), msg, fig.token_spans(trace), trace.text, fig.cache_growth(trace),
-                fig.memory_gauge(trace.cache_bytes, ctx.info.weight_bytes, GPU_BUDGETS.get(budget_name),
-                                 budget_name.split(" (")[0],
-                                 room_for_tokens(ctx.lm, GPU_BUDGETS.get(budget_name), ctx.info.weight_bytes)),
-                fig.equivalence_text(trace) if final else "Cached vs full recompute: checked when generation ends.",
-                waste_text(trace), *files)
 
     outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
     def check(prompt_text, use_chat, n_new, temp, p, sd, request: gr.Request):
@@ -156,11 +139,13 @@ def build(ctx: AppContext):
         ctx.jobs.hold(request, ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2))
 
     # bad input (and a refused admission) is answered by a quick step with no outputs, so its message is
-    # a toast and the previous run's results stay visible; the run step waits its turn at the gate
+    # a toast and the previous run's results stay visible; the run step waits its turn at the gate. Its
+    # progress shows on the status line only: Gradio's full progress pulses every output while a run
+    # streams, and on a small machine those animations take CPU from the model
     event = go_btn.click(check, [prompt, chat, max_new, temperature, top_p, seed], None, api_name=False,
                          concurrency_limit=None, show_progress="hidden").success(
         gpu(run), [prompt, chat, max_new, temperature, top_p, seed, budget], outputs,
-        api_name=False, concurrency_limit=None)
+        api_name=False, concurrency_limit=None, show_progress="minimal", show_progress_on=[status])
 
     def stop(request: gr.Request):
         ctx.stop_flag(request).set()

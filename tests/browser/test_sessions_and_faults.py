@@ -102,7 +102,7 @@ def test_queue_stop_bad_input_and_closing_free_the_session(open_page, inprocess_
 
     # a second student waits in the queue and sees their position
     start_generation(other, "The capital of France is", 2)
-    other.locator("#gen-status").get_by_text(re.compile(r"Queued: position 1 of 1")).wait_for(timeout=30_000)
+    other.locator("#gen-status").get_by_text(re.compile(r"^Queued: position 1 of 1")).wait_for(timeout=30_000)
     screenshot(other, "queue_position")
 
     # Stop ends the first job early; the waiting one then runs to the end

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from kvviz.capture.loop import capture
@@ -37,6 +39,23 @@ def test_token_spans_split_prompt_and_generated(trace):
     spans = fig.token_spans(trace)
     assert [label for _, label in spans].count("prompt") == trace.n_prompt
     assert len(spans) == trace.n_tokens
+
+
+@pytest.mark.parametrize("token,chip", [(" Paris", " Paris"), ("\n", "↵\n"), ("\n\n", "↵↵\n"), (" ", "␣"),
+                                        ("\t ", "⇥␣"), (".\n", ".↵\n"), ("", "∅")])
+def test_every_token_is_one_visible_chip(token, chip):
+    # the strip draws no chip for blank text and breaks lines at "\n": each token keeps one chip, then its break
+    assert fig.chip_text(token) == chip
+    lines = fig.chip_text(token).split("\n")
+    assert sum(bool(line.strip()) for line in lines) == 1
+
+
+def test_cache_growth_draws_a_bounded_number_of_points(trace):
+    many = copy.copy(trace)
+    many.steps = [trace.steps[i % len(trace.steps)] for i in range(1000)]
+    f = fig.cache_growth(many, max_points=50)
+    assert len(f.data[0].x) == 50 and f.data[0].x[0] == many.steps[0].index
+    assert f.data[0].y[-1] == many.steps[-1].cache_bytes / 2**20
 
 
 def test_model_card_substitutes_the_formula(trace):

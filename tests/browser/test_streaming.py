@@ -1,0 +1,50 @@
+"""A long run in a real browser: the status line moves while the model writes, and every token ends as a chip.
+
+Runs against ``inprocess_app`` (its limit allows 200 new tokens; the shared server's does not).
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvviz.capture.loop import encode_prompt
+
+PROMPT = "Once upon a time"  # greedy, without the chat template, it does not stop before 200 tokens
+N_NEW = 200
+# every text the status line shows, in order, kept in the page
+WATCH_STATUS = """() => {
+  window.__statusLog = [];
+  const el = document.querySelector('#gen-status');
+  new MutationObserver(() => window.__statusLog.push(el.innerText.trim()))
+    .observe(el, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def test_a_200_token_run_streams_and_ends_with_every_chip(browser_context, inprocess_app, screenshot):
+    tab = browser_context.new_page()
+    try:
+        tab.set_default_timeout(30_000)
+        tab.goto(inprocess_app.url, wait_until="load")
+        tab.wait_for_selector("#generate-btn")
+        tab.locator("#prompt textarea").fill(PROMPT)
+        tab.get_by_label("Use the chat template").uncheck()
+        box = tab.get_by_label("number input for Max new tokens")
+        box.fill(str(N_NEW))
+        box.press("Enter")
+        tab.evaluate(WATCH_STATUS)
+        tab.locator("#generate-btn").click()
+        tab.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=600_000)
+
+        log = tab.evaluate("() => window.__statusLog")
+        counts = [int(m.group(1)) for text in log if (m := re.match(r"Generating: (\d+) tokens", text))]
+        assert len(set(counts)) >= 2, f"the status moved less than twice while generating: {log}"
+        assert counts == sorted(counts) and counts[-1] < N_NEW
+        assert re.match(rf"Done: {N_NEW} tokens", tab.locator("#gen-status").inner_text().strip())
+
+        n_prompt = len(encode_prompt(inprocess_app.ctx.lm, PROMPT, chat=False))
+        assert tab.locator("#token-stream .token-container").count() == n_prompt + N_NEW
+        assert tab.locator("#cache-growth .js-plotly-plot .scatterlayer .trace").count() >= 1
+        assert "equals" in tab.locator("#equivalence").inner_text()
+        screenshot(tab, "streamed_200_tokens")
+    finally:
+        tab.close()
