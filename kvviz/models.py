@@ -123,7 +123,7 @@ def bundled_folder() -> Path:
 
 def resolve_spec(spec: str | None) -> str:
     """``None``/``"bundled"`` → the bundled model; ``KVVIZ_MODEL`` is the default (on a Space: the hub copy)."""
-    default = HUB_DEFAULT if os.environ.get("SPACE_ID") else BUNDLED  # (helper: Space default)
+    default = HUB_DEFAULT if os.environ.get("SPACE_ID") else BUNDLED  # a Space has no bundled GGUF package
     spec = (spec or os.environ.get("KVVIZ_MODEL") or default).strip()
     return spec or default
 

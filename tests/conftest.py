@@ -13,5 +13,5 @@ def lm():
     return load_model()
 
 
-# (helper: issue 7) the running app for tests/api and tests/browser, started once per session
+# the running app for tests/api and tests/browser, started once per session
 from tests.server import app_server, app_server_process, inprocess_app  # noqa: E402, F401

@@ -156,7 +156,7 @@ def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "b
            group_size: int | None = None, gpus: int | None = None, gpu_mem_gb: float | None = None,
            reserve: float = 0.1, weights_gb: float | None = None, weight_dtype: str = "bf16",
            bandwidth_tbps: float | None = None) -> dict:
-    """Everything ``python -m kvviz memory --json`` prints, in bytes (see the issue's JSON contract).
+    """Everything ``python -m kvviz memory --json`` prints, in bytes.
 
     Capacity fields appear when ``gpu_mem_gb`` is given, decode-time fields when ``bandwidth_tbps``
     is; both need the weights (``weights_gb``, or the preset's parameter count × ``weight_dtype``).
