@@ -176,10 +176,11 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
             f"Could not load model {spec!r}: {first[:300]}. Use a local folder with config.json and weights, "
             "a reachable Hugging Face causal-LM id, or leave --model unset for the bundled SmolLM2."
         ) from exc
+    from kvviz.adapters.transformers import force_attn_implementation
     from kvviz.capture.attention_fn import CaptureError, check_capturable, uses_interface
 
     if not uses_interface(model):  # legacy attention (Falcon, Bloom, MPT) returns probabilities only on its eager path
-        model.config._attn_implementation = "eager"
+        force_attn_implementation(model.config, "eager")
     try:
         check_capturable(model)
     except CaptureError as exc:  # one line naming the feature, never a run that is silently wrong

@@ -79,6 +79,7 @@ def build(config: dict, name: str | None = None, seed: int = 0, attn_implementat
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from kvviz.adapters.transformers import force_attn_implementation
     from kvviz.capture.attention_fn import check_capturable, uses_interface
 
     fields = dict(config)
@@ -87,7 +88,7 @@ def build(config: dict, name: str | None = None, seed: int = 0, attn_implementat
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=attn_implementation)
     if not uses_interface(model):
-        model.config._attn_implementation = "eager"
+        force_attn_implementation(model.config, "eager")
     model.eval().requires_grad_(False)
     check_capturable(model)
     return LoadedModel(model=model, tokenizer=ByteTokenizer(), name=name or f"tiny-{model_type}",
