@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 # ---- a config.json ------------------------------------------------------------------------------
+MAX_CONFIG_BYTES = 256 * 1024  # a config.json is a few KiB; a deployment may change it (KVVIZ_MAX_CONFIG_BYTES)
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
 MAX_HEAD_DIM = 16_384

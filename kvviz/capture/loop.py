@@ -43,28 +43,24 @@ class Sampling:
 
 
 def model_info(lm: LoadedModel) -> ModelInfo:
-    """The attention shape read from the config the way the model reads it (:mod:`kvviz.memory.layout`)."""
+    """The model's shape, every config number read by :func:`kvviz.memory.layout.cache_layout` (the one reader);
+    the rest (dtype, parameters, learned sinks) measured on the loaded model."""
     from kvviz.memory.layout import cache_layout
 
-    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
-    layout = cache_layout(cfg)
-    layers = layout.num_layers
-    q_heads, kv_heads, head_dim = layout.num_attention_heads, layout.num_key_value_heads, layout.head_dim
-    cache_heads, cache_dims = kv_heads, [head_dim, head_dim]
+    layout = cache_layout(lm.config)
+    cache_heads, cache_dims = layout.num_key_value_heads, [layout.head_dim, layout.head_dim]
     if layout.mla:  # attention sees per-head keys and values; the cache holds one latent + one RoPE key
         cache_heads, cache_dims = 1, [layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]]
     sinks = any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in attention_modules(lm.model))
-    kinds = ["full_attention" if spec.layer_type == "mla" else spec.layer_type for spec in layout.layers]
-    window = min(layout.windows) if layout.windows else None
-    params = sum(p.numel() for p in lm.model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
-    ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0)
+    params = list(lm.model.parameters())
     return ModelInfo(
-        name=lm.name, model_type=cfg.model_type, layers=layers, q_heads=q_heads, kv_heads=kv_heads,
-        head_dim=head_dim, dtype=str(lm.dtype).removeprefix("torch."),
-        bytes_per_element=torch.tensor([], dtype=lm.dtype).element_size(), layer_kinds=kinds,
-        sliding_window=window,
-        context_length=int(ctx), param_count=int(params), weight_bytes=int(weight_bytes), device=str(lm.device),
+        name=lm.name, model_type=layout.model_type, layers=layout.num_layers, q_heads=layout.num_attention_heads,
+        kv_heads=layout.num_key_value_heads, head_dim=layout.head_dim, dtype=str(lm.dtype).removeprefix("torch."),
+        bytes_per_element=torch.tensor([], dtype=lm.dtype).element_size(),
+        layer_kinds=["full_attention" if spec.layer_type == "mla" else spec.layer_type for spec in layout.layers],
+        sliding_window=min(layout.windows) if layout.windows else None,
+        context_length=layout.max_position_embeddings or 0, param_count=sum(p.numel() for p in params),
+        weight_bytes=sum(p.numel() * p.element_size() for p in params), device=str(lm.device),
         attention=layout.attention, cache_heads=cache_heads, cache_dims=cache_dims, learned_sinks=sinks,
     )
 

@@ -127,14 +127,14 @@ class EvictingLayer(DynamicLayer):
 
 
 def _check_full_attention(config) -> int:
-    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    kinds = list(getattr(cfg, "layer_types", None) or [])
-    if not kinds:
-        kinds = ["sliding_attention" if getattr(cfg, "sliding_window", None) else "full_attention"]
-    if any(k != "full_attention" for k in kinds):
+    """Layers of a model whose every layer caches full attention (read by the one config reader), else ValueError."""
+    from kvviz.memory.layout import cache_layout
+
+    kinds = cache_layout(config).kinds
+    if any(k != "full" for k in kinds):
         raise ValueError("Eviction supports models whose layers all use full attention; this model has "
                          f"{', '.join(sorted(set(kinds)))} layers.")
-    return int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    return len(kinds)
 
 
 class EvictingCache(Cache):

@@ -26,7 +26,7 @@ from kvviz.memory.estimate import (
     load_preset,
     preset_names,
 )
-from kvviz.memory.layout import parse_config_json
+from kvviz.safety import check_config_size, parse_config_json
 from kvviz.ui import memory_architectures
 from kvviz.ui.context import AppContext
 from kvviz.ui.jobs import UserError
@@ -52,10 +52,8 @@ def _number(name: str, value, label: str | None = None, blank=None):
 def _config_text(text: str, limit: int) -> dict:
     if text is None or not str(text).strip():
         raise UserError("Paste the model's config.json (a JSON object) or pick a preset.")
-    if len(str(text).encode()) > limit:
-        raise UserError(f"The config is larger than {limit // 1024} KiB; a config.json is a few KiB.")
     with user_errors():
-        return parse_config_json(str(text), "The pasted config")
+        return parse_config_json(str(text), limit, where="The pasted config")
 
 
 def _upload(path, limit: int) -> dict:
@@ -64,13 +62,9 @@ def _upload(path, limit: int) -> dict:
     p = Path(path)
     if p.suffix.lower() != ".json":
         raise UserError("Upload a .json file (the model's config.json).")
-    if p.stat().st_size > limit:
-        raise UserError(f"The file is larger than {limit // 1024} KiB; a config.json is a few KiB.")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError("The file is not UTF-8 text; upload the model's config.json.") from None
-    return _config_text(text, limit)
+    with user_errors():
+        check_config_size(p.stat().st_size, limit, "The file")
+        return parse_config_json(p.read_bytes(), limit, where="The file")
 
 
 def loaded_layout(ctx: AppContext) -> CacheLayout:

@@ -60,7 +60,7 @@ def test_loaded_model_uses_its_real_weights(ctx):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"source": "Paste JSON", "pasted": "/etc/passwd"}, "not valid JSON"),
-    ({"source": "Paste JSON", "pasted": "{" + " " * (300 * 1024) + "}"}, "larger than 256 KiB"),
+    ({"source": "Paste JSON", "pasted": "{" + " " * (300 * 1024) + "}"}, "the limit is 262,144 bytes"),
     ({"source": "Paste JSON", "pasted": ""}, "Paste the model's config"),
     ({"source": "Upload config.json", "upload": None}, "Upload a config.json"),
     ({"preset": "Llama-9"}, "Unknown preset"),
