@@ -1,7 +1,8 @@
 """Eviction policies behind one interface, and the one registry the UI, the CLI and the tests read.
 
-Adding a policy = one module with a dataclass subclass of :class:`~kvviz.eviction.policies.base.Policy` and
-one line in ``POLICIES``.
+Adding a policy = one module with a dataclass subclass of :class:`~kvviz.eviction.policies.base.Policy` (for a
+score-based one, of :class:`~kvviz.eviction.policies.scorer.ScorerPolicy`: what it protects and how it scores)
+and one line in ``POLICIES``; the tab's widgets, the CLI's flags and the API's ``params`` come from its fields.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kvviz.eviction.policies.base import (
 )
 from kvviz.eviction.policies.full import FullCache
 from kvviz.eviction.policies.h2o import H2O
+from kvviz.eviction.policies.scorer import COMPETES, ScorerPolicy, select_kept
 from kvviz.eviction.policies.snapkv import SnapKV
 from kvviz.eviction.policies.streaming_llm import StreamingLLM
 from kvviz.eviction.policies.window import SlidingWindow
@@ -48,6 +50,7 @@ def make_policy(name: str, **params) -> Policy:
 
 
 __all__ = [
-    "EVICTED", "HEAVY", "KEPT", "POLICIES", "ROLE_NAMES", "SINK", "WINDOW", "FullCache", "H2O", "Policy",
-    "PolicyState", "Selection", "SlidingWindow", "SnapKV", "StreamingLLM", "field_specs", "make_policy", "n_kept_for",
+    "COMPETES", "EVICTED", "HEAVY", "KEPT", "POLICIES", "ROLE_NAMES", "SINK", "WINDOW", "FullCache", "H2O", "Policy",
+    "PolicyState", "ScorerPolicy", "Selection", "SlidingWindow", "SnapKV", "StreamingLLM", "field_specs",
+    "make_policy", "n_kept_for", "select_kept",
 ]
