@@ -144,6 +144,23 @@ class PolicyRun:
                 "full_cache_bytes": self.full_cache_bytes, "timings": self.timings}
 
 
+@dataclass(frozen=True)
+class EvictionRequest:
+    """A checked eviction run: prompt ids, the policy, its budget (tokens or ratio), how much is compressed."""
+
+    ids: list[int]
+    policy: Policy
+    budget: int | None
+    ratio: float | None
+    n_compress: int
+    max_new_tokens: int
+
+    def run(self, lm: LoadedModel, **kwargs) -> PolicyRun:
+        """:func:`run_policy` on this request (``kwargs``: record_history, should_stop, ...)."""
+        return run_policy(lm, self.ids, self.policy, budget=self.budget, ratio=self.ratio,
+                          n_compress=self.n_compress, max_new_tokens=self.max_new_tokens, **kwargs)
+
+
 def resolve_budget(policy: Policy, n_compressed: int, budget: int | None, ratio: float | None) -> int:
     """n_kept for this policy (the full cache keeps everything); validates the policy against it."""
     if isinstance(policy, FullCache):

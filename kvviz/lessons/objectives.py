@@ -96,7 +96,7 @@ SINKS = ShowMe("Sink map of the real model", "tab_attention",
                {"generate.prompt": needle_prompt(), "generate.chat": True, "generate.max_new": 16},
                "generate.button", "attn-sink-map",
                "Later layers put most of their attention on the first few tokens, whatever they say.")
-NEEDLE = ShowMe("Needle demo under eviction", "tab_eviction", {"eviction.compress": "with the question (it votes)"},
+NEEDLE = ShowMe("Needle demo under eviction", "tab_eviction", {"eviction.compress": "question"},
                 "eviction.needle", "evict-verdict",
                 "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it.")
 SINKS_MATTER = ShowMe("Perplexity with and without the sink tokens", "tab_eviction", {}, "eviction.sinks",
