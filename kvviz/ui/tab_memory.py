@@ -14,18 +14,18 @@ import gradio as gr
 
 from kvviz.figures import memory as fig
 from kvviz.limits import calculator_number
-from kvviz.memory.capacity import gpu_presets, report
+from kvviz.memory.capacity import gpu_presets
 from kvviz.memory.estimate import (
     KV_DTYPES,
     CacheLayout,
     cache_layout,
     estimate,
     format_bytes,
-    format_gb,
     live_cache_bytes_formula,
     load_preset,
     preset_names,
 )
+from kvviz.memory.report import report, summary
 from kvviz.safety import check_config_size, parse_config_json
 from kvviz.ui import memory_architectures
 from kvviz.ui.context import AppContext
@@ -93,31 +93,6 @@ def _contexts(context: int, lo: int = 128) -> list[int]:
     return sorted({2**k for k in range(lo.bit_length() - 1, top.bit_length())} | {context} - {0})
 
 
-def _summary(r: dict) -> str:
-    lines = [f"**Per token** (every layer): {r['bytes_per_token']:,} B = **{format_bytes(r['bytes_per_token'])}** · "
-             f"**per sequence** at {r['context']:,} tokens: {r['bytes_per_sequence']:,} B = "
-             f"**{format_bytes(r['bytes_per_sequence'])}** · **total** for {r['batch']:,} × TP {r['tp']}"
-             + (f" (× {r['replication']:g} replication)" if r["replication"] != 1 else "")
-             + f": {r['total_bytes']:,} B = **{format_bytes(r['total_bytes'])}** "
-               f"({format_bytes(r['per_gpu_bytes'])} per GPU)"]
-    if "kv_budget_bytes" in r:
-        mc = r["max_context"]
-        lines.append(f"**Capacity**: {r['gpus']} × {format_gb(r['gpu_mem_bytes'])} = {format_gb(r['total_mem_bytes'])}, "
-                     f"{r['reserve']:.0%} reserve → {format_gb(r['usable_bytes'])}, minus weights "
-                     f"{format_gb(r['weight_bytes'])} → **KV budget {format_gb(r['kv_budget_bytes'])} = "
-                     f"{format_bytes(r['kv_budget_bytes'])}** → **{r['max_sequences']:,} sequences** at "
-                     f"{r['context']:,} tokens; {r['batch']:,} sequence(s) fit up to "
-                     + ("any context (windows cap the cache)" if mc is None else f"**{mc:,} tokens**")
-                     + (f" (the model itself is configured for {r['max_position_embeddings']:,})"
-                        if mc and r.get("max_position_embeddings") and mc > r["max_position_embeddings"] else "")
-                     + ("" if r["fits"] else " — **the requested batch does not fit**"))
-    if "decode_ms_kv" in r:
-        lines.append(f"**Decode step** at {r['bandwidth_bytes_per_s'] / 1e12:g} TB/s: weights "
-                     f"{r['decode_ms_weights']:.2f} ms + KV {r['decode_ms_kv']:.2f} ms = "
-                     f"**{r['decode_ms_total']:.2f} ms** (lower bound on time per output token)")
-    return "\n\n".join(lines)
-
-
 def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu_name,
               gpus, gpu_mem_gb, bandwidth_tbps, reserve, weights_gb, compare):
     """Every output of the tab for one set of inputs: summary, formula, table and four figures."""
@@ -149,14 +124,15 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
         except ValueError as exc:
             note = str(exc)
     cap = dec = gauge = None
-    if "kv_budget_bytes" in r:
-        cap = fig.capacity_vs_context(layout, r["kv_budget_bytes"], _contexts(context, 1024), kv_dtype, tp, context)
-        gauge = fig.budget_gauge(r["total_bytes"], r["kv_budget_bytes"])
-    if "decode_ms_kv" in r:
-        dec = fig.decode_time_vs_context(layout, r["weight_bytes"], batch, bw, gpus, _contexts(context, 1024),
+    if r.capacity is not None:
+        kv_budget = r.capacity.budget.kv_budget_bytes
+        cap = fig.capacity_vs_context(layout, kv_budget, _contexts(context, 1024), kv_dtype, tp, context)
+        gauge = fig.budget_gauge(r.estimate.total_bytes, kv_budget)
+    if r.decode is not None:
+        dec = fig.decode_time_vs_context(layout, r.decode.weight_bytes, batch, bw, gpus, _contexts(context, 1024),
                                          kv_dtype, tp)
-    summary = _summary(r) + (f"\n\n⚠ {note}" if note else "")
-    return summary, formula, table, size, cap, dec, gauge
+    text = summary(r, markdown=True) + (f"\n\n⚠ {note}" if note else "")
+    return text, formula, table, size, cap, dec, gauge
 
 
 def live_comparison(ctx: AppContext, trace) -> str:
@@ -196,7 +172,7 @@ def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1
                       kv_dtype, _number("tp", tp), None if group_size in (0, None) else _number("group_size", group_size),
                       _number("gpus", gpus, blank=1), _number("gpu_mem_gb", gpu_mem_gb),
                       _number("reserve", reserve, blank=0.1), _number("weights_gb", weights_gb),
-                      "bf16", _number("bandwidth_tbps", bandwidth_tbps))
+                      "bf16", _number("bandwidth_tbps", bandwidth_tbps)).to_json()
 
 
 # ---- the page ----------------------------------------------------------------------------------------
@@ -231,7 +207,7 @@ def build(ctx: AppContext) -> None:
     first_values = calculate(ctx, "Preset", "Llama-3-70B", "", None, 8192, 1, "bf16", 0, 0, first, 8,
                              gpus_by_name[first].memory_gb, gpus_by_name[first].bandwidth_tbps, 0.1, None,
                              COMPARE_DEFAULT)  # the chapter's 8 × H100 example
-    summary = gr.Markdown(first_values[0], elem_id="memory-summary")
+    summary_box = gr.Markdown(first_values[0], elem_id="memory-summary")
     live = gr.Markdown(live_comparison(ctx, None), elem_id="memory-live")
     formula = gr.Markdown(first_values[1], elem_id="memory-formula")
     gr.Markdown(fig.CAPTIONS["formula"], elem_classes="caption")
@@ -264,7 +240,7 @@ def build(ctx: AppContext) -> None:
 
     inputs = [source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu, gpus, gpu_mem,
               bandwidth, reserve, weights, compare]
-    outputs = [summary, formula, table, size, capacity, decode, gauge]
+    outputs = [summary_box, formula, table, size, capacity, decode, gauge]
 
     def recalculate(*values):
         return calculate(ctx, *values)

@@ -96,11 +96,12 @@ def test_live_comparison_agrees_after_generate(ctx, lm):
 
 
 def test_api_memory_matches_the_cli_json(ctx):
-    from kvviz.memory.capacity import report
     from kvviz.memory.estimate import cache_layout
+    from kvviz.memory.report import report
 
     out = tab.api_memory(ctx, "llama-3-70b", 8192, 162, "bf16", None, 8, 80, 0.1, 140, 3.35)
-    assert out == report(cache_layout("Llama-3-70B"), 8192, 162, "bf16", None, None, 8, 80, 0.1, 140, "bf16", 3.35)
+    assert out == report(cache_layout("Llama-3-70B"), 8192, 162, "bf16", None, None, 8, 80, 0.1, 140, "bf16",
+                         3.35).to_json()
     assert out["max_sequences"] == 162
     with pytest.raises(gr.Error, match="config must be a preset"):
         tab.api_memory(ctx, "/etc/hosts")
