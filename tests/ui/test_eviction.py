@@ -57,7 +57,10 @@ def test_views_draw_every_output_and_say_the_position_mode(ctx):
     run = r.run(ctx.lm)
     strip, kept, timeline, scores, slots = tab.views(run, 29, 2, 99, "score")
     assert len(strip) == len(run.tokens) - 1  # clamped to the last step: every fed token
-    assert kept is not None and timeline is not None and scores is not None
+    last = len(run.history) - 1
+    assert f"after step {last} (budget: 12" in kept.layout.title.text and kept.data[0].z.shape[0] == 30
+    assert "layer 29, KV head 2" in timeline.layout.title.text and timeline.data[0].z.shape[0] == len(run.history)
+    assert "layer 29, KV head 2" in scores.layout.title.text and len(scores.data[0].x) == len(r.ids)
     assert len(slots) == 12
     text = tab.status_text(run, r.policy)
     assert "n_kept = 12" in text and "original RoPE positions" in text and "KiB" in text

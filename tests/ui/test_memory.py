@@ -31,7 +31,10 @@ def test_chapter_example_is_the_default_view(ctx):
     assert "weights 5.22 ms + KV 16.23 ms" in summary
     assert "2 × 80 layers × 8 KV heads × 128 × 2 B" in formula
     assert list(table["KV per token"]) == ["2.5 MiB", "320 KiB", "40 KiB", "90 KiB"]
-    assert all(f is not None for f in (size, cap, dec, gauge))
+    assert [t.name for t in size.data] == ["Llama-3-70B (full)", "Llama-3-8B (full)"]
+    assert "436 GB" in cap.layout.title.text and "8 × 3.35 TB/s" in dec.layout.title.text
+    assert [t.name for t in dec.data] == ["weights (140 GB)", "KV of 162 sequences"]
+    assert gauge.data[0].value == pytest.approx(100 * 434_865_438_720 / 436e9)  # 162 × 8K of the 436 GB budget
 
 
 def test_weights_that_do_not_fit_keep_the_sizes(ctx):
