@@ -13,9 +13,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_model
+
+if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with kvviz.models
+    from transformers import PreTrainedModel
 
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
@@ -31,8 +35,8 @@ class ModelLoadError(RuntimeError):
 class LoadedModel:
     """A model and tokenizer, loaded once and shared read-only by every session."""
 
-    model: torch.nn.Module
-    tokenizer: object
+    model: PreTrainedModel
+    tokenizer: Any  # a transformers tokenizer, or the tiny models' ByteTokenizer (the methods kvviz calls)
     name: str
     device: torch.device
     dtype: torch.dtype
@@ -185,7 +189,7 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         check_capturable(model)
     except CaptureError as exc:  # one line naming the feature, never a run that is silently wrong
         raise ModelLoadError(str(exc)) from None
-    model.to(dev).eval()
+    torch.nn.Module.to(model, dev).eval()  # PreTrainedModel.to's wrapper hides the signature from type checkers
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tok, name=name, device=dev, dtype=torch_dtype,
                        stop_ids=stop_token_ids(tok, model.config))

@@ -9,6 +9,7 @@ those are switched through the config attribute, as transformers' own tests do.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
@@ -25,7 +26,7 @@ def force_attn_implementation(config, name: str) -> None:
 
 def mask_function(impl: str) -> Callable:
     """The mask function transformers gives implementation ``impl`` (SDPA's mask for names it does not know)."""
-    return ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(impl, sdpa_mask)
+    return cast(Callable, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(impl, sdpa_mask))
 
 
 def uses_attention_interface(model) -> bool:

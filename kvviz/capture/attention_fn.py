@@ -170,8 +170,8 @@ def _check_eager_agrees(model, previous: str) -> None:
 
 
 def _install(model) -> dict:
-    previous = attn_implementation(model.config)
-    entry = {"count": 0, "previous": previous, "legacy": not uses_interface(model), "hooks": []}
+    previous = attn_implementation(model.config) or "eager"
+    entry: dict = {"count": 0, "previous": previous, "legacy": not uses_interface(model), "hooks": []}
     if entry["legacy"]:  # its own eager path is the one that returns probabilities
         _check_eager_agrees(model, previous)
         force_attn_implementation(model.config, "eager")

@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from kvviz.capture.attention_fn import attention_modules, recording, unpatched
-from kvviz.capture.recorder import Recorder, RecorderConfig, installed
+from kvviz.capture.recorder import Recorder, RecorderConfig, RecordsAttention, installed
 from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.models import LoadedModel
 
@@ -81,7 +81,7 @@ def cache_layer_bytes(cache) -> tuple[list[int], list[int]]:
     lens, sizes = [], []
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or keys.numel() == 0:
+        if keys is None or values is None or keys.numel() == 0:
             lens.append(0)
             sizes.append(0)
             continue
@@ -123,7 +123,7 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> i
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))
 
 
-def forward(lm: LoadedModel, ids: list[int], start: int, cache, recorder: Recorder | None,
+def forward(lm: LoadedModel, ids: list[int], start: int, cache, recorder: RecordsAttention | None,
             logits_to_keep: int = 1) -> torch.Tensor:
     """One forward of ``ids`` at absolute positions ``start…``; returns logits [q, vocab] (fp32)."""
     x = torch.tensor([ids], device=lm.device)
@@ -208,10 +208,10 @@ def capture_iter(
         decode_s = total - trace.timings.get("prefill_s", total)
         trace.timings["decode_tokens_per_s"] = (len(trace.steps) - 1) / decode_s if decode_s > 0 else None
         _finish(trace, rec, cache)
-        if verify:
-            trace.equivalence = _verify(lm, trace, logits_seen, rec.outputs)
-    if verify:  # outside the capture: the model's own attention, nothing of kvviz's in the way
-        trace.equivalence.update(_verify_unpatched(lm, trace, logits_seen))
+        equivalence = _verify(lm, trace, logits_seen, rec.outputs) if verify else None
+    if equivalence is not None:  # outside the capture: the model's own attention, nothing of kvviz's in the way
+        equivalence.update(_verify_unpatched(lm, trace, logits_seen))
+        trace.equivalence = equivalence
     yield trace
 
 
@@ -247,7 +247,7 @@ def _kv_stats(trace: Trace, cache) -> None:
     vch = np.zeros((info.layers, heads, dv), dtype=np.float32)
     for i, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or keys.numel() == 0:
+        if keys is None or values is None or keys.numel() == 0:
             continue
         k, v = keys[0].float(), values[0].float()  # [Hkv, n, Dk], [Hkv, n, Dv]
         pos = getattr(layer, "kv_positions", None)
@@ -264,7 +264,7 @@ def _kv_stats(trace: Trace, cache) -> None:
 
 
 def _verify(lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor],
-            cached_outputs: list[torch.Tensor]) -> dict:
+            cached_outputs: list[torch.Tensor | None]) -> dict:
     """The chapter's check on the real model: cached decoding equals full recomputation."""
     fed = trace.token_ids[: trace.n_fed]
     n = len(cached_logits)
@@ -275,9 +275,11 @@ def _verify(lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor],
     full = forward(lm, fed, 0, DynamicCache(config=lm.config), rec, logits_to_keep=n)  # [n, V]
     logit_diff = (full - torch.stack(cached_logits)).abs().max().item()
     out_diff = None
-    if rec.outputs[0] is not None and all(o is not None for o in cached_outputs):
-        ref = rec.outputs[0][:, -n:]  # [Lyr, n, Hq*Dv]: outputs at the positions cached decoding produced
-        mine = torch.cat([o[:, -1:] for o in cached_outputs], dim=1)  # last query of each forward
+    outs = [o for o in cached_outputs if o is not None]
+    full_out = rec.outputs[0]
+    if full_out is not None and len(outs) == len(cached_outputs):
+        ref = full_out[:, -n:]  # [Lyr, n, Hq*Dv]: outputs at the positions cached decoding produced
+        mine = torch.cat([o[:, -1:] for o in outs], dim=1)  # last query of each forward
         out_diff = (ref - mine).abs().max().item()
     return {"max_abs_logit_diff": logit_diff, "max_abs_attn_output_diff": out_diff, "positions_checked": n}
 

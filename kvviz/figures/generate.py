@@ -47,7 +47,7 @@ def _layer_hover(lens: list[int], sizes: list[int]) -> str:
 
 def _ranges(idx: list[int]) -> str:
     out, start = [], idx[0]
-    for a, b in zip(idx, idx[1:] + [None]):
+    for a, b in zip(idx, [*idx[1:], -1]):
         if b != a + 1:
             out.append(f"{start}" if start == a else f"{start}–{a}")
             start = b
@@ -61,7 +61,7 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
     ``room_tokens`` (how many cached tokens fit beside the weights) goes in the title.
     """
     names = ["KV cache (now)", "model weights"]
-    values = [cache_bytes, weight_bytes]
+    values: list[float] = [cache_bytes, weight_bytes]
     labels = [format_bytes(cache_bytes), format_gb(weight_bytes)]
     title = "Memory: cache vs weights"
     if budget_bytes:
@@ -82,7 +82,7 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
 
 def token_spans(trace: Trace) -> list[tuple[str, str | None]]:
     """(text, label) pairs for a highlighted token strip: prompt vs generated."""
-    out = [(t, "prompt") for t in trace.tokens[: trace.n_prompt]]
+    out: list[tuple[str, str | None]] = [(t, "prompt") for t in trace.tokens[: trace.n_prompt]]
     out += [(t, "generated") for t in trace.tokens[trace.n_prompt:]]
     return out
 

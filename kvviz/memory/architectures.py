@@ -205,6 +205,6 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
         bytes_per_token=sum(b // n for b, n in zip(measured, held) if n), formula_bytes_per_token=est.bytes_per_token,
         formula=" + ".join(_term(g) for g in layer_groups(layout, est)),
         per_head_bytes_per_token=per_head * 4 * layout.num_layers,
-        max_abs_logit_diff_vs_unpatched=trace.equivalence["max_abs_logit_diff_vs_unpatched"], elapsed_s=elapsed,
+        max_abs_logit_diff_vs_unpatched=(trace.equivalence or {})["max_abs_logit_diff_vs_unpatched"], elapsed_s=elapsed,
         learned_sink_share=None if trace.learned_sink_mass is None else float(trace.learned_sink_mass.mean()),
     )

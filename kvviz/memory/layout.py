@@ -183,9 +183,9 @@ def _text_config(cfg: dict) -> dict:
 
 def _kv_heads(cfg: dict, q_heads: int, notes: list[str]) -> int:
     if cfg.get("num_key_value_heads") is not None:
-        return config_int(cfg, "num_key_value_heads")
+        return _required(cfg, "num_key_value_heads")
     if cfg.get("new_decoder_architecture") and cfg.get("num_kv_heads") is not None:  # Falcon-40B/180B
-        return config_int(cfg, "num_kv_heads")
+        return _required(cfg, "num_kv_heads")
     if cfg.get("multi_query"):  # GPTBigCode, Falcon-7B
         notes.append("multi_query=true: one K/V head shared by every query head (MQA)")
         return 1
@@ -261,7 +261,7 @@ def _attention_shape(cfg: dict, notes: list[str]) -> tuple[int, int, int, dict |
     if q_heads % kv_heads:
         raise ValueError(f"num_attention_heads {q_heads} is not a multiple of num_key_value_heads {kv_heads}.")
     if cfg.get("head_dim") is not None:
-        head_dim = config_int(cfg, "head_dim")
+        head_dim = _required(cfg, "head_dim")
         if hidden and head_dim * q_heads != hidden:
             notes.append(f"head_dim {head_dim} is stated in the config; hidden_size / heads would give "
                          f"{hidden} / {q_heads} = {hidden / q_heads:g}")
