@@ -134,7 +134,8 @@ def summary(r: CapacityReport, markdown: bool = False) -> str:
             f"Capacity: {budget.gpus} × {format_gb(budget.gpu_mem_bytes)} = {format_gb(budget.total_mem_bytes)}, "
             f"{budget.reserve:.0%} reserve → {format_gb(budget.usable_bytes)}, minus weights "
             f"{format_gb(budget.weight_bytes)} → {b(f'KV budget {format_gb(budget.kv_budget_bytes)} = ' + format_bytes(budget.kv_budget_bytes))}"
-            f" → {b(f'{cap.max_sequences:,} sequences')} at {est.context:,} tokens; {seqs} fit up to "
+            f" → {b(f'{cap.max_sequences:,} sequences')} at {est.context:,} tokens; {seqs} "
+            f"fit{'s' if est.batch == 1 else ''} up to "
             + ("any context (windows cap the cache)" if mc is None else b(f"{mc:,} tokens"))
             + (f" (the model itself is configured for {ctx_max:,})" if mc and ctx_max and mc > ctx_max else "")
             + ("" if cap.fits else f" — {b('the requested batch does not fit')}"))
