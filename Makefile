@@ -1,4 +1,6 @@
-# Two commands: `make run` serves the app on the bundled model, `make test` runs every test.
+# Two commands: `make run` serves the app on the bundled model, `make test` runs every check and test
+# (it finds or installs the Chromium the browser tests drive: tools/browser.sh). `make test-fast` skips
+# the slow and browser tests (a couple of minutes).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 7860
 
-.PHONY: run test lint setup setup-dev bench clean
+.PHONY: run test test-fast lint typecheck setup setup-dev bench clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +33,17 @@ run: setup
 
 lint: setup-dev
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
-test: setup-dev
-	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+# the library outside kvviz/ui (settings in pyproject.toml)
+typecheck: setup-dev
+	$(PY) -m mypy
+
+test: lint typecheck
+	chromium="$$(tools/browser.sh $(PY))" && KVVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q
+
+test-fast: setup-dev
+	$(PY) -m pytest -q -m "not slow and not browser"
 
 bench: setup-dev
 	$(PY) bench/capture_overhead.py

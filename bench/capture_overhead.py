@@ -4,7 +4,7 @@ Two baselines: transformers' own ``model.generate`` (SDPA), and kvviz's own pref
 nothing installed (SDPA, no recorder) — the second isolates what the recording itself costs.
 
 Run: ``.venv/bin/python bench/capture_overhead.py [--cases 1024:128,4096:256] [--repeats 3]``.
-Target (issue 4): capture ≤ 1.3× plain generation. Both run greedily to exactly the requested
+Target: capture ≤ 1.3× plain generation. Both run greedily to exactly the requested
 number of tokens (no early stop) in one process, interleaved, and must produce the same tokens.
 Wall-clock and process CPU time are both recorded (CPU time is steadier when other work shares
 the machine). Writes ``bench/results/capture_overhead.json`` (seconds).

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python bench/eviction.py [--prompt-tokens 4096] [--new-tokens 64] [--budget 1024]
 [--repeats 1] [--policies full,streaming_llm,window,h2o,snapkv]``.
-Expectation (issue 5): a policy whose cache is smaller must not decode slower than the full cache.
+Expectation: a policy whose cache is smaller must not decode slower than the full cache.
 Every run decodes exactly ``--new-tokens`` tokens (no early stop) through kvviz's own loop
 (:func:`kvviz.eviction.run.run_policy`); tokens/s = 1 / the median decode step (forward + eviction),
 which a busy machine disturbs less than a total, and the median CPU-seconds per step of this

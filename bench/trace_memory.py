@@ -1,7 +1,7 @@
 """Bytes a capture keeps (the Trace) vs the KV cache's own bytes vs what output_attentions=True would hold.
 
 Run: ``.venv/bin/python bench/trace_memory.py [--prompt-tokens 4096] [--new-tokens 256]``.
-Target (issue 4): at 4,096 + 256 tokens on the bundled model the trace holds at most 2× the cache.
+Target: at 4,096 + 256 tokens on the bundled model the trace holds at most 2× the cache.
 Writes ``bench/results/trace_memory.json`` (all sizes in bytes).
 """
 

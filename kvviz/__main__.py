@@ -1,17 +1,18 @@
 """Command line: ``python -m kvviz {trace,memory,evict,...} --help``.
 
 Each sub-command lives in ``kvviz/commands/<name>.py`` with ``add_parser(subparsers)`` and
-``run(args) -> int``; adding one is one line in ``COMMANDS``.
+``run(args) -> int``; adding one is an import and one entry in ``COMMANDS``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
-COMMANDS = ["trace", "memory", "evict", "blocks"]
+from kvviz.commands import blocks, evict, memory, trace
+
+COMMANDS = [trace, memory, evict, blocks]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,13 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = argparse.ArgumentParser(prog="python -m kvviz", description="See a transformer's KV cache.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"kvviz.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"kvviz.commands.{name}":
-                continue  # not written yet
-            raise
+    for module in COMMANDS:
         module.add_parser(sub)
     args = parser.parse_args(argv)
     try:

@@ -120,10 +120,11 @@ class Gate:
 
     def check_memory(self) -> None:
         """:class:`Refused` while the process's resident memory is above the ceiling."""
-        rss = self._rss() if self.max_rss_bytes else None
-        if rss is not None and rss > self.max_rss_bytes:
+        limit = self.max_rss_bytes
+        rss = self._rss() if limit else None
+        if rss is not None and limit and rss > limit:
             raise Refused(f"The server is short of memory ({rss / 2**30:.1f} GiB in use, ceiling "
-                          f"{self.max_rss_bytes / 2**30:.1f} GiB, KVVIZ_MAX_RSS_GB); new model jobs are "
+                          f"{limit / 2**30:.1f} GiB, KVVIZ_MAX_RSS_GB); new model jobs are "
                           "refused until running ones finish. Try again shortly.")
 
     def spare_bytes(self) -> int | None:

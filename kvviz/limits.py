@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import overload
 
 # ---- a config.json ------------------------------------------------------------------------------
+MAX_CONFIG_BYTES = 256 * 1024  # a config.json is a few KiB; a deployment may change it (KVVIZ_MAX_CONFIG_BYTES)
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
 MAX_HEAD_DIM = 16_384
@@ -52,6 +54,10 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "…"
 
 
+@overload
+def config_int(cfg: dict, name: str, default: int) -> int: ...
+@overload
+def config_int(cfg: dict, name: str, default: None = None) -> int | None: ...
 def config_int(cfg: dict, name: str, default: int | None = None) -> int | None:
     """``cfg[name]`` as a whole number inside its bound (``default`` when absent or null).
 

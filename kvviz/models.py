@@ -15,9 +15,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_model
+
+if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with kvviz.models
+    from transformers import PreTrainedModel
 
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
@@ -33,8 +37,8 @@ class ModelLoadError(RuntimeError):
 class LoadedModel:
     """A model and tokenizer, loaded once and shared read-only by every session."""
 
-    model: torch.nn.Module
-    tokenizer: object
+    model: PreTrainedModel
+    tokenizer: Any  # a transformers tokenizer, or the tiny models' ByteTokenizer (the methods kvviz calls)
     name: str
     device: torch.device
     dtype: torch.dtype
@@ -151,7 +155,7 @@ def bundled_folder() -> Path:
 
 def resolve_spec(spec: str | None) -> str:
     """``None``/``"bundled"`` → the bundled model; ``KVVIZ_MODEL`` is the default (on a Space: the hub copy)."""
-    default = HUB_DEFAULT if os.environ.get("SPACE_ID") else BUNDLED  # (helper: Space default)
+    default = HUB_DEFAULT if os.environ.get("SPACE_ID") else BUNDLED  # a Space has no bundled GGUF package
     spec = (spec or os.environ.get("KVVIZ_MODEL") or default).strip()
     return spec or default
 
@@ -214,10 +218,11 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
             f"Could not load model {spec!r}: {first[:300]}. Use a local folder with config.json and weights, "
             "a reachable Hugging Face causal-LM id, or leave --model unset for the bundled SmolLM2."
         ) from exc
+    from kvviz.adapters.transformers import force_attn_implementation
     from kvviz.capture.attention_fn import CaptureError, check_capturable, uses_interface
 
     if not uses_interface(model):  # legacy attention (Falcon, Bloom, MPT) returns probabilities only on its eager path
-        model.config._attn_implementation = "eager"
+        force_attn_implementation(model.config, "eager")
     try:
         check_capturable(model)
     except CaptureError as exc:  # one line naming the feature, never a run that is silently wrong
@@ -225,7 +230,7 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
     if device_map:  # accelerate's hooks keep each module where it was placed
         dev = input_device(model)
     else:
-        model.to(dev)
+        torch.nn.Module.to(model, dev)  # PreTrainedModel.to's wrapper hides the signature from type checkers
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tok, name=name, device=dev, dtype=torch_dtype,

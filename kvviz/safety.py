@@ -18,6 +18,8 @@ import threading
 import unicodedata
 from pathlib import Path
 
+from kvviz.limits import MAX_CONFIG_BYTES
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _KEEP_CONTROLS = {"\n", "\t", "\r"}
 
@@ -116,20 +118,34 @@ def check_model_spec(spec: str | None, *, public: bool, allowed: list[str]) -> s
     return spec
 
 
-def parse_config_json(data, max_bytes: int) -> dict:
+def check_config_size(n_bytes: int, max_bytes: int = MAX_CONFIG_BYTES, where: str = "The config") -> None:
+    """Refuse a config of ``n_bytes`` over the limit (before an uploaded file is even read)."""
+    if n_bytes > max_bytes:
+        raise ValueError(f"{where} is {n_bytes:,} bytes; the limit is {max_bytes:,} bytes "
+                         "(a config.json is a few KiB).")
+
+
+def parse_config_json(data, max_bytes: int = MAX_CONFIG_BYTES, where: str | None = None) -> dict:
     """A model config from uploaded or pasted text: JSON only (never code or pickle), at most ``max_bytes``.
 
     Accepts ``str``/``bytes``; returns the JSON object. Refuses other JSON values, non-finite
-    numbers and nesting deeper than a config ever needs.
+    numbers and nesting deeper than a config ever needs; ``where`` (e.g. a file name) leads the message.
     """
+    try:
+        return _parse_config_json(data, max_bytes)
+    except ValueError as exc:
+        if where is None:
+            raise
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _parse_config_json(data, max_bytes: int) -> dict:
     if data is None:
         raise ValueError("No config given: paste a config.json or upload one.")
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if not isinstance(raw, (bytes, bytearray)):
         raise ValueError(f"A config must be JSON text, not {type(data).__name__}.")
-    if len(raw) > max_bytes:
-        raise ValueError(f"The config is {len(raw):,} bytes; the limit is {max_bytes:,} bytes "
-                         "(a config.json is a few KiB).")
+    check_config_size(len(raw), max_bytes)
     try:
         text = bytes(raw).decode("utf-8-sig")
     except UnicodeDecodeError:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvviz.admission import machine_memory
+from kvviz.limits import MAX_CONFIG_BYTES
 from kvviz.models import HUB_DEFAULT
 
 
@@ -87,7 +88,7 @@ class Settings:
     queue_size: int = 64
     public: bool = False
     allowed_models: list[str] = field(default_factory=list)
-    max_config_bytes: int = 256 * 1024
+    max_config_bytes: int = MAX_CONFIG_BYTES
     session_grace_s: int = 60
     file_max_age_s: int = 3600
     max_job_seconds: float = 180.0

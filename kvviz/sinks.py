@@ -37,7 +37,7 @@ def sink_fraction(trace: Trace, k: int = 4) -> np.ndarray:
     Averaged over the fed queries at positions ≥ k (earlier ones could only look there).
     """
     k = check_k(trace, k)
-    on_first = trace.colsum[..., :k].astype(np.float64).sum(-1)  # [Lyr, Hq]
+    on_first = trace.recorded("colsum")[..., :k].astype(np.float64).sum(-1)  # [Lyr, Hq]
     given_by_first = float(k)  # queries 0 … k-1 give the first k tokens all they give to tokens
     if trace.learned_sink_mass is not None:
         given_by_first = k - trace.learned_sink_mass[..., :k].astype(np.float64).sum(-1)
@@ -142,7 +142,7 @@ def group_text(info: ModelInfo, head: int) -> str:
 def top_received(trace: Trace, n: int = 8, layers: slice | None = None) -> pd.DataFrame:
     """The ``n`` positions that received the most attention per query on average (all heads of the
     chosen layers): the first token usually tops it, and other sink-like tokens show up too."""
-    cs = trace.colsum if layers is None else trace.colsum[layers]
+    cs = trace.recorded("colsum") if layers is None else trace.recorded("colsum")[layers]
     per_query = cs.mean(axis=(0, 1)) / max(trace.n_fed, 1)  # [T] fraction of a query's attention
     order = np.argsort(-per_query)[: max(int(n), 1)]
     return pd.DataFrame({"position": order, "token": [trace.tokens[i] for i in order],

@@ -1,10 +1,14 @@
-"""Shared fixtures: the real bundled model, loaded once per test session."""
+"""Shared fixtures: the real bundled model, loaded once per test session, and the running app for tests/api
+and tests/browser (tests/server.py, started once per session); tests that need a running app are ``slow``."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvviz.models import load_model
+from tests.server import app_server, app_server_process, inprocess_app  # noqa: F401  (fixtures)
+
+SERVED = {"app_server", "app_server_process", "inprocess_app", "client"}
 
 
 @pytest.fixture(scope="session")
@@ -13,5 +17,8 @@ def lm():
     return load_model()
 
 
-# (helper: issue 7) the running app for tests/api and tests/browser, started once per session
-from tests.server import app_server, app_server_process, inprocess_app  # noqa: E402, F401
+def pytest_collection_modifyitems(items):
+    """Tests that start the app (as a subprocess server or in this process) are ``slow``."""
+    for item in items:
+        if SERVED & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

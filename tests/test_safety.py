@@ -177,3 +177,21 @@ def test_a_model_that_ships_code_never_runs_it(tmp_path):
     with pytest.raises(ModelLoadError, match="Could not load model"):
         load_model(str(folder))
     assert not marker.exists(), "the model's own Python code was executed"
+
+
+def test_one_config_limit_for_files_pasted_text_and_the_deployment(tmp_path):
+    from kvviz.limits import MAX_CONFIG_BYTES
+    from kvviz.memory.layout import cache_layout
+    from kvviz.settings import Settings
+
+    assert Settings().max_config_bytes == MAX_CONFIG_BYTES
+    big = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+           "padding": "x" * MAX_CONFIG_BYTES}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(big))
+    for source in (path, json.dumps(big)):
+        with pytest.raises(ValueError, match=f"the limit is {MAX_CONFIG_BYTES:,} bytes"):
+            cache_layout(source)
+    del big["padding"]
+    path.write_text(json.dumps(big))
+    assert cache_layout(path).num_layers == 2

@@ -21,8 +21,15 @@ from contextlib import contextmanager
 
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from kvviz.adapters.transformers import (
+    attn_implementation,
+    force_attn_implementation,
+    mask_function,
+    uses_attention_interface,
+)
 
 NAME = "kvviz_capture"
 RECORDER_KWARG = "kvviz_recorder"
@@ -46,8 +53,7 @@ def _name_for(impl: str) -> str:
             return name
     name = NAME if not _wraps else f"{NAME}_{len(_wraps)}"
     AttentionInterface.register(name, capture_attention)
-    mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(impl, sdpa_mask)  # the mask ``impl`` would get
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask_function(impl))  # the mask ``impl`` would get
     _wraps[name] = impl
     return name
 
@@ -74,7 +80,7 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
     query: [B, Hq, q, Dk]; key: [B, Hkv, k, Dk]; value: [B, Hkv, k, Dv] (the layer's whole cache).
     """
     recorder = kwargs.pop(RECORDER_KWARG, None)
-    impl = _wraps.get(getattr(getattr(module, "config", None), "_attn_implementation", None))
+    impl = _wraps.get(attn_implementation(getattr(module, "config", None)))
     if impl is None:
         raise CaptureError(f"{type(module).__name__} has no config naming its attention implementation.")
     out, weights = _implementation(module, impl)(module, query, key, value, attention_mask, *args, **kwargs)
@@ -94,8 +100,7 @@ def attention_modules(model) -> list:
 
 def uses_interface(model) -> bool:
     """Whether the model's attention goes through transformers' AttentionInterface (transformers' own test)."""
-    can_set = getattr(type(model), "_can_set_attn_implementation", None)
-    return bool(can_set()) if can_set is not None else True
+    return uses_attention_interface(model)
 
 
 def check_capturable(model) -> None:
@@ -151,11 +156,11 @@ def _check_eager_agrees(model, previous: str) -> None:
     ids = torch.arange(min(16, int(getattr(model.config, "vocab_size", 16))), device=param.device)[None]
     with torch.inference_mode():
         ref = model(input_ids=ids, use_cache=False).logits.float()
-        model.config._attn_implementation = "eager"
+        force_attn_implementation(model.config, "eager")
         try:
             mine = model(input_ids=ids, use_cache=False, output_attentions=True).logits.float()
         finally:
-            model.config._attn_implementation = previous
+            force_attn_implementation(model.config, previous)
     diff = (ref - mine).abs().max().item()
     if not diff <= (1e-3 if param.dtype == torch.float32 else 5e-2) * max(1.0, ref.abs().max().item()):
         raise CaptureError(f"kvviz cannot capture {model.config.model_type} loaded with {previous} attention: its "
@@ -165,11 +170,11 @@ def _check_eager_agrees(model, previous: str) -> None:
 
 
 def _install(model) -> dict:
-    previous = model.config._attn_implementation
-    entry = {"count": 0, "previous": previous, "legacy": not uses_interface(model), "hooks": []}
+    previous = attn_implementation(model.config) or "eager"
+    entry: dict = {"count": 0, "previous": previous, "legacy": not uses_interface(model), "hooks": []}
     if entry["legacy"]:  # its own eager path is the one that returns probabilities
         _check_eager_agrees(model, previous)
-        model.config._attn_implementation = "eager"
+        force_attn_implementation(model.config, "eager")
         entry["hooks"] = [m.register_forward_hook(_legacy_hook, with_kwargs=True) for m in attention_modules(model)]
     else:
         model.set_attn_implementation(_name_for(previous))
@@ -180,7 +185,7 @@ def _uninstall(model, entry: dict) -> None:
     for hook in entry["hooks"]:
         hook.remove()
     if entry["legacy"]:
-        model.config._attn_implementation = entry["previous"]
+        force_attn_implementation(model.config, entry["previous"])
     else:
         model.set_attn_implementation(entry["previous"])
 
@@ -212,7 +217,7 @@ def installed(model):
 
 def is_installed(model) -> bool:
     """True while a capture is routing this model's attention (tests check it is gone after)."""
-    impl = model.config._attn_implementation
+    impl = attn_implementation(model.config)
     return id(model) in _users or (isinstance(impl, str) and impl.startswith(NAME))
 
 

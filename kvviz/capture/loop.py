@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from kvviz.capture.attention_fn import attention_modules, recording, unpatched
-from kvviz.capture.recorder import Recorder, RecorderConfig, installed
+from kvviz.capture.recorder import Recorder, RecorderConfig, RecordsAttention, installed
 from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.models import LoadedModel
 
@@ -57,28 +57,24 @@ class Sampling:
 
 
 def model_info(lm: LoadedModel) -> ModelInfo:
-    """The attention shape read from the config the way the model reads it (:mod:`kvviz.memory.layout`)."""
+    """The model's shape, every config number read by :func:`kvviz.memory.layout.cache_layout` (the one reader);
+    the rest (dtype, parameters, learned sinks) measured on the loaded model."""
     from kvviz.memory.layout import cache_layout
 
-    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
-    layout = cache_layout(cfg)
-    layers = layout.num_layers
-    q_heads, kv_heads, head_dim = layout.num_attention_heads, layout.num_key_value_heads, layout.head_dim
-    cache_heads, cache_dims = kv_heads, [head_dim, head_dim]
+    layout = cache_layout(lm.config)
+    cache_heads, cache_dims = layout.num_key_value_heads, [layout.head_dim, layout.head_dim]
     if layout.mla:  # attention sees per-head keys and values; the cache holds one latent + one RoPE key
         cache_heads, cache_dims = 1, [layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]]
     sinks = any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in attention_modules(lm.model))
-    kinds = ["full_attention" if spec.layer_type == "mla" else spec.layer_type for spec in layout.layers]
-    window = min(layout.windows) if layout.windows else None
-    params = sum(p.numel() for p in lm.model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
-    ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0)
+    params = list(lm.model.parameters())
     return ModelInfo(
-        name=lm.name, model_type=cfg.model_type, layers=layers, q_heads=q_heads, kv_heads=kv_heads,
-        head_dim=head_dim, dtype=str(lm.dtype).removeprefix("torch."),
-        bytes_per_element=torch.tensor([], dtype=lm.dtype).element_size(), layer_kinds=kinds,
-        sliding_window=window,
-        context_length=int(ctx), param_count=int(params), weight_bytes=int(weight_bytes), device=str(lm.device),
+        name=lm.name, model_type=layout.model_type, layers=layout.num_layers, q_heads=layout.num_attention_heads,
+        kv_heads=layout.num_key_value_heads, head_dim=layout.head_dim, dtype=str(lm.dtype).removeprefix("torch."),
+        bytes_per_element=torch.tensor([], dtype=lm.dtype).element_size(),
+        layer_kinds=["full_attention" if spec.layer_type == "mla" else spec.layer_type for spec in layout.layers],
+        sliding_window=min(layout.windows) if layout.windows else None,
+        context_length=layout.max_position_embeddings or 0, param_count=sum(p.numel() for p in params),
+        weight_bytes=sum(p.numel() * p.element_size() for p in params), device=str(lm.device),
         attention=layout.attention, cache_heads=cache_heads, cache_dims=cache_dims, learned_sinks=sinks,
     )
 
@@ -99,7 +95,7 @@ def cache_layer_bytes(cache) -> tuple[list[int], list[int]]:
     lens, sizes = [], []
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or keys.numel() == 0:
+        if keys is None or values is None or keys.numel() == 0:
             lens.append(0)
             sizes.append(0)
             continue
@@ -141,7 +137,7 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> i
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))
 
 
-def forward(lm: LoadedModel, ids: list[int], start: int, cache, recorder: Recorder | None,
+def forward(lm: LoadedModel, ids: list[int], start: int, cache, recorder: RecordsAttention | None,
             logits_to_keep: int = 1) -> torch.Tensor:
     """One forward of ``ids`` at absolute positions ``start…``; returns logits [q, vocab] (fp32)."""
     x = torch.tensor([ids], device=lm.device)
@@ -241,10 +237,11 @@ def capture_iter(
         _finish(trace, rec, cache)
         if verify:
             report(Progress("verify", 0, 2))
-            trace.equivalence = _verify(lm, trace, logits_seen, rec.outputs)
-    if verify:  # outside the capture: the model's own attention, nothing of kvviz's in the way
+        equivalence = _verify(lm, trace, logits_seen, rec.outputs) if verify else None
+    if equivalence is not None:  # outside the capture: the model's own attention, nothing of kvviz's in the way
         report(Progress("verify", 1, 2))
-        trace.equivalence.update(_verify_unpatched(lm, trace, logits_seen))
+        equivalence.update(_verify_unpatched(lm, trace, logits_seen))
+        trace.equivalence = equivalence
     yield trace
 
 
@@ -296,7 +293,7 @@ def _kv_stats(trace: Trace, cache) -> None:
     vch = np.zeros((info.layers, heads, dv), dtype=np.float32)
     for i, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or keys.numel() == 0:
+        if keys is None or values is None or keys.numel() == 0:
             continue
         k, v = keys[0].float(), values[0].float()  # [Hkv, n, Dk], [Hkv, n, Dv]
         pos = getattr(layer, "kv_positions", None)
@@ -313,7 +310,7 @@ def _kv_stats(trace: Trace, cache) -> None:
 
 
 def _verify(lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor],
-            cached_outputs: list[torch.Tensor]) -> dict:
+            cached_outputs: list[torch.Tensor | None]) -> dict:
     """The chapter's check on the real model: cached decoding equals full recomputation."""
     fed = trace.token_ids[: trace.n_fed]
     n = len(cached_logits)
@@ -324,9 +321,11 @@ def _verify(lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor],
     full = forward(lm, fed, 0, DynamicCache(config=lm.config), rec, logits_to_keep=n)  # [n, V]
     logit_diff = (full - torch.stack(cached_logits)).abs().max().item()
     out_diff = None
-    if rec.outputs[0] is not None and all(o is not None for o in cached_outputs):
-        ref = rec.outputs[0][:, -n:]  # [Lyr, n, Hq*Dv]: outputs at the positions cached decoding produced
-        mine = torch.cat([o[:, -1:] for o in cached_outputs], dim=1)  # last query of each forward
+    outs = [o for o in cached_outputs if o is not None]
+    full_out = rec.outputs[0]
+    if full_out is not None and len(outs) == len(cached_outputs):
+        ref = full_out[:, -n:]  # [Lyr, n, Hq*Dv]: outputs at the positions cached decoding produced
+        mine = torch.cat([o[:, -1:] for o in outs], dim=1)  # last query of each forward
         out_diff = (ref - mine).abs().max().item()
     return {"max_abs_logit_diff": logit_diff, "max_abs_attn_output_diff": out_diff, "positions_checked": n}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -46,6 +47,16 @@ class RecorderConfig:
     chunk_elements: int = 2**24  # at most 64 MiB of fp32 scores at once
 
 
+class RecordsAttention(Protocol):
+    """What the capture attention function hands each layer's tensors to: the Recorder, or a lighter stand-in."""
+
+    def record(self, layer: int, *args: Any, **kwargs: Any) -> None: ...  # the arguments Recorder.record takes
+
+    def record_weights(self, layer: int, weights, learned_sinks: bool = False) -> None: ...
+
+    def end_forward(self) -> None: ...
+
+
 class Recorder:
     """Reduces each layer's attention to the Trace's summaries as the model runs.
 
@@ -65,17 +76,17 @@ class Recorder:
         nqb = -(-n_prompt // f)
         w = min(cfg.obs_window, n_prompt)
         self.device = torch.empty(0, device=device).device  # "cuda" → "cuda:0", as tensors report it
-        z = dict(device=device, dtype=torch.float32)
-        self.colsum = torch.zeros(layers, q_heads, t_max, **z)  # [Lyr, Hq, T]
-        self.prefill_colsum = torch.zeros(layers, q_heads, n_prompt, **z)
-        self.sink_mass = torch.zeros(layers, q_heads, t_max, **z)  # per query position
-        self.window_rows = torch.zeros(layers, q_heads, w, n_prompt, **z)
-        self.prefill_map = torch.zeros(layers, q_heads, nqb, self.nb, **z)
+        f32 = torch.float32
+        self.colsum = torch.zeros(layers, q_heads, t_max, device=device, dtype=f32)  # [Lyr, Hq, T]
+        self.prefill_colsum = torch.zeros(layers, q_heads, n_prompt, device=device, dtype=f32)
+        self.sink_mass = torch.zeros(layers, q_heads, t_max, device=device, dtype=f32)  # per query position
+        self.window_rows = torch.zeros(layers, q_heads, w, n_prompt, device=device, dtype=f32)
+        self.prefill_map = torch.zeros(layers, q_heads, nqb, self.nb, device=device, dtype=f32)
         self.decode_rows = torch.zeros(max(t_max - n_prompt, 0), layers, q_heads, self.nb,
                                        device=device, dtype=torch.float16)
         self.phase = "prefill"
         self.t_total = 0
-        self.cache = None
+        self.cache: Any = None  # the run's cache: an evicting one says which position each key holds
         self.keep_outputs = keep_outputs
         self.outputs: list[torch.Tensor | None] = []  # per forward: [Lyr, q, Hq*Dv] when keep_outputs
         self._out_step: list[torch.Tensor | None] = [None] * layers
@@ -161,8 +172,9 @@ class Recorder:
         if self.phase != "outputs" and 0 < self.t_total <= self.n_prompt:
             self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])  # only prompt queries so far
         if self.keep_outputs:
-            held = all(o is not None for o in self._out_step)  # legacy attention hands over no output
-            self.outputs.append(torch.stack(self._out_step) if held else None)  # [Lyr, q, Hq*Dv]
+            outs = [o for o in self._out_step if o is not None]  # legacy attention hands over no output
+            held = len(outs) == len(self._out_step)
+            self.outputs.append(torch.stack(outs) if held else None)  # [Lyr, q, Hq*Dv]
 
     def _key_positions(self, layer: int, k_len: int) -> torch.Tensor | None:
         """Absolute positions of the cached keys ([Hkv, k]) when an evicting cache says so, else None

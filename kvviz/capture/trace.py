@@ -60,7 +60,7 @@ class ModelInfo:
     @property
     def stored_dims(self) -> tuple[int, int]:
         """Per head: elements of the stored key-side and value-side vectors (MLA: latent and RoPE key)."""
-        return tuple(self.cache_dims) if self.cache_dims else (self.head_dim, self.head_dim)
+        return (self.cache_dims[0], self.cache_dims[1]) if self.cache_dims else (self.head_dim, self.head_dim)
 
     @property
     def stored_names(self) -> tuple[str, str]:
@@ -122,6 +122,13 @@ class Trace:
     key_channel_absmean: np.ndarray | None = None  # [Lyr, Hkv, Dk] mean |k| per channel
     value_channel_absmean: np.ndarray | None = None  # [Lyr, Hkv, Dv]
     learned_sink_mass: np.ndarray | None = None  # [Lyr, Hq, Tq] share each query gave its head's learned sink
+
+    def recorded(self, name: str) -> np.ndarray:
+        """A summary array the finished run filled (``"colsum"``, ``"prefill_map"``, ...); an error before that."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"The run has not finished: the trace has no {name} yet.")
+        return value
 
     # ---- derived views -------------------------------------------------------------------
     @property

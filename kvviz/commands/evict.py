@@ -11,7 +11,7 @@ import argparse
 import json
 
 from kvviz.commands.common import add_prompt_args, load, read_prompt
-from kvviz.eviction.policies import POLICIES, field_specs
+from kvviz.eviction.policies import POLICIES, all_params, check_params, field_specs
 
 
 def add_parser(sub) -> None:
@@ -23,37 +23,40 @@ def add_parser(sub) -> None:
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--budget", type=int, help="tokens kept per layer and KV head")
     budget.add_argument("--ratio", type=float, help="compression ratio r: n_kept = max(1, int(L × (1 − r)))")
-    p.add_argument("--sinks", type=int, default=None, help="StreamingLLM: first tokens always kept (default 4)")
-    p.add_argument("--reposition", action="store_true",
-                   help="StreamingLLM: re-rotate kept keys to their cache slots (the paper's positions)")
-    p.add_argument("--window-size", type=int, default=None, help="SnapKV: observation window (default 64)")
-    p.add_argument("--kernel-size", type=int, default=None, help="SnapKV: pooling kernel, odd (default 5)")
-    p.add_argument("--pooling", choices=["avg", "max"], default=None, help="SnapKV: vote smoothing (default avg)")
-    p.add_argument("--heavy-fraction", type=float, default=None,
-                   help="H2O: share of the budget for heavy hitters (default 0.5 = 1:1 with recent)")
+    add_policy_flags(p)
     p.add_argument("--question", default=None, help="a question appended after the prompt (blank line between)")
     p.add_argument("--compress-context-only", action="store_true",
                    help="with --question: compress the prompt alone, then feed the question uncompressed")
     p.set_defaults(func=run, max_new_tokens=32)
 
 
-_PARAM_FLAGS = {"sinks": "sinks", "reposition": "reposition", "window_size": "window_size",
-                "kernel_size": "kernel_size", "pooling": "pooling", "heavy_fraction": "heavy_fraction"}
+def flag(name: str) -> str:
+    """``window_size`` → ``--window-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def add_policy_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per policy parameter, generated from the policies' field specs (shared names share a flag)."""
+    group = p.add_argument_group("policy parameters", "each applies only to the policies named in its help")
+    for name, (spec, owners) in all_params().items():
+        where = ", ".join(POLICIES[o].title.split(" (")[0] for o in owners)
+        text = f"{where}: {spec['help']} (default {spec['default']})"
+        if spec["type"] == "bool":
+            group.add_argument(flag(name), dest=f"param_{name}", action="store_true", default=None, help=text)
+        else:
+            kind = {"int": int, "float": float}.get(spec["type"], str)
+            group.add_argument(flag(name), dest=f"param_{name}", type=kind, choices=spec["choices"], default=None,
+                               metavar=None if spec["choices"] else name.upper(), help=text)
 
 
 def policy_params(args: argparse.Namespace) -> dict:
     """The policy's hyper-parameters from the flags; a flag the chosen policy does not have is an error."""
     own = {f["name"] for f in field_specs(POLICIES[args.policy])}
-    params = {}
-    for attr, name in _PARAM_FLAGS.items():
-        value = getattr(args, attr)
-        if value is None or value is False:
-            continue
-        if name not in own:
-            flag = "--" + attr.replace("_", "-")
-            raise ValueError(f"{flag} does not apply to --policy {args.policy}.")
-        params[name] = value
-    return params
+    given = {name: getattr(args, f"param_{name}", None) for name in all_params()}
+    for name, value in given.items():
+        if value is not None and name not in own:
+            raise ValueError(f"{flag(name)} does not apply to --policy {args.policy}.")
+    return check_params(args.policy, {k: v for k, v in given.items() if k in own})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,43 +54,10 @@ def _list() -> int:
     return 0
 
 
-def _human(r: dict, layout) -> str:
-    from kvviz.memory.estimate import estimate, format_bytes, format_gb, layer_groups
-
-    est = estimate(layout, r["context"], r["batch"], r["kv_dtype"], r["tp"], r["group_size"])
-    lines = [f"{r['model']} ({r['model_type']}): {r['attention']}, {r['num_layers']} layers, "
-             f"{layout.num_attention_heads} query / {r['num_key_value_heads']} KV heads, head_dim {r['head_dim']}, "
-             f"KV dtype {r['kv_dtype']}" + (f" (+fp16 scale & zero per {r['group_size']})" if r["group_size"] else "")]
-    for g in layer_groups(layout, est):
-        held = f", {g.tokens_held:,} tokens held" + (f" (window {g.window})" if g.window else "")
-        lines.append(f"  {g.count} {g.kind} layer{'s' if g.count > 1 else ''}: {g.per_token_expr} per token per "
-                     f"layer{held} → {g.bytes:,} bytes ({format_bytes(g.bytes)}) per sequence")
-    lines.append(f"per token (every layer): {r['bytes_per_token']:,} bytes ({format_bytes(r['bytes_per_token'])})")
-    lines.append(f"per sequence at {r['context']:,} tokens: {r['bytes_per_sequence']:,} bytes "
-                 f"({format_bytes(r['bytes_per_sequence'])})")
-    rep = f", × {r['replication']:g} replication over TP={r['tp']}" if r["replication"] != 1 else ""
-    lines.append(f"total for {r['batch']:,} sequence{'s' if r['batch'] > 1 else ''}{rep}: {r['total_bytes']:,} bytes "
-                 f"({format_bytes(r['total_bytes'])}); per GPU {format_bytes(r['per_gpu_bytes'])} (TP={r['tp']})")
-    if "kv_budget_bytes" in r:
-        mc = r["max_context"]
-        lines.append(f"capacity: {r['gpus']} × {format_gb(r['gpu_mem_bytes'])} = {format_gb(r['total_mem_bytes'])}; "
-                     f"{r['reserve']:.0%} reserve → {format_gb(r['usable_bytes'])} usable; weights "
-                     f"{format_gb(r['weight_bytes'])} → KV budget {format_gb(r['kv_budget_bytes'])} "
-                     f"({format_bytes(r['kv_budget_bytes'])})")
-        lines.append(f"  → {r['max_sequences']:,} sequences fit at {r['context']:,} tokens; {r['batch']:,} "
-                     f"sequence{'s' if r['batch'] > 1 else ''} fit up to "
-                     + ("any context (windows cap the cache)" if mc is None else f"{mc:,} tokens")
-                     + ("" if r["fits"] else "  [the requested batch does NOT fit]"))
-    if "decode_ms_kv" in r:
-        lines.append(f"decode step: weights {format_gb(r['weight_bytes'])} + KV {format_gb(r['total_bytes'])} over "
-                     f"{r['bandwidth_bytes_per_s'] / 1e12:g} TB/s → {r['decode_ms_weights']:.2f} ms + "
-                     f"{r['decode_ms_kv']:.2f} ms = {r['decode_ms_total']:.2f} ms (lower bound on time per token)")
-    return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> int:
-    from kvviz.memory.capacity import find_gpu, report
+    from kvviz.memory.capacity import find_gpu
     from kvviz.memory.estimate import cache_layout, load_preset
+    from kvviz.memory.report import report, summary
 
     if args.list:
         return _list()
@@ -105,11 +72,12 @@ def run(args: argparse.Namespace) -> int:
     r = report(layout, context=args.context, batch=args.batch, kv_dtype=args.kv_dtype, tp=args.tp,
                group_size=args.group_size, gpus=args.gpus, gpu_mem_gb=mem, reserve=args.reserve,
                weights_gb=args.weights_gb, weight_dtype=args.weight_dtype, bandwidth_tbps=bw)
+    out = r.to_json()
     if args.block_size is not None or args.max_model_len is not None:
         from kvviz.memory.engine import from_report
 
-        r["engine"] = from_report(layout, r, args.block_size or 16, args.max_model_len).to_json()
-    print(json.dumps(r) if args.json else _human(r, layout) + ("\n" + r["engine"]["log"] if "engine" in r else ""))
+        out["engine"] = from_report(layout, out, args.block_size or 16, args.max_model_len).to_json()
+    print(json.dumps(out) if args.json else summary(r) + ("\n" + out["engine"]["log"] if "engine" in out else ""))
     return 0
 
 

@@ -42,6 +42,9 @@ class KeyRerotator:
         return (keys.float() * angle.cos() + rotated_half.float() * angle.sin()).to(keys.dtype)
 
 
+_NO_POSITIONS = torch.empty(0, 0, dtype=torch.long)  # a layer before its first token
+
+
 class EvictingLayer(DynamicLayer):
     """A DynamicLayer that also tracks absolute positions and can keep a per-head subset.
 
@@ -52,9 +55,9 @@ class EvictingLayer(DynamicLayer):
     order (``kv_positions`` says which position each slot holds; attention does not care).
     """
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.kv_positions: torch.Tensor | None = None  # [Hkv, n] absolute position held in each slot
+        self.kv_positions = _NO_POSITIONS  # [Hkv, n] absolute position held in each slot
         self.seen = 0  # tokens ever appended (the next token's absolute position)
         self._kbuf: torch.Tensor | None = None  # [1, Hkv, cap, D] storage behind keys/values when cap > n
         self._vbuf: torch.Tensor | None = None
@@ -74,24 +77,25 @@ class EvictingLayer(DynamicLayer):
         n = self.kv_positions.shape[-1]
         new = torch.arange(self.seen, self.seen + q, device=self.kv_positions.device).expand(hkv, q)
         self.seen += q
-        if self._kbuf is not None and n + q == self._kbuf.shape[2]:  # fill the spare slot in place
-            self._kbuf[:, :, n:] = key_states
-            self._vbuf[:, :, n:] = value_states
-            self._pbuf[:, n:] = new
-            self.keys, self.values, self.kv_positions = self._kbuf, self._vbuf, self._pbuf
-            return self.keys, self.values
+        kbuf, vbuf, pbuf = self._kbuf, self._vbuf, self._pbuf
+        if kbuf is not None and vbuf is not None and pbuf is not None and n + q == kbuf.shape[2]:
+            kbuf[:, :, n:] = key_states  # fill the spare slot in place
+            vbuf[:, :, n:] = value_states
+            pbuf[:, n:] = new
+            self.keys, self.values, self.kv_positions = kbuf, vbuf, pbuf
+            return kbuf, vbuf
         self._kbuf = self._vbuf = self._pbuf = None
         self.kv_positions = torch.cat([self.kv_positions, new], dim=-1)
         return super().update(key_states, value_states, *args, **kwargs)
 
     def keep_slots(self, slots: torch.Tensor, rerotator: KeyRerotator | None = None) -> None:
         """Keep the entries at ``slots`` [Hkv, k] in that order; the rest is freed (new, smaller tensors)."""
+        keys, values = self.stored()
         hkv, k = slots.shape
-        d = self.keys.shape[-1]
-        n = self.keys.shape[2]
-        flat = (slots.to(self.keys.device) + torch.arange(hkv, device=self.keys.device)[:, None] * n).reshape(-1)
-        keys = self.keys.reshape(hkv * n, d).index_select(0, flat).view(1, hkv, k, d)  # [1, Hkv, k, D]
-        self.values = self.values.reshape(hkv * n, d).index_select(0, flat).view(1, hkv, k, d)
+        d, n = keys.shape[-1], keys.shape[2]
+        flat = (slots.to(keys.device) + torch.arange(hkv, device=keys.device)[:, None] * n).reshape(-1)
+        keys = keys.reshape(hkv * n, d).index_select(0, flat).view(1, hkv, k, d)  # [1, Hkv, k, D]
+        self.values = values.reshape(hkv * n, d).index_select(0, flat).view(1, hkv, k, d)
         self.kv_positions = self.kv_positions.gather(1, slots.to(self.kv_positions.device))
         if rerotator is not None:  # keys were rotated at their old slot; move them to slot 0..k-1
             delta = torch.arange(k, device=slots.device).expand(hkv, k) - slots
@@ -105,21 +109,29 @@ class EvictingLayer(DynamicLayer):
         The tensors keep their size (one spare slot for the next token); ``keys``/``values`` become
         views of the first n − 1 slots.
         """
-        hkv, n = self.kv_positions.shape
+        kbuf, vbuf = self.stored()
+        pbuf = self.kv_positions
+        hkv, n = pbuf.shape
         if self._heads is None or self._heads.numel() != hkv:
-            self._heads = torch.arange(hkv, device=self.keys.device)  # made once: used at every step
+            self._heads = torch.arange(hkv, device=kbuf.device)  # made once: used at every step
         heads = self._heads
-        ev = evicted.to(self.keys.device)
-        self._kbuf, self._vbuf, self._pbuf = self.keys, self.values, self.kv_positions
-        self._kbuf[0, heads, ev] = self._kbuf[0, :, n - 1]
-        self._vbuf[0, heads, ev] = self._vbuf[0, :, n - 1]
-        self._pbuf[heads, ev] = self._pbuf[:, n - 1]
-        self.keys, self.values = self._kbuf[:, :, : n - 1], self._vbuf[:, :, : n - 1]
-        self.kv_positions = self._pbuf[:, : n - 1]
+        ev = evicted.to(kbuf.device)
+        kbuf[0, heads, ev] = kbuf[0, :, n - 1]
+        vbuf[0, heads, ev] = vbuf[0, :, n - 1]
+        pbuf[heads, ev] = pbuf[:, n - 1]
+        self._kbuf, self._vbuf, self._pbuf = kbuf, vbuf, pbuf
+        self.keys, self.values = kbuf[:, :, : n - 1], vbuf[:, :, : n - 1]
+        self.kv_positions = pbuf[:, : n - 1]
+
+    def stored(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The held keys and values ([1, Hkv, n, D] each); an error before the first token arrived."""
+        if self.keys is None or self.values is None:
+            raise RuntimeError("The evicting cache layer holds no entries yet.")
+        return self.keys, self.values
 
     def reset(self) -> None:
         super().reset()
-        self.kv_positions, self.seen = None, 0
+        self.kv_positions, self.seen = _NO_POSITIONS, 0
         self._kbuf = self._vbuf = self._pbuf = None
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -127,22 +139,22 @@ class EvictingLayer(DynamicLayer):
 
 
 def _check_full_attention(config) -> int:
-    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    kinds = list(getattr(cfg, "layer_types", None) or [])
-    if not kinds:
-        kinds = ["sliding_attention" if getattr(cfg, "sliding_window", None) else "full_attention"]
-    if any(k != "full_attention" for k in kinds):
+    """Layers of a model whose every layer caches full attention (read by the one config reader), else ValueError."""
+    from kvviz.memory.layout import cache_layout
+
+    kinds = cache_layout(config).kinds
+    if any(k != "full" for k in kinds):
         raise ValueError("Eviction supports models whose layers all use full attention; this model has "
                          f"{', '.join(sorted(set(kinds)))} layers.")
-    return int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    return len(kinds)
 
 
 class EvictingCache(Cache):
     """One :class:`EvictingLayer` per layer; ``keep`` applies a policy's decision to every layer."""
 
     def __init__(self, config, rerotator: KeyRerotator | None = None, reuse_slots: bool = True):
-        layers = _check_full_attention(config)
-        super().__init__(layers=[EvictingLayer() for _ in range(layers)])
+        self.evicting_layers = [EvictingLayer() for _ in range(_check_full_attention(config))]
+        super().__init__(layers=list(self.evicting_layers))
         self.rerotator = rerotator
         self.reuse_slots = reuse_slots  # False: always gather into new tensors (the reference path)
 
@@ -153,7 +165,7 @@ class EvictingCache(Cache):
 
     def positions(self) -> torch.Tensor:
         """Absolute positions held, in slot order: [Lyr, Hkv, n] (every layer holds as many entries)."""
-        return torch.stack([layer.kv_positions for layer in self.layers])
+        return torch.stack([layer.kv_positions for layer in self.evicting_layers])
 
     def keep(self, positions: torch.Tensor, held: torch.Tensor | None = None, order: torch.Tensor | None = None) -> None:
         """Keep the absolute ``positions`` [Lyr, Hkv, k]; anything not held is an error.
@@ -178,20 +190,20 @@ class EvictingCache(Cache):
                 raise ValueError("The selection keeps positions the cache no longer holds (evicted entries never "
                                  "come back).")
             slots = (held == evicted[..., None]).int().argmax(-1)  # [Lyr, Hkv]
-            for layer, s in zip(self.layers, slots):
+            for layer, s in zip(self.evicting_layers, slots):
                 layer.refill_evicted(s)
             return
         idx = torch.searchsorted(ordered, positions).clamp(max=n - 1)
         if not torch.equal(ordered.gather(-1, idx), positions):
             raise ValueError("The selection keeps positions the cache no longer holds (evicted entries never come back).")
         slots = order.gather(-1, idx)
-        for layer, s in zip(self.layers, slots):
+        for layer, s in zip(self.evicting_layers, slots):
             layer.keep_slots(s, self.rerotator)
 
     def nbytes(self) -> int:
         """Bytes of the stored key and value tensors (measured, not a formula)."""
         total = 0
-        for layer in self.layers:
-            if layer.keys is not None and layer.keys.numel():
+        for layer in self.evicting_layers:
+            if layer.keys is not None and layer.values is not None and layer.keys.numel():
                 total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
         return int(total)

@@ -25,8 +25,12 @@ from kvviz.models import LoadedModel
 Progress = Callable[[float, str], None]
 
 
-def agreement_and_kl(full_logprobs: np.ndarray, policy_logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per prediction: top-1 agreement (bool) and KL(full ‖ policy) in nats. Inputs [N, V] log-probs."""
+def agreement_and_kl(full_logprobs: np.ndarray | None,
+                     policy_logprobs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per prediction: top-1 agreement (bool) and KL(full ‖ policy) in nats. Inputs [N, V] log-probs
+    (runs made with ``keep_logprobs``)."""
+    if full_logprobs is None or policy_logprobs is None:
+        raise ValueError("Both runs need their log-probabilities (run_policy(..., keep_logprobs=True)).")
     n = min(len(full_logprobs), len(policy_logprobs))
     p, q = full_logprobs[:n].astype(np.float64), policy_logprobs[:n].astype(np.float64)
     agree = p.argmax(-1) == q.argmax(-1)

@@ -88,10 +88,16 @@ class Evictor:
         if step == 0:
             self.prefill_positions = np.arange(n, dtype=np.int32)
             self.kept = cache.positions().cpu().numpy().astype(np.int32)
-            self.kept_roles = self._roles.numpy().copy()
+            self.kept_roles = self._tracked_roles().numpy().copy()
         if self.record_history:
             self.history.append(cache.positions().cpu().numpy().astype(np.int32))
-            self.history_roles.append(self._roles.numpy().copy())
+            self.history_roles.append(self._tracked_roles().numpy().copy())
+
+    def _tracked_roles(self) -> torch.Tensor:
+        """Roles of the held entries in slot order [Lyr, Hkv, n] (tracked at step 0 and with the history)."""
+        if self._roles is None:
+            raise RuntimeError("No roles are tracked before the first step.")
+        return self._roles
 
 
 @dataclass
@@ -144,6 +150,23 @@ class PolicyRun:
                 "full_cache_bytes": self.full_cache_bytes, "timings": self.timings}
 
 
+@dataclass(frozen=True)
+class EvictionRequest:
+    """A checked eviction run: prompt ids, the policy, its budget (tokens or ratio), how much is compressed."""
+
+    ids: list[int]
+    policy: Policy
+    budget: int | None
+    ratio: float | None
+    n_compress: int
+    max_new_tokens: int
+
+    def run(self, lm: LoadedModel, **kwargs) -> PolicyRun:
+        """:func:`run_policy` on this request (``kwargs``: record_history, should_stop, ...)."""
+        return run_policy(lm, self.ids, self.policy, budget=self.budget, ratio=self.ratio,
+                          n_compress=self.n_compress, max_new_tokens=self.max_new_tokens, **kwargs)
+
+
 def resolve_budget(policy: Policy, n_compressed: int, budget: int | None, ratio: float | None) -> int:
     """n_kept for this policy (the full cache keeps everything); validates the policy against it."""
     if isinstance(policy, FullCache):
@@ -180,7 +203,7 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
     ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True)
     needs_rec = policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c)
     t_max = len(ids) + max_new_tokens
-    rec = None
+    rec: Recorder | None = None
     if needs_rec:
         cfg = ev.recorder_config()
         cfg.bin_factor = t_max  # the display maps are not needed here: one bin
@@ -248,6 +271,8 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
                    total_s=time.perf_counter() - t0,
                    decode_step_median_s=float(np.median(step_s)) if step_s else None,
                    decode_step_median_cpu_s=float(np.median(step_cpu_s)) if step_cpu_s else None)
+    if ev.kept is None or ev.kept_roles is None:
+        raise RuntimeError("The run ended before its prefill was compressed.")
     return PolicyRun(
         policy=policy.name, params=policy.params(), position_mode=policy.position_mode, prompt_ids=ids,
         tokens=[lm.tokenizer.decode([i]) for i in ids + generated], n_compressed=n_c, n_kept=n_kept, generated_ids=generated,

@@ -107,8 +107,8 @@ def attention_grid(trace: Trace, layer: int, head: int, group_mean: bool = False
     _check(trace, layer, head)
     f, n_prompt, t = trace.bin_factor, trace.n_prompt, trace.n_tokens
     heads = _heads(trace, head, group_mean)
-    pre = trace.prefill_map[layer, heads].astype(np.float32).mean(0)  # [nqb, nb]
-    dec = trace.decode_rows[:, layer, heads].astype(np.float32).mean(1)  # [S, nb]
+    pre = trace.recorded("prefill_map")[layer, heads].astype(np.float32).mean(0)  # [nqb, nb]
+    dec = trace.recorded("decode_rows")[:, layer, heads].astype(np.float32).mean(1)  # [S, nb]
     nb = -(-t // f)
     pre, dec = pre[:, :nb], dec[:, :nb]
     # split the row budget between prompt bins and decode rows in proportion to their counts
@@ -196,11 +196,11 @@ def step_row(trace: Trace, layer: int, step: int) -> np.ndarray:
         raise ValueError(f"step must be from 0 to {n_steps - 1}.")
     f, nb = trace.bin_factor, -(-trace.n_tokens // trace.bin_factor)
     if step == 0:
-        row = trace.window_rows[layer, :, -1, :]  # [Hq, L]
+        row = trace.recorded("window_rows")[layer, :, -1, :]  # [Hq, L]
         out = np.zeros((row.shape[0], nb), dtype=np.float32)
-        np.add.at(out, (slice(None), np.arange(row.shape[1]) // f), row)
+        np.add.at(out, (slice(None), np.arange(row.shape[1]) // f), row)  # type: ignore[arg-type]  # numpy's stub omits slices
         return out
-    return trace.decode_rows[step - 1, layer].astype(np.float32)[:, :nb]
+    return trace.recorded("decode_rows")[step - 1, layer].astype(np.float32)[:, :nb]
 
 
 def step_chart(trace: Trace, layer: int, step: int, k: int | None = None, max_cols: int = MAX_STEP_COLS) -> go.Figure:
@@ -335,7 +335,7 @@ def token_spans(trace: Trace, k: int = 4, n_top: int = 5, max_tokens: int = STRI
         keep = range(n)
         return [(trace.tokens[i], label(i)) for i in keep]
     head, tail = max_tokens * 2 // 3, max_tokens // 3
-    out = [(trace.tokens[i], label(i)) for i in range(head)]
+    out: list[tuple[str, str | None]] = [(trace.tokens[i], label(i)) for i in range(head)]
     out.append((f" … {n - head - tail:,} tokens … ", None))
     out += [(trace.tokens[i], label(i)) for i in range(n - tail, n)]
     return out

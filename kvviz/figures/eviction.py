@@ -152,8 +152,8 @@ def scores_figure(run: PolicyRun, layer: int, head: int, score_label: str = "sco
     pos = run.history[0][layer, head] if run.history else run.kept[layer, head]
     row = np.full(len(scores), EVICTED, dtype=np.int8)
     row[pos[pos < len(scores)]] = run.kept_roles[layer, head][pos < len(scores)]
-    colors = [ROLE_COLORS[_role_name(c)] for c in row]
-    text = [f"{i}: {run.tokens[i]!r} — {_role_name(row[i])}" for i in range(len(scores))]
+    colors = [ROLE_COLORS[_role_name(int(c))] for c in row]
+    text = [f"{i}: {run.tokens[i]!r} — {_role_name(int(row[i]))}" for i in range(len(scores))]
     fig.add_trace(go.Bar(x=list(range(len(scores))), y=np.nan_to_num(scores, nan=0.0), marker_color=colors,
                          hovertext=text, hovertemplate="%{hovertext}<br>score %{y:.4g}<extra></extra>"))
     fig.update_layout(title=f"Scores behind the prefill decision — layer {layer}, KV head {head}",

@@ -56,7 +56,7 @@ def _layer_hover(lens: list[int], sizes: list[int]) -> str:
 
 def _ranges(idx: list[int]) -> str:
     out, start = [], idx[0]
-    for a, b in zip(idx, idx[1:] + [None]):
+    for a, b in zip(idx, [*idx[1:], -1]):
         if b != a + 1:
             out.append(f"{start}" if start == a else f"{start}–{a}")
             start = b
@@ -70,7 +70,7 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
     ``room_tokens`` (how many cached tokens fit beside the weights) goes in the title.
     """
     names = ["KV cache (now)", "model weights"]
-    values = [cache_bytes, weight_bytes]
+    values: list[float] = [cache_bytes, weight_bytes]
     labels = [format_bytes(cache_bytes), format_gb(weight_bytes)]
     title = "Memory: cache vs weights"
     if budget_bytes:
@@ -100,7 +100,7 @@ def chip_text(token: str) -> str:
 
 def token_spans(trace: Trace) -> list[tuple[str, str | None]]:
     """(text, label) pairs for a highlighted token strip, one chip per token: prompt vs generated."""
-    out = [(chip_text(t), "prompt") for t in trace.tokens[: trace.n_prompt]]
+    out: list[tuple[str, str | None]] = [(chip_text(t), "prompt") for t in trace.tokens[: trace.n_prompt]]
     out += [(chip_text(t), "generated") for t in trace.tokens[trace.n_prompt:]]
     return out
 

@@ -96,7 +96,7 @@ SINKS = ShowMe("Sink map of the real model", "tab_attention",
                {"generate.prompt": needle_prompt(), "generate.chat": True, "generate.max_new": 16},
                "generate.button", "attn-sink-map",
                "Later layers put most of their attention on the first few tokens, whatever they say.")
-NEEDLE = ShowMe("Needle demo under eviction", "tab_eviction", {"eviction.compress": "with the question (it votes)"},
+NEEDLE = ShowMe("Needle demo under eviction", "tab_eviction", {"eviction.compress": "question"},
                 "eviction.needle", "evict-verdict",
                 "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it.")
 SINKS_MATTER = ShowMe("Perplexity with and without the sink tokens", "tab_eviction", {}, "eviction.sinks",
@@ -150,7 +150,7 @@ def why_no_query_cache(lm: LoadedModel | None) -> Answer:
     from kvviz.capture.loop import capture
 
     trace = capture(lm, "Once upon a time", chat=False, max_new_tokens=8, verify=True)
-    eq = trace.equivalence
+    eq = trace.equivalence or {}
     return Answer(f"kvviz just generated {trace.n_generated} tokens keeping only keys and values — no query was "
                   f"ever stored — and a full recomputation agrees: largest logit difference "
                   f"**{eq['max_abs_logit_diff']:.1e}** over {eq['positions_checked']} positions. Each step computes "
@@ -259,7 +259,8 @@ def decode_step_view(trace, step: int) -> tuple[list[tuple[str, str | None]], st
     s, n = trace.steps[step], trace.n_prompt
     fed_end = n + step  # tokens in the cache after this step's forward
     fed_start = 0 if step == 0 else fed_end - 1
-    spans = [(t, "in cache" if i < fed_start else "computed this step") for i, t in enumerate(trace.tokens[:fed_end])]
+    spans: list[tuple[str, str | None]] = [(t, "in cache" if i < fed_start else "computed this step")
+                                           for i, t in enumerate(trace.tokens[:fed_end])]
     spans.append((s.token, "predicted next"))
     new = fed_end - fed_start
     fed = f"fed {new} tokens, computed their K and V" if new > 1 else "fed 1 token, computed its K and V"

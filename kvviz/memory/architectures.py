@@ -79,6 +79,7 @@ def build(config: dict, name: str | None = None, seed: int = 0, attn_implementat
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from kvviz.adapters.transformers import force_attn_implementation
     from kvviz.capture.attention_fn import check_capturable, uses_interface
 
     fields = dict(config)
@@ -87,7 +88,7 @@ def build(config: dict, name: str | None = None, seed: int = 0, attn_implementat
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=attn_implementation)
     if not uses_interface(model):
-        model.config._attn_implementation = "eager"
+        force_attn_implementation(model.config, "eager")
     model.eval().requires_grad_(False)
     check_capturable(model)
     return LoadedModel(model=model, tokenizer=ByteTokenizer(), name=name or f"tiny-{model_type}",
@@ -204,6 +205,6 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
         bytes_per_token=sum(b // n for b, n in zip(measured, held) if n), formula_bytes_per_token=est.bytes_per_token,
         formula=" + ".join(_term(g) for g in layer_groups(layout, est)),
         per_head_bytes_per_token=per_head * 4 * layout.num_layers,
-        max_abs_logit_diff_vs_unpatched=trace.equivalence["max_abs_logit_diff_vs_unpatched"], elapsed_s=elapsed,
+        max_abs_logit_diff_vs_unpatched=(trace.equivalence or {})["max_abs_logit_diff_vs_unpatched"], elapsed_s=elapsed,
         learned_sink_share=None if trace.learned_sink_mass is None else float(trace.learned_sink_mass.mean()),
     )

@@ -1,15 +1,6 @@
 """What fits and how fast: KV budget, batch capacity, longest context, decode-step bytes and time.
 
-The chapter's serving arithmetic (8 × H100 80 GB, 10% reserve, 140 GB of Llama-3-70B weights →
-436 GB ≈ 406 GiB of KV budget → 162 sequences at 8K, 10 at 128K; 5.2 ms to read the weights vs
-16 ms to read the KV at 162 × 8K)::
-
-    from kvviz.memory.estimate import cache_layout
-    from kvviz.memory.capacity import report
-    report(cache_layout("Llama-3-70B"), context=8192, batch=162, gpus=8, gpu_mem_gb=80,
-           reserve=0.1, weights_gb=140, bandwidth_tbps=3.35)
-
-One model instance is spread over ``gpus`` GPUs by tensor parallelism (``tp`` defaults to
+:mod:`kvviz.memory.report` puts these together for one request (the CLI's and the tab's report). One model instance is spread over ``gpus`` GPUs by tensor parallelism (``tp`` defaults to
 ``gpus``): the weights are stored once, GPU memory and bandwidth add up. GPU memory and weights
 are in decimal GB, as vendors and the chapter quote them; cache sizes in bytes.
 """
@@ -17,9 +8,9 @@ are in decimal GB, as vendors and the chapter quote them; cache sizes in bytes.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from kvviz.memory.estimate import CacheLayout, KVDtype, estimate, resolve_kv_dtype
+from kvviz.memory.estimate import CacheLayout, KVDtype, estimate
 from kvviz.memory.layout import PRESET_DIR
 
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "mxfp4": 0.5}
@@ -149,50 +140,3 @@ def decode_step(weight_bytes: int, kv_bytes: int, bandwidth_tbps: float, gpus: i
         raise ValueError(f"bandwidth must be positive, got {bandwidth_tbps!r} TB/s.")
     bw = gpus * bandwidth_tbps * 1e12
     return DecodeStep(int(weight_bytes), int(kv_bytes), bw, weight_bytes / bw * 1e3, kv_bytes / bw * 1e3)
-
-
-# ---- the CLI / API report ----------------------------------------------------------------------
-def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "bf16", tp: int | None = None,
-           group_size: int | None = None, gpus: int | None = None, gpu_mem_gb: float | None = None,
-           reserve: float = 0.1, weights_gb: float | None = None, weight_dtype: str = "bf16",
-           bandwidth_tbps: float | None = None) -> dict:
-    """Everything ``python -m kvviz memory --json`` prints, in bytes (see the issue's JSON contract).
-
-    Capacity fields appear when ``gpu_mem_gb`` is given, decode-time fields when ``bandwidth_tbps``
-    is; both need the weights (``weights_gb``, or the preset's parameter count × ``weight_dtype``).
-    """
-    gpus_n = 1 if gpus is None else gpus
-    tp = gpus_n if tp is None else tp
-    dtype = resolve_kv_dtype(kv_dtype, group_size)
-    est = estimate(layout, context, batch, dtype, tp)
-    out = {
-        "model": layout.name, "model_type": layout.model_type, "attention": est.attention,
-        "kv_dtype": dtype.name, "group_size": dtype.group_size, "context": context, "batch": batch, "tp": tp,
-        "num_layers": layout.num_layers, "num_key_value_heads": layout.num_key_value_heads,
-        "head_dim": layout.head_dim, "max_position_embeddings": layout.max_position_embeddings,
-        "bytes_per_token": est.bytes_per_token,
-        "bytes_per_sequence": est.bytes_per_sequence, "total_bytes": est.total_bytes,
-        "per_gpu_bytes": est.per_gpu_bytes, "replication": est.replication, "layers": est.layers_json(),
-    }
-    if gpu_mem_gb is None and bandwidth_tbps is None:
-        return out
-    if weights_gb is not None:
-        if not (weights_gb >= 0):
-            raise ValueError(f"weights must be ≥ 0 GB, got {weights_gb!r}.")
-        w = round(weights_gb * 1e9)
-    else:
-        w = weight_bytes(layout.num_parameters, weight_dtype) if layout.num_parameters else None
-        if w is None:
-            raise ValueError("The config has no parameter count: give the weights in GB (--weights-gb).")
-    out["weight_bytes"] = w
-    if gpu_mem_gb is not None:
-        b = kv_budget(gpus_n, gpu_mem_gb, w, reserve)
-        out.update({k: v for k, v in asdict(b).items() if k != "weight_bytes"})
-        out["max_sequences"] = max_sequences(layout, b.kv_budget_bytes, context, dtype, tp)
-        out["max_context"] = max_context(layout, b.kv_budget_bytes, batch, dtype, tp)
-        out["fits"] = est.total_bytes <= b.kv_budget_bytes
-    if bandwidth_tbps is not None:
-        step = decode_step(w, est.total_bytes, bandwidth_tbps, gpus_n)
-        out.update({"bandwidth_bytes_per_s": step.bandwidth_bytes_per_s, "decode_ms_weights": step.ms_weights,
-                    "decode_ms_kv": step.ms_kv, "decode_ms_total": step.ms_total})
-    return out

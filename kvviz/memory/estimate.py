@@ -265,6 +265,7 @@ def attention_variants(layout: CacheLayout, context: int, kv_dtype: str | KVDtyp
         rows.append(("GQA", 8))
     rows += [("MQA", 1), ("MLA", 0)]
     out = []
+    vectors: tuple[tuple[int, int], ...]
     for name, kv in rows:
         if name == "MLA":
             vectors, heads = ((rank, 1), (rope, 1)), 1

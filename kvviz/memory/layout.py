@@ -17,11 +17,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz import limits, safety
-from kvviz.limits import check_list_length, config_int
+from kvviz import limits
+from kvviz.limits import MAX_CONFIG_BYTES, check_list_length, config_int
+from kvviz.safety import check_config_size, parse_config_json
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
-MAX_CONFIG_BYTES = 1024 * 1024  # a config.json is a few KiB; refuse anything absurd
 
 # layer_types names (transformers' own) → the kind kvviz sizes
 _LAYER_KINDS = {
@@ -117,14 +117,6 @@ def load_preset(name: str) -> dict:
     raise ValueError(f"Unknown preset {name!r}; choose one of: {', '.join(preset_names())}.")
 
 
-def parse_config_json(text: str, where: str = "The config") -> dict:
-    """A config dict from JSON text, or ValueError saying what is wrong (never reads a path)."""
-    try:
-        return safety.parse_config_json(text, MAX_CONFIG_BYTES)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-
-
 def _from_hub(repo_id: str) -> dict:
     try:
         from huggingface_hub import hf_hub_download
@@ -134,7 +126,7 @@ def _from_hub(repo_id: str) -> dict:
         path = hf_hub_download(repo_id, "config.json")
     except Exception as exc:
         raise ValueError(f"Could not fetch config.json of {repo_id!r} from the hub: {type(exc).__name__}.") from None
-    return parse_config_json(Path(path).read_text(), f"config.json of {repo_id}")
+    return parse_config_json(Path(path).read_bytes(), where=f"config.json of {repo_id}")
 
 
 def load_config(source, *, allow_hub: bool = False) -> dict:
@@ -154,12 +146,13 @@ def load_config(source, *, allow_hub: bool = False) -> dict:
         if path.is_dir():
             path = path / "config.json"
         if path.is_file():
-            return parse_config_json(path.read_text(errors="replace"), str(path))
+            check_config_size(path.stat().st_size, MAX_CONFIG_BYTES, str(path))
+            return parse_config_json(path.read_bytes(), where=str(path))
         if allow_hub and text.count("/") == 1 and not path.suffix:
             return _from_hub(text)
         raise ValueError(f"{text!r} is neither a preset ({', '.join(preset_names())}) nor a config.json file.")
     if isinstance(source, str):
-        return parse_config_json(source, "The pasted config")
+        return parse_config_json(source, where="The pasted config")
     raise ValueError(f"Cannot read a config from a {type(source).__name__}.")
 
 
@@ -190,9 +183,9 @@ def _text_config(cfg: dict) -> dict:
 
 def _kv_heads(cfg: dict, q_heads: int, notes: list[str]) -> int:
     if cfg.get("num_key_value_heads") is not None:
-        return config_int(cfg, "num_key_value_heads")
+        return _required(cfg, "num_key_value_heads")
     if cfg.get("new_decoder_architecture") and cfg.get("num_kv_heads") is not None:  # Falcon-40B/180B
-        return config_int(cfg, "num_kv_heads")
+        return _required(cfg, "num_kv_heads")
     if cfg.get("multi_query"):  # GPTBigCode, Falcon-7B
         notes.append("multi_query=true: one K/V head shared by every query head (MQA)")
         return 1
@@ -268,7 +261,7 @@ def _attention_shape(cfg: dict, notes: list[str]) -> tuple[int, int, int, dict |
     if q_heads % kv_heads:
         raise ValueError(f"num_attention_heads {q_heads} is not a multiple of num_key_value_heads {kv_heads}.")
     if cfg.get("head_dim") is not None:
-        head_dim = config_int(cfg, "head_dim")
+        head_dim = _required(cfg, "head_dim")
         if hidden and head_dim * q_heads != hidden:
             notes.append(f"head_dim {head_dim} is stated in the config; hidden_size / heads would give "
                          f"{hidden} / {q_heads} = {hidden / q_heads:g}")

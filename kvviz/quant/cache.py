@@ -49,8 +49,11 @@ class QuantizedLayer(DynamicLayer):
         """Append, return old (quantized) + new (exact) entries, then quantize what left the window."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys = torch.cat([self.keys, key_states], dim=-2)  # [B, Hkv, t, D]
-        values = torch.cat([self.values, value_states], dim=-2)
+        held_k, held_v = self.keys, self.values
+        if held_k is None or held_v is None:
+            raise RuntimeError("lazy_initialization left the layer without tensors.")
+        keys = torch.cat([held_k, key_states], dim=-2)  # [B, Hkv, t, D]
+        values = torch.cat([held_v, value_states], dim=-2)
         self.keys, self.values = keys.clone(), values.clone()
         self.quantized_keys = _settle(self.keys, self.scheme.key, self.quantized_keys)
         self.quantized_values = _settle(self.values, self.scheme.value, self.quantized_values)
@@ -84,9 +87,10 @@ class QuantizedKVCache(DynamicCache):
         """Bytes a packed store of the current entries would take (payload, fp16 scales, 16-bit window)."""
         total = 0
         for layer in self.layers:
-            if layer.keys is None or layer.keys.numel() == 0:
+            keys = getattr(layer, "keys", None)
+            if keys is None or keys.numel() == 0:
                 continue
-            shape = tuple(layer.keys.shape)
+            shape = tuple(keys.shape)
             total += stored_bytes(shape, self.scheme.key).total + stored_bytes(shape, self.scheme.value).total
         return total
 

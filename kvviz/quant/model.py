@@ -107,21 +107,23 @@ def collect_qkv(lm: LoadedModel, prompt: str | None = None, chat: bool = False,
     collector = _QueryCollector(len(cache.layers) or lm.config.num_hidden_layers, keep_outputs)
     with torch.inference_mode(), installed(lm.model):
         forward(lm, ids, 0, cache, collector)
-    lens = {layer.keys.shape[-2] for layer in cache.layers}
-    if lens != {len(ids)}:
+    stored = [(getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers]
+    kv = [(keys, values) for keys, values in stored if keys is not None and values is not None]
+    if len(kv) != len(stored) or {keys.shape[-2] for keys, _ in kv} != {len(ids)}:
         raise ValueError("This model has sliding-window layers whose cache drops tokens; the quantization "
                          "view needs every layer to hold the whole prompt (shorten the prompt).")
-    k = torch.stack([layer.keys[0] for layer in cache.layers]).float()  # [Lyr, Hkv, T, D]
-    v = torch.stack([layer.values[0] for layer in cache.layers]).float()
-    if any(q is None for q in collector.queries):
+    k = torch.stack([keys[0] for keys, _ in kv]).float()  # [Lyr, Hkv, T, D]
+    v = torch.stack([values[0] for _, values in kv]).float()
+    queries = [q for q in collector.queries if q is not None]
+    if len(queries) != len(collector.queries) or collector.scaling is None:
         raise ValueError("This model's attention bypasses transformers' attention interface, so its queries "
                          "cannot be read for the quantization view.")
-    q = torch.stack(collector.queries)  # [Lyr, Hq, T, D]
+    q = torch.stack(queries)  # [Lyr, Hq, T, D]
     if q.shape[-1] != k.shape[-1]:
         raise ValueError("This model caches MLA's latent and RoPE key, not per-head keys and values; the "
                          "quantization view needs per-head keys.")
     tok = lm.tokenizer
-    outputs = torch.stack(collector.outputs) if keep_outputs else None
+    outputs = torch.stack([o for o in collector.outputs if o is not None]) if keep_outputs else None
     return QKV([tok.decode([i]) for i in ids], q, k, v, float(collector.scaling), outputs)
 
 
@@ -161,7 +163,10 @@ def _pooled(errs: list[tuple[float, float]]) -> float:
 
 def evaluate(qkv: QKV, scheme: Scheme) -> SchemeResult:
     """Quantize every layer's K and V under ``scheme`` and recompute attention for the same queries."""
-    kerr, verr, oerr = [], [], []
+    # per layer: (squared error, squared norm of the exact tensor)
+    kerr: list[tuple[float, float]] = []
+    verr: list[tuple[float, float]] = []
+    oerr: list[tuple[float, float]] = []
     with torch.inference_mode():
         for layer in range(qkv.layers):
             k, v = qkv.k[layer], qkv.v[layer]  # [Hkv, T, D]

@@ -17,6 +17,7 @@ The real model's queries, keys and values come from :mod:`kvviz.quant.model`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -111,7 +112,7 @@ def quantized_prefix(n_tokens: int, spec: QuantSpec) -> int:
     return n
 
 
-def _grouped(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, callable]:
+def _grouped(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """View ``x`` [..., T, D] as [..., groups, group] along the spec's axis, plus the inverse."""
     *lead, t, d = x.shape
     if spec.axis == "tensor":

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-import importlib
-
 import gradio as gr
 
+from kvviz.ui import (
+    tab_attention,
+    tab_blocks,
+    tab_eviction,
+    tab_generate,
+    tab_learn,
+    tab_memory,
+    tab_nocache,
+    tab_quant,
+)
 from kvviz.ui.context import AppContext
 
-# (tab title, module in kvviz/ui, what it will show if the module is not there yet)
+# (tab title, module with ``build(ctx)``); a tab's id is its module's name (the Learn tab links by it)
 TABS = [
-    ("Generate", "tab_generate", ""),
-    ("Attention", "tab_attention", "Attention heatmaps per layer and head, a step scrubber and the sink map."),
-    ("Eviction", "tab_eviction", "What StreamingLLM, H2O and SnapKV keep and evict, and what that does to the answer."),
-    ("Memory", "tab_memory", "The KV-cache calculator for any architecture, batch capacity and decode time."),
-    ("Quantization", "tab_quant", "Outlier key channels, per-channel vs per-token quantization (KIVI)."),
-    ("Cache vs no cache", "tab_nocache", "The same tokens generated with and without the cache, timed."),
-    ("Blocks", "tab_blocks", "The live cache in fixed-size blocks, prefix sharing and eviction × paging."),
-    ("Learn", "tab_learn", "The chapter's objectives, questions and pitfalls, each linked to a view."),
+    ("Generate", tab_generate),
+    ("Attention", tab_attention),
+    ("Eviction", tab_eviction),
+    ("Memory", tab_memory),
+    ("Quantization", tab_quant),
+    ("Cache vs no cache", tab_nocache),
+    ("Blocks", tab_blocks),
+    ("Learn", tab_learn),
 ]
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
@@ -54,6 +62,11 @@ def serve(demo: gr.Blocks, settings) -> dict:
     return {"max_threads": settings.queue_size + settings.concurrency + 32}
 
 
+def tab_id(module) -> str:
+    """``kvviz.ui.tab_memory`` → ``tab_memory``: the id :mod:`kvviz.lessons.objectives` links to."""
+    return module.__name__.rsplit(".", 1)[-1]
+
+
 def build_app(ctx: AppContext) -> gr.Blocks:
     """The whole page. Tabs are built in order; the Generate event then refreshes the others."""
     with gr.Blocks(title="kvviz — see the KV cache") as demo:
@@ -62,17 +75,10 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                     "A real model generates while every layer's keys, values and attention are captured.")
         generate_event = None
         with gr.Tabs() as ctx.tabs:
-            for title, module_name, coming in TABS:
-                with gr.Tab(title, id=module_name):
-                    try:
-                        module = importlib.import_module(f"kvviz.ui.{module_name}")
-                    except ModuleNotFoundError as exc:
-                        if exc.name != f"kvviz.ui.{module_name}":
-                            raise
-                        gr.Markdown(f"**Coming next:** {coming}")
-                        continue
+            for title, module in TABS:
+                with gr.Tab(title, id=tab_id(module)):
                     result = module.build(ctx)
-                    if module_name == "tab_generate":
+                    if module is tab_generate:
                         generate_event = result
         if generate_event is not None:
             for fn, inputs, outputs in ctx.listeners:

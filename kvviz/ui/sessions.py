@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import gradio as gr
 
+from kvviz.ui import gradio_adapter
 from kvviz.ui.context import AppContext
 from kvviz.ui.jobs import UserError
 
@@ -59,19 +60,10 @@ def install(demo: gr.Blocks, ctx: AppContext) -> None:
 
     def end_session(request: gr.Request):
         ctx.end_session(request)
-        holder = getattr(demo, "state_holder", None)
-        sessions = getattr(holder, "session_data", None)
-        if sessions is None:  # a Gradio without a state holder keeps its own (1 h) default
-            return
-        state = sessions.get(getattr(request, "session_hash", None))
-        if state is not None:
-            # Gradio keeps a closed session's gr.State for an hour; a lecture hall of closed tabs
-            # would hold every trace that long. Keep it only long enough for a reconnect.
-            state.STATE_TTL_WHEN_CLOSED = grace
-        # sessions that closed earlier and whose state Gradio has already expired: drop them whole
-        for key, old in list(sessions.items()):
-            if getattr(old, "is_closed", False) and not getattr(old, "state_data", True):
-                sessions.pop(key, None)
+        # Gradio keeps a closed session's gr.State for an hour; a lecture hall of closed tabs would
+        # hold every trace that long. Keep it only long enough for a reconnect.
+        gradio_adapter.keep_closed_state_for(demo, getattr(request, "session_hash", None), grace)
+        gradio_adapter.drop_expired_sessions(demo)
 
     with demo:
         demo.unload(end_session)

@@ -20,8 +20,8 @@ from kvviz.eviction.demos import (
     sinks_demo,
     split_question,
 )
-from kvviz.eviction.policies import POLICIES, field_specs, make_policy
-from kvviz.eviction.run import resolve_budget, run_policy
+from kvviz.eviction.policies import POLICIES, check_params, field_specs, make_policy
+from kvviz.eviction.run import EvictionRequest, resolve_budget
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as fig
 from kvviz.safety import clean_prompt, real_number, whole_number
@@ -32,7 +32,10 @@ from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot
 from kvviz.units import format_bytes
 
-COMPRESS = ["with the question (it votes)", "only the context (question fed after, uncompressed)"]
+# what is compressed after the prefill: (what the page says, the value handlers compare)
+COMPRESS_QUESTION, COMPRESS_CONTEXT = "question", "context"
+COMPRESS = [("with the question (it votes)", COMPRESS_QUESTION),
+            ("only the context (question fed after, uncompressed)", COMPRESS_CONTEXT)]
 BUDGET_MODES = ["tokens", "ratio"]
 NEEDLE_TOKENS = 512  # the needle demo's prompt (496 tokens), for its cost estimate
 EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
@@ -44,29 +47,8 @@ def _user(fn, *args, what: str = "Eviction run"):
         return fn(*args)
 
 
-def policy_params(name: str, values: dict) -> dict:
-    """The chosen policy's hyper-parameters from raw widget values (others are ignored)."""
-    out = {}
-    for spec in field_specs(POLICIES[name]):
-        v = values.get(spec["name"])
-        if v is None:
-            continue
-        label = spec["name"].replace("_", " ")
-        if spec["type"] == "bool":
-            out[spec["name"]] = bool(v)
-        elif spec["type"] == "int":
-            out[spec["name"]] = whole_number(v, label, spec["min"] or 0, spec["max"] or 10**6)
-        elif spec["type"] == "float":
-            out[spec["name"]] = real_number(v, label, spec["min"] or 0.0, spec["max"] or 1.0)
-        else:
-            if spec["choices"] and v not in spec["choices"]:
-                raise ValueError(f"{label} must be one of {', '.join(spec['choices'])}, got {v!r}.")
-            out[spec["name"]] = str(v)
-    return out
-
-
 def check_request(ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new,
-                  params: dict, compress) -> dict:
+                  params: dict | None, compress) -> EvictionRequest:
     """Everything a run needs, checked (gr.Error with what to fix before any model work)."""
     with user_errors():
         if policy_name not in POLICIES:
@@ -78,8 +60,10 @@ def check_request(ctx: AppContext, context, question, chat, policy_name, mode, b
             raise ValueError("Budget mode must be 'tokens' or 'ratio'.")
         b = whole_number(budget, "Budget (tokens kept)", 1, 10**6) if mode == "tokens" else None
         r = real_number(ratio, "Compression ratio", 0.0, 0.99) if mode == "ratio" else None
-        policy = make_policy(policy_name, **policy_params(policy_name, params))
-        context_only = compress == COMPRESS[1]
+        policy = make_policy(policy_name, **check_params(policy_name, params))
+        if compress not in (COMPRESS_QUESTION, COMPRESS_CONTEXT):
+            raise ValueError(f"What is compressed must be {COMPRESS_QUESTION!r} or {COMPRESS_CONTEXT!r}.")
+        context_only = compress == COMPRESS_CONTEXT
         if context_only and not q:
             raise ValueError("Compressing only the context needs a question: type one in the Question box.")
         ids, n_context = split_question(ctx.lm, text, q, bool(chat))
@@ -89,7 +73,25 @@ def check_request(ctx: AppContext, context, question, chat, policy_name, mode, b
                              f"of {limit:,} tokens. Shorten it or generate fewer tokens.")
         n_c = n_context if context_only else len(ids)
         resolve_budget(policy, n_c, b, r)  # validates the policy against the budget, no model work
-    return {"ids": ids, "policy": policy, "budget": b, "ratio": r, "n_compress": n_c, "max_new_tokens": n_new}
+    return EvictionRequest(ids=ids, policy=policy, budget=b, ratio=r, n_compress=n_c, max_new_tokens=n_new)
+
+
+def api_evict(ctx: AppContext, prompt_text: str, policy_name: str = "snapkv", budget: int | None = None,
+              ratio: float | None = None, chat: bool = True, max_new_tokens: int = 32, params: dict | None = None,
+              question: str = "", compress_context_only: bool = False, request: gr.Request | None = None) -> dict:
+    """The ``/evict`` endpoint: the JSON of ``python -m kvviz evict --json``; ``params`` holds the policy's own
+    parameters by name (its field specs), e.g. ``{"sinks": 4}``."""
+    if (budget is None) == (ratio is None):
+        raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
+    req = check_request(ctx, prompt_text, question, chat, policy_name, "tokens" if budget is not None else "ratio",
+                        budget, ratio, max_new_tokens, params,
+                        COMPRESS_CONTEXT if compress_context_only else COMPRESS_QUESTION)
+    with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
+        result = _user(lambda: req.run(ctx.lm, record_history=False, should_stop=ticket.expired))
+    out = result.summary()
+    if ticket.timed_out:
+        out["note"] = ctx.jobs.timeout_note(ticket).lstrip(" ·")
+    return out
 
 
 def status_text(run, policy) -> str:
@@ -129,7 +131,7 @@ def build(ctx: AppContext) -> None:
             question = gr.Textbox(label="Question (appended after a blank line; optional)", lines=1,
                                   elem_id="evict-question", value=f"Question: {NEEDLE_QUESTION}")
             chat = gr.Checkbox(True, label="Use the chat template", elem_id="evict-chat")
-            compress = gr.Radio(COMPRESS, value=COMPRESS[0], label="What is compressed after the prefill",
+            compress = gr.Radio(COMPRESS, value=COMPRESS_QUESTION, label="What is compressed after the prefill",
                                 elem_id="evict-compress")
         with gr.Column(scale=2):
             policy = gr.Dropdown([(cls.title, name) for name, cls in POLICIES.items()], value="snapkv",
@@ -225,17 +227,15 @@ def build(ctx: AppContext) -> None:
 
     def check(request: gr.Request, *args):
         req = gather(*args)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction run", len(req["ids"]), req["max_new_tokens"]))
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction run", len(req.ids), req.max_new_tokens))
 
     def run(request: gr.Request, *args):
         req = gather(*args)
-        with ctx.jobs.start(request, "eviction run", len(req["ids"]), req["max_new_tokens"]) as ticket:
-            result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
-                                              ratio=req["ratio"], n_compress=req["n_compress"],
-                                              max_new_tokens=req["max_new_tokens"], should_stop=ticket.expired))
-        return (result, status_text(result, req["policy"]), result.text,
+        with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
+            result = _user(lambda: req.run(ctx.lm, should_stop=ticket.expired))
+        return (result, status_text(result, req.policy), result.text,
                 gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
-                *views(result, info.layers - 1, 0, 0, req["policy"].score_label))
+                *views(result, info.layers - 1, 0, 0, req.policy.score_label))
 
     run_outputs = [run_state, status, answer, step, *view_outputs]
     run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
@@ -263,22 +263,21 @@ def build(ctx: AppContext) -> None:
         req = gather(*args)
         if not names:
             raise UserError("Tick at least one policy to compare with the full cache.")
-        pols = [req["policy"] if n == req["policy"].name else make_policy(n) for n in names if n in POLICIES]
+        pols = [req.policy if n == req.policy.name else make_policy(n) for n in names if n in POLICIES]
         for p in pols:
-            _user(resolve_budget, p, req["n_compress"], req["budget"], req["ratio"])
+            _user(resolve_budget, p, req.n_compress, req.budget, req.ratio)
         return req, pols
 
     def check_compare(request: gr.Request, names, *args):
         req, pols = compare_request(names, *args)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "comparison", len(req["ids"]), req["max_new_tokens"],
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "comparison", len(req.ids), req.max_new_tokens,
                                               runs=len(pols) + 1))
 
     def run_compare(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
         req, pols = compare_request(*args)
-        with ctx.jobs.start(request, "comparison", len(req["ids"]), req["max_new_tokens"],
-                            runs=len(pols) + 1) as ticket:
-            cmp = _user(lambda: compare(ctx.lm, req["ids"], pols, budget=req["budget"], ratio=req["ratio"],
-                                        n_compress=req["n_compress"], max_new_tokens=req["max_new_tokens"],
+        with ctx.jobs.start(request, "comparison", len(req.ids), req.max_new_tokens, runs=len(pols) + 1) as ticket:
+            cmp = _user(lambda: compare(ctx.lm, req.ids, pols, budget=req.budget, ratio=req.ratio,
+                                        n_compress=req.n_compress, max_new_tokens=req.max_new_tokens,
                                         progress=lambda f, d: progress(f, desc=d), should_stop=ticket.expired),
                         what="Comparison")
         return comparison_outputs(cmp)
@@ -290,7 +289,7 @@ def build(ctx: AppContext) -> None:
 
     def run_needle(comp, request: gr.Request, progress=gr.Progress()):
         with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):
-            res = _user(lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS[1],
+            res = _user(lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS_CONTEXT,
                                             progress=lambda f, d: progress(f, desc=d)), what="Needle demo")
         snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
         run = snap.run
@@ -312,32 +311,11 @@ def build(ctx: AppContext) -> None:
 
     sinks_btn.click(gpu(run_sinks), None, [sinks_md, sinks_plot], api_name=False, concurrency_limit=None)
 
-    def api_evict(prompt_text: str, policy_name: str = "snapkv", budget: int | None = None,
-                  ratio: float | None = None, chat: bool = True, max_new_tokens: int = 32, sinks: int | None = None,
-                  window_size: int | None = None, kernel_size: int | None = None, pooling: str | None = None,
-                  heavy_fraction: float | None = None, question: str = "",
-                  compress_context_only: bool = False, request: gr.Request = None) -> dict:
-        """Generate under an eviction policy; returns the same JSON as ``python -m kvviz evict --json``."""
-        if (budget is None) == (ratio is None):
-            raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
-        given = {"sinks": sinks, "window_size": window_size, "kernel_size": kernel_size, "pooling": pooling,
-                 "heavy_fraction": heavy_fraction}
-        own = {f["name"] for f in field_specs(POLICIES[policy_name])} if policy_name in POLICIES else set()
-        extra = [k for k, v in given.items() if v is not None and k not in own]
-        if extra:
-            raise UserError(f"{extra[0]} does not apply to policy {policy_name!r}; its parameters: "
-                           f"{', '.join(sorted(own)) or 'none'}.")
-        req = check_request(ctx, prompt_text, question, chat, policy_name, "tokens" if budget is not None else "ratio",
-                            budget, ratio, max_new_tokens, given,
-                            COMPRESS[1] if compress_context_only else COMPRESS[0])
-        with ctx.jobs.start(request, "eviction run", len(req["ids"]), req["max_new_tokens"]) as ticket:
-            result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
-                                              ratio=req["ratio"], n_compress=req["n_compress"],
-                                              max_new_tokens=req["max_new_tokens"], record_history=False,
-                                              should_stop=ticket.expired))
-        out = result.summary()
-        if ticket.timed_out:
-            out["note"] = ctx.jobs.timeout_note(ticket).lstrip(" ·")
-        return out
+    def evict(prompt_text: str, policy_name: str = "snapkv", budget: int | None = None, ratio: float | None = None,
+              chat: bool = True, max_new_tokens: int = 32, params: dict | None = None, question: str = "",
+              compress_context_only: bool = False, request: gr.Request = None) -> dict:
+        """Generate under an eviction policy; ``params``: the policy's parameters by name, e.g. {"sinks": 4}."""
+        return api_evict(ctx, prompt_text, policy_name, budget, ratio, chat, max_new_tokens, params, question,
+                         compress_context_only, request)
 
-    gr.api(gpu(api_evict), api_name="evict", concurrency_limit=None)
+    gr.api(gpu(evict), api_name="evict", concurrency_limit=None)

@@ -14,19 +14,19 @@ import gradio as gr
 
 from kvviz.figures import memory as fig
 from kvviz.limits import calculator_number
-from kvviz.memory.capacity import gpu_presets, report
+from kvviz.memory.capacity import gpu_presets
 from kvviz.memory.estimate import (
     KV_DTYPES,
     CacheLayout,
     cache_layout,
     estimate,
     format_bytes,
-    format_gb,
     live_cache_bytes_formula,
     load_preset,
     preset_names,
 )
-from kvviz.memory.layout import parse_config_json
+from kvviz.memory.report import report, summary
+from kvviz.safety import check_config_size, parse_config_json
 from kvviz.ui import memory_architectures, memory_engine
 from kvviz.ui.context import AppContext
 from kvviz.ui.jobs import UserError
@@ -52,10 +52,8 @@ def _number(name: str, value, label: str | None = None, blank=None):
 def _config_text(text: str, limit: int) -> dict:
     if text is None or not str(text).strip():
         raise UserError("Paste the model's config.json (a JSON object) or pick a preset.")
-    if len(str(text).encode()) > limit:
-        raise UserError(f"The config is larger than {limit // 1024} KiB; a config.json is a few KiB.")
     with user_errors():
-        return parse_config_json(str(text), "The pasted config")
+        return parse_config_json(str(text), limit, where="The pasted config")
 
 
 def _upload(path, limit: int) -> dict:
@@ -64,13 +62,9 @@ def _upload(path, limit: int) -> dict:
     p = Path(path)
     if p.suffix.lower() != ".json":
         raise UserError("Upload a .json file (the model's config.json).")
-    if p.stat().st_size > limit:
-        raise UserError(f"The file is larger than {limit // 1024} KiB; a config.json is a few KiB.")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError("The file is not UTF-8 text; upload the model's config.json.") from None
-    return _config_text(text, limit)
+    with user_errors():
+        check_config_size(p.stat().st_size, limit, "The file")
+        return parse_config_json(p.read_bytes(), limit, where="The file")
 
 
 def loaded_layout(ctx: AppContext) -> CacheLayout:
@@ -97,31 +91,6 @@ def resolve_layout(ctx: AppContext, source: str, preset: str, pasted: str, uploa
 def _contexts(context: int, lo: int = 128) -> list[int]:
     top = max(131_072, 1 << max(context - 1, 1).bit_length())
     return sorted({2**k for k in range(lo.bit_length() - 1, top.bit_length())} | {context} - {0})
-
-
-def _summary(r: dict) -> str:
-    lines = [f"**Per token** (every layer): {r['bytes_per_token']:,} B = **{format_bytes(r['bytes_per_token'])}** · "
-             f"**per sequence** at {r['context']:,} tokens: {r['bytes_per_sequence']:,} B = "
-             f"**{format_bytes(r['bytes_per_sequence'])}** · **total** for {r['batch']:,} × TP {r['tp']}"
-             + (f" (× {r['replication']:g} replication)" if r["replication"] != 1 else "")
-             + f": {r['total_bytes']:,} B = **{format_bytes(r['total_bytes'])}** "
-               f"({format_bytes(r['per_gpu_bytes'])} per GPU)"]
-    if "kv_budget_bytes" in r:
-        mc = r["max_context"]
-        lines.append(f"**Capacity**: {r['gpus']} × {format_gb(r['gpu_mem_bytes'])} = {format_gb(r['total_mem_bytes'])}, "
-                     f"{r['reserve']:.0%} reserve → {format_gb(r['usable_bytes'])}, minus weights "
-                     f"{format_gb(r['weight_bytes'])} → **KV budget {format_gb(r['kv_budget_bytes'])} = "
-                     f"{format_bytes(r['kv_budget_bytes'])}** → **{r['max_sequences']:,} sequences** at "
-                     f"{r['context']:,} tokens; {r['batch']:,} sequence(s) fit up to "
-                     + ("any context (windows cap the cache)" if mc is None else f"**{mc:,} tokens**")
-                     + (f" (the model itself is configured for {r['max_position_embeddings']:,})"
-                        if mc and r.get("max_position_embeddings") and mc > r["max_position_embeddings"] else "")
-                     + ("" if r["fits"] else " — **the requested batch does not fit**"))
-    if "decode_ms_kv" in r:
-        lines.append(f"**Decode step** at {r['bandwidth_bytes_per_s'] / 1e12:g} TB/s: weights "
-                     f"{r['decode_ms_weights']:.2f} ms + KV {r['decode_ms_kv']:.2f} ms = "
-                     f"**{r['decode_ms_total']:.2f} ms** (lower bound on time per output token)")
-    return "\n\n".join(lines)
 
 
 def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu_name,
@@ -155,14 +124,15 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
         except ValueError as exc:
             note = str(exc)
     cap = dec = gauge = None
-    if "kv_budget_bytes" in r:
-        cap = fig.capacity_vs_context(layout, r["kv_budget_bytes"], _contexts(context, 1024), kv_dtype, tp, context)
-        gauge = fig.budget_gauge(r["total_bytes"], r["kv_budget_bytes"])
-    if "decode_ms_kv" in r:
-        dec = fig.decode_time_vs_context(layout, r["weight_bytes"], batch, bw, gpus, _contexts(context, 1024),
+    if r.capacity is not None:
+        kv_budget = r.capacity.budget.kv_budget_bytes
+        cap = fig.capacity_vs_context(layout, kv_budget, _contexts(context, 1024), kv_dtype, tp, context)
+        gauge = fig.budget_gauge(r.estimate.total_bytes, kv_budget)
+    if r.decode is not None:
+        dec = fig.decode_time_vs_context(layout, r.decode.weight_bytes, batch, bw, gpus, _contexts(context, 1024),
                                          kv_dtype, tp)
-    summary = _summary(r) + (f"\n\n⚠ {note}" if note else "")
-    return summary, formula, table, size, cap, dec, gauge
+    text = summary(r, markdown=True) + (f"\n\n⚠ {note}" if note else "")
+    return text, formula, table, size, cap, dec, gauge
 
 
 def live_comparison(ctx: AppContext, trace) -> str:
@@ -202,7 +172,7 @@ def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1
                       kv_dtype, _number("tp", tp), None if group_size in (0, None) else _number("group_size", group_size),
                       _number("gpus", gpus, blank=1), _number("gpu_mem_gb", gpu_mem_gb),
                       _number("reserve", reserve, blank=0.1), _number("weights_gb", weights_gb),
-                      "bf16", _number("bandwidth_tbps", bandwidth_tbps))
+                      "bf16", _number("bandwidth_tbps", bandwidth_tbps)).to_json()
 
 
 # ---- the page ----------------------------------------------------------------------------------------
@@ -237,7 +207,7 @@ def build(ctx: AppContext) -> None:
     first_values = calculate(ctx, "Preset", "Llama-3-70B", "", None, 8192, 1, "bf16", 0, 0, first, 8,
                              gpus_by_name[first].memory_gb, gpus_by_name[first].bandwidth_tbps, 0.1, None,
                              COMPARE_DEFAULT)  # the chapter's 8 × H100 example
-    summary = gr.Markdown(first_values[0], elem_id="memory-summary")
+    summary_box = gr.Markdown(first_values[0], elem_id="memory-summary")
     live = gr.Markdown(live_comparison(ctx, None), elem_id="memory-live")
     formula = gr.Markdown(first_values[1], elem_id="memory-formula")
     gr.Markdown(fig.CAPTIONS["formula"], elem_classes="caption")
@@ -270,7 +240,7 @@ def build(ctx: AppContext) -> None:
 
     inputs = [source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu, gpus, gpu_mem,
               bandwidth, reserve, weights, compare]
-    outputs = [summary, formula, table, size, capacity, decode, gauge]
+    outputs = [summary_box, formula, table, size, capacity, decode, gauge]
 
     def recalculate(*values):
         return calculate(ctx, *values)

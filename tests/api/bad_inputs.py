@@ -99,7 +99,33 @@ CASES: list[Case] = [
     Case("evict-ratio-negative", "evict", {"ratio": -0.2, "budget": None}, r"ratio"),
     Case("evict-ratio-nan", "evict", {"ratio": NAN, "budget": None}, r"ratio|number", raw=True),
     Case("evict-empty-prompt", "evict", {"prompt|prompt_text": "  "}, r"prompt is empty|empty"),
+    Case("evict-param-of-another-policy", "evict", {"policy|policy_name": "h2o", "params": {"sinks": 4}},
+         r"does not apply"),
+    Case("evict-param-nan", "evict", {"policy|policy_name": "h2o", "params": {"heavy_fraction": NAN}},
+         r"heavy fraction", raw=True),
+    Case("evict-param-text", "evict", {"policy|policy_name": "snapkv", "params": {"window_size": "many"}},
+         r"window size.*whole number"),
+    Case("evict-params-not-an-object", "evict", {"params": [1, 2]}, r"params must be an object"),
+    # --- odd but valid input for the other endpoints: each must answer with its own contract
+    Case("mem-preset-any-case", "memory", {"config_json|config|config_text": "llama-3-8b"}, ok=True),
+    Case("evict-emoji", "evict", {"prompt|prompt_text": "🙂 The code is 3390. 🚀 What is the code?",
+                                  "policy|policy_name": "h2o"}, ok=True),
 ]
+
+
+def answered(endpoint: str, result) -> bool:
+    """Whether ``result`` is what ``endpoint`` promises for valid input (the CLI's JSON for memory and evict)."""
+    if not isinstance(result, dict):
+        return False
+    if endpoint == "generate":
+        return result.get("generated_tokens", 0) >= 1 and isinstance(result.get("text"), str)
+    if endpoint == "memory":
+        return result.get("bytes_per_token", 0) > 0 and len(result.get("layers", [])) == result.get("num_layers")
+    if endpoint == "evict":
+        kept = result.get("kept") or []
+        return (result.get("generated_tokens", 0) >= 1 and len(kept) > 0
+                and all(len(head) == result.get("n_kept") for layer in kept for head in layer))
+    raise AssertionError(f"no success contract for /{endpoint}: add one to answered()")
 
 
 def endpoints_in_source() -> set[str]:

@@ -1,7 +1,8 @@
-"""Playwright in Debian's Chromium (never a downloaded browser): ``browser_context``, ``page``, ``screenshot``.
+"""Playwright in a system Chromium: ``browser_context``, ``page``, ``screenshot``.
 
-The browser comes from ``$KVVIZ_CHROMIUM`` or ``/usr/bin/chromium`` (``.ci/run`` installs it with apt).
-If it is missing the tests fail with a message saying how to install it; they never skip.
+The browser comes from ``$KVVIZ_CHROMIUM`` (``make test`` sets it from ``tools/browser.sh``, which finds
+or installs one) or ``/usr/bin/chromium``. If it is missing the tests fail with a message saying how to
+get one; they never skip.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ def chromium_path() -> str:
     wanted = os.environ.get("KVVIZ_CHROMIUM") or "/usr/bin/chromium"
     found = wanted if os.path.isfile(wanted) and os.access(wanted, os.X_OK) else shutil.which(wanted)
     if not found:
-        pytest.fail(f"Chromium not found at {wanted!r}: install it with `sudo apt-get install -y chromium` "
-                    "(as .ci/run does) or point KVVIZ_CHROMIUM at a Chromium binary.", pytrace=False)
+        pytest.fail(f"Chromium not found at {wanted!r}: run `tools/browser.sh` (make test does), install it with "
+                    "`sudo apt-get install -y chromium`, or point KVVIZ_CHROMIUM at a Chromium binary.", pytrace=False)
     return found
 
 

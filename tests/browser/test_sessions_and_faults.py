@@ -18,6 +18,7 @@ from transformers import DynamicCache
 import kvviz.ui.tab_generate as tab_generate
 from kvviz.capture.recorder import is_installed
 from kvviz.capture.trace import Trace
+from kvviz.ui.gradio_adapter import state_values
 
 LONG_PROMPT = "Write a long story about a dragon who learns to bake bread."
 # long enough that Stop and a closed tab always arrive mid-run, even when the test process (which also
@@ -64,8 +65,7 @@ def start_generation(tab, prompt: str, new_tokens: int) -> None:
 
 def sessions_with_traces(demo) -> int:
     """How many sessions the server still holds a Trace for (in gr.State)."""
-    return sum(any(isinstance(v, Trace) for v in s.state_data.values())
-               for s in list(demo.state_holder.session_data.values()))
+    return sum(any(isinstance(v, Trace) for v in values) for values in state_values(demo).values())
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.capture.loop import capture, capture_iter, encode_prompt
+from kvviz.capture.loop import capture, capture_iter, encode_prompt, model_info
 from kvviz.capture.recorder import is_installed
 
 
@@ -127,3 +127,13 @@ def test_trace_load_refuses_other_files(tmp_path):
     bad.write_bytes(b"not a trace")
     with pytest.raises(ValueError, match="Not a kvviz trace"):
         Trace.load(bad)
+
+
+def test_model_info_is_read_by_the_one_config_reader(lm):
+    from kvviz.memory.layout import cache_layout
+
+    info, layout = model_info(lm), cache_layout(lm.config)
+    assert (info.layers, info.q_heads, info.kv_heads, info.head_dim) == (
+        layout.num_layers, layout.num_attention_heads, layout.num_key_value_heads, layout.head_dim) == (30, 9, 3, 64)
+    assert info.model_type == layout.model_type == "llama" and info.attention == "GQA"
+    assert info.context_length == layout.max_position_embeddings == 8192

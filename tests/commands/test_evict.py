@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from kvviz.__main__ import main
 
 PROMPT = "Write one sentence about the sea."
@@ -16,6 +18,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow  # loads the model in a new interpreter
 def test_json_contract_streaming(lm):
     res = _run("--prompt", PROMPT, "--chat", "--policy", "streaming_llm", "--budget", "12", "--sinks", "2",
                "--max-new-tokens", "4", "--json")
@@ -33,6 +36,7 @@ def test_json_contract_streaming(lm):
     assert isinstance(data["text"], str) and data["text"]
 
 
+@pytest.mark.slow  # loads the model in a new interpreter
 def test_json_contract_snapkv_ratio(lm, tmp_path):
     prompt = tmp_path / "p.txt"
     prompt.write_text("The meeting moved to Thursday at noon in room B. " * 6, encoding="utf-8")

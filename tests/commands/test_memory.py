@@ -1,21 +1,44 @@
-"""``python -m kvviz memory``: the JSON contract, the human output, and bad input."""
+"""``python -m kvviz memory``: the JSON contract, the human output, and bad input.
+
+The command runs in-process (``kvviz.__main__.main``: the same code, no new interpreter per case); one
+test runs the real ``python -m kvviz`` entry point.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from kvviz.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 2**30
 
 
-def kvviz(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvviz", "memory", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+def kvviz(*args: str) -> SimpleNamespace:
+    """Exit code, stdout and stderr of ``python -m kvviz memory ARGS``, run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(["memory", *args])
+        except SystemExit as exc:  # argparse refuses before run()
+            code = exc.code
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+@pytest.mark.slow  # a new interpreter
+def test_the_module_entry_point_prints_the_json():
+    res = subprocess.run([sys.executable, "-m", "kvviz", "memory", "--preset", "Llama-3-8B", "--context", "1",
+                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == json.loads(kvviz("--preset", "Llama-3-8B", "--context", "1", "--json").stdout)
 
 
 def as_json(*args: str) -> dict:

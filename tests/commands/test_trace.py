@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvviz", "trace", *args], capture_output=True, text=True,
                           timeout=300)
 
 
+@pytest.mark.slow  # loads the model in a new interpreter
 def test_json_contract(tmp_path, lm):
     out = tmp_path / "t.npz"
     res = _run("--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "12", "--json",
@@ -34,6 +37,7 @@ def test_empty_prompt_is_an_error():
     assert res.returncode != 0 and "empty" in res.stderr
 
 
+@pytest.mark.slow  # loads the model in a new interpreter
 def test_too_many_tokens_is_a_one_line_error():
     res = _run("--prompt", "Hi", "--max-new-tokens", "100000")  # fails after the model has loaded
     assert res.returncode != 0 and "context" in res.stderr

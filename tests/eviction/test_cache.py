@@ -97,11 +97,22 @@ def test_slot_reuse_while_decoding_equals_gathering_new_tensors(lm, ids, name):
 
 
 def test_decoding_on_a_compressed_cache_maps_attention_to_original_positions(lm, ids):
-    """The Recorder's colsum lands on kept positions only: evicted ones stop receiving attention."""
-    run = run_policy(lm, ids, make_policy("h2o"), budget=12, max_new_tokens=4)
-    assert run.history[-1].shape[-1] == 12
-    held_all = set(np.concatenate([h.ravel() for h in run.history]).tolist())
-    assert held_all <= set(range(len(ids) + 3))
+    """The Recorder's colsum lands on kept positions only: entries evicted after the prefill receive no decode
+    attention in the query heads of their KV head, every decode row's mass lands on held ones."""
+    ev = Evictor(lm, make_policy("h2o"), 12, len(ids))
+    trace = capture(lm, PROMPT, chat=True, max_new_tokens=N_NEW, cache_factory=ev.cache_factory,
+                    after_step=ev.after_step, cfg=ev.recorder_config())
+    decoded = trace.colsum[:, :, : len(ids)] - trace.prefill_colsum  # [Lyr, Hq, L]: decode queries' attention
+    group = trace.model.group_size
+    kept = ev.history[0]  # [Lyr, Hkv, 12] held after the prefill's compression
+    assert kept.shape[-1] == 12 and len(trace.steps) == N_NEW
+    for layer in range(kept.shape[0]):
+        for kv in range(kept.shape[1]):
+            gone = sorted(set(range(len(ids))) - set(kept[layer, kv].tolist()))
+            rows = decoded[layer, kv * group:(kv + 1) * group]
+            assert gone and np.all(rows[:, gone] == 0), f"layer {layer}, KV head {kv}: evicted positions got attention"
+    per_head = trace.colsum.sum(-1) - trace.prefill_colsum.sum(-1)  # [Lyr, Hq]: one unit per decode query
+    assert np.allclose(per_head, N_NEW - 1, atol=1e-3)
 
 
 def test_capture_iter_hooks_give_the_same_answer_as_run_policy(lm, ids):

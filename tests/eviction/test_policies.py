@@ -29,8 +29,8 @@ from kvviz.eviction.policies import (
 )
 from kvviz.eviction.policies.base import group_mean
 from kvviz.eviction.policies.h2o import split_budget
-from kvviz.eviction.policies.snapkv import snapkv_keep, snapkv_scores
-from kvviz.eviction.policies.streaming_llm import streaming_keep
+from kvviz.eviction.policies.scorer import protect_ends, select_kept
+from kvviz.eviction.policies.snapkv import snapkv_scores
 from kvviz.eviction.run import run_policy
 from kvviz.examples import needle_prompt
 
@@ -129,7 +129,9 @@ def test_streaming_evicts_while_decoding_one_token_at_a_time():
     policy = make_policy("streaming_llm", sinks=4)
     held = torch.arange(20)
     for t in range(20, 40):  # each step: the new token arrives, the oldest non-sink leaves
-        held = streaming_keep(torch.cat([held, torch.tensor([t])]), 20, policy.sinks)
+        state = PolicyState(positions=torch.cat([held, torch.tensor([t])]), n_kept=20, n_prompt=20, step=t - 19,
+                            kv_heads=1)
+        held = policy.select(state).keep
         assert held.tolist() == [0, 1, 2, 3, *range(t - 15, t + 1)]
 
 
@@ -160,7 +162,8 @@ def test_snapkv_votes_by_hand():
     expected[0, 1, 6:8] += 1 / 3 / 2
     assert torch.allclose(scores, expected)
     sharp = snapkv_scores(rows * torch.tensor([1.0, 0.5, 1.0, 0.5])[None, :, None, None], w, 1, "avg", kv_heads=2)
-    keep = snapkv_keep(sharp, 6, w)  # kernel 1: no smoothing, two prefix slots per KV head
+    keep, roles = select_kept(torch.arange(n).expand(1, 2, n), 6, protect_ends(n, 0, WINDOW, w, WINDOW),
+                              F.pad(sharp, (0, w)))  # kernel 1: no smoothing, two prefix slots per KV head
     assert keep[0, 0].tolist() == [2, 5, 8, 9, 10, 11]
     assert keep[0, 1].tolist() == [0, 7, 8, 9, 10, 11]
     maxed = snapkv_scores(rows, w, 3, "max", kv_heads=2)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvviz.memory.capacity import decode_step, find_gpu, gpu_presets, kv_budget, max_context, max_sequences, report
+from kvviz.memory.capacity import decode_step, find_gpu, gpu_presets, kv_budget, max_context, max_sequences
 from kvviz.memory.estimate import (
     KV_DTYPES,
     attention_variants,
@@ -24,6 +24,7 @@ from kvviz.memory.estimate import (
     tokens_held,
 )
 from kvviz.memory.layout import PRESET_DIR
+from kvviz.memory.report import report
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -122,16 +123,16 @@ def test_sequences_that_fit_on_8x_h100(context, sequences):
 
 def test_decode_step_weights_vs_kv_and_fp8_halves_it():
     r = report(cache_layout("Llama-3-70B"), context=8192, batch=162, gpus=8, gpu_mem_gb=80, reserve=0.1,
-               weights_gb=140, bandwidth_tbps=3.35)
-    assert r["bandwidth_bytes_per_s"] == pytest.approx(26.8e12)
-    assert round(r["decode_ms_weights"], 1) == 5.2
-    assert round(r["decode_ms_kv"]) == 16
-    assert r["total_bytes"] == pytest.approx(436e9, rel=0.01)  # "KV ≈ 436 GB"
-    assert r["decode_ms_kv"] > 3 * r["decode_ms_weights"]
+               weights_gb=140, bandwidth_tbps=3.35).decode
+    assert r.bandwidth_bytes_per_s == pytest.approx(26.8e12)
+    assert round(r.ms_weights, 1) == 5.2
+    assert round(r.ms_kv) == 16
+    assert r.kv_bytes == pytest.approx(436e9, rel=0.01)  # "KV ≈ 436 GB"
+    assert r.ms_kv > 3 * r.ms_weights
     fp8 = report(cache_layout("Llama-3-70B"), context=8192, batch=162, kv_dtype="fp8", gpus=8, gpu_mem_gb=80,
-                 weights_gb=140, bandwidth_tbps=3.35)
-    assert fp8["decode_ms_kv"] == pytest.approx(r["decode_ms_kv"] / 2)
-    assert fp8["decode_ms_weights"] == r["decode_ms_weights"]
+                 weights_gb=140, bandwidth_tbps=3.35).decode
+    assert fp8.ms_kv == pytest.approx(r.ms_kv / 2)
+    assert fp8.ms_weights == r.ms_weights
 
 
 def test_doubling_batch_doubles_kv_reads_not_weights():
@@ -144,8 +145,8 @@ def test_doubling_batch_doubles_kv_reads_not_weights():
 
 def test_preset_weights_are_the_chapters_140_gb():
     r = report(cache_layout("Llama-3-70B"), context=8192, gpus=8, gpu_mem_gb=80)
-    assert round(r["weight_bytes"] / 1e9) == 141  # 70.55 B parameters × 2 bytes
-    assert r["max_sequences"] == 162
+    assert round(r.weight_bytes / 1e9) == 141  # 70.55 B parameters × 2 bytes
+    assert r.capacity.max_sequences == 162 and r.decode is None
 
 
 # ---- the chapter: check question, Llama-3-8B ---------------------------------------------------------

@@ -32,7 +32,9 @@ def test_refresh_fits_the_sliders_and_draws_every_view(info, trace):
     assert f"step {len(trace.steps) - 1}" in step_fig.layout.title.text
     assert strip[0] == (trace.tokens[0], "sink")
     assert list(table.data.columns)[:2] == ["layer", "q0"] and len(table.data) == info.layers
-    assert all(f is not None for f in (sink, line, norms))
+    assert sink.data[0].z.shape == (info.layers, info.q_heads) and "first 4 tokens" in sink.layout.title.text
+    assert len(line.data[0].x) == info.layers and "first 4 tokens" in line.layout.title.text
+    assert norms.data[0].name.startswith("token 0") and len(norms.data[0].x) == info.layers
 
 
 def test_before_any_run_the_tab_says_what_to_do(info):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from kvviz.eviction.run import run_policy
 from kvviz.settings import Settings
 from kvviz.ui import tab_eviction as tab
 from kvviz.ui.context import AppContext
@@ -21,19 +20,19 @@ def ctx(lm):
 
 def req(ctx, **kw):
     args = dict(context=CONTEXT, question=QUESTION, chat=True, policy_name="h2o", mode="tokens", budget=12,
-                ratio=0.5, max_new=4, params={"heavy_fraction": 0.5}, compress=tab.COMPRESS[0])
+                ratio=0.5, max_new=4, params={"heavy_fraction": 0.5}, compress=tab.COMPRESS_QUESTION)
     args.update(kw)
     return tab.check_request(ctx, *args.values())
 
 
 def test_a_checked_request_has_everything_a_run_needs(ctx):
     r = req(ctx)
-    assert r["policy"].name == "h2o" and r["budget"] == 12 and r["ratio"] is None
-    assert r["n_compress"] == len(r["ids"])
-    only_context = req(ctx, compress=tab.COMPRESS[1])
-    assert only_context["n_compress"] < len(only_context["ids"])
+    assert r.policy.name == "h2o" and r.budget == 12 and r.ratio is None
+    assert r.n_compress == len(r.ids)
+    only_context = req(ctx, compress=tab.COMPRESS_CONTEXT)
+    assert only_context.n_compress < len(only_context.ids)
     by_ratio = req(ctx, mode="ratio", ratio=0.75)
-    assert by_ratio["budget"] is None and by_ratio["ratio"] == 0.75
+    assert by_ratio.budget is None and by_ratio.ratio == 0.75
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -46,7 +45,7 @@ def test_a_checked_request_has_everything_a_run_needs(ctx):
     ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 4, "pooling": "avg"}}, "odd"),
     ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 5, "pooling": "avg"}}, "window"),
     ({"policy_name": "streaming_llm", "params": {"sinks": 12, "reposition": False}}, "sinks"),
-    ({"question": "", "compress": tab.COMPRESS[1]}, "needs a question"),
+    ({"question": "", "compress": tab.COMPRESS_CONTEXT}, "needs a question"),
 ])
 def test_bad_input_is_a_readable_error(ctx, change, message):
     with pytest.raises(gr.Error, match=message):
@@ -55,12 +54,15 @@ def test_bad_input_is_a_readable_error(ctx, change, message):
 
 def test_views_draw_every_output_and_say_the_position_mode(ctx):
     r = req(ctx)
-    run = run_policy(ctx.lm, r["ids"], r["policy"], budget=12, max_new_tokens=4)
+    run = r.run(ctx.lm)
     strip, kept, timeline, scores, slots = tab.views(run, 29, 2, 99, "score")
     assert len(strip) == len(run.tokens) - 1  # clamped to the last step: every fed token
-    assert kept is not None and timeline is not None and scores is not None
+    last = len(run.history) - 1
+    assert f"after step {last} (budget: 12" in kept.layout.title.text and kept.data[0].z.shape[0] == 30
+    assert "layer 29, KV head 2" in timeline.layout.title.text and timeline.data[0].z.shape[0] == len(run.history)
+    assert "layer 29, KV head 2" in scores.layout.title.text and len(scores.data[0].x) == len(r.ids)
     assert len(slots) == 12
-    text = tab.status_text(run, r["policy"])
+    text = tab.status_text(run, r.policy)
     assert "n_kept = 12" in text and "original RoPE positions" in text and "KiB" in text
     assert tab.views(None, 0, 0, 0) == (gr.skip(),) * 5
 

@@ -85,4 +85,4 @@ def test_any_numbers_to_generate(ctx, max_new, temperature, top_p, seed):
 def test_any_numbers_to_evict(ctx, policy, budget, ratio, max_new, params):
     mode = "tokens" if ratio is None else "ratio"
     _answered(lambda: tab_eviction.check_request(ctx, "A long passage. " * 20, "", False, policy, mode, budget, ratio,
-                                                 max_new, params, tab_eviction.COMPRESS[0]))
+                                                 max_new, params, tab_eviction.COMPRESS_QUESTION))

@@ -31,7 +31,10 @@ def test_chapter_example_is_the_default_view(ctx):
     assert "weights 5.22 ms + KV 16.23 ms" in summary
     assert "2 × 80 layers × 8 KV heads × 128 × 2 B" in formula
     assert list(table["KV per token"]) == ["2.5 MiB", "320 KiB", "40 KiB", "90 KiB"]
-    assert all(f is not None for f in (size, cap, dec, gauge))
+    assert [t.name for t in size.data] == ["Llama-3-70B (full)", "Llama-3-8B (full)"]
+    assert "436 GB" in cap.layout.title.text and "8 × 3.35 TB/s" in dec.layout.title.text
+    assert [t.name for t in dec.data] == ["weights (140 GB)", "KV of 162 sequences"]
+    assert gauge.data[0].value == pytest.approx(100 * 434_865_438_720 / 436e9)  # 162 × 8K of the 436 GB budget
 
 
 def test_weights_that_do_not_fit_keep_the_sizes(ctx):
@@ -60,7 +63,7 @@ def test_loaded_model_uses_its_real_weights(ctx):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"source": "Paste JSON", "pasted": "/etc/passwd"}, "not valid JSON"),
-    ({"source": "Paste JSON", "pasted": "{" + " " * (300 * 1024) + "}"}, "larger than 256 KiB"),
+    ({"source": "Paste JSON", "pasted": "{" + " " * (300 * 1024) + "}"}, "the limit is 262,144 bytes"),
     ({"source": "Paste JSON", "pasted": ""}, "Paste the model's config"),
     ({"source": "Upload config.json", "upload": None}, "Upload a config.json"),
     ({"preset": "Llama-9"}, "Unknown preset"),
@@ -96,11 +99,12 @@ def test_live_comparison_agrees_after_generate(ctx, lm):
 
 
 def test_api_memory_matches_the_cli_json(ctx):
-    from kvviz.memory.capacity import report
     from kvviz.memory.estimate import cache_layout
+    from kvviz.memory.report import report
 
     out = tab.api_memory(ctx, "llama-3-70b", 8192, 162, "bf16", None, 8, 80, 0.1, 140, 3.35)
-    assert out == report(cache_layout("Llama-3-70B"), 8192, 162, "bf16", None, None, 8, 80, 0.1, 140, "bf16", 3.35)
+    assert out == report(cache_layout("Llama-3-70B"), 8192, 162, "bf16", None, None, 8, 80, 0.1, 140, "bf16",
+                         3.35).to_json()
     assert out["max_sequences"] == 162
     with pytest.raises(gr.Error, match="config must be a preset"):
         tab.api_memory(ctx, "/etc/hosts")

@@ -27,7 +27,9 @@ def test_analyze_shows_maps_table_and_the_direction(ctx):
     assert "the largest key channel averages" in maps_md
     assert len(table) == len(tab.preset_schemes()) + 1 and table["scheme"].iloc[-1] == "Your scheme"
     assert kmap.data[0].z.shape[0] == ctx.info.head_dim
-    assert all(f is not None for f in (vmap, errors, sizes, layers))
+    assert "layer 15, KV head 0" in vmap.layout.title.text and vmap.data[0].z.shape[0] == ctx.info.head_dim
+    assert [len(t.x) for t in errors.data] == [len(table)] * 3 and len(sizes.data[0].x) == len(table)
+    assert len(layers.data[-1].x) == ctx.info.layers and layers.data[-1].name == "Your scheme"
 
 
 def test_short_prompt_says_groups_have_not_filled(ctx):

@@ -15,27 +15,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvviz.eviction.policies.base import HEAVY, WINDOW, Policy, PolicyState, Selection, group_mean
+from kvviz.eviction.policies.base import HEAVY, WINDOW, PolicyState, group_mean
+from kvviz.eviction.policies.scorer import ScorerPolicy, protect_ends
 
 
 def split_budget(n_kept: int, heavy_fraction: float) -> tuple[int, int]:
     """(n_heavy, n_recent) with n_heavy = int(n_kept × fraction); at least one recent entry (the newest token)."""
     n_heavy = min(int(n_kept * heavy_fraction), n_kept - 1)
     return n_heavy, n_kept - n_heavy
-
-
-def h2o_keep(scores: torch.Tensor, positions: torch.Tensor, n_kept: int, n_recent: int) -> torch.Tensor:
-    """Keep the ``n_recent`` newest held entries and the top-scoring others: [..., n] → [..., n_kept].
-
-    ``scores`` and ``positions`` are aligned, positions ascending per head.
-    """
-    n = positions.shape[-1]
-    if n <= n_kept:
-        return positions
-    n_heavy = n_kept - n_recent
-    older = n - n_recent
-    top = torch.topk(scores[..., :older], n_heavy, dim=-1).indices.sort(dim=-1).values
-    return torch.cat([positions.gather(-1, top), positions[..., older:]], dim=-1)
 
 
 def accumulated_scores(colsum: torch.Tensor, positions: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -45,7 +32,7 @@ def accumulated_scores(colsum: torch.Tensor, positions: torch.Tensor, kv_heads: 
 
 
 @dataclass
-class H2O(Policy):
+class H2O(ScorerPolicy):
     """Heavy hitters + recent window; evicts after the prefill and after every generated token."""
 
     heavy_fraction: float = field(default=0.5, metadata={
@@ -60,18 +47,19 @@ class H2O(Policy):
     score_label = "accumulated attention received (sum of attention weights over all queries so far, group mean)"
     evicts_while_decoding = True
     needs_colsum = True
+    picked_role = HEAVY
 
     def validate(self, n_kept: int, n_prompt: int) -> None:
         hf = self.heavy_fraction
         if isinstance(hf, bool) or not isinstance(hf, (int, float)) or not 0.0 <= hf < 1.0:
             raise ValueError(f"heavy_fraction must be in [0, 1) (the rest of the budget is the recent window), got {hf!r}.")
 
-    def select(self, state: PolicyState) -> Selection:
+    def protect(self, state: PolicyState) -> torch.Tensor:
+        """The ``n_recent`` newest held entries; the older ones compete on accumulated attention."""
+        n_recent = split_budget(state.n_kept, self.heavy_fraction)[1]
+        return protect_ends(state.positions.shape[-1], 0, WINDOW, n_recent, WINDOW, state.positions.device)
+
+    def score(self, state: PolicyState) -> torch.Tensor:
         if state.colsum is None:
             raise ValueError("H2O needs the accumulated attention (run with a Recorder).")
-        scores = accumulated_scores(state.colsum, state.positions, state.kv_heads)
-        n_heavy, n_recent = split_budget(state.n_kept, self.heavy_fraction)
-        keep = h2o_keep(scores, state.positions, state.n_kept, n_recent)
-        roles = keep.new_full(keep.shape, HEAVY)
-        roles[..., keep.shape[-1] - n_recent:] = WINDOW
-        return Selection(keep=keep, roles=roles, scores=scores)
+        return accumulated_scores(state.colsum, state.positions, state.kv_heads)

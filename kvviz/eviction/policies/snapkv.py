@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kvviz.eviction.policies.base import KEPT, WINDOW, Policy, PolicyState, Selection, group_mean
+from kvviz.eviction.policies.base import WINDOW, PolicyState, group_mean
+from kvviz.eviction.policies.scorer import ScorerPolicy, protect_ends
 
 
 def snapkv_scores(window_rows: torch.Tensor, window_size: int, kernel_size: int, pooling: str,
@@ -38,18 +39,8 @@ def snapkv_scores(window_rows: torch.Tensor, window_size: int, kernel_size: int,
     return group_mean(pooled, kv_heads)
 
 
-def snapkv_keep(scores: torch.Tensor, n_kept: int, window_size: int) -> torch.Tensor:
-    """Kept positions [..., Hkv, n_kept] (ascending) from prefix scores [..., Hkv, L − window_size].
-
-    The window is padded with a score above every prefix score, so it is always kept and the rest of
-    the budget goes to the best prefix positions (top-k, as kvpress does it).
-    """
-    padded = F.pad(scores, (0, window_size), value=float(scores.max()) + 1.0)
-    return torch.topk(padded, n_kept, dim=-1).indices.sort(dim=-1).values
-
-
 @dataclass
-class SnapKV(Policy):
+class SnapKV(ScorerPolicy):
     """Observation-window voting after the prefill; decodes with the compressed cache plus new tokens."""
 
     window_size: int = field(default=64, metadata={"help": "last prompt tokens whose queries vote (always kept)",
@@ -83,14 +74,18 @@ class SnapKV(Policy):
     def observation_window(self) -> int:
         return int(self.window_size)
 
-    def select(self, state: PolicyState) -> Selection:
+    def protect(self, state: PolicyState) -> torch.Tensor:
+        """The observation window (the last ``window_size`` prompt tokens) is always kept."""
+        return protect_ends(state.positions.shape[-1], 0, WINDOW, int(self.window_size), WINDOW,
+                            state.positions.device)
+
+    def score(self, state: PolicyState) -> torch.Tensor:
+        """The window's pooled votes for the prefix, NaN for the window itself (it does not compete).
+
+        Compression happens right after the prefill, when slot i holds position i.
+        """
         if state.window_rows is None:
             raise ValueError("SnapKV needs the observation-window attention rows (run with a Recorder).")
-        n = state.positions.shape[-1]
-        w = int(self.window_size)
+        n, w = state.positions.shape[-1], int(self.window_size)
         prefix = snapkv_scores(state.window_rows[..., :n], w, self.kernel_size, self.pooling, state.kv_heads)
-        keep = snapkv_keep(prefix, state.n_kept, w)  # slots == positions right after the prefill
-        keep = state.positions.gather(-1, keep)
-        roles = torch.where(keep >= state.positions[..., n - w: n - w + 1], WINDOW, KEPT)
-        scores = F.pad(prefix, (0, w), value=float("nan"))
-        return Selection(keep=keep, roles=roles, scores=scores)
+        return F.pad(prefix, (0, w), value=float("nan"))

@@ -13,25 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvviz.eviction.policies.base import SINK, WINDOW, Policy, PolicyState, Selection
-
-
-def streaming_keep(positions: torch.Tensor, n_kept: int, sinks: int) -> torch.Tensor:
-    """Keep the first ``sinks`` held positions and the last ``n_kept − sinks``: [..., n] → [..., n_kept].
-
-    ``positions`` ascending (e.g. ``torch.arange(L)`` right after a prefill of L tokens).
-    """
-    n = positions.shape[-1]
-    if n <= n_kept:
-        return positions
-    if not 0 <= sinks < n_kept:
-        raise ValueError(f"StreamingLLM keeps {sinks} sink tokens plus a recent window: the budget "
-                         f"({n_kept} tokens) must be at least sinks + 1 = {sinks + 1}.")
-    return torch.cat([positions[..., :sinks], positions[..., n - (n_kept - sinks):]], dim=-1)
+from kvviz.eviction.policies.base import SINK, WINDOW, PolicyState
+from kvviz.eviction.policies.scorer import ScorerPolicy, protect_ends
 
 
 @dataclass
-class StreamingLLM(Policy):
+class StreamingLLM(ScorerPolicy):
     """Attention sinks + a sliding window of recent tokens."""
 
     sinks: int = field(default=4, metadata={"help": "first tokens always kept (attention sinks)", "min": 0, "max": 64})
@@ -56,8 +43,10 @@ class StreamingLLM(Policy):
     def position_mode(self) -> str:
         return "re-positioned (cache slot = RoPE position)" if self.reposition else "original"
 
-    def select(self, state: PolicyState) -> Selection:
-        keep = streaming_keep(state.positions, state.n_kept, self.sinks)
-        roles = torch.full_like(keep, WINDOW)
-        roles[..., : min(self.sinks, keep.shape[-1])] = SINK
-        return Selection(keep=keep, roles=roles)
+    def protect(self, state: PolicyState) -> torch.Tensor:
+        """The first ``sinks`` held entries and the newest ``n_kept − sinks``: position alone decides."""
+        if not 0 <= self.sinks < state.n_kept:
+            raise ValueError(f"StreamingLLM keeps {self.sinks} sink tokens plus a recent window: the budget "
+                             f"({state.n_kept} tokens) must be at least sinks + 1 = {self.sinks + 1}.")
+        n = state.positions.shape[-1]
+        return protect_ends(n, self.sinks, SINK, state.n_kept - self.sinks, WINDOW, state.positions.device)

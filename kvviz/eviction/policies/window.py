@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvviz.eviction.policies.base import WINDOW, Policy, PolicyState, Selection
-from kvviz.eviction.policies.streaming_llm import streaming_keep
+import torch
+
+from kvviz.eviction.policies.base import WINDOW, PolicyState
+from kvviz.eviction.policies.scorer import ScorerPolicy, protect_ends
 
 
 @dataclass
-class SlidingWindow(Policy):
+class SlidingWindow(ScorerPolicy):
     """The last ``n_kept`` tokens, nothing else."""
 
     name = "window"
@@ -23,6 +25,5 @@ class SlidingWindow(Policy):
                "which is what breaks the model.")
     evicts_while_decoding = True
 
-    def select(self, state: PolicyState) -> Selection:
-        keep = streaming_keep(state.positions, state.n_kept, 0)
-        return Selection(keep=keep, roles=keep.new_full(keep.shape, WINDOW))
+    def protect(self, state: PolicyState) -> torch.Tensor:
+        return protect_ends(state.positions.shape[-1], 0, WINDOW, state.n_kept, WINDOW, state.positions.device)

@@ -1,0 +1,146 @@
+"""One memory request's report: sizes, capacity when GPU memory is given, decode time when bandwidth is.
+
+The chapter's serving arithmetic (8 × H100 80 GB, 10% reserve, 140 GB of Llama-3-70B weights →
+436 GB ≈ 406 GiB of KV budget → 162 sequences at 8K, 10 at 128K; 5.2 ms to read the weights vs
+16 ms to read the KV at 162 × 8K)::
+
+    from kvviz.memory.layout import cache_layout
+    from kvviz.memory.report import report, summary
+    r = report(cache_layout("Llama-3-70B"), context=8192, batch=162, gpus=8, gpu_mem_gb=80,
+               reserve=0.1, weights_gb=140, bandwidth_tbps=3.35)
+    r.capacity.max_sequences, r.decode.ms_kv   # 162, 16.2
+    print(summary(r))                          # what `python -m kvviz memory` prints
+
+``CapacityReport.to_json()`` is the JSON of ``python -m kvviz memory --json`` and of the ``/memory``
+endpoint; :func:`summary` is the one text of it (plain for the CLI, Markdown for the tab).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kvviz.memory.capacity import Budget, DecodeStep, decode_step, kv_budget, max_context, max_sequences, weight_bytes
+from kvviz.memory.estimate import CacheLayout, Estimate, KVDtype, estimate, layer_groups, resolve_kv_dtype
+from kvviz.units import format_bytes, format_gb
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What fits in the KV budget: sequences at the requested context, the longest context for the batch."""
+
+    budget: Budget
+    max_sequences: int
+    max_context: int | None  # None: windows cap the cache below the budget at any context
+    fits: bool  # the requested batch at the requested context
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    """Sizes of the requested cache; ``capacity`` when GPU memory was given, ``decode`` when bandwidth was."""
+
+    layout: CacheLayout
+    kv_dtype: KVDtype
+    estimate: Estimate
+    weight_bytes: int | None = None
+    capacity: Capacity | None = None
+    decode: DecodeStep | None = None
+
+    def to_json(self) -> dict:
+        """The CLI's ``--json`` object: all sizes in bytes; capacity and decode fields only when computed."""
+        layout, est = self.layout, self.estimate
+        out = {
+            "model": layout.name, "model_type": layout.model_type, "attention": est.attention,
+            "kv_dtype": self.kv_dtype.name, "group_size": self.kv_dtype.group_size, "context": est.context,
+            "batch": est.batch, "tp": est.tp, "num_layers": layout.num_layers,
+            "num_key_value_heads": layout.num_key_value_heads, "head_dim": layout.head_dim,
+            "max_position_embeddings": layout.max_position_embeddings, "bytes_per_token": est.bytes_per_token,
+            "bytes_per_sequence": est.bytes_per_sequence, "total_bytes": est.total_bytes,
+            "per_gpu_bytes": est.per_gpu_bytes, "replication": est.replication, "layers": est.layers_json(),
+        }
+        if self.weight_bytes is not None:
+            out["weight_bytes"] = self.weight_bytes
+        if self.capacity is not None:
+            out.update({k: v for k, v in asdict(self.capacity.budget).items() if k != "weight_bytes"})
+            out.update(max_sequences=self.capacity.max_sequences, max_context=self.capacity.max_context,
+                       fits=self.capacity.fits)
+        if self.decode is not None:
+            d = self.decode
+            out.update(bandwidth_bytes_per_s=d.bandwidth_bytes_per_s, decode_ms_weights=d.ms_weights,
+                       decode_ms_kv=d.ms_kv, decode_ms_total=d.ms_total)
+        return out
+
+
+def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "bf16", tp: int | None = None,
+           group_size: int | None = None, gpus: int | None = None, gpu_mem_gb: float | None = None,
+           reserve: float = 0.1, weights_gb: float | None = None, weight_dtype: str = "bf16",
+           bandwidth_tbps: float | None = None) -> CapacityReport:
+    """Sizes for ``batch`` × ``context``; capacity with ``gpu_mem_gb``, decode time with ``bandwidth_tbps``.
+
+    Both need the weights: ``weights_gb``, or the config's parameter count × ``weight_dtype``.
+    """
+    gpus_n = 1 if gpus is None else gpus
+    tp = gpus_n if tp is None else tp
+    dtype = resolve_kv_dtype(kv_dtype, group_size)
+    est = estimate(layout, context, batch, dtype, tp)
+    if gpu_mem_gb is None and bandwidth_tbps is None:
+        return CapacityReport(layout, dtype, est)
+    if weights_gb is not None:
+        if not (weights_gb >= 0):
+            raise ValueError(f"weights must be ≥ 0 GB, got {weights_gb!r}.")
+        w = round(weights_gb * 1e9)
+    elif layout.num_parameters:
+        w = weight_bytes(layout.num_parameters, weight_dtype)
+    else:
+        raise ValueError("The config has no parameter count: give the weights in GB (--weights-gb).")
+    capacity = None
+    if gpu_mem_gb is not None:
+        b = kv_budget(gpus_n, gpu_mem_gb, w, reserve)
+        capacity = Capacity(b, max_sequences(layout, b.kv_budget_bytes, context, dtype, tp),
+                            max_context(layout, b.kv_budget_bytes, batch, dtype, tp), est.total_bytes <= b.kv_budget_bytes)
+    step = decode_step(w, est.total_bytes, bandwidth_tbps, gpus_n) if bandwidth_tbps is not None else None
+    return CapacityReport(layout, dtype, est, w, capacity, step)
+
+
+def summary(r: CapacityReport, markdown: bool = False) -> str:
+    """The report in words: plain lines with the layer groups (CLI), or Markdown paragraphs (the tab, whose
+    formula panel shows the layers)."""
+
+    def b(text: str) -> str:
+        return f"**{text}**" if markdown else text
+
+    layout, est = r.layout, r.estimate
+    lines = []
+    if not markdown:
+        dtype = r.kv_dtype
+        lines.append(f"{layout.name} ({layout.model_type}): {est.attention}, {layout.num_layers} layers, "
+                     f"{layout.num_attention_heads} query / {layout.num_key_value_heads} KV heads, head_dim "
+                     f"{layout.head_dim}, KV dtype {dtype.name}"
+                     + (f" (+fp16 scale & zero per {dtype.group_size})" if dtype.group_size else ""))
+        for g in layer_groups(layout, est):
+            held = f", {g.tokens_held:,} tokens held" + (f" (window {g.window})" if g.window else "")
+            lines.append(f"  {g.count} {g.kind} layer{'s' if g.count > 1 else ''}: {g.per_token_expr} per token per "
+                         f"layer{held} → {g.bytes:,} bytes ({format_bytes(g.bytes)}) per sequence")
+    seqs = f"{est.batch:,} sequence{'s' if est.batch > 1 else ''}"
+    rep = f" (× {est.replication:g} replication)" if est.replication != 1 else ""
+    lines.append(f"Per token (every layer): {est.bytes_per_token:,} B = {b(format_bytes(est.bytes_per_token))}")
+    lines.append(f"Per sequence at {est.context:,} tokens: {est.bytes_per_sequence:,} B = "
+                 f"{b(format_bytes(est.bytes_per_sequence))}")
+    lines.append(f"Total for {seqs} × TP {est.tp}{rep}: {est.total_bytes:,} B = {b(format_bytes(est.total_bytes))} "
+                 f"({format_bytes(est.per_gpu_bytes)} per GPU)")
+    if r.capacity is not None:
+        cap, budget = r.capacity, r.capacity.budget
+        mc, ctx_max = cap.max_context, layout.max_position_embeddings
+        lines.append(
+            f"Capacity: {budget.gpus} × {format_gb(budget.gpu_mem_bytes)} = {format_gb(budget.total_mem_bytes)}, "
+            f"{budget.reserve:.0%} reserve → {format_gb(budget.usable_bytes)}, minus weights "
+            f"{format_gb(budget.weight_bytes)} → {b(f'KV budget {format_gb(budget.kv_budget_bytes)} = ' + format_bytes(budget.kv_budget_bytes))}"
+            f" → {b(f'{cap.max_sequences:,} sequences')} at {est.context:,} tokens; {seqs} "
+            f"fit{'s' if est.batch == 1 else ''} up to "
+            + ("any context (windows cap the cache)" if mc is None else b(f"{mc:,} tokens"))
+            + (f" (the model itself is configured for {ctx_max:,})" if mc and ctx_max and mc > ctx_max else "")
+            + ("" if cap.fits else f" — {b('the requested batch does not fit')}"))
+    if r.decode is not None:
+        d = r.decode
+        lines.append(f"Decode step at {d.bandwidth_bytes_per_s / 1e12:g} TB/s: weights {d.ms_weights:.2f} ms + KV "
+                     f"{d.ms_kv:.2f} ms = {b(f'{d.ms_total:.2f} ms')} (lower bound on time per output token)")
+    return "\n\n".join(lines) if markdown else "\n".join(lines)

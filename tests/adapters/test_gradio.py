@@ -1,0 +1,43 @@
+"""Canaries: the Gradio internals behind :mod:`kvviz.ui.gradio_adapter` still mean what kvviz assumes."""
+
+from __future__ import annotations
+
+import inspect
+
+import gradio as gr
+from gradio.state_holder import SessionState, StateHolder
+
+from kvviz.ui import gradio_adapter as adapter
+
+
+def served_blocks() -> gr.Blocks:
+    """A Blocks with the state holder Gradio attaches when it serves the app."""
+    with gr.Blocks() as demo:
+        gr.State(None)
+    StateHolder().set_blocks(demo)
+    return demo
+
+
+def test_session_states_are_found_on_the_app():
+    demo = served_blocks()
+    assert adapter.session_states(demo) is demo.state_holder.session_data == {}
+    demo.state_holder["abc"]  # Gradio makes a session's state on first use
+    assert list(adapter.state_values(demo)) == ["abc"]
+
+
+def test_a_closed_sessions_lifetime_is_the_attribute_gradio_expires_it_by():
+    demo = served_blocks()
+    state = demo.state_holder["abc"]
+    assert isinstance(state, SessionState) and state.STATE_TTL_WHEN_CLOSED >= 1
+    assert "self.STATE_TTL_WHEN_CLOSED" in inspect.getsource(SessionState), "Gradio no longer expires closed state by it"
+    assert adapter.keep_closed_state_for(demo, "abc", 7) and state.STATE_TTL_WHEN_CLOSED == 7
+    assert not adapter.keep_closed_state_for(demo, "unknown", 7)
+
+
+def test_expired_closed_sessions_are_dropped_and_open_ones_kept():
+    demo = served_blocks()
+    closed, open_ = demo.state_holder["closed"], demo.state_holder["open"]
+    assert closed.state_data == {} and closed.is_closed is False
+    closed.is_closed = True
+    assert adapter.drop_expired_sessions(demo) == 1
+    assert list(adapter.session_states(demo)) == ["open"] and open_ is demo.state_holder["open"]

@@ -1,0 +1,31 @@
+"""The memory report: typed parts present exactly when asked for, one JSON, one text for the CLI and the tab."""
+
+from __future__ import annotations
+
+from kvviz.memory.layout import cache_layout
+from kvviz.memory.report import report, summary
+
+CHAPTER = dict(context=8192, batch=162, gpus=8, gpu_mem_gb=80, reserve=0.1, weights_gb=140, bandwidth_tbps=3.35)
+
+
+def test_capacity_and_decode_are_there_only_when_their_inputs_are():
+    layout = cache_layout("Llama-3-70B")
+    sizes = report(layout, 8192)
+    assert sizes.capacity is None and sizes.decode is None and sizes.weight_bytes is None
+    assert "kv_budget_bytes" not in sizes.to_json() and "decode_ms_kv" not in sizes.to_json()
+    timed = report(layout, 8192, bandwidth_tbps=3.35, weights_gb=140)
+    assert timed.capacity is None and timed.decode.ms_weights == timed.to_json()["decode_ms_weights"]
+    full = report(layout, **CHAPTER)
+    out = full.to_json()
+    assert full.capacity.budget.kv_budget_bytes == out["kv_budget_bytes"] == 436 * 10**9
+    assert (full.capacity.max_sequences, full.capacity.fits) == (out["max_sequences"], out["fits"]) == (162, True)
+    assert list(out)[-4:] == ["bandwidth_bytes_per_s", "decode_ms_weights", "decode_ms_kv", "decode_ms_total"]
+
+
+def test_the_cli_and_the_tab_print_the_same_sentences():
+    r = report(cache_layout("Llama-3-70B"), **CHAPTER)
+    plain = summary(r).splitlines()
+    markdown = summary(r, markdown=True).replace("**", "").split("\n\n")
+    assert plain[-len(markdown):] == markdown  # the CLI adds the model line and the layer groups before them
+    assert "80 full layers: 2 × 8 KV heads × 128 × 2 B" in plain[1]
+    assert "**KV budget 436 GB = 406.1 GiB**" in summary(r, markdown=True)
