@@ -103,7 +103,8 @@ def input_device(model: torch.nn.Module) -> torch.device:
         return next(model.parameters()).device
     accelerators = [f"cuda:{d}" if isinstance(d, int) else d for d in placement.values() if d not in ("cpu", "disk")]
     main = torch.device(accelerators[0] if accelerators else "cpu")
-    embed = model.get_input_embeddings().weight.device
+    embeddings: torch.nn.Module = model.get_input_embeddings()  # type: ignore[operator]
+    embed = next(embeddings.parameters()).device
     return main if embed.type in ("meta", "cpu") else embed
 
 

@@ -70,6 +70,8 @@ def result(lm, prompts: list[tuple[str, str]], chat: bool, block_size: int, poli
                "wasted_slots_per_layer": t.wasted_slots_per_layer, "cached_blocks": p.cached_blocks,
                "block_ids": list(p.block_ids), "used_bytes": t.used_bytes, "paged_bytes": t.paged_bytes}
         if policy is not None:
+            if budget is None:
+                raise ValueError("A policy needs a budget (--budget, tokens kept per layer and KV head).")
             paging = evict_and_page(lm, p.token_ids, [policy], budget, block_size)[0].paging
             row.update({k: v for k, v in paging.to_json().items() if k not in ("policy", "block_size")})
         out["prompts"].append(row)

@@ -167,11 +167,13 @@ def _request_blocks(s: EngineStartup, model_len: int) -> int:
 
 
 def _blocks_needed(kind: str, window: int | None, model_len: int, b: int, batched: int) -> int:
+    if kind not in ("sliding", "chunked"):
+        return cdiv(model_len, b)
+    if window is None:
+        raise ValueError(f"A {kind} layer group needs its window size.")
     if kind == "sliding":
         return cdiv(min(window - 1 + batched, model_len), b) + 1  # the window may straddle one more block
-    if kind == "chunked":
-        return cdiv(min(window + batched, model_len), b)
-    return cdiv(model_len, b)
+    return cdiv(min(window + batched, model_len), b)
 
 
 def _request_expr(kind: str, window: int | None, model_len: int, b: int, batched: int) -> str:
