@@ -15,6 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
+from kvviz.commands.common import add_placement_args
 from kvviz.eviction.policies import POLICIES
 
 
@@ -33,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="bundled (default), a local folder, or a Hugging Face id")
     p.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: fp32 on CPU, bf16 on GPU)")
+    add_placement_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (sizes in bytes)")
     p.set_defaults(func=run)
 
