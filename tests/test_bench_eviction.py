@@ -7,6 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the benchmark end to end
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the benchmarks end to end
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 

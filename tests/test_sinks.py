@@ -37,6 +37,7 @@ def trace(request, lm):
     return capture(lm, needle_passage(3, 3), chat=False, max_new_tokens=16)
 
 
+@pytest.mark.slow
 def test_later_layers_put_far_more_than_uniform_attention_on_the_first_tokens(trace):
     line = layer_sink_line(trace, 4)
     uniform = line["uniform"].iloc[0]

@@ -16,6 +16,8 @@ from kvviz.capture.loop import capture
 from kvviz.memory.estimate import live_cache_bytes_formula
 from tests.tiny_models import CONFIG_NAMES, tiny_model
 
+pytestmark = pytest.mark.slow  # a tiny model per architecture, each generating
+
 PROMPT = list(range(100, 120))  # 20 tokens, longer than the sliding windows and chunks of 8
 NEW = 6
 ATTENTION = {"gpt2": "MHA", "gpt_neox": "MHA", "bloom": "MHA", "falcon": "MQA", "falcon_alibi": "MQA",

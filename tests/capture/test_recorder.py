@@ -109,6 +109,7 @@ def assert_matches_reference(trace, spy):
     np.testing.assert_allclose(trace.decode_rows.astype(np.float64), ref["decode_rows"], atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bin_factor, chunk", [(1, 16), (3, 10)])
 def test_real_model_reductions_equal_exact_attention(monkeypatch, lm, bin_factor, chunk):
     ids = lm.tokenizer("The cat sat on the mat because it was warm. " * 6)["input_ids"][:47]
@@ -165,6 +166,7 @@ def test_decode_batches_group_layers_by_cache_length():
         assert torch.allclose(rec.decode_rows[0, layer].float(), binned, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_attention_rows_sum_to_one(monkeypatch, lm):
     ids = lm.tokenizer("Once upon a time there lived a king who had three daughters.")["input_ids"]
     trace, _ = spied_capture(monkeypatch, lm, ids, RecorderConfig(obs_window=4, chunk=5, bin_factor=2))

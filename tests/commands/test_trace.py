@@ -32,6 +32,7 @@ def test_json_contract(tmp_path, lm):
     assert out.exists()
 
 
+@pytest.mark.slow
 def test_empty_prompt_is_an_error():
     res = _run("--prompt", "   ", "--json")
     assert res.returncode != 0 and "empty" in res.stderr
@@ -44,6 +45,7 @@ def test_too_many_tokens_is_a_one_line_error():
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr  # no loading bar above it when piped
 
 
+@pytest.mark.slow
 def test_bad_model_is_a_one_line_error(tmp_path):
     res = _run("--prompt", "Hi", "--model", str(tmp_path / "no-such-model"))
     assert res.returncode != 0

@@ -26,6 +26,7 @@ def _params(name: str) -> dict:
     return {"window_size": 8} if name == "snapkv" else {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_cache_holds_n_kept_plus_generated_and_bytes_follow(lm, ids, name):
     """After every step each layer and KV head holds exactly what the policy promises, bytes = entries × formula."""
@@ -49,6 +50,7 @@ def test_cache_holds_n_kept_plus_generated_and_bytes_follow(lm, ids, name):
         assert run.cache_bytes < run.full_cache_bytes
 
 
+@pytest.mark.slow
 def test_full_policy_equals_plain_generation(lm, ids):
     plain = capture(lm, PROMPT, chat=True, max_new_tokens=8)
     ours = run_policy(lm, ids, make_policy("full"), max_new_tokens=8)
@@ -79,6 +81,7 @@ def test_per_head_kept_sets_are_gathered_from_the_original_tensors(lm, ids):
         cache.keep(torch.zeros(30, 3, 1, dtype=torch.long) + int(np.setdiff1d(np.arange(n), keep[0, 0])[0]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["streaming_llm", "h2o"])
 def test_slot_reuse_while_decoding_equals_gathering_new_tensors(lm, ids, name):
     """The in-place path (refill the evicted slot) gives the same tokens and kept sets as fresh gathers."""
@@ -96,6 +99,7 @@ def test_slot_reuse_while_decoding_equals_gathering_new_tensors(lm, ids, name):
     assert np.array_equal(slots_b, np.sort(slots_b, axis=-1))
 
 
+@pytest.mark.slow
 def test_decoding_on_a_compressed_cache_maps_attention_to_original_positions(lm, ids):
     """The Recorder's colsum lands on kept positions only: entries evicted after the prefill receive no decode
     attention in the query heads of their KV head, every decode row's mass lands on held ones."""
@@ -115,6 +119,7 @@ def test_decoding_on_a_compressed_cache_maps_attention_to_original_positions(lm,
     assert np.allclose(per_head, N_NEW - 1, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_capture_iter_hooks_give_the_same_answer_as_run_policy(lm, ids):
     """Plugging the Evictor into capture_iter (cache_factory + after_step) evicts exactly like run_policy."""
     policy = make_policy("snapkv", window_size=8)
@@ -143,6 +148,7 @@ def test_key_rerotation_equals_rotating_at_the_new_position(lm):
     assert torch.allclose(moved, at_new, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_streaming_with_repositioning_runs_and_matches_full_when_nothing_is_evicted(lm, ids):
     policy = make_policy("streaming_llm", reposition=True)
     same = run_policy(lm, ids, policy, budget=len(ids) + N_NEW, max_new_tokens=N_NEW)

@@ -22,6 +22,8 @@ from kvviz.capture.recorder import Recorder, RecorderConfig, installed
 from kvviz.eviction.policies import PolicyState, make_policy, n_kept_for
 from kvviz.eviction.run import run_policy
 
+pytestmark = pytest.mark.slow  # a recorded prefill per prompt, and end-to-end runs
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 REFERENCE = json.loads((DATA / "kvpress_kept.json").read_text())
 CASES = REFERENCE["cases"]

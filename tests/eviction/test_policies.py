@@ -194,6 +194,7 @@ def eager_attentions(lm, ids: list[int]) -> torch.Tensor:
     return torch.stack([a[0] for a in out.attentions]).float()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling", ["avg", "max"])
 def test_snapkv_on_the_model_keeps_its_window_and_the_top_pooled_votes(lm, pooling):
     ids = encode_prompt(lm, needle_prompt(2, 3), True)
@@ -283,6 +284,7 @@ def test_h2o_evolves_step_by_step_as_specified():
         held = new_held
 
 
+@pytest.mark.slow
 def test_h2o_on_the_model_never_evicts_its_recent_window(lm):
     ids = encode_prompt(lm, "Tell me a short story about a cat who learns to fly.", True)
     n_kept = 16

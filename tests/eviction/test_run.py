@@ -25,6 +25,7 @@ def needle(lm):
     return needle_demo(lm, compress_question=True)
 
 
+@pytest.mark.slow
 def test_needle_full_and_snapkv_with_the_question_answer_streaming_does_not(needle):
     found = needle.found()
     assert found == {"full": True, "streaming_llm": False, "snapkv": True}
@@ -32,6 +33,7 @@ def test_needle_full_and_snapkv_with_the_question_answer_streaming_does_not(need
     assert snap.run.n_kept == NEEDLE_BUDGET and snap.run.n_compressed == snap.run.n_prompt == 496
 
 
+@pytest.mark.slow
 def test_needle_snapkv_loses_the_fact_when_only_the_context_is_compressed(lm, needle):
     ids, n_context = split_question(lm, needle_passage(8, 16), "Question: What is the secret code for the storage "
                                     "room?", True)
@@ -68,6 +70,7 @@ def test_agreement_and_kl_by_hand():
     assert kl[1] == pytest.approx(0.5 * np.log(0.5 / 0.2) + 0.25 * np.log(0.25 / 0.6) + 0.25 * np.log(0.25 / 0.2))
 
 
+@pytest.mark.slow
 def test_a_budget_above_the_prompt_matches_the_full_cache(lm):
     ids = encode_prompt(lm, "Name the planets of the solar system.", True)
     cmp = compare(lm, ids, [make_policy("streaming_llm"), make_policy("window")], budget=len(ids) + 64,
@@ -76,6 +79,7 @@ def test_a_budget_above_the_prompt_matches_the_full_cache(lm):
         assert r.top1_agreement == 1.0 and r.mean_kl < 1e-6 and r.run.text == cmp.full.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "sinks"), [("streaming_llm", 4), ("window", 0)])
 def test_chunked_streaming_equals_token_by_token_decoding(lm, name, sinks):
     """The sinks demo's chunked masks give exactly what the evicting cache gives one token at a time."""
@@ -88,6 +92,7 @@ def test_chunked_streaming_equals_token_by_token_decoding(lm, name, sinks):
     np.testing.assert_allclose(chunked[p - 1:], token_by_token, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_sinks_matter_on_the_chapter(lm):
     res = sinks_demo(lm, n_tokens=192, cache_size=24)
     ppl = res.perplexity

@@ -16,6 +16,7 @@ def trace(lm):
     return capture(lm, "Once upon a time", chat=False, max_new_tokens=6)
 
 
+@pytest.mark.slow
 def test_cache_growth_plots_measured_bytes(trace):
     f = fig.cache_growth(trace)
     assert list(f.data[0].y) == [s.cache_bytes / 2**20 for s in trace.steps]

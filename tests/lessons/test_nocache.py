@@ -15,6 +15,7 @@ ARTICLE = [  # the source article's "Repeated work without a cache" table
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt,chat,n", [("Once upon a time", False, 10), ("What is the capital of France?", True, 4)])
 def test_no_cache_generates_exactly_the_cached_tokens(lm, prompt, chat, n):
     cmp = compare_cache(lm, prompt, new_tokens=n, chat=chat)
@@ -41,6 +42,7 @@ def test_the_articles_table_with_the_real_tokenizer(lm):
     assert list(df["With a KV cache"])[1:] == ["K/V for token 5 only", "K/V for token 6 only", "K/V for token 7 only"]
 
 
+@pytest.mark.slow
 def test_table_for_the_users_prompt_uses_the_models_continuation(lm):
     df = table_for_prompt(lm, "Once upon a time", steps=4)
     assert list(df["Step"]) == [1, 2, 3, 4]

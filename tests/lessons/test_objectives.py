@@ -44,6 +44,7 @@ def test_streaming_llm_cannot_recall_5000_tokens_back():
     assert near.values["kept"] is True
 
 
+@pytest.mark.slow
 def test_queries_are_never_cached_and_the_output_still_matches(lm):
     a = why_no_query_cache(lm)
     assert a.values["max_abs_logit_diff"] < 1e-3
@@ -52,6 +53,7 @@ def test_queries_are_never_cached_and_the_output_still_matches(lm):
         why_no_query_cache(None)
 
 
+@pytest.mark.slow
 def test_kivi_reasons_measured_on_the_model(lm):
     a = why_kivi(lm)
     assert a.values["key_outlier_ratio"] > 2 * a.values["value_outlier_ratio"]  # keys have outlier channels
@@ -73,6 +75,7 @@ def test_the_lesson_is_the_chapters():
         assert all("." in k for k in sm.values) and (sm.press is None or "." in sm.press)
 
 
+@pytest.mark.slow
 def test_decode_step_view(lm):
     trace = capture(lm, "Once upon a time", chat=False, max_new_tokens=4)
     spans, md = decode_step_view(trace, 0)

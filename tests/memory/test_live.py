@@ -120,6 +120,7 @@ def test_bf16_cache_is_half_the_fp32_bytes():
     assert estimate(cache_layout(model.config), PROMPT, kv_dtype="bf16").bytes_per_sequence == sum(kv)
 
 
+@pytest.mark.slow
 def test_bundled_model_cache_equals_the_formula(lm):
     ids = lm.tokenizer("The KV cache stores one key and one value vector per token, per layer and per head.",
                        return_tensors="pt")["input_ids"].to(lm.device)
@@ -134,6 +135,7 @@ def test_bundled_model_cache_equals_the_formula(lm):
     assert f["total"] == seen * 2 * 30 * 3 * 64 * bytes_per_element  # SmolLM2: 30 layers, 3 KV heads of 64
 
 
+@pytest.mark.slow
 def test_bundled_model_trace_bytes_equal_the_formula(lm):
     """The capture's per-step bytes (what the Generate tab shows) agree with the formula at every step."""
     from kvviz.capture.loop import capture

@@ -34,6 +34,7 @@ def test_growing_cache_refuses_what_cannot_stream():
         QuantizedLayer(Scheme("c", QuantSpec("int2", "channel", None), QuantSpec("int2", "token", 32)))
 
 
+@pytest.mark.slow
 def test_generation_runs_on_the_quantized_cache(lm):
     """Through kvviz.capture.loop: the trace's cache is the quantized one, and INT8 keeps greedy answers."""
     prompt = "What is the capital of France?"

@@ -105,6 +105,7 @@ def test_bad_specs_are_refused():
         round_trip(torch.randn(4, 64), QuantSpec("int4", "token", 48))
 
 
+@pytest.mark.slow
 def test_attention_output_matches_the_model(lm):
     """Our recomputation from the collected Q/K/V is the model's own attention output."""
     qkv = collect_qkv(lm, "The quick brown fox jumps over the lazy dog.", keep_outputs=True)
@@ -122,6 +123,7 @@ def qkv(lm):
     return collect_qkv(lm, ids=encode_prompt(lm, needle_prompt(), chat=True)[:256])  # causal: = crop(256)
 
 
+@pytest.mark.slow
 def test_two_bit_keys_per_channel_beat_per_token_on_the_real_model(qkv):
     """The chapter's KIVI claim, measured: at 2 bits keys want a scale per channel."""
     same_values = QuantSpec("int2", "token", 32)
@@ -136,6 +138,7 @@ def test_two_bit_keys_per_channel_beat_per_token_on_the_real_model(qkv):
     assert magnitude_map(qkv, 3, 1, "k").shape == (qkv.head_dim, qkv.n_tokens)
 
 
+@pytest.mark.slow
 def test_scheme_table_on_the_real_model(qkv):
     schemes = [s for s in preset_schemes() if s.name.startswith(("FP8 e4m3 per", "INT8", "2-bit per token"))]
     schemes.append(kivi(2))

@@ -21,6 +21,7 @@ def info(lm):
     return model_info(lm)
 
 
+@pytest.mark.slow
 def test_refresh_fits_the_sliders_and_draws_every_view(info, trace):
     out = tab.refresh(info, trace, 20, 4, tab.VIEWS[0], False, 99, 4)
     assert len(out) == 11

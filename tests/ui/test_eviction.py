@@ -52,6 +52,7 @@ def test_bad_input_is_a_readable_error(ctx, change, message):
         req(ctx, **change)
 
 
+@pytest.mark.slow
 def test_views_draw_every_output_and_say_the_position_mode(ctx):
     r = req(ctx)
     run = r.run(ctx.lm)

@@ -88,6 +88,7 @@ def test_upload_must_be_json(ctx, tmp_path):
         calc(ctx, source="Upload config.json", upload=str(path))
 
 
+@pytest.mark.slow
 def test_live_comparison_agrees_after_generate(ctx, lm):
     from kvviz.capture.loop import capture
 

@@ -58,6 +58,7 @@ def test_the_cli_has_a_flag_for_it_and_runs_it(registered, lm, capsys, monkeypat
     check_kept(json.loads(capsys.readouterr().out), 3)
 
 
+@pytest.mark.slow
 def test_the_api_takes_its_params_and_the_tab_builds_its_widget(registered, lm):
     ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=8))
     check_kept(tab.api_evict(ctx, PROMPT, "keep_even", 8, None, True, 2, {"recent": 4}), 4)

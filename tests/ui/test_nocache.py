@@ -15,6 +15,7 @@ def ctx(lm):
     return AppContext(lm=lm, settings=Settings())
 
 
+@pytest.mark.slow
 def test_table_and_measurement(ctx):
     df = tab.table(ctx, "Once upon a time", False, 3)
     assert list(df["Keys and Values computed"]) == ["K/V for tokens 1–4", "K/V for tokens 1–5", "K/V for tokens 1–6"]

@@ -10,6 +10,8 @@ from kvviz.settings import Settings
 from kvviz.ui import tab_quant as tab
 from kvviz.ui.context import AppContext
 
+pytestmark = pytest.mark.slow  # every handler quantizes the real model's cache
+
 
 def no_progress(*args, **kwargs):
     return None
