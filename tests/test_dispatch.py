@@ -27,8 +27,9 @@ PROMPT = "The key-value cache stores what attention has already computed, so"
 
 @pytest.fixture(scope="module")
 def dispatched(tmp_path_factory):
-    return load_model(device_map="auto", max_memory={"cpu": "300MB"},
-                      offload_folder=str(tmp_path_factory.mktemp("offload")))
+    return load_model(
+        device_map="auto", max_memory={"cpu": "300MB"}, offload_folder=str(tmp_path_factory.mktemp("offload"))
+    )
 
 
 def test_part_of_the_model_is_offloaded_to_disk(dispatched):
@@ -63,8 +64,11 @@ def test_eviction_on_the_dispatched_model_equals_the_whole_model(lm, dispatched)
 
 def test_the_memory_numbers_count_offloaded_weights_too(lm, dispatched):
     a, b = model_info(lm), model_info(dispatched)
-    assert (b.param_count, b.weight_bytes, b.kv_bytes_per_token) == (a.param_count, a.weight_bytes,
-                                                                      a.kv_bytes_per_token)
+    assert (b.param_count, b.weight_bytes, b.kv_bytes_per_token) == (
+        a.param_count,
+        a.weight_bytes,
+        a.kv_bytes_per_token,
+    )
     assert room_for_tokens(dispatched, 16e9, b.weight_bytes) == room_for_tokens(lm, 16e9, a.weight_bytes)
 
 
@@ -72,8 +76,11 @@ def test_placement_flags():
     p = argparse.ArgumentParser()
     add_placement_args(p)
     args = p.parse_args(["--device-map", "auto", "--max-memory", "0=20GiB,cpu=60GiB", "--offload-folder", "off"])
-    assert placement(args) == {"device_map": "auto", "max_memory": {0: "20GiB", "cpu": "60GiB"},
-                               "offload_folder": "off"}
+    assert placement(args) == {
+        "device_map": "auto",
+        "max_memory": {0: "20GiB", "cpu": "60GiB"},
+        "offload_folder": "off",
+    }
     assert placement(p.parse_args([])) == {}
     with pytest.raises(ModelLoadError, match="need --device-map"):
         placement(p.parse_args(["--max-memory", "cpu=1GiB"]))

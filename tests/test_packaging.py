@@ -24,16 +24,34 @@ def wheel(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "kvviz", src / "kvviz", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "requirements.txt"):
         shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return next((tmp / "dist").glob("kvviz-*.whl"))
 
 
 def test_wheel_holds_the_library_and_its_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kvviz").rglob("*.py")}
-    data = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kvviz").rglob("*")
-            if p.is_file() and p.suffix not in {".py", ".pyc"}}
+    data = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "kvviz").rglob("*")
+        if p.is_file() and p.suffix not in {".py", ".pyc"}
+    }
     assert any(n.endswith(".json") for n in data) and any(n.endswith(".txt") for n in data) and modules
     assert modules <= names, f"missing modules: {sorted(modules - names)}"
     assert data <= names, f"missing data files: {sorted(data - names)}"
@@ -58,11 +76,21 @@ print(json.dumps({"file": kvviz.__file__, "examples": {k: len(v[0]) for k, v in 
 def test_the_installed_wheel_runs_the_examples_and_the_sinks_demo(wheel, tmp_path):
     target, cwd = tmp_path / "site", tmp_path / "elsewhere"
     cwd.mkdir()
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, "-c", INSTALLED_RUN], cwd=cwd, env={**env, "PYTHONPATH": str(target)},
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", INSTALLED_RUN],
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["file"].startswith(str(target)), "the installed copy ran, not the repository's"

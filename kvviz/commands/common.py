@@ -22,12 +22,21 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
 
 def add_placement_args(p: argparse.ArgumentParser, env: Callable[[str], str | None] = lambda _: None) -> None:
     """Flags that dispatch a model bigger than one device with accelerate (defaults from ``env``)."""
-    p.add_argument("--device-map", default=env("KVVIZ_DEVICE_MAP"),
-                   help="auto, balanced or sequential: spread the model over the GPUs, the CPU and disk (accelerate)")
-    p.add_argument("--max-memory", default=env("KVVIZ_MAX_MEMORY"),
-                   help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
-    p.add_argument("--offload-folder", default=env("KVVIZ_OFFLOAD_FOLDER"),
-                   help="with --device-map: folder for the weights that fit on no device")
+    p.add_argument(
+        "--device-map",
+        default=env("KVVIZ_DEVICE_MAP"),
+        help="auto, balanced or sequential: spread the model over the GPUs, the CPU and disk (accelerate)",
+    )
+    p.add_argument(
+        "--max-memory",
+        default=env("KVVIZ_MAX_MEMORY"),
+        help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB",
+    )
+    p.add_argument(
+        "--offload-folder",
+        default=env("KVVIZ_OFFLOAD_FOLDER"),
+        help="with --device-map: folder for the weights that fit on no device",
+    )
 
 
 def placement(args: argparse.Namespace) -> dict:
@@ -38,8 +47,11 @@ def placement(args: argparse.Namespace) -> dict:
         if args.max_memory or args.offload_folder:
             raise ModelLoadError("--max-memory and --offload-folder need --device-map (e.g. --device-map auto).")
         return {}
-    return {"device_map": args.device_map, "max_memory": parse_max_memory(args.max_memory),
-            "offload_folder": args.offload_folder}
+    return {
+        "device_map": args.device_map,
+        "max_memory": parse_max_memory(args.max_memory),
+        "offload_folder": args.offload_folder,
+    }
 
 
 def read_prompt(args: argparse.Namespace) -> str:

@@ -52,8 +52,10 @@ def progress_line(progress: Progress | None, generated: int) -> str | None:
     if progress is None:
         return None
     if progress.phase == "prefill" and generated == 0:
-        return (f"Prefill: {progress.done:,} / {progress.total:,} prompt tokens through the model "
-                "(the whole prompt in parallel, one chunk at a time)…")
+        return (
+            f"Prefill: {progress.done:,} / {progress.total:,} prompt tokens through the model "
+            "(the whole prompt in parallel, one chunk at a time)…"
+        )
     if progress.phase == "verify":
         what = "recomputing without the cache" if progress.done == 0 else "recomputing without kvviz's capture"
         return f"Checking: {what}… ({generated} tokens generated)"
@@ -63,18 +65,27 @@ def progress_line(progress: Progress | None, generated: int) -> str | None:
 def waste_text(trace: Trace) -> str:
     """The chapter's waste counter for this run."""
     fp = forward_passes(trace.n_prompt, trace.n_generated)
-    return (f"**Token-forward passes for this run** ({trace.n_prompt} prompt + {trace.n_generated} generated): "
-            f"with the cache **{fp.with_cache:,}**, without it **{fp.without_cache:,}** "
-            f"(each step re-runs the whole sequence) — **{fp.ratio:,.1f}×** the work. "
-            f"The chapter's approximation (sum of t for t = L … L+N ≈ NL + N²/2) gives {fp.chapter_without_cache:,}.")
+    return (
+        f"**Token-forward passes for this run** ({trace.n_prompt} prompt + {trace.n_generated} generated): "
+        f"with the cache **{fp.with_cache:,}**, without it **{fp.without_cache:,}** "
+        f"(each step re-runs the whole sequence) — **{fp.ratio:,.1f}×** the work. "
+        f"The chapter's approximation (sum of t for t = L … L+N ≈ NL + N²/2) gives {fp.chapter_without_cache:,}."
+    )
 
 
 class LiveRun:
     """One run's rendering. Per-run constants (the gauge's budget and room for tokens) are fixed here,
     once; :meth:`outputs` renders a snapshot as the tab's ten outputs, skipping what is not due."""
 
-    def __init__(self, info: ModelInfo, budget_name: str, budget_bytes: float | None, room_tokens: int | None,
-                 prompt_tokens: list[str], export: Callable[[Trace], tuple[str, str]]):
+    def __init__(
+        self,
+        info: ModelInfo,
+        budget_name: str,
+        budget_bytes: float | None,
+        room_tokens: int | None,
+        prompt_tokens: list[str],
+        export: Callable[[Trace], tuple[str, str]],
+    ):
         self.info, self.budget_bytes, self.room_tokens = info, budget_bytes, room_tokens
         self.prompt_spans = [(fig.chip_text(t), "prompt") for t in prompt_tokens]
         self.budget_label = budget_name.split(" (")[0]
@@ -89,22 +100,45 @@ class LiveRun:
         generated = trace.n_generated if trace is not None else 0
         status = progress_line(snap.progress, generated) if not snap.done else None
         if trace is None:  # still in the prefill: the prompt's chips, the previous run's text and check gone
-            return (gr.skip(), status or "Starting…", self.prompt_spans, "", gr.skip(), gr.skip(), PENDING_CHECK,
-                    gr.skip(), None, None)
+            return (
+                gr.skip(),
+                status or "Starting…",
+                self.prompt_spans,
+                "",
+                gr.skip(),
+                gr.skip(),
+                PENDING_CHECK,
+                gr.skip(),
+                None,
+                None,
+            )
         if status is None:
-            status = (f"{'Done' if final else 'Generating'}: {generated} tokens, cache "
-                      f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)")
+            status = (
+                f"{'Done' if final else 'Generating'}: {generated} tokens, cache "
+                f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)"
+            )
             if final:
-                status += (f" · stop: {trace.stop_reason} · "
-                           f"{trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}")
+                status += (
+                    f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"
+                )
         growth = gauge = gr.skip()
         now = time.monotonic()
         if final or (now - self._figures_at >= FIGURES_S and len(trace.steps) != self._figures_steps):
             self._figures_at, self._figures_steps = now, len(trace.steps)
             growth = fig.cache_growth(trace)
-            gauge = fig.memory_gauge(trace.cache_bytes, self.info.weight_bytes, self.budget_bytes,
-                                     self.budget_label, self.room_tokens)
+            gauge = fig.memory_gauge(
+                trace.cache_bytes, self.info.weight_bytes, self.budget_bytes, self.budget_label, self.room_tokens
+            )
         files = self.export(trace) if final else (None, None)
         check = fig.equivalence_text(trace) if final else PENDING_CHECK
-        return (trace if final else gr.skip(), status, fig.token_spans(trace), trace.text, growth, gauge, check,
-                waste_text(trace), *files)
+        return (
+            trace if final else gr.skip(),
+            status,
+            fig.token_spans(trace),
+            trace.text,
+            growth,
+            gauge,
+            check,
+            waste_text(trace),
+            *files,
+        )

@@ -41,9 +41,13 @@ class Background(Generic[T]):
     callbacks run in the worker when the job has ended, however it ended.
     """
 
-    def __init__(self, work: Callable[[Callable[[Any], None]], Iterable[T]],
-                 mark: Callable[[T], Any] | None = None, on_exit: Iterable[Callable[[], None]] = (),
-                 name: str = "kvviz-job"):
+    def __init__(
+        self,
+        work: Callable[[Callable[[Any], None]], Iterable[T]],
+        mark: Callable[[T], Any] | None = None,
+        on_exit: Iterable[Callable[[], None]] = (),
+        name: str = "kvviz-job",
+    ):
         self._work, self._mark, self._name = work, mark, name
         self._exits = list(on_exit)
         self._cond = threading.Condition()

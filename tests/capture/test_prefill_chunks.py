@@ -20,8 +20,9 @@ from tests.tiny_models import tiny_model
 def chunked_and_whole(lm, ids, chunk):
     seen: list[Progress] = []
     whole = capture(lm, "", chat=False, prompt_ids=ids, max_new_tokens=4, verify=True, prefill_chunk=0)
-    parts = capture(lm, "", chat=False, prompt_ids=ids, max_new_tokens=4, verify=True, prefill_chunk=chunk,
-                    progress=seen.append)
+    parts = capture(
+        lm, "", chat=False, prompt_ids=ids, max_new_tokens=4, verify=True, prefill_chunk=chunk, progress=seen.append
+    )
     return whole, parts, seen
 
 
@@ -63,8 +64,9 @@ def test_a_custom_cache_keeps_one_prefill_forward_unless_asked(lm):
     # a quantized cache stores a forward's own tokens exactly: chunking would change its answer
     seen: list[Progress] = []
     ids = lm.tokenizer("Tell me a story about the sea. " * 10)["input_ids"]
-    capture(lm, "", chat=False, prompt_ids=ids, max_new_tokens=1, cache_factory=cache_factory(kivi(2)),
-            progress=seen.append)
+    capture(
+        lm, "", chat=False, prompt_ids=ids, max_new_tokens=1, cache_factory=cache_factory(kivi(2)), progress=seen.append
+    )
     assert [p.done for p in seen] == [0, len(ids)]
 
 

@@ -42,8 +42,10 @@ def test_token_spans_split_prompt_and_generated(trace):
     assert len(spans) == trace.n_tokens
 
 
-@pytest.mark.parametrize("token,chip", [(" Paris", " Paris"), ("\n", "↵\n"), ("\n\n", "↵↵\n"), (" ", "␣"),
-                                        ("\t ", "⇥␣"), (".\n", ".↵\n"), ("", "∅")])
+@pytest.mark.parametrize(
+    "token,chip",
+    [(" Paris", " Paris"), ("\n", "↵\n"), ("\n\n", "↵↵\n"), (" ", "␣"), ("\t ", "⇥␣"), (".\n", ".↵\n"), ("", "∅")],
+)
 def test_every_token_is_one_visible_chip(token, chip):
     # the strip draws no chip for blank text and breaks lines at "\n": each token keeps one chip, then its break
     assert fig.chip_text(token) == chip
@@ -65,8 +67,16 @@ def test_model_card_substitutes_the_formula(trace):
     assert "GQA (groups of 3)" in card
 
 
-@pytest.mark.parametrize("n,text", [(512, "512 bytes"), (327_680, "320 KiB"), (2.5 * 2**30, "2.5 GiB"),
-                                    (2.5 * 2**20, "2.5 MiB"), (40 * 2**30, "40 GiB")])
+@pytest.mark.parametrize(
+    "n,text",
+    [
+        (512, "512 bytes"),
+        (327_680, "320 KiB"),
+        (2.5 * 2**30, "2.5 GiB"),
+        (2.5 * 2**20, "2.5 MiB"),
+        (40 * 2**30, "40 GiB"),
+    ],
+)
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
 

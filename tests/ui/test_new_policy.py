@@ -52,8 +52,22 @@ def check_kept(out: dict, recent: int) -> None:
 
 def test_the_cli_has_a_flag_for_it_and_runs_it(registered, lm, capsys, monkeypatch):
     monkeypatch.setattr("kvviz.models.load_model", lambda *a, **k: lm)  # the session's model, not a second load
-    code = main(["evict", "--prompt", PROMPT, "--policy", "keep_even", "--budget", "8", "--recent", "3",
-                 "--max-new-tokens", "2", "--json"])
+    code = main(
+        [
+            "evict",
+            "--prompt",
+            PROMPT,
+            "--policy",
+            "keep_even",
+            "--budget",
+            "8",
+            "--recent",
+            "3",
+            "--max-new-tokens",
+            "2",
+            "--json",
+        ]
+    )
     assert code == 0
     check_kept(json.loads(capsys.readouterr().out), 3)
 
