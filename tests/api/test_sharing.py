@@ -56,7 +56,7 @@ def test_model_handlers_wait_at_the_gate_not_in_a_gradio_group(inprocess_app):
     model_handlers = {
         "run",
         "api_generate",
-        "api_evict",
+        "evict",
         "run_compare",
         "run_needle",
         "run_sinks",
