@@ -27,6 +27,8 @@ from kvviz.sinks import (
     uniform_fraction,
 )
 
+pytestmark = pytest.mark.slow  # the tests read real captures of the bundled model
+
 LATER = slice(12, None)
 
 
@@ -37,7 +39,6 @@ def trace(request, lm):
     return capture(lm, needle_passage(3, 3), chat=False, max_new_tokens=16)
 
 
-@pytest.mark.slow
 def test_later_layers_put_far_more_than_uniform_attention_on_the_first_tokens(trace):
     line = layer_sink_line(trace, 4)
     uniform = line["uniform"].iloc[0]

@@ -8,19 +8,19 @@ import pytest
 from kvviz.capture.loop import capture, capture_iter, encode_prompt, model_info
 from kvviz.capture.recorder import is_installed
 
+pytestmark = pytest.mark.slow  # every test generates with the real model
+
 
 @pytest.fixture(scope="module")
 def france(lm):
     return capture(lm, "What is the capital of France?", chat=True, max_new_tokens=24, verify=True)
 
 
-@pytest.mark.slow
 def test_answers_a_simple_factual_question(france):
     assert "Paris" in france.text
     assert france.stop_reason == "eos"
 
 
-@pytest.mark.slow
 def test_stops_on_real_end_of_turn_not_only_the_labelled_eos(lm):
     # the GGUF tokenizer calls <|endoftext|> "unk"; both it and <|im_end|> must end generation
     vocab = lm.tokenizer.get_vocab()
@@ -75,7 +75,6 @@ def test_capture_function_is_removed_after_an_error(lm):
     assert not is_installed(lm.model)
 
 
-@pytest.mark.slow
 def test_streams_after_prefill_and_every_step(lm):
     seen = [len(t.steps) for t in capture_iter(lm, "Once upon a time", chat=False, max_new_tokens=5)]
     assert seen == [1, 2, 3, 4, 5]  # after the prefill, each decode step, and the finished run
@@ -89,7 +88,6 @@ def test_stop_request_ends_the_run(lm):
     assert trace.stop_reason == "stopped" and trace.n_generated == 3
 
 
-@pytest.mark.slow
 def test_sampling_is_reproducible_with_a_seed(lm):
     from kvviz.capture.loop import Sampling
 

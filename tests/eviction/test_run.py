@@ -46,6 +46,7 @@ def test_needle_snapkv_loses_the_fact_when_only_the_context_is_compressed(lm, ne
     assert all(question <= set(h.tolist()) for layer in run.history[-1] for h in layer)
 
 
+@pytest.mark.slow
 def test_needle_metrics_say_what_the_answers_say(needle):
     rows = {r["policy"]: r for r in needle.comparison.summary()["rows"]}
     assert rows["full"]["top1_agreement"] == 1.0 and rows["full"]["mean_kl_nats"] == 0.0

@@ -15,6 +15,8 @@ from kvviz.capture.loop import capture
 from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.figures import attention as fa
 
+pytestmark = pytest.mark.slow  # the figures draw a real capture
+
 SMOL = dict(
     name="SmolLM2-135M-Instruct",
     model_type="llama",
@@ -86,7 +88,6 @@ def _cells(fig) -> int:
     return int(sum(np.asarray(tr.z, dtype=object).size for tr in fig.data if tr.type == "heatmap"))
 
 
-@pytest.mark.slow
 def test_short_run_heatmap_is_exact(short):
     grid = fa.attention_grid(short, 10, 4)
     t = short.n_tokens
@@ -105,7 +106,6 @@ def test_group_mean_is_the_mean_of_the_group(short):
     assert np.allclose(fa.attention_grid(short, 10, 4, group_mean=True)["z"], mean, atol=1e-6, equal_nan=True)
 
 
-@pytest.mark.slow
 def test_long_trace_heatmap_is_downsampled_before_it_is_sent(long_trace):
     fig = fa.attention_heatmap(long_trace, 12, 0, log=True)
     assert _cells(fig) <= fa.MAX_SIDE**2

@@ -13,6 +13,8 @@ from kvviz.eviction.policies import make_policy
 from kvviz.eviction.run import run_policy
 from kvviz.figures import eviction as fig
 
+pytestmark = pytest.mark.slow  # the figures draw real eviction runs
+
 PROMPT = "The cat sat on the mat. Where did the cat sit?"
 
 
@@ -26,7 +28,6 @@ def h2o_run(lm, ids):
     return run_policy(lm, ids, make_policy("h2o"), budget=10, max_new_tokens=4)
 
 
-@pytest.mark.slow
 def test_token_strip_colours_every_fed_token(h2o_run, ids):
     strip = fig.token_strip(h2o_run, 29, 1, 0)
     assert [t for t, _ in strip] == h2o_run.tokens[: len(ids)]
@@ -72,7 +73,6 @@ def test_bad_selection_is_a_value_error(h2o_run):
         fig.kept_map(h2o_run, 99)
 
 
-@pytest.mark.slow
 def test_comparison_table_and_charts(lm, ids):
     cmp = compare(lm, ids, [make_policy("window")], budget=8, max_new_tokens=3)
     table = fig.comparison_table(cmp)

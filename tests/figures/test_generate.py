@@ -10,13 +10,14 @@ from kvviz.capture.loop import capture
 from kvviz.figures import generate as fig
 from kvviz.units import format_bytes, format_gb
 
+pytestmark = pytest.mark.slow  # the figures draw a real capture
+
 
 @pytest.fixture(scope="module")
 def trace(lm):
     return capture(lm, "Once upon a time", chat=False, max_new_tokens=6)
 
 
-@pytest.mark.slow
 def test_cache_growth_plots_measured_bytes(trace):
     f = fig.cache_growth(trace)
     assert list(f.data[0].y) == [s.cache_bytes / 2**20 for s in trace.steps]

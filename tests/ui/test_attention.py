@@ -10,6 +10,8 @@ from kvviz.settings import Settings
 from kvviz.ui import tab_attention as tab
 from kvviz.ui.context import AppContext
 
+pytestmark = pytest.mark.slow  # the handlers redraw a real capture
+
 
 @pytest.fixture(scope="module")
 def trace(lm):
@@ -21,7 +23,6 @@ def info(lm):
     return model_info(lm)
 
 
-@pytest.mark.slow
 def test_refresh_fits_the_sliders_and_draws_every_view(info, trace):
     out = tab.refresh(info, trace, 20, 4, tab.VIEWS[0], False, 99, 4)
     assert len(out) == 11
