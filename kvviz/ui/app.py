@@ -24,8 +24,8 @@ TABS = [
     ("Memory", tab_memory),
     ("Quantization", tab_quant),
     ("Cache vs no cache", tab_nocache),
-    ("Blocks", tab_blocks),
     ("Learn", tab_learn),
+    ("Blocks", tab_blocks),  # after Learn: with large presentation fonts the last tab may go to the overflow menu
 ]
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
