@@ -102,6 +102,7 @@ class Recorder:
         self._out_step: list[torch.Tensor | None] = [None] * layers
         self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
         self._tri: torch.Tensor | None = None  # [C, C] True above the diagonal (the causal mask's block)
+        self._open: tuple | None = None  # ((mask pointer, shape, qk), open columns) of the last bool mask seen
         self._pending: list[tuple[int, torch.Tensor, float]] = []  # decode scores awaiting end_forward
         # one step's decode scores, layer after layer, so a run of layers is one view (no stack, no
         # fresh multi-MB allocation per step); sized for every layer at the longest cache
@@ -312,6 +313,7 @@ class Recorder:
         sbuf = self._buffer(hq * rows * k_len, query.device)
         w = self.window_rows.shape[2]
         w0 = self.n_prompt - w  # absolute position of the first window query
+        lo = self._open_columns(mask, qk) if mask is not None and mask.dtype == torch.bool else 0
         first = qpos0 - qpos0 % rows  # chunks start at multiples of ``rows`` (so of f) in absolute positions
         for a0 in range(first, qpos0 + q_len, rows):
             c0, c1 = max(a0, qpos0) - qpos0, min(a0 + rows, qpos0 + q_len) - qpos0
@@ -328,8 +330,8 @@ class Recorder:
                 s[:, :, kend - n :].masked_fill_(self._tri_block(n, query.device), float("-inf"))
                 if extras.window is not None:
                     mask_window_(s, qpos0 + c0, koff, extras.window)
-            elif mask.dtype == torch.bool:
-                s.masked_fill_(~mask[0, :, c0:c1, :kend], float("-inf"))
+            elif mask.dtype == torch.bool:  # columns every query sees need no masking (a later prefill chunk's past)
+                s[..., lo:].masked_fill_(~mask[0, :, c0:c1, lo:kend], float("-inf"))
             else:
                 s.add_(mask[0, :, c0:c1, :kend].float())
             learned = softmax_(s, extras.sinks)  # in place: the CPU/GPU kernels work row by row
@@ -338,6 +340,14 @@ class Recorder:
             if c1 == q_len:  # the call's last queries: do these probabilities give the layer's output?
                 check_output(layer, s[:, -min(PROBE_ROWS, n) :], value, out)
             self._reduce_chunk(layer, s, qpos0 + c0, koff, w0)
+
+    def _open_columns(self, mask: torch.Tensor, qk: int) -> int:
+        """``qk`` when every query of this call may see the first ``qk`` keys (a causal mask over the
+        cache a prompt chunk attends to), else 0; checked once per mask (layers share it)."""
+        key = (mask.data_ptr(), tuple(mask.shape), qk)
+        if self._open is None or self._open[0] != key:
+            self._open = (key, qk if qk > 0 and bool(mask[..., :qk].all()) else 0)
+        return self._open[1]
 
     def _tri_block(self, n: int, device) -> torch.Tensor:
         if self._tri is None or self._tri.shape[0] < n or self._tri.device != device:
