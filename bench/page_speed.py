@@ -51,8 +51,14 @@ def library_run(lm, prompt: str, n_new: int) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     trace = capture(lm, prompt, chat=False, max_new_tokens=n_new, verify=True)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"seconds": seconds, "cpu_s": cpu, "generated": trace.n_generated, "stop_reason": trace.stop_reason,
-            "tokens_per_s": trace.n_generated / seconds, "text": trace.text}
+    return {
+        "seconds": seconds,
+        "cpu_s": cpu,
+        "generated": trace.n_generated,
+        "stop_reason": trace.stop_reason,
+        "tokens_per_s": trace.n_generated / seconds,
+        "text": trace.text,
+    }
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:
@@ -107,11 +113,18 @@ def page_run(browser, url: str, prompt: str, n_new: int, server: psutil.Process,
         page.close()
     generating = [u for u in updates if u[1].startswith(("Generating", "Prefill", "Checking"))]
     m = re.match(r"Done: (\d+) tokens", status)
-    return {"seconds": wall, "seconds_in_page": round((done_at - clicked) / 1000, 3),
-            "generated": int(m.group(1)) if m else None, "status": status, "chips": chips,
-            "status_updates": len(generating), "first_update_s": generating[0][0] if generating else None,
-            "server_cpu_s": round(cpu_server, 2), "browser_cpu_s": round(cpu_browser, 2),
-            "updates": updates[:: max(1, len(updates) // 20)]}
+    return {
+        "seconds": wall,
+        "seconds_in_page": round((done_at - clicked) / 1000, 3),
+        "generated": int(m.group(1)) if m else None,
+        "status": status,
+        "chips": chips,
+        "status_updates": len(generating),
+        "first_update_s": generating[0][0] if generating else None,
+        "server_cpu_s": round(cpu_server, 2),
+        "browser_cpu_s": round(cpu_browser, 2),
+        "updates": updates[:: max(1, len(updates) // 20)],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,17 +142,24 @@ def main(argv: list[str] | None = None) -> int:
     library_run(lm, args.prompt, 4)  # warm-up: first calls pay one-off costs
     libs = [library_run(lm, args.prompt, args.new_tokens)]
     if libs[0]["generated"] != args.new_tokens:
-        print(f"the prompt stops after {libs[0]['generated']} tokens ({libs[0]['stop_reason']}); pick one that "
-              f"runs {args.new_tokens} tokens", file=sys.stderr)
+        print(
+            f"the prompt stops after {libs[0]['generated']} tokens ({libs[0]['stop_reason']}); pick one that "
+            f"runs {args.new_tokens} tokens",
+            file=sys.stderr,
+        )
         return 2
-    proc, url, _ = start_server({"KVVIZ_MAX_NEW_TOKENS": str(max(args.new_tokens, 64)),
-                                 "KVVIZ_MAX_JOB_SECONDS": str(args.timeout_s)})
+    proc, url, _ = start_server(
+        {"KVVIZ_MAX_NEW_TOKENS": str(max(args.new_tokens, 64)), "KVVIZ_MAX_JOB_SECONDS": str(args.timeout_s)}
+    )
     pages = []
     try:
         server = psutil.Process(proc.pid)
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=os.environ.get("KVVIZ_CHROMIUM") or "/usr/bin/chromium",
-                                         headless=True, args=CHROMIUM_ARGS)
+            browser = pw.chromium.launch(
+                executable_path=os.environ.get("KVVIZ_CHROMIUM") or "/usr/bin/chromium",
+                headless=True,
+                args=CHROMIUM_ARGS,
+            )
             try:
                 page_run(browser, url, args.prompt, 4, server, args.timeout_s)  # warm-up: the server's first run
                 for _ in range(args.repeats):
@@ -153,20 +173,30 @@ def main(argv: list[str] | None = None) -> int:
     lib_tps = statistics.mean(r["tokens_per_s"] for r in libs)
     page_tps = statistics.mean(args.new_tokens / r["seconds"] for r in pages)
     ok = all(r["generated"] == args.new_tokens and r["chips"] == n_prompt + args.new_tokens for r in pages)
-    report = {"prompt": args.prompt, "prompt_tokens": n_prompt, "new_tokens": args.new_tokens,
-              "cpu_cores": os.cpu_count(), "library_tokens_per_s": round(lib_tps, 2),
-              "page_tokens_per_s": round(page_tps, 2), "ratio": round(page_tps / lib_tps, 3),
-              "target_ratio": TARGET_RATIO, "complete": ok,
-              "library_runs": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "text"}
-                               for r in libs],
-              "page_runs": pages}
+    report = {
+        "prompt": args.prompt,
+        "prompt_tokens": n_prompt,
+        "new_tokens": args.new_tokens,
+        "cpu_cores": os.cpu_count(),
+        "library_tokens_per_s": round(lib_tps, 2),
+        "page_tokens_per_s": round(page_tps, 2),
+        "ratio": round(page_tps / lib_tps, 3),
+        "target_ratio": TARGET_RATIO,
+        "complete": ok,
+        "library_runs": [
+            {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "text"} for r in libs
+        ],
+        "page_runs": pages,
+    }
     if args.out:
         RESULTS.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
             f.write(json.dumps(report, indent=2) + "\n")
-    print(f"library {lib_tps:.2f} tokens/s, page {page_tps:.2f} tokens/s: ratio {page_tps / lib_tps:.2f} "
-          f"(target ≥ {TARGET_RATIO}); status updates {[r['status_updates'] for r in pages]}, "
-          f"chips {[r['chips'] for r in pages]} of {n_prompt + args.new_tokens}")
+    print(
+        f"library {lib_tps:.2f} tokens/s, page {page_tps:.2f} tokens/s: ratio {page_tps / lib_tps:.2f} "
+        f"(target ≥ {TARGET_RATIO}); status updates {[r['status_updates'] for r in pages]}, "
+        f"chips {[r['chips'] for r in pages]} of {n_prompt + args.new_tokens}"
+    )
     print("met" if ok and page_tps / lib_tps >= TARGET_RATIO else ("MISSED" if ok else "INCOMPLETE"))
     return 0 if ok else 1
 
