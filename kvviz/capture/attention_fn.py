@@ -83,23 +83,32 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
     impl = _wraps.get(attn_implementation(getattr(module, "config", None)))
     if impl is None:
         raise CaptureError(f"{type(module).__name__} has no config naming its attention implementation.")
-    out, weights = _implementation(module, impl)(module, query, key, value, attention_mask, *args, **kwargs)
+    implementation = _implementation(module, impl)
+    attend = getattr(recorder, "attend", None)
+    if attend is not None:  # a packed forward: each sequence's rows against its own cache (kvviz.capture.packed)
+        return attend(module, implementation, query, _record, *args, **kwargs)
+    out, weights = implementation(module, query, key, value, attention_mask, *args, **kwargs)
     if recorder is not None:
-        recorder.record(
-            module.layer_idx,
-            query,
-            key,
-            attention_mask,
-            kwargs.get("scaling"),
-            kwargs.get("softcap"),
-            out,
-            value=value,
-            weights=weights,
-            sinks=_learned_sinks(kwargs, query.shape[1]),
-            bias=kwargs.get("position_bias"),
-            sliding_window=kwargs.get("sliding_window"),
-        )
+        _record(recorder, module, query, key, value, attention_mask, out, weights, kwargs)
     return out, weights
+
+
+def _record(recorder, module, query, key, value, attention_mask, out, weights, kwargs: dict) -> None:
+    """Hand one attention call's tensors, and everything the implementation applied, to ``recorder``."""
+    recorder.record(
+        module.layer_idx,
+        query,
+        key,
+        attention_mask,
+        kwargs.get("scaling"),
+        kwargs.get("softcap"),
+        out,
+        value=value,
+        weights=weights,
+        sinks=_learned_sinks(kwargs, query.shape[1]),
+        bias=kwargs.get("position_bias"),
+        sliding_window=kwargs.get("sliding_window"),
+    )
 
 
 # ---- what can be captured ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Prefill + decode over a transformers cache, recording a Trace as the model generates.
+"""One run alone: prefill + decode over a transformers cache, recording a Trace as the model generates.
 
 ``capture_iter`` yields the growing Trace after the prefill and after every decode step (the UI
 streams from it) and reports what it is doing in between (prefill chunks, the equivalence check)
@@ -7,283 +7,65 @@ through ``progress``; ``capture`` runs to the end. Usage from a notebook::
     from kvviz.models import load_model
     from kvviz.capture.loop import capture
     trace = capture(load_model(), "What is the capital of France?", chat=True, max_new_tokens=16)
+
+The run's state and rules live in :class:`kvviz.capture.generation.Generation`; this module drives
+one generation forward by forward (the lecture-hall engine, :mod:`kvviz.engine`, drives many
+together with the same class).
 """
 
 from __future__ import annotations
 
-import inspect
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
-import numpy as np
 import torch
-from transformers import DynamicCache
 
-from kvviz.capture.attention_fn import attention_modules, recording, unpatched
-from kvviz.capture.recorder import Recorder, RecorderConfig, RecordsAttention, installed
-from kvviz.capture.trace import ModelInfo, Step, Trace
+from kvviz.capture.attention_fn import installed
+from kvviz.capture.generation import Generation
+from kvviz.capture.model_io import (  # noqa: F401  (re-exported: where callers have always found them)
+    DISPLAY_BUDGET_BYTES,
+    PREFILL_CHUNK,
+    Progress,
+    Sampling,
+    cache_layer_bytes,
+    choose_bin_factor,
+    encode_prompt,
+    forward,
+    model_info,
+)
+from kvviz.capture.trace import Trace
+from kvviz.capture.verify import recompute, recompute_unpatched
 from kvviz.models import LoadedModel
-
-DISPLAY_BUDGET_BYTES = 48 * 2**20  # fp16 binned map + decode rows may use this much (or a quarter of the KV bytes)
-# prompt tokens per prefill forward: a long prompt reports progress between chunks and never holds
-# activations for more than this many tokens at once; each chunk attends to the cache the ones before it left
-PREFILL_CHUNK = 1024
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where a run is between two yielded steps: ``phase`` "prefill" (``done`` of ``total`` prompt tokens
-    are in the cache) or "verify" (recomputing without the cache; ``done`` of ``total`` reference runs)."""
-
-    phase: str
-    done: int
-    total: int
-
-
-@dataclass
-class Sampling:
-    """Greedy when ``temperature`` is 0; otherwise temperature + nucleus (top-p) sampling."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def validate(self) -> None:
-        if not (0.0 <= self.temperature <= 5.0) or not np.isfinite(self.temperature):
-            raise ValueError("temperature must be between 0 and 5 (0 = greedy).")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError("top_p must be in (0, 1].")
-
-
-def model_info(lm: LoadedModel) -> ModelInfo:
-    """The model's shape, every config number read by :func:`kvviz.memory.layout.cache_layout` (the one reader);
-    the rest (dtype, parameters, learned sinks) measured on the loaded model."""
-    from kvviz.memory.layout import cache_layout
-
-    layout = cache_layout(lm.config)
-    cache_heads, cache_dims = layout.num_key_value_heads, [layout.head_dim, layout.head_dim]
-    if layout.mla:  # attention sees per-head keys and values; the cache holds one latent + one RoPE key
-        cache_heads, cache_dims = 1, [layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]]
-    sinks = any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in attention_modules(lm.model))
-    params = list(lm.model.parameters())
-    return ModelInfo(
-        name=lm.name,
-        model_type=layout.model_type,
-        layers=layout.num_layers,
-        q_heads=layout.num_attention_heads,
-        kv_heads=layout.num_key_value_heads,
-        head_dim=layout.head_dim,
-        dtype=str(lm.dtype).removeprefix("torch."),
-        bytes_per_element=torch.tensor([], dtype=lm.dtype).element_size(),
-        layer_kinds=["full_attention" if spec.layer_type == "mla" else spec.layer_type for spec in layout.layers],
-        sliding_window=min(layout.windows) if layout.windows else None,
-        context_length=layout.max_position_embeddings or 0,
-        param_count=sum(p.numel() for p in params),
-        weight_bytes=sum(p.numel() * p.element_size() for p in params),
-        device=str(lm.device),
-        attention=layout.attention,
-        cache_heads=cache_heads,
-        cache_dims=cache_dims,
-        learned_sinks=sinks,
-    )
-
-
-def encode_prompt(lm: LoadedModel, prompt: str, chat: bool) -> list[int]:
-    """Token ids of the prompt, through the model's chat template when ``chat``."""
-    tok = lm.tokenizer
-    if chat and getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        return [int(i) for i in ids]
-    return [int(i) for i in tok(prompt, add_special_tokens=True)["input_ids"]]
-
-
-def cache_layer_bytes(cache) -> tuple[list[int], list[int]]:
-    """Per layer: entries held and bytes of the stored key and value tensors (not a formula)."""
-    lens, sizes = [], []
-    for layer in cache.layers:
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or values is None or keys.numel() == 0:
-            lens.append(0)
-            sizes.append(0)
-            continue
-        lens.append(int(keys.shape[-2]))
-        sizes.append(int(keys.numel() * keys.element_size() + values.numel() * values.element_size()))
-    return lens, sizes
-
-
-def choose_bin_factor(info: ModelInfo, n_prompt: int, t_max: int, budget: int | None = None) -> int:
-    """Smallest bin size whose binned map and decode rows (fp16 in the trace) fit the display budget.
-
-    The budget is the larger of a fixed floor (short runs stay exact, f = 1, up to ~300 tokens in all on
-    SmolLM2) and a quarter of the final KV cache, so that with the exact summaries (column sums,
-    window rows) a trace stays within 2× the cache it describes at long contexts.
-    """
-    budget = budget or max(DISPLAY_BUDGET_BYTES, info.kv_bytes_per_token * t_max // 4)
-    heads = info.layers * info.q_heads
-    f = 1
-    while True:
-        nb, nqb = -(-t_max // f), -(-n_prompt // f)
-        if heads * 2 * (nqb + t_max - n_prompt) * nb <= budget or nb <= 16:
-            return f
-        f += 1
-
-
-def _cache_kwarg(model) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> int:
-    if sampling.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_p, idx = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < sampling.top_p
-        probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
-    return int(torch.multinomial(probs.cpu(), 1, generator=gen))
-
-
-def forward(
-    lm: LoadedModel, ids: list[int], start: int, cache, recorder: RecordsAttention | None, logits_to_keep: int = 1
-) -> torch.Tensor:
-    """One forward of ``ids`` at absolute positions ``start…``; returns logits [q, vocab] (fp32)."""
-    x = torch.tensor([ids], device=lm.device)
-    pos = torch.arange(start, start + len(ids), device=lm.device)[None]
-    kw = {_cache_kwarg(lm.model): cache}
-    with recording(lm.model, recorder) as extra:
-        out = lm.model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=logits_to_keep, **kw, **extra)
-    if recorder is not None:
-        recorder.end_forward()
-    return out.logits[0].float()
 
 
 def capture_iter(
     lm: LoadedModel,
     prompt: str,
     *,
-    chat: bool = True,
-    max_new_tokens: int = 64,
-    sampling: Sampling | None = None,
-    prompt_ids: list[int] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    cache_factory: Callable | None = None,
-    after_step: Callable | None = None,
-    cfg: RecorderConfig | None = None,
     verify: bool = False,
-    prefill_chunk: int | None = None,
     progress: Callable[[Progress], None] | None = None,
+    **kwargs,
 ) -> Iterator[Trace]:
     """Generate while recording; yields the same (growing) Trace after each step.
 
-    ``cache_factory(lm)`` builds the cache (default: transformers' DynamicCache, which gives
-    sliding-window layers where the config has them); ``after_step(cache, recorder, step)`` runs
-    after each forward of a new token (an eviction policy compresses the cache there; after the
-    whole prompt for the prefill). ``verify`` re-runs the whole sequence without a cache at the end
-    and stores the largest logit/attention-output difference. ``prefill_chunk`` prompt tokens go
-    through the model per prefill forward (0: the whole prompt at once; default :data:`PREFILL_CHUNK`
-    with the default cache, one forward with a ``cache_factory``'s, whose semantics may hang on
-    forward boundaries: a quantized cache keeps a forward's own tokens exact). ``progress`` hears
-    of every prefill chunk and of the check.
+    Keyword arguments are :class:`~kvviz.capture.generation.Generation`'s. ``verify`` re-runs the
+    whole sequence without a cache at the end and stores the largest logit/attention-output
+    difference (:mod:`kvviz.capture.verify`); ``progress`` hears of every prefill chunk and of the check.
     """
-    sampling = sampling or Sampling()
-    sampling.validate()
-    info = model_info(lm)
-    ids = list(prompt_ids) if prompt_ids is not None else encode_prompt(lm, prompt, chat)
-    if not ids:
-        raise ValueError("The prompt is empty: type some text.")
-    if max_new_tokens < 1:
-        raise ValueError("max_new_tokens must be at least 1.")
-    if prefill_chunk is None:
-        prefill_chunk = 0 if cache_factory else PREFILL_CHUNK
-    if prefill_chunk < 0:
-        raise ValueError("prefill_chunk must be 0 (one forward) or a positive number of tokens.")
-    if len(ids) + max_new_tokens > info.context_length > 0:
-        raise ValueError(
-            f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's "
-            f"context of {info.context_length} tokens; shorten the prompt or generate fewer tokens."
-        )
-    cfg = cfg or RecorderConfig()
-    n_prompt, t_max = len(ids), len(ids) + max_new_tokens
-    cfg.bin_factor = choose_bin_factor(info, n_prompt, t_max) if cfg.bin_factor <= 1 else cfg.bin_factor
-    rec = Recorder(info.layers, info.q_heads, t_max, n_prompt, cfg, lm.device, keep_outputs=verify)
-    cache = cache_factory(lm) if cache_factory else DynamicCache(config=lm.config)
-    rec.cache = cache
-    tok = lm.tokenizer
-    trace = Trace(
-        model=info,
-        prompt=prompt,
-        chat=chat,
-        n_prompt=n_prompt,
-        token_ids=list(ids),
-        tokens=[tok.decode([i]) for i in ids],
-        bin_factor=cfg.bin_factor,
-        sink_k=cfg.sink_k,
-        settings={
-            "max_new_tokens": max_new_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "seed": sampling.seed,
-            "obs_window": cfg.obs_window,
-        },
-    )
-    gen = torch.Generator().manual_seed(int(sampling.seed))
-    logits_seen: list[torch.Tensor] = []
-    t0 = time.perf_counter()
+    g = Generation(lm, prompt, verify=verify, progress=progress, **kwargs)
     report = progress or (lambda _: None)
     with torch.inference_mode(), installed(lm.model):
-        feed, start = ids, 0
-        for step in range(max_new_tokens):
-            if step == 0:
-                logits = _prefill(lm, ids, cache, rec, prefill_chunk or n_prompt, report)
-            else:
-                rec.phase, rec.t_total = "decode", start + len(feed)
-                logits = forward(lm, feed, start, cache, rec)[-1]
-            if verify:
-                logits_seen.append(logits)
-            if after_step is not None:
-                after_step(cache, rec, step)
-            nxt = _sample(logits, sampling, gen)
-            trace.token_ids.append(nxt)
-            trace.tokens.append(tok.decode([nxt]))
-            lens, sizes = cache_layer_bytes(cache)
-            trace.steps.append(
-                Step(
-                    index=step,
-                    token_id=nxt,
-                    token=trace.tokens[-1],
-                    position=rec.t_total,
-                    cache_lens=lens,
-                    layer_bytes=sizes,
-                    elapsed_s=time.perf_counter() - t0,
-                )
-            )
-            if step == 0:
-                trace.timings["prefill_s"] = time.perf_counter() - t0
-            if nxt in lm.stop_ids:
-                trace.stop_reason = "eos"
-            elif step == max_new_tokens - 1:
-                trace.stop_reason = "max_new_tokens"
-            elif should_stop is not None and should_stop():
-                trace.stop_reason = "stopped"
-            trace.text = tok.decode(trace.token_ids[n_prompt:], skip_special_tokens=True)
-            if trace.stop_reason:
-                break
-            yield trace
-            feed, start = [nxt], rec.t_total
-        total = time.perf_counter() - t0
-        trace.timings["total_s"] = total
-        decode_s = total - trace.timings.get("prefill_s", total)
-        trace.timings["decode_tokens_per_s"] = (len(trace.steps) - 1) / decode_s if decode_s > 0 else None
-        _finish(trace, rec, cache)
+        while not g.done:
+            ids, start = g.next_feed()
+            logits = forward(lm, ids, start, g.cache, g.rec)[-1]
+            if g.take(logits, len(ids)) and not g.done:
+                yield g.trace
+        trace = g.finish()
         if verify:
             report(Progress("verify", 0, 2))
-        equivalence = _verify(lm, trace, logits_seen, rec.outputs) if verify else None
-    if equivalence is not None:  # outside the capture: the model's own attention, nothing of kvviz's in the way
+            equivalence = recompute(lm, [g])[0]
+    if verify:  # outside the capture: the model's own attention, nothing of kvviz's in the way
         report(Progress("verify", 1, 2))
-        equivalence.update(_verify_unpatched(lm, trace, logits_seen))
+        equivalence.update(recompute_unpatched(lm, [g])[0])
         trace.equivalence = equivalence
     yield trace
 
@@ -292,97 +74,3 @@ def capture(lm: LoadedModel, prompt: str, **kwargs) -> Trace:
     """Run :func:`capture_iter` to the end and return the finished Trace."""
     *_, trace = capture_iter(lm, prompt, **kwargs)
     return trace
-
-
-def _prefill(
-    lm: LoadedModel, ids: list[int], cache, rec: Recorder, chunk: int, report: Callable[[Progress], None]
-) -> torch.Tensor:
-    """The prompt through the model ``chunk`` tokens per forward, each at its absolute positions over
-    the cache the earlier chunks filled; returns the last position's logits [vocab]."""
-    n = len(ids)
-    rec.phase = "prefill"
-    report(Progress("prefill", 0, n))
-    for start in range(0, n, chunk):
-        part = ids[start : start + chunk]
-        rec.t_total = start + len(part)
-        logits = forward(lm, part, start, cache, rec)[-1]
-        del rec.outputs[:-1]  # the check compares the last prompt query only: earlier chunks' outputs go
-        report(Progress("prefill", rec.t_total, n))
-    return logits
-
-
-def _finish(trace: Trace, rec: Recorder, cache) -> None:
-    """Move the recorder's summaries into the trace, trimmed to what actually ran."""
-    t, tq, n = trace.n_tokens, trace.n_fed, trace.n_prompt
-    nb = -(-t // rec.cfg.bin_factor)
-    trace.colsum = rec.colsum[:, :, :t].cpu().numpy()
-    trace.prefill_colsum = rec.prefill_colsum.cpu().numpy()
-    trace.sink_mass = rec.sink_mass[:, :, :tq].cpu().numpy()
-    trace.window_rows = rec.window_rows.cpu().numpy()
-    trace.prefill_map = rec.finish_prefill_map()[..., :nb].half().cpu().numpy()
-    trace.decode_rows = rec.decode_rows[: tq - n, ..., :nb].cpu().numpy()
-    if rec.learned_sink_mass is not None:
-        trace.learned_sink_mass = rec.learned_sink_mass[:, :, :tq].cpu().numpy()
-    _kv_stats(trace, cache)
-
-
-def _kv_stats(trace: Trace, cache) -> None:
-    """Norms of every cached key/value and mean |k|, |v| per channel, from the final cache (for MLA,
-    of the latent and the RoPE key it stores instead)."""
-    info, t = trace.model, trace.n_tokens
-    (dk, dv), heads = info.stored_dims, info.stored_heads
-    knorm = np.full((info.layers, heads, t), np.nan, dtype=np.float32)
-    vnorm = knorm.copy()
-    kch = np.zeros((info.layers, heads, dk), dtype=np.float32)
-    vch = np.zeros((info.layers, heads, dv), dtype=np.float32)
-    for i, layer in enumerate(cache.layers):
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or values is None or keys.numel() == 0:
-            continue
-        k, v = keys[0].float(), values[0].float()  # [Hkv, n, Dk], [Hkv, n, Dv]
-        pos = getattr(layer, "kv_positions", None)
-        if pos is None:
-            pos = torch.arange(trace.n_fed - k.shape[1], trace.n_fed).expand(k.shape[0], -1)
-        pos = pos.cpu().numpy()
-        for h in range(k.shape[0]):
-            knorm[i, h, pos[h]] = k[h].norm(dim=-1).cpu().numpy()
-            vnorm[i, h, pos[h]] = v[h].norm(dim=-1).cpu().numpy()
-        kch[i] = k.abs().mean(1).cpu().numpy()
-        vch[i] = v.abs().mean(1).cpu().numpy()
-    trace.key_norms, trace.value_norms = knorm, vnorm
-    trace.key_channel_absmean, trace.value_channel_absmean = kch, vch
-
-
-def _verify(
-    lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor], cached_outputs: list[torch.Tensor | None]
-) -> dict:
-    """The chapter's check on the real model: cached decoding equals full recomputation."""
-    fed = trace.token_ids[: trace.n_fed]
-    n = len(cached_logits)
-    cfg = RecorderConfig(bin_factor=trace.bin_factor)
-    rec = Recorder(trace.model.layers, trace.model.q_heads, len(fed), len(fed), cfg, lm.device, keep_outputs=True)
-    rec.phase = "outputs"
-    rec.t_total = len(fed)
-    full = forward(lm, fed, 0, DynamicCache(config=lm.config), rec, logits_to_keep=n)  # [n, V]
-    logit_diff = (full - torch.stack(cached_logits)).abs().max().item()
-    out_diff = None
-    outs = [o for o in cached_outputs if o is not None]
-    full_out = rec.outputs[0]
-    if full_out is not None and len(outs) == len(cached_outputs):
-        ref = full_out[:, -n:]  # [Lyr, n, Hq*Dv]: outputs at the positions cached decoding produced
-        mine = torch.cat([o[:, -1:] for o in outs], dim=1)  # last query of each forward
-        out_diff = (ref - mine).abs().max().item()
-    return {"max_abs_logit_diff": logit_diff, "max_abs_attn_output_diff": out_diff, "positions_checked": n}
-
-
-def _verify_unpatched(lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor]) -> dict:
-    """The captured run's logits against the model itself: full recomputation without kvviz's
-    attention function (so a capture that changed the model's output would show here)."""
-    fed = trace.token_ids[: trace.n_fed]
-    n = len(cached_logits)
-    with torch.inference_mode(), unpatched(lm.model) as alone:
-        full = forward(lm, fed, 0, DynamicCache(config=lm.config), None, logits_to_keep=n)  # [n, V]
-    return {
-        "max_abs_logit_diff_vs_unpatched": (full - torch.stack(cached_logits)).abs().max().item(),
-        "unpatched_reference": alone,
-    }

@@ -61,9 +61,11 @@ class RecordsAttention(Protocol):
 class Recorder:
     """Reduces each layer's attention to the Trace's summaries as the model runs.
 
-    The capture loop sets ``phase`` ("prefill"/"decode"), ``t_total`` (tokens seen including the
-    ones being fed) and ``cache`` before each forward; positions of cached keys come from a cache
-    layer's ``kv_positions`` ([Hkv, k], for evicting caches) or are the last ``k`` positions.
+    Before each forward the generation loop calls :meth:`begin_forward` with the phase ("prefill",
+    "decode" or "outputs") and ``t_total`` (tokens seen including the ones being fed), and sets
+    ``cache``; positions of cached keys come from a cache layer's ``kv_positions`` ([Hkv, k], for
+    evicting caches) or are the last ``k`` positions. A prefix cache gets the first prompt queries'
+    probability rows from :meth:`keep_prefix_rows` and gives them back with :meth:`replay_prefix`.
     """
 
     def __init__(
@@ -111,6 +113,37 @@ class Recorder:
         self.learned_sink_mass: torch.Tensor | None = None  # [Lyr, Hq, T] share on each head's learned sink
         self._recorded = [False] * layers  # layers this forward reached (each must)
         self._decode_checked = False  # the first decode step checks every layer's row against its output
+        self.prefix_rows: torch.Tensor | None = None  # [Lyr, Hq, P, P]: the first P prompt queries' rows, kept
+
+    def begin_forward(self, phase: str, t_total: int) -> None:
+        """The next forward's phase ("prefill", "decode" or "outputs": attention outputs only) and the
+        tokens seen once it has run."""
+        if phase not in ("prefill", "decode", "outputs"):
+            raise ValueError(f"unknown recorder phase {phase!r}")
+        self.phase, self.t_total = phase, t_total
+
+    # -- the prefix cache's share -------------------------------------------------------------------
+    def keep_prefix_rows(self, n: int) -> None:
+        """Keep the probability rows of prompt queries ``0 … n-1`` (over keys ``0 … n-1``) as the prefill
+        computes them, for a prefix cache to store with the prefix's keys and values."""
+        if not 0 < n <= self.n_prompt:
+            raise ValueError(f"prefix rows must cover 1 … {self.n_prompt} prompt queries; got {n}.")
+        self.prefix_rows = torch.zeros(self.layers, self.q_heads, n, n, device=self.device)
+
+    def replay_prefix(self, rows: torch.Tensor) -> None:
+        """Fold a cached prefix's probability rows [Lyr, Hq, P, P] into the summaries, as if the prefill
+        had computed them (the same reduction, in the same query chunks); the prefill then continues
+        from position P over the cache the prefix's keys and values were restored into."""
+        n = rows.shape[2]
+        if rows.shape[:2] != (self.layers, self.q_heads) or not 0 < n < self.n_prompt:
+            raise ValueError("cached prefix rows do not fit this run (layers, heads or length).")
+        w0 = self.n_prompt - self.window_rows.shape[2]
+        step = self._chunk_rows(n)
+        for layer in range(self.layers):
+            for a0 in range(0, n, step):
+                a1 = min(a0 + step, n)
+                self._reduce_chunk(layer, rows[layer, :, a0:a1, :a1].to(self.device), a0, 0, w0)
+        self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])
 
     # -- called from the attention function ------------------------------------------------
     def record(
@@ -358,6 +391,10 @@ class Recorder:
         """Fold one chunk's probabilities p [Hq, C, kend] (queries from absolute position a0, keys
         from koff) into the column sums, sink mass, window rows and the binned map."""
         n, kend, f = p.shape[1], p.shape[2], self.cfg.bin_factor
+        kept = self.prefix_rows
+        if kept is not None and a0 < kept.shape[2] and koff == 0:  # rows the prefix cache will store
+            hi = min(a0 + n, kept.shape[2])
+            kept[layer, :, a0:hi, : min(kend, kept.shape[3])] = p[:, : hi - a0, : kept.shape[3]]
         self.sink_mass[layer, :, a0 : a0 + n] = p[..., : max(self.cfg.sink_k - koff, 0)].sum(-1)
         # keys koff… in order: from 0, or a sliding layer's window in a later prefill chunk (earlier keys got 0)
         if a0 + n > w0 and a0 < self.n_prompt and (koff == 0 or self._in_order(layer)):

@@ -118,6 +118,7 @@ class Trace:
     sink_k: int = 4
     timings: dict = field(default_factory=dict)
     equivalence: dict | None = None
+    cached_prompt_tokens: int = 0  # leading prompt tokens whose KV (and attention rows) came from a prefix cache
     # attention summaries, filled when the run finishes
     prefill_colsum: np.ndarray | None = None  # [Lyr, Hq, L] attention each prompt key got from prompt queries
     colsum: np.ndarray | None = None  # [Lyr, Hq, T] the same, summed over every query of the run
@@ -230,6 +231,7 @@ class Trace:
                 for s in self.steps
             ],
             "cache_bytes": self.cache_bytes,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "timings": self.timings,
         }

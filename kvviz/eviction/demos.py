@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import cache_kwarg, encode_prompt
 from kvviz.eviction.cache import EvictingCache
 from kvviz.eviction.compare import Comparison, compare
 from kvviz.eviction.policies import make_policy
@@ -95,12 +95,6 @@ def needle_demo(
     return NeedleResult(cmp, compress_question, n_context)
 
 
-def _cache_kwarg(model) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def streaming_nll(
     lm: LoadedModel,
     ids: list[int],
@@ -118,7 +112,7 @@ def streaming_nll(
         raise ValueError(f"The cache ({cache_size}) must hold more than the {sinks} sinks.")
     dev = lm.device
     cache = EvictingCache(lm.config)
-    kw = _cache_kwarg(lm.model)
+    kw = cache_kwarg(lm.model)
     recent = None if cache_size is None else cache_size - sinks
     out = []
     with torch.inference_mode():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import kvviz.capture.loop as capture_mod
+import kvviz.capture.generation as capture_mod
 from kvviz.capture.loop import capture
 from kvviz.capture.recorder import Recorder, RecorderConfig, _adjacent
 from tests.tiny_models import recompute_probabilities, tiny_model

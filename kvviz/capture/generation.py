@@ -1,0 +1,269 @@
+"""One sequence's generation, step by step: the state a run carries between forwards.
+
+:class:`Generation` holds everything one run needs between two forwards — its prompt ids, cache,
+recorder, sampling generator, stop rule and growing Trace — and answers two questions: what to feed
+next (:meth:`Generation.next_feed`: a chunk of the prompt while prefilling, then the last token), and
+what to do with the logits that came back (:meth:`Generation.take`: prefill progress, the per-step
+hook, the next token — sampled or forced — and the stop rules). Who runs the forward is not its
+business: :func:`kvviz.capture.loop.capture_iter` runs one generation alone, the lecture-hall engine
+(:mod:`kvviz.engine`) runs many in one packed forward (:mod:`kvviz.capture.packed`). Either way the
+Trace is built by the same code, so a batched run records what a solo run records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from kvviz.capture.model_io import (
+    PREFILL_CHUNK,
+    Progress,
+    Sampling,
+    cache_layer_bytes,
+    choose_bin_factor,
+    encode_prompt,
+    model_info,
+    sample,
+)
+from kvviz.capture.recorder import Recorder, RecorderConfig
+from kvviz.capture.trace import Step, Trace
+from kvviz.models import LoadedModel
+
+
+class Generation:
+    """One run's state between forwards (see the module docstring).
+
+    ``cache_factory(lm)`` builds the cache (default: transformers' DynamicCache, which gives
+    sliding-window layers where the config has them); ``after_step(cache, recorder, step)`` runs
+    after each forward that produced a token (an eviction policy compresses the cache there; after the
+    whole prompt for the prefill). ``forced`` tokens are fed instead of the sampled ones while they
+    last (teacher forcing; the run then stops with "forced"). ``verify`` keeps what the equivalence
+    check needs (every step's logits and attention outputs). ``prefill_chunk`` prompt tokens go
+    through the model per prefill forward (0: the whole prompt at once; default :data:`PREFILL_CHUNK`
+    with the default cache, one forward with a ``cache_factory``'s, whose semantics may hang on
+    forward boundaries). ``progress`` hears of every prefill chunk.
+    """
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        prompt: str,
+        *,
+        chat: bool = True,
+        max_new_tokens: int = 64,
+        sampling: Sampling | None = None,
+        prompt_ids: Sequence[int] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        cache_factory: Callable | None = None,
+        after_step: Callable | None = None,
+        cfg: RecorderConfig | None = None,
+        verify: bool = False,
+        prefill_chunk: int | None = None,
+        progress: Callable[[Progress], None] | None = None,
+        forced: Sequence[int] | None = None,
+    ):
+        self.lm = lm
+        self.sampling = sampling or Sampling()
+        self.sampling.validate()
+        info = model_info(lm)
+        ids = [int(i) for i in prompt_ids] if prompt_ids is not None else encode_prompt(lm, prompt, chat)
+        if not ids:
+            raise ValueError("The prompt is empty: type some text.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be a whole number, at least 1.")
+        if prefill_chunk is None:
+            prefill_chunk = 0 if cache_factory else PREFILL_CHUNK
+        if prefill_chunk < 0:
+            raise ValueError("prefill_chunk must be 0 (one forward) or a positive number of tokens.")
+        if len(ids) + max_new_tokens > info.context_length > 0:
+            raise ValueError(
+                f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's "
+                f"context of {info.context_length} tokens; shorten the prompt or generate fewer tokens."
+            )
+        self.cfg = cfg = cfg or RecorderConfig()
+        n_prompt, t_max = len(ids), len(ids) + max_new_tokens
+        cfg.bin_factor = choose_bin_factor(info, n_prompt, t_max) if cfg.bin_factor <= 1 else cfg.bin_factor
+        self.rec = Recorder(info.layers, info.q_heads, t_max, n_prompt, cfg, lm.device, keep_outputs=verify)
+        self.cache = cache_factory(lm) if cache_factory else DynamicCache(config=lm.config)
+        self.rec.cache = self.cache
+        self.default_cache = cache_factory is None and after_step is None
+        self.max_new_tokens, self.verify = max_new_tokens, verify
+        self.should_stop, self.after_step, self.progress = should_stop, after_step, progress or (lambda _: None)
+        self.forced = [int(t) for t in forced] if forced is not None else None
+        self.chunk = prefill_chunk or n_prompt
+        tok = lm.tokenizer
+        self.trace = Trace(
+            model=info,
+            prompt=prompt,
+            chat=chat,
+            n_prompt=n_prompt,
+            token_ids=list(ids),
+            tokens=[tok.decode([i]) for i in ids],
+            bin_factor=cfg.bin_factor,
+            sink_k=cfg.sink_k,
+            settings={
+                "max_new_tokens": max_new_tokens,
+                "temperature": self.sampling.temperature,
+                "top_p": self.sampling.top_p,
+                "seed": self.sampling.seed,
+                "obs_window": cfg.obs_window,
+            },
+        )
+        self.gen = torch.Generator().manual_seed(int(self.sampling.seed))
+        self.logits_seen: list[torch.Tensor] = []
+        self.fed = 0  # tokens in the cache
+        self.step = 0  # tokens produced so far
+        self.done = False
+        self.t0: float | None = None
+
+    # -- what this run would share with an identical one ---------------------------------------
+    def key(self) -> tuple:
+        """Everything that decides this run's Trace: runs with equal keys compute the same thing."""
+        s, c = self.sampling, self.cfg
+        return (
+            self.lm.name,
+            tuple(self.trace.token_ids[: self.trace.n_prompt]),
+            self.trace.chat,
+            self.trace.prompt,
+            self.max_new_tokens,
+            (s.temperature, s.top_p, s.seed),
+            (c.sink_k, c.obs_window, c.bin_factor, c.chunk),
+            self.verify,
+            self.chunk,
+            tuple(self.forced) if self.forced is not None else None,
+        )
+
+    @property
+    def prefilling(self) -> bool:
+        return self.fed < self.trace.n_prompt
+
+    def restore_prefix(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor) -> None:
+        """Start from a prefix cache's entry: its keys and values per layer ([1, Hkv, P, D] each) go into
+        this run's cache and its probability rows into the recorder; the prefill then starts at P."""
+        if self.fed or not self.default_cache:
+            raise RuntimeError("A cached prefix can only seed a fresh run on the default cache.")
+        n = rows.shape[2]
+        for i, (k, v) in enumerate(layers):
+            self.cache.update(k.clone(), v.clone(), i)
+        self.rec.replay_prefix(rows)
+        self.fed = n
+        self.trace.cached_prompt_tokens = n
+
+    # -- the loop's two questions ---------------------------------------------------------------
+    def next_feed(self) -> tuple[list[int], int]:
+        """The tokens the next forward feeds and the absolute position of the first; tells the recorder."""
+        if self.done:
+            raise RuntimeError("This generation has finished.")
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        n = self.trace.n_prompt
+        if self.prefilling:
+            if self.fed == 0 or self.fed == self.trace.cached_prompt_tokens:
+                self.progress(Progress("prefill", self.fed, n))
+            part = self.trace.token_ids[self.fed : min(self.fed + self.chunk, n)]
+            self.rec.begin_forward("prefill", self.fed + len(part))
+            return part, self.fed
+        self.rec.begin_forward("decode", self.fed + 1)
+        return [self.trace.token_ids[-1]], self.fed
+
+    def take(self, logits: torch.Tensor, fed: int) -> bool:
+        """The last position's logits [vocab] of the forward that fed ``fed`` tokens; True when a token was
+        produced (False for a prefill chunk that was not the prompt's last)."""
+        self.fed += fed
+        n = self.trace.n_prompt
+        if self.step == 0:
+            del self.rec.outputs[:-1]  # the check compares the last prompt query only: earlier chunks' go
+        if self.fed < n:
+            self.progress(Progress("prefill", self.fed, n))
+            return False
+        if self.step == 0:
+            self.progress(Progress("prefill", n, n))
+        if self.verify:
+            self.logits_seen.append(logits)
+        if self.after_step is not None:
+            self.after_step(self.cache, self.rec, self.step)
+        step, trace, tok = self.step, self.trace, self.lm.tokenizer
+        forcing = self.forced is not None and step < len(self.forced)
+        nxt = self.forced[step] if forcing and self.forced is not None else sample(logits, self.sampling, self.gen)
+        trace.token_ids.append(nxt)
+        trace.tokens.append(tok.decode([nxt]))
+        lens, sizes = cache_layer_bytes(self.cache)
+        elapsed = time.perf_counter() - (self.t0 or time.perf_counter())
+        trace.steps.append(Step(step, nxt, trace.tokens[-1], self.fed, lens, sizes, elapsed))
+        if step == 0:
+            trace.timings["prefill_s"] = elapsed
+        if self.forced is not None and step == len(self.forced) - 1:
+            trace.stop_reason = "forced"
+        elif not forcing and nxt in self.lm.stop_ids:
+            trace.stop_reason = "eos"
+        elif step == self.max_new_tokens - 1:
+            trace.stop_reason = "max_new_tokens"
+        elif self.should_stop is not None and self.should_stop():
+            trace.stop_reason = "stopped"
+        trace.text = tok.decode(trace.token_ids[n:], skip_special_tokens=True)
+        self.step += 1
+        self.done = bool(trace.stop_reason)
+        return True
+
+    def stop(self, reason: str = "stopped") -> None:
+        """End the run where it is (its last token stays the last one)."""
+        if not self.done:
+            self.trace.stop_reason = self.trace.stop_reason or reason
+            self.done = True
+
+    def finish(self) -> Trace:
+        """Timings and the recorder's summaries into the Trace, trimmed to what actually ran."""
+        trace = self.trace
+        total = time.perf_counter() - (self.t0 or time.perf_counter())
+        trace.timings["total_s"] = total
+        decode_s = total - trace.timings.get("prefill_s", total)
+        trace.timings["decode_tokens_per_s"] = (len(trace.steps) - 1) / decode_s if decode_s > 0 else None
+        if trace.steps:
+            summarize(trace, self.rec, self.cache)
+        return trace
+
+
+def summarize(trace: Trace, rec: Recorder, cache) -> None:
+    """Move the recorder's summaries into the trace, trimmed to what actually ran."""
+    t, tq, n = trace.n_tokens, trace.n_fed, trace.n_prompt
+    nb = -(-t // rec.cfg.bin_factor)
+    trace.colsum = rec.colsum[:, :, :t].cpu().numpy()
+    trace.prefill_colsum = rec.prefill_colsum.cpu().numpy()
+    trace.sink_mass = rec.sink_mass[:, :, :tq].cpu().numpy()
+    trace.window_rows = rec.window_rows.cpu().numpy()
+    trace.prefill_map = rec.finish_prefill_map()[..., :nb].half().cpu().numpy()
+    trace.decode_rows = rec.decode_rows[: tq - n, ..., :nb].cpu().numpy()
+    if rec.learned_sink_mass is not None:
+        trace.learned_sink_mass = rec.learned_sink_mass[:, :, :tq].cpu().numpy()
+    kv_stats(trace, cache)
+
+
+def kv_stats(trace: Trace, cache) -> None:
+    """Norms of every cached key/value and mean |k|, |v| per channel, from the final cache (for MLA,
+    of the latent and the RoPE key it stores instead)."""
+    info, t = trace.model, trace.n_tokens
+    (dk, dv), heads = info.stored_dims, info.stored_heads
+    knorm = np.full((info.layers, heads, t), np.nan, dtype=np.float32)
+    vnorm = knorm.copy()
+    kch = np.zeros((info.layers, heads, dk), dtype=np.float32)
+    vch = np.zeros((info.layers, heads, dv), dtype=np.float32)
+    for i, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None or values is None or keys.numel() == 0:
+            continue
+        k, v = keys[0].float(), values[0].float()  # [Hkv, n, Dk], [Hkv, n, Dv]
+        pos = getattr(layer, "kv_positions", None)
+        if pos is None:
+            pos = torch.arange(trace.n_fed - k.shape[1], trace.n_fed).expand(k.shape[0], -1)
+        pos = pos.cpu().numpy()
+        for h in range(k.shape[0]):
+            knorm[i, h, pos[h]] = k[h].norm(dim=-1).cpu().numpy()
+            vnorm[i, h, pos[h]] = v[h].norm(dim=-1).cpu().numpy()
+        kch[i] = k.abs().mean(1).cpu().numpy()
+        vch[i] = v.abs().mean(1).cpu().numpy()
+    trace.key_norms, trace.value_norms = knorm, vnorm
+    trace.key_channel_absmean, trace.value_channel_absmean = kch, vch
