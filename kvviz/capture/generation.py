@@ -154,8 +154,9 @@ class Generation:
         self.trace.cached_prompt_tokens = n
 
     # -- the loop's two questions ---------------------------------------------------------------
-    def next_feed(self) -> tuple[list[int], int]:
-        """The tokens the next forward feeds and the absolute position of the first; tells the recorder."""
+    def next_feed(self, limit: int | None = None) -> tuple[list[int], int]:
+        """The tokens the next forward feeds (a prompt chunk of at most ``limit`` tokens, or the last token)
+        and the absolute position of the first; tells the recorder."""
         if self.done:
             raise RuntimeError("This generation has finished.")
         if self.t0 is None:
@@ -164,7 +165,8 @@ class Generation:
         if self.prefilling:
             if self.fed == 0 or self.fed == self.trace.cached_prompt_tokens:
                 self.progress(Progress("prefill", self.fed, n))
-            part = self.trace.token_ids[self.fed : min(self.fed + self.chunk, n)]
+            size = self.chunk if limit is None else max(1, min(self.chunk, limit))
+            part = self.trace.token_ids[self.fed : min(self.fed + size, n)]
             self.rec.begin_forward("prefill", self.fed + len(part))
             return part, self.fed
         self.rec.begin_forward("decode", self.fed + 1)

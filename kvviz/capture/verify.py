@@ -61,11 +61,13 @@ def _compare(g: Generation, full: torch.Tensor, rec: Recorder) -> dict:
     return {"max_abs_logit_diff": logit_diff, "max_abs_attn_output_diff": out_diff, "positions_checked": n}
 
 
-def recompute_unpatched(lm: LoadedModel, gens: Sequence[Generation]) -> list[dict]:
+def recompute_unpatched(lm: LoadedModel, gens: Sequence[Generation], timeout: float = 10.0) -> list[dict]:
     """Full recomputation by the model alone (outside ``installed``): per run, the largest logit
-    difference against the cached run. Runs share padded forwards of at most :data:`BATCH_TOKENS`."""
+    difference against the cached run. Runs share padded forwards of at most :data:`BATCH_TOKENS`.
+    When other runs keep the wrapper installed for ``timeout`` seconds, the recomputation runs with it
+    (which changes no output) and says so (``unpatched_reference`` False)."""
     out: list[dict] = []
-    with torch.inference_mode(), unpatched(lm.model) as alone:
+    with torch.inference_mode(), unpatched(lm.model, timeout) as alone:
         batch: list[Generation] = []
         for g in sorted(gens, key=lambda g: g.trace.n_fed):
             if batch and (len(batch) + 1) * g.trace.n_fed > BATCH_TOKENS:

@@ -1,0 +1,289 @@
+"""The engine that serves a room: one thread, one model, every waiting run decoded together.
+
+Callers :meth:`Engine.submit` a run and get a :class:`Handle` (its growing Trace, its progress, its
+end). The engine's thread loops over steps; at each step boundary it admits waiting runs into the
+batch (continuous batching, at most ``max_batch`` runs), builds one packed forward
+(:mod:`kvviz.capture.packed`) of every running sequence's next feed — one token per decoding run, a
+prompt chunk per prefilling run, at most ``token_budget`` tokens in all — and hands each sequence its
+logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run). A run leaves
+the batch when it ends or every caller following it has stopped it. Runs that asked for the
+equivalence check are recomputed together when they end (:mod:`kvviz.capture.verify`).
+
+Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute
+equal Traces) share one run; a finished run is kept for a while so a late duplicate gets it at once.
+Prompts start from the :class:`~kvviz.engine.prefix.PrefixStore`'s longest cached prefix.
+
+Models that cannot be packed (sliding windows, MLA, legacy attention) still go through the engine,
+one forward per run per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+
+import torch
+
+from kvviz.capture.attention_fn import installed
+from kvviz.capture.generation import Generation
+from kvviz.capture.model_io import Progress, forward
+from kvviz.capture.packed import Segment, packable, packed_forward
+from kvviz.capture.trace import Trace
+from kvviz.capture.verify import recompute, recompute_unpatched
+from kvviz.engine.prefix import Claim, PrefixStore
+from kvviz.models import LoadedModel
+
+log = logging.getLogger("kvviz.engine")
+
+
+class Job:
+    """One computation and the callers following it."""
+
+    def __init__(self, gen: Generation):
+        self.gen = gen
+        self.handles: list[Handle] = []
+        self.claim = Claim([], [])
+        self.claimed = False  # looked up in the prefix store (once, before its first forward)
+        self.progress: Progress | None = None
+        self.version = 0  # bumped whenever the trace or the progress changes
+        self.finished = False
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+        gen.progress = self._report
+        gen.should_stop = self.abandoned
+
+    def _report(self, p: Progress) -> None:
+        self.progress = p
+        self.changed()
+
+    def changed(self) -> None:
+        with self.cond:
+            self.version += 1
+            self.cond.notify_all()
+
+    def abandoned(self) -> bool:
+        """True once every caller following this run has stopped it."""
+        return all(h.stopped() for h in list(self.handles))
+
+    def end(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.finished = True
+        self.changed()
+
+
+class Handle:
+    """A caller's view of a submitted run: stream it, wait for it, or stop following it."""
+
+    def __init__(self, job: Job, should_stop: Callable[[], bool] | None = None):
+        self.job = job
+        self._should_stop = should_stop
+        self._stopped = False
+
+    def stopped(self) -> bool:
+        if not self._stopped and self._should_stop is not None and self._should_stop():
+            self._stopped = True
+        return self._stopped
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    @property
+    def trace(self) -> Trace:
+        return self.job.gen.trace
+
+    @property
+    def progress(self) -> Progress | None:
+        return self.job.progress
+
+    def stream(self, report: Callable[[Progress], None] | None = None, poll: float = 0.25) -> Iterator[Trace]:
+        """Yield the growing Trace whenever a step adds to it, then once more when the run is over
+        (with the check, when asked); ``report`` hears the run's progress. Raises the run's error."""
+        job, seen, said = self.job, -1, None
+        while True:
+            with job.cond:
+                if job.version == seen and not job.finished:
+                    job.cond.wait(poll)
+                version, finished = job.version, job.finished
+            if report is not None and job.progress is not None and job.progress != said:
+                said = job.progress
+                report(said)
+            if finished:
+                if job.error is not None:
+                    raise job.error
+                yield job.gen.trace
+                return
+            if self.stopped():
+                yield job.gen.trace  # this caller stops following; others may keep the run going
+                return
+            if version != seen and job.gen.trace.steps:
+                seen = version
+                yield job.gen.trace
+            seen = version
+
+    def result(self) -> Trace:
+        """Block until the run is over; its finished Trace."""
+        *_, trace = self.stream()
+        return trace
+
+
+class Engine:
+    """See the module docstring. ``max_batch`` runs decode together; a step feeds at most
+    ``token_budget`` tokens; ``keep_finished`` finished runs answer late duplicates."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        *,
+        max_batch: int = 32,
+        token_budget: int = 512,
+        prefix_cache_bytes: int = 256 * 2**20,
+        keep_finished: int = 16,
+    ):
+        if max_batch < 1 or token_budget < 1:
+            raise ValueError("max_batch and token_budget must be at least 1.")
+        self.lm, self.max_batch, self.token_budget = lm, max_batch, token_budget
+        self.packable = packable(lm)
+        self.prefix = PrefixStore(prefix_cache_bytes, salt=f"{lm.name}:{lm.dtype}") if self.packable else None
+        self._cond = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._active: dict[tuple, Job] = {}
+        self._finished: OrderedDict[tuple, Job] = OrderedDict()
+        self._keep_finished = keep_finished
+        self._thread: threading.Thread | None = None
+        self.counters = {"submitted": 0, "shared": 0, "forwards": 0, "batched_tokens": 0, "max_batch_seen": 0}
+
+    # ---- callers --------------------------------------------------------------------------------
+    def submit(self, prompt: str, should_stop: Callable[[], bool] | None = None, **kwargs) -> Handle:
+        """Queue a run (``Generation``'s arguments; bad ones raise here, in the caller's thread) and
+        return its handle; an identical run already queued, running or just finished is shared."""
+        gen = Generation(self.lm, prompt, **kwargs)
+        key = gen.key()
+        with self._cond:
+            self.counters["submitted"] += 1
+            job = self._active.get(key) or self._finished.get(key)
+            if job is not None and not (job.finished and job.error is not None):
+                self.counters["shared"] += 1
+                handle = Handle(job, should_stop)
+                job.handles.append(handle)
+                if job.finished:
+                    self._finished.move_to_end(key)
+                return handle
+            job = Job(gen)
+            handle = Handle(job, should_stop)
+            job.handles.append(handle)
+            self._active[key] = job
+            self._waiting.append(job)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="kvviz-engine", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return handle
+
+    def snapshot(self) -> dict:
+        """Counts for logs, the blocks view and the load bench."""
+        with self._cond:
+            out = dict(self.counters, waiting=len(self._waiting), running=len(self._running))
+        if self.prefix is not None:
+            out["prefix_cache"] = self.prefix.stats()
+        return out
+
+    # ---- the engine's thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._waiting or self._running)
+                while self._waiting and len(self._running) < self.max_batch:
+                    job = self._waiting.popleft()
+                    if job.abandoned():
+                        self._retire(job, None)
+                        continue
+                    self._running.append(job)
+                batch = list(self._running)
+            try:
+                self._step(batch)
+            except Exception as exc:  # a fault ends the runs of this step, never the engine
+                log.exception("engine step failed")
+                for job in batch:
+                    if not job.finished:
+                        self._retire(job, exc)
+
+    def _step(self, batch: list[Job]) -> None:
+        feeds, budget = [], self.token_budget
+        for job in sorted(batch, key=lambda j: j.gen.prefilling):  # decoding runs first: one token each
+            g = job.gen
+            if not job.claimed:
+                job.claimed = True
+                if self.prefix is not None:
+                    job.claim = self.prefix.claim(g)
+            if g.prefilling and budget <= 0:
+                continue
+            ids, start = g.next_feed(budget if g.prefilling else None)
+            budget -= len(ids)
+            feeds.append((job, ids, start))
+        done: list[Job] = []
+        with torch.inference_mode(), installed(self.lm.model):
+            if self.packable and len(feeds) > 1:
+                segments = [Segment(ids, start, job.gen.cache, job.gen.rec) for job, ids, start in feeds]
+                logits = [x[-1] for x in packed_forward(self.lm, segments)]
+            else:
+                logits = [forward(self.lm, ids, start, job.gen.cache, job.gen.rec)[-1] for job, ids, start in feeds]
+            self.counters["forwards"] += 1
+            self.counters["batched_tokens"] += sum(len(ids) for _, ids, _ in feeds)
+            self.counters["max_batch_seen"] = max(self.counters["max_batch_seen"], len(feeds))
+            for (job, ids, _), row in zip(feeds, logits):
+                g = job.gen
+                was_prefilling = g.prefilling
+                produced = g.take(row, len(ids))
+                if was_prefilling and not g.prefilling and self.prefix is not None:
+                    self.prefix.store(g, job.claim)
+                if produced:
+                    job.changed()
+                if g.done:
+                    g.finish()
+                    done.append(job)
+            checked = [job for job in done if job.gen.verify]
+            if checked:
+                for job in checked:
+                    job._report(Progress("verify", 0, 2))
+                results = recompute(self.lm, [j.gen for j in checked])
+        if checked:
+            for job in checked:
+                job._report(Progress("verify", 1, 2))
+            for job, res, alone in zip(
+                checked, results, recompute_unpatched(self.lm, [j.gen for j in checked], timeout=2.0)
+            ):
+                res.update(alone)
+                job.gen.trace.equivalence = res
+        for job in done:
+            self._retire(job, None)
+
+    def _retire(self, job: Job, error: BaseException | None) -> None:
+        with self._cond:
+            if job in self._running:
+                self._running.remove(job)
+            key = job.gen.key()
+            self._active.pop(key, None)
+            if error is None and job.gen.trace.stop_reason != "stopped":
+                self._finished[key] = job
+                while len(self._finished) > self._keep_finished:
+                    self._finished.popitem(last=False)
+        if self.prefix is not None:
+            self.prefix.release(job.claim)
+        job.end(error)
+
+
+def wait_all(handles: list[Handle], timeout: float) -> bool:
+    """True when every handle's run ended within ``timeout`` seconds (tests and benches)."""
+    end = time.monotonic() + timeout
+    for h in handles:
+        with h.job.cond:
+            while not h.job.finished:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                h.job.cond.wait(left)
+    return True

@@ -1,0 +1,116 @@
+"""The engine's prefix cache: a prompt's leading blocks of KV — and what the recorder saw there — reused.
+
+Every student's chat request starts with the same template and system prompt, and a room pressing
+one example sends the same prompt many times. A block of ``block_size`` prompt tokens is stored under
+its chained hash (:mod:`kvviz.blocks.hashing`) in a byte-bounded LRU :class:`~kvviz.blocks.prefix_cache.PrefixCache`
+with every layer's keys and values for those tokens and the attention probability rows of its
+queries (a query of the prefix attends only to the prefix, so its rows are the same in every
+request that shares it). A new request takes the longest run of cached leading blocks: their keys and
+values go into its cache, their rows are folded into its recorder as its own prefill would have
+folded them (:meth:`~kvviz.capture.recorder.Recorder.replay_prefix`), and its prefill starts after
+them. Its Trace says how many prompt tokens came from the cache.
+
+The prompt's last token is always computed (its logits give the first new token), and rows are
+kept for at most ``max_tokens`` prompt tokens (they grow with the square of the prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvviz.blocks.hashing import BlockHasher
+from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
+from kvviz.capture.generation import Generation
+
+
+@dataclass
+class Block:
+    """One cached block's payload: keys and values per layer ([1, Hkv, B, D] each) and its queries'
+    probability rows [Lyr, Hq, B, end] over keys ``0 … end-1`` (end = the block's last position + 1)."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    rows: torch.Tensor
+
+
+@dataclass
+class Claim:
+    """What one run holds in the store: the blocks it pinned, the hashes of those it will insert."""
+
+    held: list[CachedBlock]
+    hashes: list[bytes]
+
+
+class PrefixStore:
+    """Blocks of prompt KV and attention rows by chained hash (see the module docstring)."""
+
+    def __init__(self, capacity_bytes: int, block_size: int = 16, max_tokens: int = 256, salt: str = ""):
+        self.cache = PrefixCache(capacity_bytes)
+        self.hasher = BlockHasher(block_size, salt)
+        self.block_size, self.max_tokens = block_size, max_tokens
+
+    def claim(self, g: Generation) -> Claim:
+        """Seed a fresh run from the longest cached run of its leading blocks, and ask its recorder to keep
+        the rows of the blocks still to be stored. Call before the run's first forward."""
+        n_prompt, b = g.trace.n_prompt, self.block_size
+        usable = min(n_prompt - 1, self.max_tokens) // b * b
+        if usable <= 0 or not g.default_cache:
+            return Claim([], [])
+        hashes = self.hasher(g.trace.token_ids[:usable])
+        held = self.cache.acquire(hashes)
+        if held:
+            blocks = [h.payload for h in held]
+            layers = [
+                (torch.cat([blk.kv[i][0] for blk in blocks], dim=2), torch.cat([blk.kv[i][1] for blk in blocks], dim=2))
+                for i in range(len(blocks[0].kv))
+            ]
+            p = len(held) * b
+            rows = torch.zeros(*blocks[0].rows.shape[:2], p, p, device=blocks[0].rows.device)
+            for j, blk in enumerate(blocks):
+                rows[:, :, j * b : (j + 1) * b, : blk.rows.shape[3]] = blk.rows
+            g.restore_prefix(layers, rows)
+        if len(held) < len(hashes):
+            g.rec.keep_prefix_rows(usable)
+        return Claim(held, hashes)
+
+    def store(self, g: Generation, claim: Claim) -> None:
+        """After the run's prefill: insert its blocks not yet cached (pinned for the run), then drop the
+        recorder's copy of the rows."""
+        rows, b = g.rec.prefix_rows, self.block_size
+        g.rec.prefix_rows = None
+        if rows is None:
+            return
+        for j in range(len(claim.held), len(claim.hashes)):
+            end = (j + 1) * b
+            kv = [
+                (layer.keys[:, :, j * b : end].clone(), layer.values[:, :, j * b : end].clone())
+                for layer in g.cache.layers
+            ]
+            payload = Block(kv, rows[:, :, j * b : end, :end].clone())
+            nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + payload.rows.nbytes
+            block = self.cache.insert(claim.hashes[j], nbytes, payload)
+            if block is None:  # no room: later blocks would be unreachable without this one
+                break
+            claim.held.append(block)
+
+    def release(self, claim: Claim) -> None:
+        """The run is over: its blocks stay cached until the byte budget needs their room."""
+        self.cache.release(claim.held)
+        claim.held = []
+
+    def stats(self) -> dict:
+        """Hit rate, blocks and bytes held (for logs, the blocks view and the load bench)."""
+        s = self.cache.stats
+        return {
+            "block_size": self.block_size,
+            "blocks": len(self.cache),
+            "bytes_held": self.cache.used_bytes,
+            "capacity_bytes": self.cache.capacity_bytes,
+            "requests": s.requests,
+            "queried_blocks": s.queried_blocks,
+            "hit_blocks": s.hit_blocks,
+            "hit_rate": s.hit_rate,
+            "inserted_blocks": s.inserted_blocks,
+            "evicted_blocks": s.evicted_blocks,
+        }
