@@ -108,17 +108,7 @@ class Gate:
         """A ticket in line, or :class:`Refused` at once with the reason."""
         session = session or "anonymous"
         with self._cond:
-            mine = self._by_session.get(session)
-            if mine is not None:
-                where = (
-                    "still running"
-                    if mine in self._running
-                    else f"still queued, position {self._waiting.index(mine) + 1} of {len(self._waiting)}"
-                )
-                raise Refused(
-                    f"Your previous {mine.what} is {where}; wait for it to finish (or press Stop) "
-                    "before starting another."
-                )
+            self._refuse_second(session)
             if len(self._waiting) >= self.max_waiting:
                 raise Refused(
                     f"The server is busy: {len(self._waiting)} jobs are waiting, the most it queues. "
@@ -130,6 +120,23 @@ class Gate:
             self._by_session[session] = ticket
             self._start_ready()
             return ticket
+
+    def refuse_second(self, session: str | None) -> None:
+        """:class:`Refused` when ``session`` already has a job here (a second gate's admission asks)."""
+        with self._cond:
+            self._refuse_second(session or "anonymous")
+
+    def _refuse_second(self, session: str) -> None:
+        mine = self._by_session.get(session)
+        if mine is not None:
+            where = (
+                "still running"
+                if mine in self._running
+                else f"still queued, position {self._waiting.index(mine) + 1} of {len(self._waiting)}"
+            )
+            raise Refused(
+                f"Your previous {mine.what} is {where}; wait for it to finish (or press Stop) before starting another."
+            )
 
     def check_memory(self) -> None:
         """:class:`Refused` while the process's resident memory is above the ceiling."""

@@ -9,6 +9,9 @@ KVVIZ_MAX_PROMPT_CHARS      longest prompt, in characters, checked before tokeni
 KVVIZ_MAX_NEW_TOKENS        most tokens one request may generate (512)
 KVVIZ_CONCURRENCY           model jobs running at once (1 per 4 CPU cores, at least 1; 2 on a GPU)
 KVVIZ_QUEUE_SIZE            jobs waiting beyond that before new ones are refused (64)
+KVVIZ_ROOM_SIZE             Generate runs the engine follows at once, identical ones counted each (128)
+KVVIZ_BATCH_SIZE            distinct runs the engine decodes together in one forward (32)
+KVVIZ_PREFIX_CACHE_MB       bytes of shared prompt-prefix KV the engine keeps, in MiB (256)
 KVVIZ_MAX_CONFIG_BYTES      largest uploaded or pasted config.json (262144)
 KVVIZ_MAX_JOB_SECONDS       a model job running longer ends with what it has (180)
 KVVIZ_MAX_RSS_GB            no new model jobs while the server's resident memory is above this
@@ -86,6 +89,9 @@ class Settings:
     max_new_tokens: int = 512
     concurrency: int = 1
     queue_size: int = 64
+    room_size: int = 128
+    batch_size: int = 32
+    prefix_cache_mb: int = 256
     public: bool = False
     allowed_models: list[str] = field(default_factory=list)
     max_config_bytes: int = MAX_CONFIG_BYTES
@@ -107,6 +113,9 @@ class Settings:
             max_new_tokens=_int("KVVIZ_MAX_NEW_TOKENS", cls.max_new_tokens),
             concurrency=_int("KVVIZ_CONCURRENCY", default_concurrency()),
             queue_size=_int("KVVIZ_QUEUE_SIZE", cls.queue_size),
+            room_size=_int("KVVIZ_ROOM_SIZE", cls.room_size, minimum=1),
+            batch_size=_int("KVVIZ_BATCH_SIZE", cls.batch_size, minimum=1),
+            prefix_cache_mb=_int("KVVIZ_PREFIX_CACHE_MB", cls.prefix_cache_mb, minimum=0),
             public=public,
             allowed_models=allowed,
             max_config_bytes=_int("KVVIZ_MAX_CONFIG_BYTES", cls.max_config_bytes, minimum=1024),

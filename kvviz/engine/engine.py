@@ -100,7 +100,10 @@ class Handle:
 
     def stream(self, report: Callable[[Progress], None] | None = None, poll: float = 0.25) -> Iterator[Trace]:
         """Yield the growing Trace whenever a step adds to it, then once more when the run is over
-        (with the check, when asked); ``report`` hears the run's progress. Raises the run's error."""
+        (with the check, when asked); ``report`` hears the run's progress. Raises the run's error.
+
+        A run stops when every caller following it has stopped it; a caller who stops a run others
+        still follow gets the run to its end like them (it is theirs too, and finishes soon)."""
         job, seen, said = self.job, -1, None
         while True:
             with job.cond:
@@ -114,9 +117,6 @@ class Handle:
                 if job.error is not None:
                     raise job.error
                 yield job.gen.trace
-                return
-            if self.stopped():
-                yield job.gen.trace  # this caller stops following; others may keep the run going
                 return
             if version != seen and job.gen.trace.steps:
                 seen = version

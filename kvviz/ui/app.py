@@ -55,10 +55,11 @@ def serve(demo: gr.Blocks, settings) -> dict:
 
     Model handlers carry no Gradio concurrency limit (the gate in ``kvviz/ui/jobs.py`` is the model's
     queue), so each job that waits at the gate holds a worker: there must be one for every job the
-    gate may queue, plus some for the quick events (checks, redraws) that must never wait behind them.
+    gate may queue or the engine may follow, plus some for the quick events (checks, redraws) that must never wait behind them.
     """
-    demo.queue(max_size=settings.queue_size + settings.concurrency + 16, default_concurrency_limit=settings.concurrency)
-    return {"max_threads": settings.queue_size + settings.concurrency + 32}
+    jobs = settings.queue_size + settings.concurrency + settings.room_size
+    demo.queue(max_size=jobs + 16, default_concurrency_limit=settings.concurrency)
+    return {"max_threads": jobs + 32}
 
 
 def tab_id(module) -> str:

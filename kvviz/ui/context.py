@@ -11,6 +11,7 @@ import gradio as gr
 
 from kvviz.capture.loop import model_info
 from kvviz.capture.trace import ModelInfo
+from kvviz.engine.engine import Engine
 from kvviz.models import LoadedModel
 from kvviz.safety import SessionFiles
 from kvviz.settings import Settings
@@ -39,6 +40,7 @@ class AppContext:
     files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None
     _jobs: Jobs | None = None
+    _engine: Engine | None = None
 
     @property
     def info(self) -> ModelInfo:
@@ -52,6 +54,14 @@ class AppContext:
         if self._jobs is None:
             self._jobs = Jobs(self.settings, self.info)
         return self._jobs
+
+    @property
+    def engine(self) -> Engine:
+        """The one engine that decodes every session's Generate runs together (``kvviz.engine``)."""
+        if self._engine is None:
+            s = self.settings
+            self._engine = Engine(self.lm, max_batch=s.batch_size, prefix_cache_bytes=s.prefix_cache_mb * 2**20)
+        return self._engine
 
     def on_trace(self, fn: Callable, inputs: list, outputs: list) -> None:
         """Run ``fn(*inputs)`` → ``outputs`` after every new trace (inputs usually start with trace_state)."""

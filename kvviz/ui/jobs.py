@@ -9,8 +9,10 @@ Every handler that runs the model follows the same three steps:
 3. wait for its turn (:meth:`Jobs.turns` yields the line position for a streaming handler), run
    with ``ticket.expired`` polled beside the Stop flag, and release the ticket in ``finally``.
 
-Handlers are registered with no Gradio concurrency limit: the :class:`~kvviz.admission.Gate` is the
-one queue for the model, so checks and refusals never wait behind running jobs.
+Handlers are registered with no Gradio concurrency limit: the gates are the queues for the model,
+so checks and refusals never wait behind running jobs. Generate runs pass :attr:`Jobs.room`, whose
+many slots feed the batching engine (``kvviz.engine``); every other model job passes the one-at-a-time
+:attr:`Jobs.gate`. A session holds one job in either, never one in each.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class Jobs:
             max_seconds=settings.max_job_seconds,
             max_rss_bytes=int(settings.max_rss_gb * 2**30),
         )
+        self.room = Gate(  # Generate runs: the engine decodes them together
+            slots=settings.room_size,
+            max_waiting=settings.queue_size,
+            max_seconds=settings.max_job_seconds,
+            max_rss_bytes=int(settings.max_rss_gb * 2**30),
+        )
         # by default the largest job is four runs at the longest prompt and generation allowed (a comparison of
         # three policies with the full cache); the time budget bounds it too
         ceiling = job_cost(
@@ -85,13 +93,18 @@ class Jobs:
         new_tokens: int,
         runs: int = 1,
         window: int | None = None,
+        room: bool = False,
     ) -> Ticket:
-        """A place in line for this session's job, or :class:`UserError` at once (see :func:`job_cost`)."""
+        """A place in line for this session's job, or :class:`UserError` at once (see :func:`job_cost`);
+        ``room``: a Generate run, admitted to the engine's gate."""
         cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
+        gate, other = (self.room, self.gate) if room else (self.gate, self.room)
+        session = session_of(request)
         try:
-            self.gate.check_memory()
-            check_cost(cost, self.max_key_reads, self.gate.spare_bytes())
-            return self.gate.admit(session_of(request), what)
+            gate.check_memory()
+            check_cost(cost, self.max_key_reads, gate.spare_bytes())
+            other.refuse_second(session)
+            return gate.admit(session, what)
         except (Refused, ValueError) as exc:
             raise UserError(str(exc)) from None
 

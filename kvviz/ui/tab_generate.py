@@ -6,7 +6,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from kvviz.capture.loop import Sampling, capture_iter, encode_prompt
+from kvviz.capture.loop import Sampling, encode_prompt
 from kvviz.examples import examples
 from kvviz.figures import generate as fig
 from kvviz.memory.capacity import max_context
@@ -121,7 +121,7 @@ def build(ctx: AppContext):
 
     def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, request: gr.Request):
         ids, n_new, sampling = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
-        ticket = ctx.jobs.take(request) or ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2)
+        ticket = ctx.jobs.take(request) or ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2, room=True)
         flag = ctx.stop_flag(request)
         flag.clear()
         job = None
@@ -146,17 +146,16 @@ def build(ctx: AppContext):
             )
 
             def work(report):
-                return capture_iter(
-                    ctx.lm,
+                handle = ctx.engine.submit(
                     prompt_text,
                     chat=bool(use_chat),
                     max_new_tokens=n_new,
                     sampling=sampling,
                     prompt_ids=ids,
                     verify=True,
-                    progress=report,
                     should_stop=lambda: flag.is_set() or ticket.expired() or job.cancelled,
                 )
+                return handle.stream(report)
 
             # the model runs in its own thread and releases the ticket there when it has stopped; this
             # generator only renders the latest state at the page's pace
@@ -179,7 +178,7 @@ def build(ctx: AppContext):
 
     def check(prompt_text, use_chat, n_new, temp, p, sd, request: gr.Request):
         ids, n_new, _ = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2))
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2, room=True))
 
     # bad input (and a refused admission) is answered by a quick step with no outputs, so its message is
     # a toast and the previous run's results stay visible; the run step waits its turn at the gate. Its
@@ -218,11 +217,10 @@ def build(ctx: AppContext):
     ) -> dict:
         """Generate with the captured model and return the trace summary (JSON)."""
         ids, n_new, sampling = validate_request(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
-        with ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2) as ticket:
+        with ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2, room=True) as ticket:
             ticket.wait()
             try:
-                *_, trace = capture_iter(
-                    ctx.lm,
+                trace = ctx.engine.submit(
                     prompt_text,
                     chat=bool(chat),
                     max_new_tokens=n_new,
@@ -230,7 +228,7 @@ def build(ctx: AppContext):
                     prompt_ids=ids,
                     verify=True,
                     should_stop=ticket.expired,
-                )
+                ).result()
             except Exception as exc:
                 raise gr.Error(job_failed(exc), print_exception=False) from None
         out = trace.summary()

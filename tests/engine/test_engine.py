@@ -1,0 +1,137 @@
+"""The engine against solo runs: tokens, logits and every Trace array equal, however runs join and leave."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from kvviz.capture.attention_fn import installed
+from kvviz.capture.generation import Generation
+from kvviz.capture.model_io import Sampling, forward
+from kvviz.capture.packed import packable
+from kvviz.engine.engine import Engine, wait_all
+from tests.tiny_models import tiny_model
+
+pytestmark = pytest.mark.slow
+
+ARRAYS = ["colsum", "prefill_colsum", "sink_mass", "window_rows", "key_norms", "value_norms", "key_channel_absmean"]
+HALF = ["prefill_map", "decode_rows"]  # stored in fp16: equal to fp16 rounding
+
+
+def solo(lm, prompt, **kwargs) -> Generation:
+    """One run alone, through the same Generation the engine drives (its logits kept)."""
+    g = Generation(lm, prompt, verify=True, **kwargs)
+    with torch.inference_mode(), installed(lm.model):
+        while not g.done:
+            ids, start = g.next_feed()
+            g.take(forward(lm, ids, start, g.cache, g.rec)[-1], len(ids))
+    g.finish()
+    return g
+
+
+def assert_same_run(batched: Generation, alone: Generation) -> None:
+    a, b = batched.trace, alone.trace
+    assert a.token_ids == b.token_ids
+    assert a.stop_reason == b.stop_reason
+    diff = max((x - y).abs().max().item() for x, y in zip(batched.logits_seen, alone.logits_seen))
+    assert diff <= 1e-4, f"logits differ by {diff:.2e}"
+    for name in ARRAYS:
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=2e-5, rtol=1e-4, err_msg=name)
+    for name in HALF:
+        np.testing.assert_allclose(
+            getattr(a, name).astype(np.float32), getattr(b, name).astype(np.float32), atol=2e-3, err_msg=name
+        )
+    assert [s.cache_lens for s in a.steps] == [s.cache_lens for s in b.steps]
+
+
+PROMPTS = [
+    ("What is the capital of France?", 6),
+    ("Name three colours.", 9),
+    ("Write one sentence about the sea and the wind over it.", 4),
+    ("Hi", 7),
+    ("Explain in a few words why the sky looks blue during the day.", 5),
+    ("Count from one to five.", 8),
+]
+
+
+def test_runs_joining_and_leaving_equal_their_solo_runs(lm):
+    assert packable(lm)
+    engine = Engine(lm, max_batch=4, prefix_cache_bytes=0)  # no prefix reuse: batching alone
+    first = [engine.submit(p, chat=True, max_new_tokens=n, verify=True) for p, n in PROMPTS[:3]]
+    # later runs join while the first ones decode (continuous batching), and wait for a place when full
+    next(iter(first[0].stream()))
+    later = [engine.submit(p, chat=True, max_new_tokens=n, verify=True) for p, n in PROMPTS[3:]]
+    handles = first + later
+    assert wait_all(handles, 900)
+    assert engine.counters["max_batch_seen"] >= 3
+    assert engine.counters["max_batch_seen"] <= 4
+    for h, (p, n) in zip(handles, PROMPTS):
+        assert_same_run(h.job.gen, solo(lm, p, chat=True, max_new_tokens=n))
+        eq = h.trace.equivalence
+        assert eq["max_abs_logit_diff"] < 1e-3 and eq["unpatched_reference"] is True
+        assert eq["max_abs_logit_diff_vs_unpatched"] < 1e-3
+
+
+def test_sampled_runs_keep_their_own_generator(lm):
+    engine = Engine(lm, prefix_cache_bytes=0)
+    settings = [Sampling(temperature=0.9, top_p=0.9, seed=s) for s in (1, 2)]
+    handles = [engine.submit("Tell me a word.", chat=True, max_new_tokens=6, sampling=s) for s in settings]
+    assert wait_all(handles, 600)
+    for h, s in zip(handles, settings):
+        alone = solo(lm, "Tell me a word.", chat=True, max_new_tokens=6, sampling=s)
+        assert h.trace.token_ids == alone.trace.token_ids
+
+
+def test_stopping_one_run_mid_batch_leaves_the_others(lm):
+    engine = Engine(lm, prefix_cache_bytes=0)
+    stop = threading.Event()
+    stopped = engine.submit("Count from one to twenty.", chat=True, max_new_tokens=40, should_stop=stop.is_set)
+    other = engine.submit("Name three colours.", chat=True, max_new_tokens=12, verify=True)
+    for trace in stopped.stream():
+        if len(trace.steps) >= 3:
+            stop.set()
+    assert stopped.trace.stop_reason == "stopped"
+    assert 3 <= len(stopped.trace.steps) < 40
+    assert stopped.trace.colsum is not None  # a stopped run is still finished (summaries present)
+    assert wait_all([other], 600)
+    assert_same_run(other.job.gen, solo(lm, "Name three colours.", chat=True, max_new_tokens=12))
+
+
+def test_identical_requests_share_one_run(lm):
+    engine = Engine(lm)
+    handles = [engine.submit("Say hello.", chat=True, max_new_tokens=5) for _ in range(5)]
+    assert wait_all(handles, 600)
+    assert len({id(h.job) for h in handles}) == 1
+    late = engine.submit("Say hello.", chat=True, max_new_tokens=5)  # finished: answered from the kept run
+    assert late.job is handles[0].job and late.result() is handles[0].trace
+    assert engine.counters["shared"] == 5
+    different = engine.submit("Say hello.", chat=True, max_new_tokens=6)
+    assert different.job is not handles[0].job
+
+
+def test_a_bad_request_is_refused_in_the_callers_thread(lm):
+    engine = Engine(lm)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.submit("Hi", max_new_tokens=0)
+    with pytest.raises(ValueError, match="empty"):
+        engine.submit("", chat=False, prompt_ids=[])
+    assert engine.snapshot()["running"] == 0
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama_mqa", "mistral"])
+def test_tiny_architectures_batched_equal_solo(name):
+    """GPT-2 (MHA, learned positions) and MQA run packed; a sliding-window model is not packable and
+    runs one forward per sequence inside the same engine loop."""
+    lm = tiny_model(name)
+    assert packable(lm) == (name != "mistral")
+    engine = Engine(lm, prefix_cache_bytes=0)
+    prompts = ["abc de", "hello there, general", "x"]
+    handles = [engine.submit(p, chat=False, max_new_tokens=5 + i) for i, p in enumerate(prompts)]
+    assert wait_all(handles, 300)
+    for i, (h, p) in enumerate(zip(handles, prompts)):
+        alone = solo(lm, p, chat=False, max_new_tokens=5 + i)
+        assert h.trace.token_ids == alone.trace.token_ids
+        np.testing.assert_allclose(h.trace.colsum, alone.trace.colsum, atol=2e-5, rtol=1e-4)

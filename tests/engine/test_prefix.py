@@ -1,0 +1,62 @@
+"""The prefix store: a hit gives the Trace a cold run gives; the store stays within its bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvviz.capture.recorder import RecorderConfig
+from kvviz.engine.engine import Engine, wait_all
+from tests.engine.test_engine import ARRAYS, HALF, solo
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["What is two plus two?", "Name a large animal.", "Why do leaves fall in autumn?"]
+
+
+def test_prefix_hits_give_the_cold_runs_trace(lm):
+    engine = Engine(lm)
+    first = engine.submit(QUESTIONS[0], chat=True, max_new_tokens=5, verify=True)
+    assert wait_all([first], 600)
+    assert first.trace.cached_prompt_tokens == 0
+    rest = [engine.submit(q, chat=True, max_new_tokens=5, verify=True) for q in QUESTIONS[1:]]
+    assert wait_all(rest, 600)
+    stats = engine.snapshot()["prefix_cache"]
+    assert stats["hit_blocks"] >= 2 and stats["hit_rate"] > 0
+    for h, q in zip(rest, QUESTIONS[1:]):
+        # the chat template and system prompt every request starts with came from the cache
+        assert h.trace.cached_prompt_tokens >= 16
+        assert h.trace.cached_prompt_tokens % 16 == 0 and h.trace.cached_prompt_tokens < h.trace.n_prompt
+        cold = solo(lm, q, chat=True, max_new_tokens=5).trace
+        assert h.trace.token_ids == cold.token_ids
+        for name in ARRAYS:
+            np.testing.assert_allclose(getattr(h.trace, name), getattr(cold, name), atol=2e-5, rtol=1e-4, err_msg=name)
+        for name in HALF:
+            a, b = getattr(h.trace, name).astype(np.float32), getattr(cold, name).astype(np.float32)
+            np.testing.assert_allclose(a, b, atol=2e-3, err_msg=name)
+        assert h.trace.equivalence["max_abs_logit_diff"] < 1e-3
+
+
+def test_long_shared_prefix_with_binned_maps(lm):
+    """A prompt long enough for several blocks, with display bins wider than one token: the cached
+    rows are folded into the bins exactly where the cold run put them."""
+    text = "The cache keeps keys and values so that each new token reads them instead of recomputing. " * 6
+    engine = Engine(lm)
+    a = engine.submit(text + "Summarize.", chat=True, max_new_tokens=3, cfg=RecorderConfig(bin_factor=3))
+    assert wait_all([a], 600)
+    b = engine.submit(text + "Shorter, please.", chat=True, max_new_tokens=3, cfg=RecorderConfig(bin_factor=3))
+    assert wait_all([b], 600)
+    assert b.trace.cached_prompt_tokens >= 64 and b.trace.bin_factor == 3
+    cold = solo(lm, text + "Shorter, please.", chat=True, max_new_tokens=3, cfg=RecorderConfig(bin_factor=3)).trace
+    np.testing.assert_allclose(b.trace.colsum, cold.colsum, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(b.trace.window_rows, cold.window_rows, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(b.trace.prefill_map.astype(np.float32), cold.prefill_map.astype(np.float32), atol=2e-3)
+
+
+def test_store_is_bounded_in_bytes_and_evicts_least_recently_used(lm):
+    engine = Engine(lm, prefix_cache_bytes=2 * 2**20)  # room for one block of SmolLM2 (about 1 MiB each)
+    for q in ["Alpha " * 20, "Beta " * 20, "Gamma " * 20]:
+        assert wait_all([engine.submit(q, chat=False, max_new_tokens=2)], 600)
+    stats = engine.snapshot()["prefix_cache"]
+    assert 0 < stats["bytes_held"] <= 2 * 2**20
+    assert stats["evicted_blocks"] >= 1
