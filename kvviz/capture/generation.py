@@ -217,6 +217,12 @@ class Generation:
             self.trace.stop_reason = self.trace.stop_reason or reason
             self.done = True
 
+    def release(self) -> None:
+        """Drop the cache, the recorder and the kept logits (the finished Trace holds what they gave):
+        whoever still holds this run holds no KV."""
+        self.cache = self.rec = None  # type: ignore[assignment]
+        self.logits_seen = []
+
     def finish(self) -> Trace:
         """Timings and the recorder's summaries into the Trace, trimmed to what actually ran."""
         trace = self.trace

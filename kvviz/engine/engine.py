@@ -19,9 +19,11 @@ one forward per run per step.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
+import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 
@@ -69,7 +71,8 @@ class Job:
         return all(h.stopped() for h in list(self.handles))
 
     def end(self, error: BaseException | None = None) -> None:
-        self.error = error
+        # without the engine's frames: a traceback would keep the failed step's caches alive
+        self.error = error.with_traceback(None) if error is not None else None
         self.finished = True
         self.changed()
 
@@ -114,8 +117,8 @@ class Handle:
                 said = job.progress
                 report(said)
             if finished:
-                if job.error is not None:
-                    raise job.error
+                if job.error is not None:  # a copy: the raised one's traceback must not tie this run to the job
+                    raise copy.copy(job.error) from None
                 yield job.gen.trace
                 return
             if version != seen and job.gen.trace.steps:
@@ -193,23 +196,30 @@ class Engine:
 
     # ---- the engine's thread ----------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._waiting or self._running)
-                while self._waiting and len(self._running) < self.max_batch:
-                    job = self._waiting.popleft()
-                    if job.abandoned():
-                        self._retire(job, None)
-                        continue
-                    self._running.append(job)
-                batch = list(self._running)
-            try:
-                self._step(batch)
-            except Exception as exc:  # a fault ends the runs of this step, never the engine
-                log.exception("engine step failed")
-                for job in batch:
-                    if not job.finished:
-                        self._retire(job, exc)
+        while True:  # no local outlives a step: a finished run's cache is freed while the engine waits
+            self._run(self._admit())
+
+    def _admit(self) -> list[Job]:
+        """Wait for work; move waiting runs into the batch while there is room; the batch."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._waiting or self._running)
+            while self._waiting and len(self._running) < self.max_batch:
+                job = self._waiting.popleft()
+                if job.abandoned():
+                    self._retire(job, None)
+                    continue
+                self._running.append(job)
+            return list(self._running)
+
+    def _run(self, batch: list[Job]) -> None:
+        try:
+            self._step(batch)
+        except Exception as exc:  # a fault ends the runs of this step, never the engine
+            # as text: a logged exception object would keep the failed step's frames (and caches) alive
+            log.error("engine step failed:\n%s", traceback.format_exc())
+            for job in batch:
+                if not job.finished:
+                    self._retire(job, exc)
 
     def _step(self, batch: list[Job]) -> None:
         feeds, budget = [], self.token_budget
@@ -273,6 +283,7 @@ class Engine:
                     self._finished.popitem(last=False)
         if self.prefix is not None:
             self.prefix.release(job.claim)
+        job.gen.release()
         job.end(error)
 
 

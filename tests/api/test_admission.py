@@ -38,8 +38,10 @@ def _timed(fn) -> tuple[float, str | None]:
 
 
 def test_full_line_bad_input_is_answered_at_once_and_one_client_gets_one_job(inprocess_app):
-    url, gate = inprocess_app.url, inprocess_app.ctx.jobs.gate
-    holder = gate.admit("a job already running")  # holds the one slot, as a long generation would
+    # Generate runs pass the engine's room gate; with one slot held (as if the room were full) the rest wait
+    url, gate = inprocess_app.url, inprocess_app.ctx.jobs.room
+    old_slots, gate.slots = gate.slots, 1
+    holder = gate.admit("a job already running")
     queued = []
     try:
         clients = [Client(url, verbose=False) for _ in range(23)]
@@ -75,6 +77,7 @@ def test_full_line_bad_input_is_answered_at_once_and_one_client_gets_one_job(inp
         assert all(e and "still queued, position 24 of 24" in e for e in errors), errors[:2]
         queued += waiting
     finally:
+        gate.slots = old_slots
         holder.release()
     results = [job.result(timeout=300) for job in queued]
     assert all(r["generated_tokens"] == 1 for r in results)
@@ -82,7 +85,7 @@ def test_full_line_bad_input_is_answered_at_once_and_one_client_gets_one_job(inp
 
 
 def test_a_job_past_its_time_budget_ends_with_what_it_has(inprocess_app):
-    gate = inprocess_app.ctx.jobs.gate
+    gate = inprocess_app.ctx.jobs.room
     old, gate.max_seconds = gate.max_seconds, 1.0
     try:
         out = Client(inprocess_app.url, verbose=False).predict(
@@ -95,13 +98,18 @@ def test_a_job_past_its_time_budget_ends_with_what_it_has(inprocess_app):
 
 
 def test_memory_ceiling_refuses_model_jobs_with_a_message(inprocess_app):
-    gate = inprocess_app.ctx.jobs.gate
-    old, gate.max_rss_bytes = gate.max_rss_bytes, 2**20
+    jobs = inprocess_app.ctx.jobs
+    old = jobs.gate.max_rss_bytes
+    jobs.gate.max_rss_bytes = jobs.room.max_rss_bytes = 2**20
     try:
         with pytest.raises(AppError, match="short of memory"):
             Client(inprocess_app.url, verbose=False).predict("Hi", 1, False, 0.0, 1.0, 0, api_name="/generate")
+        with pytest.raises(AppError, match="short of memory"):
+            Client(inprocess_app.url, verbose=False).predict(
+                "Hi", "streaming_llm", 12, None, True, 4, {"sinks": 2}, api_name="/evict"
+            )
     finally:
-        gate.max_rss_bytes = old
+        jobs.gate.max_rss_bytes = jobs.room.max_rss_bytes = old
 
 
 @pytest.mark.parametrize(

@@ -15,16 +15,17 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from transformers import DynamicCache
 
-import kvviz.ui.tab_generate as tab_generate
+from kvviz.capture.loop import capture
 from kvviz.capture.recorder import is_installed
 
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture
-def faulty_capture(monkeypatch):
-    """Make the Generate handlers' capture raise inside step 2; returns weak references to the caches it built."""
-    real = tab_generate.capture_iter
+def faulty_capture(inprocess_app, monkeypatch):
+    """Make the engine's runs raise inside step 2; returns weak references to the caches they built."""
+    engine = inprocess_app.ctx.engine
+    real = engine.submit
     caches: list[weakref.ref] = []
 
     def cache_factory(lm):
@@ -39,7 +40,7 @@ def faulty_capture(monkeypatch):
     def faulty(*args, **kwargs):
         return real(*args, cache_factory=cache_factory, after_step=boom, **kwargs)
 
-    monkeypatch.setattr(tab_generate, "capture_iter", faulty)
+    monkeypatch.setattr(engine, "submit", faulty)
     return caches
 
 
@@ -49,11 +50,11 @@ def test_exception_inside_a_step_ends_the_job_cleanly(inprocess_app, faulty_capt
         client.predict(PROMPT, 8, False, 0.0, 1.0, 0, api_name="/generate")
     lm = inprocess_app.ctx.lm
     assert not is_installed(lm.model), "the capture attention function outlived the failed job"
+    assert inprocess_app.ctx.engine.snapshot()["running"] == 0
     gc.collect()
     assert faulty_capture and all(ref() is None for ref in faulty_capture), "the failed job's KV cache is still alive"
 
     monkeypatch.undo()  # the next request, with no fault, works and matches a direct run
     out = client.predict(PROMPT, 4, False, 0.0, 1.0, 0, api_name="/generate")
-    direct = tab_generate.capture_iter(lm, PROMPT, chat=False, max_new_tokens=4)
-    *_, trace = direct
+    trace = capture(lm, PROMPT, chat=False, max_new_tokens=4)
     assert out["text"] == trace.text and out["generated_tokens"] == trace.n_generated

@@ -17,6 +17,19 @@ from tests.tiny_models import tiny_model
 
 pytestmark = pytest.mark.slow
 
+
+@pytest.fixture(autouse=True)
+def keep_logits(monkeypatch):
+    """Finished runs drop their cache and recorder as usual but keep their logits, for the comparison."""
+    real = Generation.release
+
+    def release(self) -> None:
+        logits = self.logits_seen
+        real(self)
+        self.logits_seen = logits
+
+    monkeypatch.setattr(Generation, "release", release)
+
 ARRAYS = ["colsum", "prefill_colsum", "sink_mass", "window_rows", "key_norms", "value_norms", "key_channel_absmean"]
 HALF = ["prefill_map", "decode_rows"]  # stored in fp16: equal to fp16 rounding
 
