@@ -26,6 +26,7 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -189,7 +190,7 @@ class Engine:
     def snapshot(self) -> dict:
         """Counts for logs, the blocks view and the load bench."""
         with self._cond:
-            out = dict(self.counters, waiting=len(self._waiting), running=len(self._running))
+            out: dict[str, Any] = dict(self.counters, waiting=len(self._waiting), running=len(self._running))
         if self.prefix is not None:
             out["prefix_cache"] = self.prefix.stats()
         return out

@@ -83,10 +83,7 @@ class PrefixStore:
             return
         for j in range(len(claim.held), len(claim.hashes)):
             end = (j + 1) * b
-            kv = [
-                (layer.keys[:, :, j * b : end].clone(), layer.values[:, :, j * b : end].clone())
-                for layer in g.cache.layers
-            ]
+            kv = [(k[:, :, j * b : end].clone(), v[:, :, j * b : end].clone()) for k, v in _tensors(g.cache)]
             payload = Block(kv, rows[:, :, j * b : end, :end].clone())
             nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + payload.rows.nbytes
             block = self.cache.insert(claim.hashes[j], nbytes, payload)
@@ -114,3 +111,8 @@ class PrefixStore:
             "inserted_blocks": s.inserted_blocks,
             "evicted_blocks": s.evicted_blocks,
         }
+
+
+def _tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's stored keys and values ([1, Hkv, T, D]) of a default (dynamic) cache."""
+    return [(layer.keys, layer.values) for layer in cache.layers]

@@ -30,6 +30,7 @@ def keep_logits(monkeypatch):
 
     monkeypatch.setattr(Generation, "release", release)
 
+
 ARRAYS = ["colsum", "prefill_colsum", "sink_mass", "window_rows", "key_norms", "value_norms", "key_channel_absmean"]
 HALF = ["prefill_map", "decode_rows"]  # stored in fp16: equal to fp16 rounding
 
