@@ -17,6 +17,10 @@ from kvviz.ui.widgets import captioned_plot
 MAX_N = 64  # the no-cache loop is quadratic: keep the live demo short
 MAX_PROMPT = 512
 DEFAULT_PROMPT = "Once upon a time"
+REGIME = ("Why short runs hide it: every forward pays a fixed cost (launching the model's ~30 layers, reading "
+          "its weights) whether it re-runs 5 tokens or 1, so with a few-token prompt both loops take about "
+          "the same time; the quadratic waste shows once the prompt is hundreds of tokens (paste a few "
+          "paragraphs, or use the Learn tab's “Time both loops”, which loads a ~300-token passage).")
 
 
 def _ids(ctx: AppContext, prompt, chat) -> list[int]:
@@ -59,8 +63,7 @@ def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
             f"token-forward passes with the cache vs **{int(last['passes without cache']):,}** without "
             f"({last['passes without cache'] / last['passes with cache']:.1f}×); "
             f"**{last['time with cache (s)']:.2f} s** vs **{last['time without cache (s)']:.2f} s** on this machine "
-            f"({cmp.speedup:.1f}×). Small models on a CPU pay a fixed cost per forward, so time grows less steeply "
-            "than passes at small N; the gap widens with the prompt and N.")
+            f"({cmp.speedup:.1f}×). {REGIME}")
     return fig.time_vs_n(cmp), fig.passes_vs_n(cmp), text, df.round(4)
 
 
@@ -81,6 +84,7 @@ def build(ctx: AppContext) -> None:
         new_tokens = gr.Slider(1, min(MAX_N, ctx.settings.max_new_tokens), value=min(32, ctx.settings.max_new_tokens),
                                step=1, label="N (tokens to generate)", elem_id="nocache-n")
         run_btn = gr.Button("Generate with and without the cache", variant="primary", elem_id="nocache-run")
+    gr.Markdown(REGIME, elem_classes="caption")
     summary = gr.Markdown(elem_id="nocache-summary")
     with gr.Row():
         time_plot = captioned_plot("Time vs N", "nocache-time", fig.CAPTIONS["time"])
