@@ -26,7 +26,7 @@ from kvviz.memory.estimate import (
     load_preset,
     preset_names,
 )
-from kvviz.memory.layout import parse_config_json
+from kvviz.memory.layout import head_dim_note, parse_config_json, stated_weights_gb
 from kvviz.ui import memory_architectures, memory_engine
 from kvviz.ui.context import AppContext
 from kvviz.ui.jobs import UserError
@@ -100,12 +100,13 @@ def _contexts(context: int, lo: int = 128) -> list[int]:
 
 
 def _summary(r: dict) -> str:
-    lines = [f"**Per token** (every layer): {r['bytes_per_token']:,} B = **{format_bytes(r['bytes_per_token'])}** · "
+    copies = (f"; each KV head is stored on {r['replication']:g} GPUs, so × {r['replication']:g}"
+              if r["replication"] != 1 else "")
+    lines = [f"**Per token** (every layer): {r['bytes_per_token']:,} B = **{format_bytes(r['bytes_per_token'])}/token** · "
              f"**per sequence** at {r['context']:,} tokens: {r['bytes_per_sequence']:,} B = "
-             f"**{format_bytes(r['bytes_per_sequence'])}** · **total** for {r['batch']:,} × TP {r['tp']}"
-             + (f" (× {r['replication']:g} replication)" if r["replication"] != 1 else "")
-             + f": {r['total_bytes']:,} B = **{format_bytes(r['total_bytes'])}** "
-               f"({format_bytes(r['per_gpu_bytes'])} per GPU)"]
+             f"**{format_bytes(r['bytes_per_sequence'])}/sequence** · **all GPUs together** for a batch of "
+             f"{r['batch']:,} at TP {r['tp']}{copies}: {r['total_bytes']:,} B = **{format_bytes(r['total_bytes'])} "
+             f"in total** ({format_bytes(r['per_gpu_bytes'])} per GPU)"]
     if "kv_budget_bytes" in r:
         mc = r["max_context"]
         lines.append(f"**Capacity**: {r['gpus']} × {format_gb(r['gpu_mem_bytes'])} = {format_gb(r['total_mem_bytes'])}, "
@@ -136,8 +137,13 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
     mem = _number("gpu_mem_gb", gpu_mem_gb, "GPU memory (GB)")
     bw = _number("bandwidth_tbps", bandwidth_tbps, "Bandwidth (TB/s)")
     weights = None if weights_gb in (0, 0.0) else _number("weights_gb", weights_gb, "Weights (GB)")
+    notes = [n for n in [head_dim_note(layout)] if n]
     if source == "Loaded model" and weights is None:
         weights = ctx.info.weight_bytes / 1e9
+    elif source == "Preset" and weights is None and stated_weights_gb(preset) is not None:
+        weights = stated_weights_gb(preset)
+        counted = f" (parameters × 2 B would give {layout.num_parameters * 2 / 1e9:.1f} GB)" if layout.num_parameters else ""
+        notes.append(f"Weights: {weights:g} GB, the figure the source uses{counted}; type a number to override.")
     with user_errors():  # sizes first: bad input here is the user's to fix
         r = report(layout, context, batch, kv_dtype, tp, group or None)
         est = estimate(layout, context, batch, kv_dtype, tp, group or None)
@@ -161,7 +167,7 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
     if "decode_ms_kv" in r:
         dec = fig.decode_time_vs_context(layout, r["weight_bytes"], batch, bw, gpus, _contexts(context, 1024),
                                          kv_dtype, tp)
-    summary = _summary(r) + (f"\n\n⚠ {note}" if note else "")
+    summary = _summary(r) + "".join(f"\n\nℹ {n}" for n in notes) + (f"\n\n⚠ {note}" if note else "")
     return summary, formula, table, size, cap, dec, gauge
 
 
@@ -231,7 +237,7 @@ def build(ctx: AppContext) -> None:
             gpu_mem = gr.Number(value=gpus_by_name[first].memory_gb, label="Memory per GPU (GB, decimal)")
             bandwidth = gr.Number(value=gpus_by_name[first].bandwidth_tbps, label="Bandwidth per GPU (TB/s)")
             reserve = gr.Slider(0.0, 0.5, value=0.1, step=0.01, label="Reserve for activations/workspace")
-            weights = gr.Number(value=None, label="Weights (GB; blank = parameters × 2 B)")
+            weights = gr.Number(value=0, label="Weights (GB; 0 = the preset's stated figure, else parameters × 2 B)")
     compare = gr.CheckboxGroup(preset_names(), value=COMPARE_DEFAULT, label="Compare with (size vs context chart)")
     button = gr.Button("Calculate", variant="primary", elem_id="memory-calc")
     first_values = calculate(ctx, "Preset", "Llama-3-70B", "", None, 8192, 1, "bf16", 0, 0, first, 8,
