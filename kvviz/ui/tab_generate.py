@@ -18,7 +18,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import job_failed, user_errors
-from kvviz.units import format_bytes
+from kvviz.units import format_bytes, plural
 
 GPU_BUDGETS = {"none": None, "T4 (16 GB)": 16e9, "L4 (24 GB)": 24e9, "RTX 4090 (24 GB)": 24e9,
                "A100 (80 GB)": 80e9, "H100 (80 GB)": 80e9, "H200 (141 GB)": 141e9}
@@ -53,12 +53,22 @@ def room_for_tokens(lm, budget_bytes: float | None, weight_bytes: int) -> int | 
 
 
 def waste_text(trace) -> str:
-    """The chapter's waste counter for this run."""
-    fp = forward_passes(trace.n_prompt, trace.n_generated)
-    return (f"**Token-forward passes for this run** ({trace.n_prompt} prompt + {trace.n_generated} generated): "
-            f"with the cache **{fp.with_cache:,}**, without it **{fp.without_cache:,}** "
-            f"(each step re-runs the whole sequence) — **{fp.ratio:,.1f}×** the work. "
-            f"The chapter's approximation (sum of t for t = L … L+N ≈ NL + N²/2) gives {fp.chapter_without_cache:,}.")
+    """The chapter's waste counter for this run, and why its formula gives a larger number than the loop's count."""
+    length, n = trace.n_prompt, trace.n_generated
+    fp = forward_passes(length, n)
+    one = (" With one generated token there is nothing to re-run yet: both loops make the same single pass over "
+           "the prompt." if n == 1 else "")
+    return (f"**Token-forward passes for this run** ({length} prompt + {plural(n, 'generated token')}): "
+            f"with the cache **{fp.with_cache:,}** (the prompt once, then each new token but the last), without it "
+            f"**{fp.without_cache:,}** (step i re-runs all {length} + i tokens, i = 0 … {n - 1}) — "
+            f"**{fp.ratio:,.1f}×** the work.{one}\n\n"
+            f"**Exact count vs the chapter's formula.** The count above is what a loop feeds: "
+            f"{length} + ({length} + 1) + … + ({length} + {n - 1}) = NL + N(N − 1)/2 = {fp.without_cache:,}. "
+            f"The chapter writes the sum over t = L … L + N, which has one more term: a pass over all "
+            f"{length} + {n} = {length + n} tokens, which no loop needs (the last token is never fed back). "
+            f"That sum is {fp.chapter_without_cache:,} = {fp.without_cache:,} + {fp.chapter_extra:,}, which the "
+            "chapter rounds to NL + N²/2; for long runs the extra term is negligible, for short ones it dominates "
+            "the gap.")
 
 
 def build(ctx: AppContext):
