@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from kvviz.capture.attention_fn import attention_modules, recording, unpatched
 from kvviz.capture.recorder import Recorder, RecorderConfig, installed
+from kvviz.capture.tokens import TokenTexts
 from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.models import LoadedModel
 
@@ -171,8 +172,9 @@ def capture_iter(
     cache = cache_factory(lm) if cache_factory else DynamicCache(config=lm.config)
     rec.cache = cache
     tok = lm.tokenizer
+    texts = TokenTexts(tok)
     trace = Trace(model=info, prompt=prompt, chat=chat, n_prompt=n_prompt, token_ids=list(ids),
-                  tokens=[tok.decode([i]) for i in ids], bin_factor=cfg.bin_factor, sink_k=cfg.sink_k,
+                  tokens=[texts.push(i) for i in ids], bin_factor=cfg.bin_factor, sink_k=cfg.sink_k,
                   settings={"max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
                             "top_p": sampling.top_p, "seed": sampling.seed, "obs_window": cfg.obs_window})
     gen = torch.Generator().manual_seed(int(sampling.seed))
@@ -190,7 +192,7 @@ def capture_iter(
                 after_step(cache, rec, step)
             nxt = _sample(logits, sampling, gen)
             trace.token_ids.append(nxt)
-            trace.tokens.append(tok.decode([nxt]))
+            trace.tokens.append(texts.push(nxt))
             lens, sizes = cache_layer_bytes(cache)
             trace.steps.append(Step(index=step, token_id=nxt, token=trace.tokens[-1], position=rec.t_total,
                                     cache_lens=lens, layer_bytes=sizes, elapsed_s=time.perf_counter() - t0))

@@ -25,6 +25,7 @@ import torch
 
 from kvviz.capture.loop import forward, model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig, installed
+from kvviz.capture.tokens import token_texts
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.policies import KEPT, FullCache, Policy, PolicyState, n_kept_for
 from kvviz.models import LoadedModel
@@ -250,7 +251,7 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
                    decode_step_median_cpu_s=float(np.median(step_cpu_s)) if step_cpu_s else None)
     return PolicyRun(
         policy=policy.name, params=policy.params(), position_mode=policy.position_mode, prompt_ids=ids,
-        tokens=[lm.tokenizer.decode([i]) for i in ids + generated], n_compressed=n_c, n_kept=n_kept, generated_ids=generated,
+        tokens=token_texts(lm.tokenizer, ids + generated), n_compressed=n_c, n_kept=n_kept, generated_ids=generated,
         text=lm.tokenizer.decode(generated, skip_special_tokens=True), kept=ev.kept, kept_roles=ev.kept_roles,
         prefill_scores=ev.prefill_scores, history=ev.history, history_roles=ev.history_roles,
         step_bytes=step_bytes, kv_bytes_per_token=info.kv_bytes_per_token, stop_reason=stop_reason,

@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from kvviz.capture.loop import encode_prompt, forward
 from kvviz.capture.recorder import installed
+from kvviz.capture.tokens import token_texts
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import (
     FULL_BYTES,
@@ -122,7 +123,7 @@ def collect_qkv(lm: LoadedModel, prompt: str | None = None, chat: bool = False,
                          "quantization view needs per-head keys.")
     tok = lm.tokenizer
     outputs = torch.stack(collector.outputs) if keep_outputs else None
-    return QKV([tok.decode([i]) for i in ids], q, k, v, float(collector.scaling), outputs)
+    return QKV(token_texts(tok, ids), q, k, v, float(collector.scaling), outputs)
 
 
 # ---- scoring a scheme ----------------------------------------------------------------------------
