@@ -6,6 +6,7 @@
     from kvviz.quant.schemes import preset_schemes
     from kvviz.quant.model import collect_qkv, compare
     qkv = collect_qkv(load_model(), "Once upon a time, in a small village by the sea,")
+from kvviz.units import format_bytes
     compare(qkv, preset_schemes())          # DataFrame: K/V/attention-output error and bytes per scheme
 
 Queries are taken where attention sees them (after RoPE) by handing the capture attention function
@@ -34,6 +35,7 @@ from kvviz.quant.schemes import (
     simulate,
     stored_bytes,
 )
+from kvviz.units import format_bytes
 
 
 @dataclass
@@ -195,7 +197,7 @@ def compare(qkv: QKV, schemes: list[Scheme], progress=None) -> tuple[pd.DataFram
 
 
 def results_frame(results: list[SchemeResult]) -> pd.DataFrame:
-    """One row per scheme; errors in percent, bytes in bytes, compression vs a 16-bit cache."""
+    """One row per scheme; errors in percent, the cache in KiB/MiB, compression vs a 16-bit cache."""
     return pd.DataFrame([{
         "scheme": r.scheme.name,
         "keys": r.scheme.key.label,
@@ -204,7 +206,7 @@ def results_frame(results: list[SchemeResult]) -> pd.DataFrame:
         "V error (%)": round(100 * r.value_error, 3),
         "attention output error (%)": round(100 * r.output_error, 3),
         "tokens quantized (K / V)": f"{r.key_quantized} / {r.value_quantized} of {r.n_tokens}",
-        "cache bytes": r.total_bytes,
+        "cache": format_bytes(r.total_bytes),
         "vs 16-bit": f"{r.compression:.2f}× smaller",
     } for r in results])
 

@@ -57,6 +57,20 @@ def maps_text(qkv: QKV, layer: int, head: int) -> str:
             f"{float(sorted(v.ravel())[v.size // 2]):.1f}× for values ({qkv.n_tokens} tokens).\n\n{WHY}")
 
 
+def values_text(tok, ch, both_ch) -> str:
+    """What the value columns say about KIVI's per-token values: the V error alone may not support it."""
+    v_tok, v_ch = 100 * tok.value_error, 100 * both_ch.value_error
+    o_tok, o_ch = 100 * ch.output_error, 100 * both_ch.output_error
+    alone = ("so the value error alone does **not** support grouping values per token"
+             if v_ch < v_tok else "so here the value error alone agrees with KIVI")
+    verdict = ("per token is better, which is the column that supports KIVI's choice: each output is a weighted "
+               "sum of value *rows*, and a per-token scale keeps each row's error to itself"
+               if o_tok <= o_ch else "per channel is better on this prompt too: KIVI's choice is not supported here")
+    return (f"**Values at 2 bits:** per channel {v_ch:.1f} % vs per token {v_tok:.1f} % of their norm — {alone}. "
+            f"What matters is the attention output (keys per channel in both): values per token "
+            f"{o_tok:.1f} % vs per channel {o_ch:.1f} % — {verdict}.")
+
+
 def analyze(ctx: AppContext, prompt, chat, layer, head, fmt, key_axis, value_axis, group, window,
             progress=gr.Progress()):
     """Maps for the chosen layer/head, then every scheme scored on this prompt's real Q/K/V."""
@@ -66,11 +80,14 @@ def analyze(ctx: AppContext, prompt, chat, layer, head, fmt, key_axis, value_axi
     with user_errors():
         custom = custom_scheme(fmt, key_axis, value_axis, group, window)
         kmap, vmap = magnitude_map(qkv, layer, head, "k"), magnitude_map(qkv, layer, head, "v")
-        table, results = compare(qkv, _schemes(custom, group, window), progress=progress)
+        # every row scores the same tokens: per-channel groups quantize only whole groups of tokens
+        scored = qkv.crop(qkv.n_tokens - qkv.n_tokens % int(group)) if qkv.n_tokens >= int(group) else qkv
+        table, results = compare(scored, _schemes(custom, group, window), progress=progress)
     shown = [r for r in results if r.scheme.name in ("2-bit per token (K and V)", "2-bit K per channel, V per token")
              or r.scheme.name.startswith("KIVI") or r is results[-1]]
     by = {r.scheme.name: r for r in results}
     tok, ch = by["2-bit per token (K and V)"], by["2-bit K per channel, V per token"]
+    both_ch = by["2-bit per channel (K and V)"]
     mine = results[-1]
     if ch.key_quantized == 0:
         first = (f"**This prompt is too short for per-channel groups:** {qkv.n_tokens} tokens, and a channel group "
@@ -79,9 +96,9 @@ def analyze(ctx: AppContext, prompt, chat, layer, head, fmt, key_axis, value_axi
     else:
         first = (f"**At 2 bits on this prompt:** keys per channel lose **{100 * ch.key_error:.1f} %** of their norm, "
                  f"keys per token **{100 * tok.key_error:.1f} %** ({tok.key_error / ch.key_error:.1f}× worse); the "
-                 f"attention output is off by {100 * ch.output_error:.1f} % vs {100 * tok.output_error:.1f} % "
-                 f"(per channel quantizes the first {ch.key_quantized} of {qkv.n_tokens} tokens: groups of "
-                 f"{int(group)} fill before they are quantized).")
+                 f"attention output is off by {100 * ch.output_error:.1f} % vs {100 * tok.output_error:.1f} %. "
+                 f"Every row scores the same first {scored.n_tokens} of {qkv.n_tokens} tokens (per-channel groups "
+                 f"of {int(group)} tokens are quantized only once full).\n\n{values_text(tok, ch, both_ch)}")
     headline = (f"{first}\n\n**Your scheme** ({mine.scheme.key.label} for keys; {mine.scheme.value.label} for "
                 f"values): K {100 * mine.key_error:.2f} %, V {100 * mine.value_error:.2f} %, output "
                 f"{100 * mine.output_error:.2f} %, {format_bytes(mine.total_bytes)} ({mine.compression:.2f}× smaller "
