@@ -88,7 +88,13 @@ def check_request(ctx: AppContext, context, question, chat, policy_name, mode, b
             raise ValueError(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit "
                              f"of {limit:,} tokens. Shorten it or generate fewer tokens.")
         n_c = n_context if context_only else len(ids)
-        resolve_budget(policy, n_c, b, r)  # validates the policy against the budget, no model work
+        try:  # validates the policy against the budget, no model work
+            resolve_budget(policy, n_c, b, r)
+        except ValueError as exc:
+            if r is None:
+                raise
+            raise ValueError(f"Compression ratio {r:g} evicts too much of the {n_c:,} compressed tokens: {exc} "
+                             "Lower the compression ratio.") from None
     return {"ids": ids, "policy": policy, "budget": b, "ratio": r, "n_compress": n_c, "max_new_tokens": n_new}
 
 
@@ -137,9 +143,10 @@ def build(ctx: AppContext) -> None:
             mode = gr.Radio(BUDGET_MODES, value="tokens", label="Budget as", elem_id="evict-mode")
             budget = gr.Number(NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head",
                                elem_id="evict-budget")
-            ratio = gr.Slider(0.0, 0.99, value=0.5, step=0.01, label="Compression ratio r (fraction evicted)",
-                              elem_id="evict-ratio", visible=False)
-            max_new = gr.Slider(1, min(128, ctx.settings.max_new_tokens), value=16, step=1, label="Max new tokens",
+            # plain number boxes: a slider would clamp −0.2 to 0 silently; the handler refuses it by name
+            ratio = gr.Number(0.5, label="Compression ratio r (fraction evicted, 0 to 0.99)", elem_id="evict-ratio",
+                              visible=False)
+            max_new = gr.Number(16, precision=0, label=f"Max new tokens (1 to {min(128, ctx.settings.max_new_tokens)})",
                                 elem_id="evict-max-new")
             param_boxes, groups = {}, {}
             for name, cls in POLICIES.items():
@@ -249,7 +256,7 @@ def build(ctx: AppContext) -> None:
         control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
     policy.change(lambda n: [gr.Group(visible=n == name) for name in groups], policy, list(groups.values()),
                   api_name=False, queue=False)
-    mode.change(lambda m: (gr.Number(visible=m == "tokens"), gr.Slider(visible=m == "ratio")), mode,
+    mode.change(lambda m: (gr.Number(visible=m == "tokens"), gr.Number(visible=m == "ratio")), mode,
                 [budget, ratio], api_name=False, queue=False)
 
     def comparison_outputs(cmp, found: dict | None = None):
