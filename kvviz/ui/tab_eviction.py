@@ -29,7 +29,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal
 from kvviz.units import format_bytes
 
 COMPRESS = ["with the question (it votes)", "only the context (question fed after, uncompressed)"]
@@ -245,8 +245,10 @@ def build(ctx: AppContext) -> None:
                 *views(result, info.layers - 1, 0, 0, req["policy"].score_label))
 
     run_outputs = [run_state, status, answer, step, *view_outputs]
-    run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
-        gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None)
+    checked = run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None)
+    clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
+    clear_on_refusal(checked.success(gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None),
+                     [status, run_state, answer, *view_outputs])
 
     def redraw(result, lyr, hd, st):
         label = POLICIES[result.policy].score_label if result is not None else ""
@@ -290,10 +292,11 @@ def build(ctx: AppContext) -> None:
                         what="Comparison")
         return comparison_outputs(cmp)
 
-    compare_btn.click(check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden",
-                      concurrency_limit=None).success(
-        gpu(run_compare), [chosen, *main_inputs], [verdict, table, bytes_plot, kl_plot], api_name=False,
-        concurrency_limit=None)
+    compared = compare_btn.click(check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden",
+                                 concurrency_limit=None)
+    clear_on_refusal(compared, [verdict, table, bytes_plot, kl_plot])
+    clear_on_refusal(compared.success(gpu(run_compare), [chosen, *main_inputs], [verdict, table, bytes_plot, kl_plot],
+                                      api_name=False, concurrency_limit=None), [verdict, table, bytes_plot, kl_plot])
 
     def run_needle(comp, request: gr.Request, progress=gr.Progress()):
         with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):

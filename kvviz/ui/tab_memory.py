@@ -31,7 +31,7 @@ from kvviz.ui import memory_architectures, memory_engine
 from kvviz.ui.context import AppContext
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal
 
 SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
 CUSTOM_GPU = "custom"
@@ -282,9 +282,10 @@ def build(ctx: AppContext) -> None:
         return calculate(ctx, *values)
 
     # arithmetic on bounded inputs (kvviz.limits): quick, so it never waits in a queue
-    gr.on([button.click, source.change, preset.change, kv_dtype.change, gpu.change, compare.change,
-           context.submit, batch.submit, tp.submit, gpus.submit], recalculate, inputs, outputs, api_name=False,
-          concurrency_limit=None)
+    calculated = gr.on([button.click, source.change, preset.change, kv_dtype.change, gpu.change, compare.change,
+                        context.submit, batch.submit, tp.submit, gpus.submit], recalculate, inputs, outputs,
+                       api_name=False, concurrency_limit=None)
+    clear_on_refusal(calculated, outputs)
     if ctx.trace_state is not None:
         ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
 
