@@ -29,7 +29,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot, clear_on_refusal
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import format_bytes
 
 COMPRESS = ["with the question (it votes)", "only the context (question fed after, uncompressed)"]
@@ -185,7 +185,7 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
     score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
     gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
-    slots = gr.Dataframe(label="The chosen KV head's cache: slot, original position, RoPE position",
+    slots = gr.Dataframe(waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"), label="The chosen KV head's cache: slot, original position, RoPE position",
                          elem_id="evict-slots", max_height=260)
     gr.Markdown("Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
                 "position its key is rotated with (the status line above says which mode is in force).",
@@ -198,7 +198,7 @@ def build(ctx: AppContext) -> None:
                                   "parameters; the selected policy uses yours)", elem_id="evict-compare-policies")
         compare_btn = gr.Button("Compare", elem_id="evict-compare")
     verdict = gr.Markdown(elem_id="evict-verdict")
-    table = gr.Dataframe(label="Answers and agreement with the full cache", elem_id="evict-table", wrap=True)
+    table = gr.Dataframe(waiting_table("Press Compare to see each policy's answer next to the full cache's"), label="Answers and agreement with the full cache", elem_id="evict-table", wrap=True)
     gr.Markdown(fig.CAPTIONS["comparison"], elem_classes="caption")
     with gr.Row():
         bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])

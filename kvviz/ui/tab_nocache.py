@@ -12,7 +12,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, waiting_table
 
 MAX_N = 64  # the no-cache loop is quadratic: keep the live demo short
 MAX_PROMPT = 512
@@ -77,7 +77,7 @@ def build(ctx: AppContext) -> None:
             chat = gr.Checkbox(value=False, label="Use the chat template")
             steps = gr.Slider(1, 16, value=4, step=1, label="Table steps", elem_id="nocache-steps")
     table_btn = gr.Button("Build the table", elem_id="nocache-table-btn")
-    tbl = gr.Dataframe(label="Repeated work without a cache", interactive=False, wrap=True, elem_id="nocache-table")
+    tbl = gr.Dataframe(waiting_table("Press Build the table to see the repeated work for your prompt"), label="Repeated work without a cache", interactive=False, wrap=True, elem_id="nocache-table")
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     gr.Markdown(fig.chapter_text(), elem_id="nocache-chapter")
     with gr.Row():
@@ -90,7 +90,7 @@ def build(ctx: AppContext) -> None:
         time_plot = captioned_plot("Time vs N", "nocache-time", fig.CAPTIONS["time"])
         passes_plot = captioned_plot("Passes vs N", "nocache-passes", fig.CAPTIONS["passes"])
     with gr.Accordion("Per-N numbers", open=False):
-        numbers = gr.Dataframe(interactive=False, elem_id="nocache-numbers")
+        numbers = gr.Dataframe(waiting_table("Press Generate with and without the cache to see the numbers per N"), interactive=False, elem_id="nocache-numbers")
 
     ctx.components.update({"nocache.prompt": prompt, "nocache.chat": chat, "nocache.steps": steps,
                            "nocache.table_button": table_btn, "nocache.new_tokens": new_tokens,

@@ -15,7 +15,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, waiting_table
 from kvviz.units import format_bytes
 
 GROUPS = [16, 32, 64]
@@ -180,7 +180,7 @@ def build(ctx: AppContext) -> None:
         vplot = captioned_plot("|values|", "quant-values", fig.CAPTIONS["values"])
     maps_md = gr.Markdown(elem_id="quant-maps-text")
     headline = gr.Markdown(elem_id="quant-headline")
-    table = gr.Dataframe(label="Every scheme on this prompt", interactive=False, elem_id="quant-table")
+    table = gr.Dataframe(waiting_table("Press Analyze this prompt to see every scheme's error and size"), label="Every scheme on this prompt", interactive=False, elem_id="quant-table")
     errors = gr.Plot(label="Error per scheme", elem_id="quant-errors")
     gr.Markdown(fig.CAPTIONS["errors"], elem_classes="caption")
     with gr.Row():
@@ -198,7 +198,7 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         full_text = gr.Textbox(label="Full-precision cache", lines=4, elem_id="quant-full-text")
         quant_text = gr.Textbox(label="Quantized cache", lines=4, elem_id="quant-quant-text")
-    tokens = gr.Dataframe(label="Token by token", interactive=False, elem_id="quant-tokens")
+    tokens = gr.Dataframe(waiting_table("Press Generate: full vs quantized to compare the tokens"), label="Token by token", interactive=False, elem_id="quant-tokens")
     agreement = gr.Plot(label="Agreement", elem_id="quant-agreement")
     gr.Markdown(fig.CAPTIONS["agreement"], elem_classes="caption")
     history = gr.State([])
