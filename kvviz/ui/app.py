@@ -52,6 +52,9 @@ body.kvviz-present, body.kvviz-present .gradio-container {
   --checkbox-label-text-size: 20px; --button-large-text-size: 24px; --button-medium-text-size: 22px;
   --button-small-text-size: 20px; --text-sm: 20px; --text-md: 24px; --text-lg: 28px; --text-xl: 34px;
 }
+body:not(.kvviz-present) #present-toggle::after {content: ": off"}
+body.kvviz-present #present-toggle::after {content: ": on"}
+body.kvviz-present #present-toggle {outline: 3px solid #f97316}
 body.kvviz-present .gradio-container {max-width: 100% !important; font-size: 24px}
 body.kvviz-present .prose, body.kvviz-present .prose p, body.kvviz-present .prose li {font-size: 24px !important; line-height: 1.45}
 body.kvviz-present .prose h2 {font-size: 36px !important}
