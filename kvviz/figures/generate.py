@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from kvviz.capture.trace import ModelInfo, Trace
-from kvviz.units import format_bytes, format_gb
+from kvviz.units import format_bytes, format_gb, plural
 
 CAPTIONS = {
     "growth": "Each step appends one key and one value per layer and KV head, so the cache grows by the same "
@@ -26,7 +26,7 @@ def cache_growth(trace: Trace) -> go.Figure:
     fig = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers", name="KV cache", customdata=hover,
                                hovertemplate="step %{x}<br>%{y:.3f} MiB<br>%{customdata}<extra></extra>"))
     if steps:
-        fig.add_annotation(x=0, y=y[0], text=f"prefill: {trace.n_prompt} tokens", showarrow=True, ax=50, ay=25)
+        fig.add_annotation(x=0, y=y[0], text=f"prefill: {plural(trace.n_prompt, 'token')}", showarrow=True, ax=50, ay=25)
     fig.update_xaxes(tickformat="d", rangemode="tozero")
     fig.update_layout(title="KV cache size per step", xaxis_title="step (0 = prefill)",
                       yaxis_title="cache size (MiB)", height=320, margin=dict(l=50, r=20, t=50, b=40),

@@ -30,7 +30,7 @@ from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
-from kvviz.units import format_bytes
+from kvviz.units import format_bytes, plural
 
 COMPRESS = ["with the question (it votes)", "only the context (question fed after, uncompressed)"]
 BUDGET_MODES = ["tokens", "ratio"]
@@ -85,7 +85,7 @@ def check_request(ctx: AppContext, context, question, chat, policy_name, mode, b
         ids, n_context = split_question(ctx.lm, text, q, bool(chat))
         limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
         if len(ids) + n_new > limit:
-            raise ValueError(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit "
+            raise ValueError(f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit "
                              f"of {limit:,} tokens. Shorten it or generate fewer tokens.")
         n_c = n_context if context_only else len(ids)
         try:  # validates the policy against the budget, no model work

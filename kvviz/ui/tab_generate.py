@@ -38,7 +38,7 @@ def validate_request(ctx: AppContext, prompt: str, chat: bool, max_new_tokens: f
     ids = encode_prompt(ctx.lm, text, bool(chat))
     limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
     if len(ids) + n_new > limit:
-        raise UserError(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit of "
+        raise UserError(f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit of "
                        f"{limit:,} tokens. Shorten the prompt or generate fewer tokens.")
     return ids, n_new, sampling
 
@@ -148,7 +148,7 @@ def build(ctx: AppContext):
             ctx.forget_session(request)
 
     def _outputs(trace, budget_name, final, request=None, note=""):
-        msg = (f"{'Done' if final else 'Generating'}: {trace.n_generated} tokens, cache "
+        msg = (f"{'Done' if final else 'Generating'}: {plural(trace.n_generated, 'token')}, cache "
                f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)")
         if final:
             msg += f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"

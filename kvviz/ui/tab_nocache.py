@@ -13,6 +13,7 @@ from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, waiting_table
+from kvviz.units import plural
 
 MAX_N = 64  # the no-cache loop is quadratic: keep the live demo short
 MAX_PROMPT = 512
@@ -57,7 +58,7 @@ def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
     df = cmp.frame()
     last = df.iloc[-1]
     same = ("**Same tokens:** yes — greedy decoding with and without the cache produced the identical "
-            f"{n} tokens." if cmp.same_tokens else
+            f"{plural(n, 'token')}." if cmp.same_tokens else
             "**Same tokens: no** — the two loops disagreed (a near-tie in fp arithmetic); see the table.")
     text = (f"{same} Prompt: {cmp.prompt_tokens} tokens. To generate N = {n}: **{int(last['passes with cache']):,}** "
             f"token-forward passes with the cache vs **{int(last['passes without cache']):,}** without "
