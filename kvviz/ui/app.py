@@ -25,8 +25,8 @@ CSS = """
 .caption {font-size: 0.92em; opacity: 0.85}
 /* tables: headers break between words, never inside one; a wide table scrolls instead of being cut */
 .prose table {display: block; max-width: 100%; overflow-x: auto}
-.prose th, .prose td, .table-wrap th, .table-wrap td, table th {word-break: normal !important;
-  overflow-wrap: normal !important; hyphens: none}
+.prose th, .prose td, .table-wrap th, .table-wrap td, .table-wrap th *, .table-wrap td *, table th {
+  word-break: normal !important; overflow-wrap: normal !important; hyphens: none}
 .prose th, .prose td {white-space: nowrap}
 .table-wrap, .table-container {overflow-x: auto !important; max-width: 100%}
 /* phones: every tab on the page (wrapped, no hidden "more" menu), charts without toolbars over their labels */

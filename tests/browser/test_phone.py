@@ -35,6 +35,17 @@ def test_phone_layout(browser_context, app_server, screenshot):
         page.locator(".tab-wrapper button:not([tabindex='-1'])", has_text="Memory").first.click()
         page.wait_for_selector("#memory-summary")
         assert page.locator("#memory-summary").is_visible()
+        # a results table: headers on one line each (never "agreem ent"), the table scrolls inside its box
+        heads = page.evaluate("""[...document.querySelectorAll('#memory-table th')].map((c) =>
+            [c.textContent.trim(), getComputedStyle(c).wordBreak, c.getBoundingClientRect().height])""")
+        assert heads and all(wb == "normal" and h < 45 for _, wb, h in heads), heads
+        # a table that wraps its cells (wrap=True) still breaks only between words
+        page.locator(".tab-wrapper button:not([tabindex='-1'])", has_text="Eviction").first.click()
+        page.wait_for_selector("#evict-table th")
+        breaks = page.evaluate("""[...document.querySelectorAll('#evict-table th, #evict-table th *')].map((c) =>
+            [getComputedStyle(c).wordBreak, getComputedStyle(c).overflowWrap])""")
+        assert breaks and all(b == ["normal", "normal"] for b in breaks), breaks
+        assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH + 1
         screenshot(page, "phone_390_memory")
     finally:
         page.close()
