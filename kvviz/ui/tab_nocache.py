@@ -12,7 +12,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot, waiting_table
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import plural
 
 MAX_N = 64  # the no-cache loop is quadratic: keep the live demo short
@@ -108,5 +108,6 @@ def build(ctx: AppContext) -> None:
             return measure(ctx, p, c, n, progress=progress)
 
     table_btn.click(gpu(run_table), [prompt, chat, steps], tbl, api_name=False, concurrency_limit=None)
-    run_btn.click(gpu(run_measure), [prompt, chat, new_tokens], [time_plot, passes_plot, summary, numbers],
-                  api_name=False, concurrency_limit=None)
+    measured = run_btn.click(gpu(run_measure), [prompt, chat, new_tokens], [time_plot, passes_plot, summary, numbers],
+                             api_name=False, concurrency_limit=None)
+    clear_on_refusal(measured, [summary, time_plot, passes_plot])

@@ -15,7 +15,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot, waiting_table
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import format_bytes
 
 GROUPS = [16, 32, 64]
@@ -223,9 +223,14 @@ def build(ctx: AppContext) -> None:
         with ctx.jobs.start_prompt(request, "quantized generation", ctx.lm, values[0], values[1], n_new, runs=2):
             return generate(ctx, *values, progress=progress)
 
-    analyze_btn.click(gpu(run_analyze), controls, [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot],
-                      api_name=False, concurrency_limit=None)
+    analysis = [headline, kplot, vplot, maps_md, table, errors, sizes, layers_plot]
+    clear_on_refusal(analyze_btn.click(gpu(run_analyze), controls, [kplot, vplot, maps_md, headline, table, errors,
+                                                                    sizes, layers_plot],
+                                       api_name=False, concurrency_limit=None), analysis)
     gr.on([layer.release, head.release], gpu(run_maps), [prompt, chat, layer, head], [kplot, vplot, maps_md],
           api_name=False, concurrency_limit=None)
-    gen_btn.click(gpu(run_generate), [prompt, chat, scheme, fmt, key_axis, value_axis, group, window, max_new, history],
-                  [full_text, quant_text, gen_md, tokens, agreement, history], api_name=False, concurrency_limit=None)
+    generated = gen_btn.click(gpu(run_generate), [prompt, chat, scheme, fmt, key_axis, value_axis, group, window,
+                                                  max_new, history],
+                              [full_text, quant_text, gen_md, tokens, agreement, history], api_name=False,
+                              concurrency_limit=None)
+    clear_on_refusal(generated, [gen_md, full_text, quant_text, tokens])  # the session's agreement history stays

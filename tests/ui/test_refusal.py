@@ -6,7 +6,7 @@ import gradio as gr
 import pytest
 
 from kvviz.settings import Settings
-from kvviz.ui import tab_eviction, tab_memory
+from kvviz.ui import tab_eviction, tab_memory, tab_nocache, tab_quant
 from kvviz.ui.context import AppContext
 from kvviz.ui.widgets import REFUSED, stale_values
 
@@ -25,12 +25,15 @@ def _cleared_on_failure(demo: gr.Blocks, component) -> bool:
     return any(d.get("trigger_only_on_failure") and component._id in d["outputs"] for d in deps)
 
 
-@pytest.mark.parametrize("module", [tab_memory, tab_eviction])
-def test_each_results_panel_is_cleared_when_its_request_is_refused(ctx, module):
+@pytest.mark.parametrize("module,panels", [
+    (tab_memory, ["memory-summary"]),
+    (tab_eviction, ["evict-status", "evict-table"]),
+    (tab_quant, ["quant-headline", "quant-gen-summary"]),
+    (tab_nocache, ["nocache-summary"]),
+])
+def test_each_results_panel_is_cleared_when_its_request_is_refused(ctx, module, panels):
     with gr.Blocks() as demo:
         module.build(ctx)
     found = {c.elem_id: c for c in demo.blocks.values() if getattr(c, "elem_id", None)}
-    panel = found["memory-summary"] if module is tab_memory else found["evict-status"]
-    assert _cleared_on_failure(demo, panel)
-    if module is tab_eviction:
-        assert _cleared_on_failure(demo, found["evict-table"])
+    for panel in panels:
+        assert _cleared_on_failure(demo, found[panel]), panel
