@@ -22,6 +22,7 @@ from transformers import DynamicCache
 
 from kvviz.capture.attention_fn import attention_modules, recording, unpatched
 from kvviz.capture.recorder import Recorder, RecorderConfig, RecordsAttention, installed
+from kvviz.capture.tokens import TokenTexts
 from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.models import LoadedModel
 
@@ -212,13 +213,14 @@ def capture_iter(
     cache = cache_factory(lm) if cache_factory else DynamicCache(config=lm.config)
     rec.cache = cache
     tok = lm.tokenizer
+    texts = TokenTexts(tok)
     trace = Trace(
         model=info,
         prompt=prompt,
         chat=chat,
         n_prompt=n_prompt,
         token_ids=list(ids),
-        tokens=[tok.decode([i]) for i in ids],
+        tokens=[texts.push(i) for i in ids],
         bin_factor=cfg.bin_factor,
         sink_k=cfg.sink_k,
         settings={
@@ -247,7 +249,7 @@ def capture_iter(
                 after_step(cache, rec, step)
             nxt = _sample(logits, sampling, gen)
             trace.token_ids.append(nxt)
-            trace.tokens.append(tok.decode([nxt]))
+            trace.tokens.append(texts.push(nxt))
             lens, sizes = cache_layer_bytes(cache)
             trace.steps.append(
                 Step(
