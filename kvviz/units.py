@@ -28,3 +28,8 @@ def format_gb(n: float, digits: int = 2) -> str:
         return f"{gb:,.0f} GB"
     text = f"{gb:.{digits}f}".rstrip("0").rstrip(".")
     return f"{text} GB"
+
+
+def plural(count: int, word: str) -> str:
+    """``1 token``, ``2 tokens``: a count with its noun, so the page never says "1 tokens"."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"

@@ -30,6 +30,7 @@ from kvviz.capture.model_io import (
     sample,
 )
 from kvviz.capture.recorder import Recorder, RecorderConfig
+from kvviz.capture.tokens import TokenTexts
 from kvviz.capture.trace import Step, Trace
 from kvviz.models import LoadedModel
 
@@ -95,14 +96,14 @@ class Generation:
         self.should_stop, self.after_step, self.progress = should_stop, after_step, progress or (lambda _: None)
         self.forced = [int(t) for t in forced] if forced is not None else None
         self.chunk = prefill_chunk or n_prompt
-        tok = lm.tokenizer
+        self.texts = TokenTexts(lm.tokenizer)  # a character split across byte tokens shows on the one completing it
         self.trace = Trace(
             model=info,
             prompt=prompt,
             chat=chat,
             n_prompt=n_prompt,
             token_ids=list(ids),
-            tokens=[tok.decode([i]) for i in ids],
+            tokens=[self.texts.push(i) for i in ids],
             bin_factor=cfg.bin_factor,
             sink_k=cfg.sink_k,
             settings={
@@ -192,7 +193,7 @@ class Generation:
         forcing = self.forced is not None and step < len(self.forced)
         nxt = self.forced[step] if forcing and self.forced is not None else sample(logits, self.sampling, self.gen)
         trace.token_ids.append(nxt)
-        trace.tokens.append(tok.decode([nxt]))
+        trace.tokens.append(self.texts.push(nxt))
         lens, sizes = cache_layer_bytes(self.cache)
         elapsed = time.perf_counter() - (self.t0 or time.perf_counter())
         trace.steps.append(Step(step, nxt, trace.tokens[-1], self.fed, lens, sizes, elapsed))

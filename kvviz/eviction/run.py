@@ -25,6 +25,7 @@ import torch
 
 from kvviz.capture.loop import forward, model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig, installed
+from kvviz.capture.tokens import token_texts
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.policies import KEPT, FullCache, Policy, PolicyState, n_kept_for
 from kvviz.models import LoadedModel
@@ -327,7 +328,7 @@ def run_policy(
         params=policy.params(),
         position_mode=policy.position_mode,
         prompt_ids=ids,
-        tokens=[lm.tokenizer.decode([i]) for i in ids + generated],
+        tokens=token_texts(lm.tokenizer, ids + generated),
         n_compressed=n_c,
         n_kept=n_kept,
         generated_ids=generated,

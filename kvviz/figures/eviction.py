@@ -193,8 +193,16 @@ def scores_figure(run: PolicyRun, layer: int, head: int, score_label: str = "sco
     """Bars of the policy's prefill scores per position (kept coloured by role, evicted grey)."""
     _check(run, layer, head, 0)
     fig = go.Figure()
-    if run.prefill_scores is None:
-        fig.update_layout(title="This policy keeps by position, not by score (no scores to show)", height=200)
+    if run.prefill_scores is None:  # a message, not empty axes that look like a broken chart
+        fig.add_annotation(
+            text="This policy keeps entries by position, not by score: there are no scores to show.",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+        )
+        fig.update_layout(height=120, margin=dict(l=20, r=20, t=20, b=20), xaxis_visible=False, yaxis_visible=False)
         return fig
     scores = run.prefill_scores[layer, head]
     pos = run.history[0][layer, head] if run.history else run.kept[layer, head]

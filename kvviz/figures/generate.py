@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.capture.trace import ModelInfo, Trace
-from kvviz.units import format_bytes, format_gb
+from kvviz.units import format_bytes, format_gb, plural
 
 CAPTIONS = {
     "growth": "Each step appends one key and one value per layer and KV head, so the cache grows by the same "
@@ -43,7 +43,9 @@ def cache_growth(trace: Trace, max_points: int = GROWTH_POINTS) -> go.Figure:
         )
     )
     if steps:
-        fig.add_annotation(x=0, y=y[0], text=f"prefill: {trace.n_prompt} tokens", showarrow=True, ax=50, ay=25)
+        fig.add_annotation(
+            x=0, y=y[0], text=f"prefill: {plural(trace.n_prompt, 'token')}", showarrow=True, ax=50, ay=25
+        )
     fig.update_xaxes(tickformat="d", rangemode="tozero")
     fig.update_layout(
         title="KV cache size per step",

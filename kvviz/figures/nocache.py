@@ -38,13 +38,13 @@ def time_vs_n(cmp: CacheComparison) -> go.Figure:
         hovertemplate="N = %{x}<br>%{y:.2f} s<extra></extra>",
     )
     fig.update_layout(
-        title=f"Time to generate N tokens after a {cmp.prompt_tokens}-token prompt "
-        f"({cmp.speedup:.1f}× slower without the cache at N = {cmp.new_tokens})",
+        title=f"Time for N tokens after a {cmp.prompt_tokens}-token prompt<br><sup>"
+        f"{cmp.speedup:.1f}× slower without the cache at N = {cmp.new_tokens}</sup>",
         xaxis_title="N (tokens generated)",
         yaxis_title="time (s)",
         height=360,
-        margin=dict(l=60, r=20, t=50, b=40),
-        legend=dict(orientation="h", y=1.1),
+        margin=dict(l=60, r=20, t=70, b=40),
+        legend=dict(orientation="h", y=-0.25),
     )
     return fig
 
@@ -88,8 +88,8 @@ def chapter_text(prompt_tokens: int = 1000, new_tokens: int = 1000) -> str:
     lo, hi = ex["prompt_tokens"], ex["prompt_tokens"] + ex["new_tokens"]
     return (
         f"**The chapter's formula.** Without a cache, generating N tokens after an L-token prompt costs "
-        f"Σ_{{t=L}}^{{L+N}} t ≈ NL + N²/2 token-forward passes instead of L + N. For L = {lo:,} and "
-        f"N = {ex['new_tokens']:,}: Σ_{{t={lo:,}}}^{{{hi:,}}} t = **{ex['without_cache']:,}** (≈ 1.5 million) vs "
+        f"the sum of t for t = L … L + N ≈ NL + N²/2 token-forward passes instead of L + N. For L = {lo:,} and "
+        f"N = {ex['new_tokens']:,}: {lo:,} + {lo + 1:,} + … + {hi:,} = **{ex['without_cache']:,}** (≈ 1.5 million) vs "
         f"**{ex['with_cache']:,}** — **{ex['ratio']:,.2f}×** the work (the chapter's ≈ 750×). Counting exactly "
         f"what a loop does ({ex['exact_without_cache']:,} vs {ex['exact_with_cache']:,}) gives "
         f"{ex['exact_ratio']:,.0f}× too."

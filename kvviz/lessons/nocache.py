@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from kvviz.capture.loop import encode_prompt, forward
+from kvviz.capture.tokens import token_texts
 from kvviz.lessons.waste import forward_passes
 from kvviz.models import LoadedModel
 
@@ -185,7 +186,7 @@ def table_for_prompt(lm: LoadedModel, prompt: str, steps: int = 4, chat: bool = 
     _check(ids, 1)
     new = generate_with_cache(lm, ids, steps - 1).token_ids if steps > 1 else []
     tok = lm.tokenizer
-    return redundant_work_table([tok.decode([i]) for i in ids + new], len(ids), steps)
+    return redundant_work_table(token_texts(tok, ids + new), len(ids), steps)
 
 
 def chapter_example(prompt_tokens: int = 1000, new_tokens: int = 1000) -> dict:

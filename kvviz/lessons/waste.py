@@ -40,6 +40,11 @@ class ForwardPasses:
         return (hi * (hi + 1) - (lo - 1) * lo) // 2  # Σ_{t=L}^{L+N} t
 
     @property
+    def chapter_extra(self) -> int:
+        """The chapter's sum minus the exact count: its one extra term, a pass over all L + N tokens."""
+        return self.chapter_without_cache - self.without_cache
+
+    @property
     def chapter_ratio(self) -> float:
         return self.chapter_without_cache / self.chapter_with_cache
 

@@ -117,6 +117,27 @@ def load_preset(name: str) -> dict:
     raise ValueError(f"Unknown preset {name!r}; choose one of: {', '.join(preset_names())}.")
 
 
+def stated_weights_gb(name: str) -> float | None:
+    """The weights figure a preset's source quotes (GB), so the page reproduces the source's arithmetic."""
+    value = load_preset(name).get("_weights_gb")
+    return None if value is None else float(value)
+
+
+def head_dim_note(layout: CacheLayout) -> str | None:
+    """Say so when a config states a head_dim other than hidden / heads: sizes computed from hidden / heads are off."""
+    heads = layout.num_attention_heads
+    if layout.mla or not heads or layout.hidden_size % heads or layout.head_dim == layout.hidden_size // heads:
+        return None
+    derived = layout.hidden_size // heads
+    ratio = layout.head_dim / derived
+    return (
+        f"This config states head_dim = {layout.head_dim}, not hidden_size / heads = {layout.hidden_size:,} / "
+        f"{heads} = {derived}: the cache follows the stated {layout.head_dim}, so it is {ratio:g}× what "
+        f"hidden / heads would predict (sources that derive head_dim from hidden / heads quote {1 / ratio:g}× "
+        "these sizes)."
+    )
+
+
 def _from_hub(repo_id: str) -> dict:
     try:
         from huggingface_hub import hf_hub_download

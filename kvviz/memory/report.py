@@ -157,15 +157,21 @@ def summary(r: CapacityReport, markdown: bool = False) -> str:
                 f"layer{held} → {g.bytes:,} bytes ({format_bytes(g.bytes)}) per sequence"
             )
     seqs = f"{est.batch:,} sequence{'s' if est.batch > 1 else ''}"
-    rep = f" (× {est.replication:g} replication)" if est.replication != 1 else ""
-    lines.append(f"Per token (every layer): {est.bytes_per_token:,} B = {b(format_bytes(est.bytes_per_token))}")
-    lines.append(
-        f"Per sequence at {est.context:,} tokens: {est.bytes_per_sequence:,} B = "
-        f"{b(format_bytes(est.bytes_per_sequence))}"
+    copies = (
+        f"; each KV head is stored on {est.replication:g} GPUs, so × {est.replication:g}"
+        if est.replication != 1
+        else ""
     )
     lines.append(
-        f"Total for {seqs} × TP {est.tp}{rep}: {est.total_bytes:,} B = {b(format_bytes(est.total_bytes))} "
-        f"({format_bytes(est.per_gpu_bytes)} per GPU)"
+        f"Per token (every layer): {est.bytes_per_token:,} B = {b(format_bytes(est.bytes_per_token) + '/token')}"
+    )
+    lines.append(
+        f"Per sequence at {est.context:,} tokens: {est.bytes_per_sequence:,} B = "
+        f"{b(format_bytes(est.bytes_per_sequence) + '/sequence')}"
+    )
+    lines.append(
+        f"All GPUs together for a batch of {est.batch:,} at TP {est.tp}{copies}: {est.total_bytes:,} B = "
+        f"{b(format_bytes(est.total_bytes) + ' in total')} ({format_bytes(est.per_gpu_bytes)} per GPU)"
     )
     if r.capacity is not None:
         cap, budget = r.capacity, r.capacity.budget

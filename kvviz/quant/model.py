@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from kvviz.capture.loop import encode_prompt, forward
 from kvviz.capture.recorder import installed
+from kvviz.capture.tokens import token_texts
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import (
     FULL_BYTES,
@@ -33,6 +34,7 @@ from kvviz.quant.schemes import (
     simulate,
     stored_bytes,
 )
+from kvviz.units import format_bytes
 
 
 @dataclass
@@ -140,7 +142,7 @@ def collect_qkv(
         )
     tok = lm.tokenizer
     outputs = torch.stack([o for o in collector.outputs if o is not None]) if keep_outputs else None
-    return QKV([tok.decode([i]) for i in ids], q, k, v, float(collector.scaling), outputs)
+    return QKV(token_texts(tok, ids), q, k, v, float(collector.scaling), outputs)
 
 
 # ---- scoring a scheme ----------------------------------------------------------------------------
@@ -227,7 +229,7 @@ def compare(qkv: QKV, schemes: list[Scheme], progress=None) -> tuple[pd.DataFram
 
 
 def results_frame(results: list[SchemeResult]) -> pd.DataFrame:
-    """One row per scheme; errors in percent, bytes in bytes, compression vs a 16-bit cache."""
+    """One row per scheme; errors in percent, the cache in KiB/MiB, compression vs a 16-bit cache."""
     return pd.DataFrame(
         [
             {
@@ -238,7 +240,7 @@ def results_frame(results: list[SchemeResult]) -> pd.DataFrame:
                 "V error (%)": round(100 * r.value_error, 3),
                 "attention output error (%)": round(100 * r.output_error, 3),
                 "tokens quantized (K / V)": f"{r.key_quantized} / {r.value_quantized} of {r.n_tokens}",
-                "cache bytes": r.total_bytes,
+                "cache": format_bytes(r.total_bytes),
                 "vs 16-bit": f"{r.compression:.2f}× smaller",
             }
             for r in results

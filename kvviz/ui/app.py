@@ -31,6 +31,25 @@ TABS = [
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
 CSS = """
 .caption {font-size: 0.92em; opacity: 0.85}
+/* tables: headers break between words, never inside one; a wide table scrolls instead of being cut */
+.prose table {display: block; max-width: 100%; overflow-x: auto}
+.prose th, .prose td, .table-wrap th, .table-wrap td, .table-wrap th *, .table-wrap td *, table th {
+  word-break: normal !important; overflow-wrap: normal !important; hyphens: none}
+.prose th, .prose td {white-space: nowrap}
+.table-wrap, .table-container {overflow-x: auto !important; max-width: 100%}
+/* phones: every tab on the page (wrapped, no hidden "more" menu), charts without toolbars over their labels */
+@media (max-width: 640px) {
+  .tab-wrapper {flex-wrap: wrap; height: auto !important}
+  .tab-wrapper .overflow-menu > button {display: none !important}
+  .tab-wrapper .overflow-menu {position: static; flex-basis: 100%; width: 100%}
+  .tab-wrapper .overflow-dropdown, .tab-wrapper .overflow-dropdown.hide {display: flex !important; flex-wrap: wrap;
+    position: static !important; width: 100% !important; box-shadow: none !important; border: none !important;
+    padding: 0 !important;
+    background: transparent !important}
+  .tab-wrapper .overflow-dropdown button {width: auto !important; padding: 4px 10px}
+  .js-plotly-plot .modebar-container {display: none !important}
+  .gradio-container {padding-left: 6px !important; padding-right: 6px !important}
+}
 /* presentation mode: tab_learn toggles body.kvviz-present (or ?present=1) */
 body.kvviz-present, body.kvviz-present .gradio-container {
   background: #fff !important; color: #000;
@@ -41,6 +60,9 @@ body.kvviz-present, body.kvviz-present .gradio-container {
   --checkbox-label-text-size: 20px; --button-large-text-size: 24px; --button-medium-text-size: 22px;
   --button-small-text-size: 20px; --text-sm: 20px; --text-md: 24px; --text-lg: 28px; --text-xl: 34px;
 }
+body:not(.kvviz-present) #present-toggle::after {content: ": off"}
+body.kvviz-present #present-toggle::after {content: ": on"}
+body.kvviz-present #present-toggle {outline: 3px solid #f97316}
 body.kvviz-present .gradio-container {max-width: 100% !important; font-size: 24px}
 body.kvviz-present .prose, body.kvviz-present .prose p, body.kvviz-present .prose li {font-size: 24px !important; line-height: 1.45}
 body.kvviz-present .prose h2 {font-size: 36px !important}

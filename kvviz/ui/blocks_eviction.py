@@ -17,7 +17,7 @@ from kvviz.safety import whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, waiting_table
 
 CHOICES = ["streaming_llm", "h2o", "snapkv"]
 DEFAULT_BUDGET = 64
@@ -68,7 +68,13 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
             button = gr.Button("Evict and count blocks", variant="primary", elem_id="evblocks-run")
     note = gr.Markdown(elem_id="evblocks-note")
     bars = captioned_plot("Tokens evicted vs blocks freed", "evblocks-bars", fig.CAPTIONS["freed"])
-    table = gr.Dataframe(label="Per policy", interactive=False, elem_id="evblocks-table", wrap=True)
+    table = gr.Dataframe(
+        waiting_table("Press Evict and count blocks to see each policy's freed blocks"),
+        label="Per policy",
+        interactive=False,
+        elem_id="evblocks-table",
+        wrap=True,
+    )
     gr.Markdown(fig.CAPTIONS["evict_table"], elem_classes="caption")
     pick = gr.Dropdown(
         [(POLICIES[n].title, n) for n in CHOICES], value="h2o", label="Survivors of", elem_id="evblocks-pick"

@@ -15,7 +15,7 @@ from kvviz.safety import clean_prompt
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, waiting_table
 
 MAX_PROMPTS = 4
 COURSE = (
@@ -79,7 +79,12 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
         button = gr.Button("Share blocks", variant="primary", elem_id="share-run")
     summary = gr.Markdown(elem_id="share-summary")
     figure = captioned_plot("Block tables over one pool", "share-figure", fig.CAPTIONS["sharing"])
-    table = gr.Dataframe(label="Per prompt", interactive=False, elem_id="share-table")
+    table = gr.Dataframe(
+        waiting_table("Press Share blocks to see what each prompt reuses"),
+        label="Per prompt",
+        interactive=False,
+        elem_id="share-table",
+    )
     gr.Markdown(fig.CAPTIONS["sharing_table"], elem_classes="caption")
     ctx.components.update({"blocks.share_run": button})
 

@@ -21,7 +21,7 @@ from kvviz.capture.trace import ModelInfo, Trace
 from kvviz.figures import generate as fig
 from kvviz.lessons.waste import forward_passes
 from kvviz.ui.streaming import Snapshot
-from kvviz.units import format_bytes
+from kvviz.units import format_bytes, plural
 
 STATUS_S = 0.5  # status line, chips and text at most this often while streaming
 FIGURES_S = 2.0  # the cache-growth chart and the memory gauge at most this often
@@ -58,18 +58,32 @@ def progress_line(progress: Progress | None, generated: int) -> str | None:
         )
     if progress.phase == "verify":
         what = "recomputing without the cache" if progress.done == 0 else "recomputing without kvviz's capture"
-        return f"Checking: {what}… ({generated} tokens generated)"
+        return f"Checking: {what}… ({plural(generated, 'token')} generated)"
     return None
 
 
 def waste_text(trace: Trace) -> str:
-    """The chapter's waste counter for this run."""
-    fp = forward_passes(trace.n_prompt, trace.n_generated)
+    """The chapter's waste counter for this run, and why its formula gives a larger number than the loop's count."""
+    length, n = trace.n_prompt, trace.n_generated
+    fp = forward_passes(length, n)
+    one = (
+        " With one generated token there is nothing to re-run yet: both loops make the same single pass over "
+        "the prompt."
+        if n == 1
+        else ""
+    )
     return (
-        f"**Token-forward passes for this run** ({trace.n_prompt} prompt + {trace.n_generated} generated): "
-        f"with the cache **{fp.with_cache:,}**, without it **{fp.without_cache:,}** "
-        f"(each step re-runs the whole sequence) — **{fp.ratio:,.1f}×** the work. "
-        f"The chapter's approximation (sum of t for t = L … L+N ≈ NL + N²/2) gives {fp.chapter_without_cache:,}."
+        f"**Token-forward passes for this run** ({length} prompt + {plural(n, 'generated token')}): "
+        f"with the cache **{fp.with_cache:,}** (the prompt once, then each new token but the last), without it "
+        f"**{fp.without_cache:,}** (step i re-runs all {length} + i tokens, i = 0 … {n - 1}) — "
+        f"**{fp.ratio:,.1f}×** the work.{one}\n\n"
+        f"**Exact count vs the chapter's formula.** The count above is what a loop feeds: "
+        f"{length} + ({length} + 1) + … + ({length} + {n - 1}) = NL + N(N − 1)/2 = {fp.without_cache:,}. "
+        f"The chapter writes the sum over t = L … L + N, which has one more term: a pass over all "
+        f"{length} + {n} = {length + n} tokens, which no loop needs (the last token is never fed back). "
+        f"That sum is {fp.chapter_without_cache:,} = {fp.without_cache:,} + {fp.chapter_extra:,}, which the "
+        "chapter rounds to NL + N²/2; for long runs the extra term is negligible, for short ones it dominates "
+        "the gap."
     )
 
 
@@ -114,7 +128,7 @@ class LiveRun:
             )
         if status is None:
             status = (
-                f"{'Done' if final else 'Generating'}: {generated} tokens, cache "
+                f"{'Done' if final else 'Generating'}: {plural(generated, 'token')}, cache "
                 f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)"
             )
             if final:

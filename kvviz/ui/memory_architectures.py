@@ -13,7 +13,7 @@ from kvviz.figures import architectures as fig
 from kvviz.memory.architectures import DEFAULT_PROMPT, MAX_PROMPT_BYTES, kinds, run_kind
 from kvviz.ui.context import AppContext
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, waiting_table
 
 
 def show_architecture(kind, prompt):
@@ -45,7 +45,12 @@ def build(ctx: AppContext) -> None:
     summary = gr.Markdown(
         "Press **Run the tiny model** (or pick an architecture) to read its cache.", elem_id="arch-summary"
     )
-    table = gr.Dataframe(label="Cache tensors per layer", interactive=False, elem_id="arch-table")
+    table = gr.Dataframe(
+        waiting_table("Press Run the tiny model to see its cache tensors, layer by layer"),
+        label="Cache tensors per layer",
+        interactive=False,
+        elem_id="arch-table",
+    )
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     chart = captioned_plot("Bytes per layer", "arch-chart", fig.CAPTIONS["chart"])
     ctx.components.update({"memory.arch_kind": kind, "memory.arch_run": button})

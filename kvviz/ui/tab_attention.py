@@ -13,7 +13,7 @@ from kvviz.safety import whole_number
 from kvviz.sinks import group_text, sink_frame
 from kvviz.ui.context import AppContext
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, waiting_table
 
 VIEWS = ["this head", "mean of its KV group"]
 K_MAX = 64  # the sink slider's ceiling (any k works in the library; the slider stays usable)
@@ -180,6 +180,7 @@ def build(ctx: AppContext) -> None:
         line_plot = captioned_plot("Sink mass per layer", "attn-sink-line", fig.CAPTIONS["sink_line"])
     gr.Markdown(fig.CAPTIONS["sink_map"], elem_classes="caption")
     table = gr.Dataframe(
+        waiting_table("Press Generate to see the sink map of every layer and head"),
         label="Sink map (% on the first k tokens): click a cell to open that layer and head",
         interactive=False,
         elem_id="attn-sink-table",

@@ -19,7 +19,7 @@ from kvviz.ui import blocks_eviction, blocks_sharing
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, waiting_table
 
 BLOCK_SIZES = [8, 16, 32]
 DEFAULT_PROMPT = "In two sentences: why does a serving engine store the KV cache in fixed-size blocks?"
@@ -136,7 +136,13 @@ def build(ctx: AppContext) -> None:
     grid = captioned_plot("Blocks per layer and KV head", "blocks-grid", fig.CAPTIONS["grid"])
     slots = captioned_plot("One layer, slot by slot", "blocks-slots", fig.CAPTIONS["slots"])
     alloc = captioned_plot("Paged vs contiguous", "blocks-alloc", fig.CAPTIONS["alloc"])
-    table = gr.Dataframe(label="Per layer", interactive=False, elem_id="blocks-table", max_height=300)
+    table = gr.Dataframe(
+        waiting_table("Press Run to see the blocks of every layer"),
+        label="Per layer",
+        interactive=False,
+        elem_id="blocks-table",
+        max_height=300,
+    )
     gr.Markdown(fig.CAPTIONS["layers"], elem_classes="caption")
 
     ctx.components.update(

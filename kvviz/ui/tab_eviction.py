@@ -29,8 +29,8 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
-from kvviz.units import format_bytes
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
+from kvviz.units import format_bytes, plural
 
 # what is compressed after the prefill: (what the page says, the value handlers compare)
 COMPRESS_QUESTION, COMPRESS_CONTEXT = "question", "context"
@@ -73,11 +73,19 @@ def check_request(
         limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
         if len(ids) + n_new > limit:
             raise ValueError(
-                f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit "
+                f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit "
                 f"of {limit:,} tokens. Shorten it or generate fewer tokens."
             )
         n_c = n_context if context_only else len(ids)
-        resolve_budget(policy, n_c, b, r)  # validates the policy against the budget, no model work
+        try:  # validates the policy against the budget, no model work
+            resolve_budget(policy, n_c, b, r)
+        except ValueError as exc:
+            if r is None:
+                raise
+            raise ValueError(
+                f"Compression ratio {r:g} evicts too much of the {n_c:,} compressed tokens: {exc} "
+                "Lower the compression ratio."
+            ) from None
     return EvictionRequest(ids=ids, policy=policy, budget=b, ratio=r, n_compress=n_c, max_new_tokens=n_new)
 
 
@@ -192,21 +200,14 @@ def build(ctx: AppContext) -> None:
             budget = gr.Number(
                 NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head", elem_id="evict-budget"
             )
-            ratio = gr.Slider(
-                0.0,
-                0.99,
-                value=0.5,
-                step=0.01,
-                label="Compression ratio r (fraction evicted)",
-                elem_id="evict-ratio",
-                visible=False,
+            # plain number boxes: a slider would clamp −0.2 to 0 silently; the handler refuses it by name
+            ratio = gr.Number(
+                0.5, label="Compression ratio r (fraction evicted, 0 to 0.99)", elem_id="evict-ratio", visible=False
             )
-            max_new = gr.Slider(
-                1,
-                min(128, ctx.settings.max_new_tokens),
-                value=16,
-                step=1,
-                label="Max new tokens",
+            max_new = gr.Number(
+                16,
+                precision=0,
+                label=f"Max new tokens (1 to {min(128, ctx.settings.max_new_tokens)})",
                 elem_id="evict-max-new",
             )
             param_boxes, groups = {}, {}
@@ -261,6 +262,7 @@ def build(ctx: AppContext) -> None:
     score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
     gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
     slots = gr.Dataframe(
+        waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"),
         label="The chosen KV head's cache: slot, original position, RoPE position",
         elem_id="evict-slots",
         max_height=260,
@@ -281,7 +283,12 @@ def build(ctx: AppContext) -> None:
         )
         compare_btn = gr.Button("Compare", elem_id="evict-compare")
     verdict = gr.Markdown(elem_id="evict-verdict")
-    table = gr.Dataframe(label="Answers and agreement with the full cache", elem_id="evict-table", wrap=True)
+    table = gr.Dataframe(
+        waiting_table("Press Compare to see each policy's answer next to the full cache's"),
+        label="Answers and agreement with the full cache",
+        elem_id="evict-table",
+        wrap=True,
+    )
     gr.Markdown(fig.CAPTIONS["comparison"], elem_classes="caption")
     with gr.Row():
         bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
@@ -345,8 +352,11 @@ def build(ctx: AppContext) -> None:
         )
 
     run_outputs = [run_state, status, answer, step, *view_outputs]
-    run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
-        gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None
+    checked = run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None)
+    clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
+    clear_on_refusal(
+        checked.success(gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None),
+        [status, run_state, answer, *view_outputs],
     )
 
     def redraw(result, lyr, hd, st):
@@ -363,7 +373,7 @@ def build(ctx: AppContext) -> None:
         queue=False,
     )
     mode.change(
-        lambda m: (gr.Number(visible=m == "tokens"), gr.Slider(visible=m == "ratio")),
+        lambda m: (gr.Number(visible=m == "tokens"), gr.Number(visible=m == "ratio")),
         mode,
         [budget, ratio],
         api_name=False,
@@ -412,14 +422,19 @@ def build(ctx: AppContext) -> None:
             )
         return comparison_outputs(cmp)
 
-    compare_btn.click(
+    compared = compare_btn.click(
         check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden", concurrency_limit=None
-    ).success(
-        gpu(run_compare),
-        [chosen, *main_inputs],
+    )
+    clear_on_refusal(compared, [verdict, table, bytes_plot, kl_plot])
+    clear_on_refusal(
+        compared.success(
+            gpu(run_compare),
+            [chosen, *main_inputs],
+            [verdict, table, bytes_plot, kl_plot],
+            api_name=False,
+            concurrency_limit=None,
+        ),
         [verdict, table, bytes_plot, kl_plot],
-        api_name=False,
-        concurrency_limit=None,
     )
 
     def run_needle(comp, request: gr.Request, progress=gr.Progress()):

@@ -7,6 +7,7 @@ from pathlib import Path
 import gradio as gr
 
 from kvviz.capture.loop import Sampling, encode_prompt
+from kvviz.capture.tokens import token_texts
 from kvviz.examples import examples
 from kvviz.figures import generate as fig
 from kvviz.memory.capacity import max_context
@@ -18,6 +19,7 @@ from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import job_failed, user_errors
 from kvviz.ui.streaming import Background
+from kvviz.units import plural
 
 GPU_BUDGETS = {
     "none": None,
@@ -47,7 +49,7 @@ def validate_request(
     limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
     if len(ids) + n_new > limit:
         raise UserError(
-            f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit of "
+            f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit of "
             f"{limit:,} tokens. Shorten the prompt or generate fewer tokens."
         )
     return ids, n_new, sampling
@@ -141,7 +143,7 @@ def build(ctx: AppContext):
                 budget_name,
                 budget,
                 room_for_tokens(ctx.lm, budget, ctx.info.weight_bytes),
-                [ctx.lm.tokenizer.decode([i]) for i in ids],
+                token_texts(ctx.lm.tokenizer, ids),
                 export=lambda trace: _export(trace, ctx.session_dir(request)),
             )
 

@@ -25,13 +25,14 @@ from kvviz.memory.estimate import (
     load_preset,
     preset_names,
 )
+from kvviz.memory.layout import head_dim_note, stated_weights_gb
 from kvviz.memory.report import report, summary
 from kvviz.safety import check_config_size, parse_config_json
 from kvviz.ui import memory_architectures, memory_engine
 from kvviz.ui.context import AppContext
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal
 
 SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
 CUSTOM_GPU = "custom"
@@ -122,8 +123,15 @@ def calculate(
     mem = _number("gpu_mem_gb", gpu_mem_gb, "GPU memory (GB)")
     bw = _number("bandwidth_tbps", bandwidth_tbps, "Bandwidth (TB/s)")
     weights = None if weights_gb in (0, 0.0) else _number("weights_gb", weights_gb, "Weights (GB)")
+    notes = [n for n in [head_dim_note(layout)] if n]
     if source == "Loaded model" and weights is None:
         weights = ctx.info.weight_bytes / 1e9
+    elif source == "Preset" and weights is None and stated_weights_gb(preset) is not None:
+        weights = stated_weights_gb(preset)
+        counted = (
+            f" (parameters × 2 B would give {layout.num_parameters * 2 / 1e9:.1f} GB)" if layout.num_parameters else ""
+        )
+        notes.append(f"Weights: {weights:g} GB, the figure the source uses{counted}; type a number to override.")
     with user_errors():  # sizes first: bad input here is the user's to fix
         r = report(layout, context, batch, kv_dtype, tp, group or None)
         est = estimate(layout, context, batch, kv_dtype, tp, group or None)
@@ -161,7 +169,7 @@ def calculate(
         dec = fig.decode_time_vs_context(
             layout, r.decode.weight_bytes, batch, bw, gpus, _contexts(context, 1024), kv_dtype, tp
         )
-    text = summary(r, markdown=True) + (f"\n\n⚠ {note}" if note else "")
+    text = summary(r, markdown=True) + "".join(f"\n\nℹ {n}" for n in notes) + (f"\n\n⚠ {note}" if note else "")
     return text, formula, table, size, cap, dec, gauge
 
 
@@ -260,7 +268,7 @@ def build(ctx: AppContext) -> None:
             gpu_mem = gr.Number(value=gpus_by_name[first].memory_gb, label="Memory per GPU (GB, decimal)")
             bandwidth = gr.Number(value=gpus_by_name[first].bandwidth_tbps, label="Bandwidth per GPU (TB/s)")
             reserve = gr.Slider(0.0, 0.5, value=0.1, step=0.01, label="Reserve for activations/workspace")
-            weights = gr.Number(value=None, label="Weights (GB; blank = parameters × 2 B)")
+            weights = gr.Number(value=0, label="Weights (GB; 0 = the preset's stated figure, else parameters × 2 B)")
     compare = gr.CheckboxGroup(preset_names(), value=COMPARE_DEFAULT, label="Compare with (size vs context chart)")
     button = gr.Button("Calculate", variant="primary", elem_id="memory-calc")
     first_values = calculate(
@@ -354,7 +362,7 @@ def build(ctx: AppContext) -> None:
         return calculate(ctx, *values)
 
     # arithmetic on bounded inputs (kvviz.limits): quick, so it never waits in a queue
-    gr.on(
+    calculated = gr.on(
         [
             button.click,
             source.change,
@@ -373,6 +381,7 @@ def build(ctx: AppContext) -> None:
         api_name=False,
         concurrency_limit=None,
     )
+    clear_on_refusal(calculated, outputs)
     if ctx.trace_state is not None:
         ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
 

@@ -12,11 +12,18 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
+from kvviz.units import plural
 
 MAX_N = 64  # the no-cache loop is quadratic: keep the live demo short
 MAX_PROMPT = 512
 DEFAULT_PROMPT = "Once upon a time"
+REGIME = (
+    "Why short runs hide it: every forward pays a fixed cost (launching the model's ~30 layers, reading "
+    "its weights) whether it re-runs 5 tokens or 1, so with a few-token prompt both loops take about "
+    "the same time; the quadratic waste shows once the prompt is hundreds of tokens (paste a few "
+    "paragraphs, or use the Learn tab's “Time both loops”, which loads a ~300-token passage)."
+)
 
 
 def _ids(ctx: AppContext, prompt, chat) -> list[int]:
@@ -54,7 +61,8 @@ def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
     df = cmp.frame()
     last = df.iloc[-1]
     same = (
-        f"**Same tokens:** yes — greedy decoding with and without the cache produced the identical {n} tokens."
+        "**Same tokens:** yes — greedy decoding with and without the cache produced the identical "
+        f"{plural(n, 'token')}."
         if cmp.same_tokens
         else "**Same tokens: no** — the two loops disagreed (a near-tie in fp arithmetic); see the table."
     )
@@ -63,8 +71,7 @@ def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
         f"token-forward passes with the cache vs **{int(last['passes without cache']):,}** without "
         f"({last['passes without cache'] / last['passes with cache']:.1f}×); "
         f"**{last['time with cache (s)']:.2f} s** vs **{last['time without cache (s)']:.2f} s** on this machine "
-        f"({cmp.speedup:.1f}×). Small models on a CPU pay a fixed cost per forward, so time grows less steeply "
-        "than passes at small N; the gap widens with the prompt and N."
+        f"({cmp.speedup:.1f}×). {REGIME}"
     )
     return fig.time_vs_n(cmp), fig.passes_vs_n(cmp), text, df.round(4)
 
@@ -81,7 +88,13 @@ def build(ctx: AppContext) -> None:
             chat = gr.Checkbox(value=False, label="Use the chat template")
             steps = gr.Slider(1, 16, value=4, step=1, label="Table steps", elem_id="nocache-steps")
     table_btn = gr.Button("Build the table", elem_id="nocache-table-btn")
-    tbl = gr.Dataframe(label="Repeated work without a cache", interactive=False, wrap=True, elem_id="nocache-table")
+    tbl = gr.Dataframe(
+        waiting_table("Press Build the table to see the repeated work for your prompt"),
+        label="Repeated work without a cache",
+        interactive=False,
+        wrap=True,
+        elem_id="nocache-table",
+    )
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     gr.Markdown(fig.chapter_text(), elem_id="nocache-chapter")
     with gr.Row():
@@ -94,12 +107,17 @@ def build(ctx: AppContext) -> None:
             elem_id="nocache-n",
         )
         run_btn = gr.Button("Generate with and without the cache", variant="primary", elem_id="nocache-run")
+    gr.Markdown(REGIME, elem_classes="caption")
     summary = gr.Markdown(elem_id="nocache-summary")
     with gr.Row():
         time_plot = captioned_plot("Time vs N", "nocache-time", fig.CAPTIONS["time"])
         passes_plot = captioned_plot("Passes vs N", "nocache-passes", fig.CAPTIONS["passes"])
     with gr.Accordion("Per-N numbers", open=False):
-        numbers = gr.Dataframe(interactive=False, elem_id="nocache-numbers")
+        numbers = gr.Dataframe(
+            waiting_table("Press Generate with and without the cache to see the numbers per N"),
+            interactive=False,
+            elem_id="nocache-numbers",
+        )
 
     ctx.components.update(
         {
@@ -123,10 +141,11 @@ def build(ctx: AppContext) -> None:
             return measure(ctx, p, c, n, progress=progress)
 
     table_btn.click(gpu(run_table), [prompt, chat, steps], tbl, api_name=False, concurrency_limit=None)
-    run_btn.click(
+    measured = run_btn.click(
         gpu(run_measure),
         [prompt, chat, new_tokens],
         [time_plot, passes_plot, summary, numbers],
         api_name=False,
         concurrency_limit=None,
     )
+    clear_on_refusal(measured, [summary, time_plot, passes_plot])

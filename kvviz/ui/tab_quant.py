@@ -15,7 +15,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
-from kvviz.ui.widgets import captioned_plot
+from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import format_bytes
 
 GROUPS = [16, 32, 64]
@@ -61,6 +61,28 @@ def maps_text(qkv: QKV, layer: int, head: int) -> str:
     )
 
 
+def values_text(tok, ch, both_ch) -> str:
+    """What the value columns say about KIVI's per-token values: the V error alone may not support it."""
+    v_tok, v_ch = 100 * tok.value_error, 100 * both_ch.value_error
+    o_tok, o_ch = 100 * ch.output_error, 100 * both_ch.output_error
+    alone = (
+        "so the value error alone does **not** support grouping values per token"
+        if v_ch < v_tok
+        else "so here the value error alone agrees with KIVI"
+    )
+    verdict = (
+        "per token is better, which is the column that supports KIVI's choice: each output is a weighted "
+        "sum of value *rows*, and a per-token scale keeps each row's error to itself"
+        if o_tok <= o_ch
+        else "per channel is better on this prompt too: KIVI's choice is not supported here"
+    )
+    return (
+        f"**Values at 2 bits:** per channel {v_ch:.1f} % vs per token {v_tok:.1f} % of their norm — {alone}. "
+        f"What matters is the attention output (keys per channel in both): values per token "
+        f"{o_tok:.1f} % vs per channel {o_ch:.1f} % — {verdict}."
+    )
+
+
 def analyze(
     ctx: AppContext, prompt, chat, layer, head, fmt, key_axis, value_axis, group, window, progress=gr.Progress()
 ):
@@ -71,7 +93,9 @@ def analyze(
     with user_errors():
         custom = custom_scheme(fmt, key_axis, value_axis, group, window)
         kmap, vmap = magnitude_map(qkv, layer, head, "k"), magnitude_map(qkv, layer, head, "v")
-        table, results = compare(qkv, _schemes(custom, group, window), progress=progress)
+        # every row scores the same tokens: per-channel groups quantize only whole groups of tokens
+        scored = qkv.crop(qkv.n_tokens - qkv.n_tokens % int(group)) if qkv.n_tokens >= int(group) else qkv
+        table, results = compare(scored, _schemes(custom, group, window), progress=progress)
     shown = [
         r
         for r in results
@@ -81,6 +105,7 @@ def analyze(
     ]
     by = {r.scheme.name: r for r in results}
     tok, ch = by["2-bit per token (K and V)"], by["2-bit K per channel, V per token"]
+    both_ch = by["2-bit per channel (K and V)"]
     mine = results[-1]
     if ch.key_quantized == 0:
         first = (
@@ -92,9 +117,9 @@ def analyze(
         first = (
             f"**At 2 bits on this prompt:** keys per channel lose **{100 * ch.key_error:.1f} %** of their norm, "
             f"keys per token **{100 * tok.key_error:.1f} %** ({tok.key_error / ch.key_error:.1f}× worse); the "
-            f"attention output is off by {100 * ch.output_error:.1f} % vs {100 * tok.output_error:.1f} % "
-            f"(per channel quantizes the first {ch.key_quantized} of {qkv.n_tokens} tokens: groups of "
-            f"{int(group)} fill before they are quantized)."
+            f"attention output is off by {100 * ch.output_error:.1f} % vs {100 * tok.output_error:.1f} %. "
+            f"Every row scores the same first {scored.n_tokens} of {qkv.n_tokens} tokens (per-channel groups "
+            f"of {int(group)} tokens are quantized only once full).\n\n{values_text(tok, ch, both_ch)}"
         )
     headline = (
         f"{first}\n\n**Your scheme** ({mine.scheme.key.label} for keys; {mine.scheme.value.label} for "
@@ -206,7 +231,12 @@ def build(ctx: AppContext) -> None:
         vplot = captioned_plot("|values|", "quant-values", fig.CAPTIONS["values"])
     maps_md = gr.Markdown(elem_id="quant-maps-text")
     headline = gr.Markdown(elem_id="quant-headline")
-    table = gr.Dataframe(label="Every scheme on this prompt", interactive=False, elem_id="quant-table")
+    table = gr.Dataframe(
+        waiting_table("Press Analyze this prompt to see every scheme's error and size"),
+        label="Every scheme on this prompt",
+        interactive=False,
+        elem_id="quant-table",
+    )
     errors = gr.Plot(label="Error per scheme", elem_id="quant-errors")
     gr.Markdown(fig.CAPTIONS["errors"], elem_classes="caption")
     with gr.Row():
@@ -230,7 +260,12 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         full_text = gr.Textbox(label="Full-precision cache", lines=4, elem_id="quant-full-text")
         quant_text = gr.Textbox(label="Quantized cache", lines=4, elem_id="quant-quant-text")
-    tokens = gr.Dataframe(label="Token by token", interactive=False, elem_id="quant-tokens")
+    tokens = gr.Dataframe(
+        waiting_table("Press Generate: full vs quantized to compare the tokens"),
+        label="Token by token",
+        interactive=False,
+        elem_id="quant-tokens",
+    )
     agreement = gr.Plot(label="Agreement", elem_id="quant-agreement")
     gr.Markdown(fig.CAPTIONS["agreement"], elem_classes="caption")
     history = gr.State([])
@@ -267,12 +302,16 @@ def build(ctx: AppContext) -> None:
         with ctx.jobs.start_prompt(request, "quantized generation", ctx.lm, values[0], values[1], n_new, runs=2):
             return generate(ctx, *values, progress=progress)
 
-    analyze_btn.click(
-        gpu(run_analyze),
-        controls,
-        [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot],
-        api_name=False,
-        concurrency_limit=None,
+    analysis = [headline, kplot, vplot, maps_md, table, errors, sizes, layers_plot]
+    clear_on_refusal(
+        analyze_btn.click(
+            gpu(run_analyze),
+            controls,
+            [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot],
+            api_name=False,
+            concurrency_limit=None,
+        ),
+        analysis,
     )
     gr.on(
         [layer.release, head.release],
@@ -282,10 +321,11 @@ def build(ctx: AppContext) -> None:
         api_name=False,
         concurrency_limit=None,
     )
-    gen_btn.click(
+    generated = gen_btn.click(
         gpu(run_generate),
         [prompt, chat, scheme, fmt, key_axis, value_axis, group, window, max_new, history],
         [full_text, quant_text, gen_md, tokens, agreement, history],
         api_name=False,
         concurrency_limit=None,
     )
+    clear_on_refusal(generated, [gen_md, full_text, quant_text, tokens])  # the session's agreement history stays

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gradio as gr
+import pandas as pd
 
 
 def captioned_plot(label: str, elem_id: str, caption: str, value=None) -> gr.Plot:
@@ -11,3 +12,26 @@ def captioned_plot(label: str, elem_id: str, caption: str, value=None) -> gr.Plo
         plot = gr.Plot(value, label=label, elem_id=elem_id)
         gr.Markdown(caption, elem_classes="caption")
     return plot
+
+
+REFUSED = (
+    "⚠ **This request was refused** (see the message). The results that were here came from an earlier "
+    "request, so they were cleared rather than shown under the new settings."
+)
+
+
+def stale_values(count: int, note_at: int = 0) -> tuple:
+    """Outputs after a refusal: the note in one slot, every other output emptied."""
+    return tuple(REFUSED if i == note_at else None for i in range(count))
+
+
+def clear_on_refusal(event, outputs: list, note_at: int = 0) -> None:
+    """When ``event`` raises (bad input, a full queue), empty ``outputs`` so old results never look current."""
+    event.failure(
+        lambda: stale_values(len(outputs), note_at), None, outputs, queue=False, api_name=False, show_progress="hidden"
+    )
+
+
+def waiting_table(hint: str) -> pd.DataFrame:
+    """An empty table whose only header says what fills it, instead of Gradio's bare "1 | 2 | 3"."""
+    return pd.DataFrame(columns=[hint])

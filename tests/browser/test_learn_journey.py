@@ -97,8 +97,11 @@ def test_learn_journey_in_presentation_mode(page, screenshot):
     body_text.wait_for()
     normal = float(body_text.evaluate("e => parseFloat(getComputedStyle(e).fontSize)"))
 
+    state = "() => getComputedStyle(document.getElementById('present-toggle'), '::after').content"
+    assert page.evaluate(state) == '": off"'  # the toggle shows its state, not only its name
     page.locator("#present-toggle").click()
     assert page.evaluate("document.body.classList.contains('kvviz-present')")
+    assert page.evaluate(state) == '": on"'
     big = float(body_text.evaluate("e => parseFloat(getComputedStyle(e).fontSize)"))
     tab_font = float(
         page.get_by_role("tab", name="Learn", exact=True).evaluate("e => parseFloat(getComputedStyle(e).fontSize)")
@@ -165,3 +168,14 @@ def test_present_url_parameter(browser_context, app_server):
         tab.wait_for_function("document.body.classList.contains('kvviz-present')", timeout=30_000)
     finally:
         tab.close()
+
+
+def test_the_presentation_toggle_shows_its_state(page):
+    page.get_by_role("tab", name="Learn", exact=True).click()
+    page.locator("#present-toggle").wait_for()
+    state = "getComputedStyle(document.getElementById('present-toggle'), '::after').content"
+    assert page.evaluate(state) == '": off"'
+    page.locator("#present-toggle").click()
+    page.wait_for_function(f"{state} === '\": on\"'", timeout=10_000)  # the click runs its script asynchronously
+    page.locator("#present-toggle").click()
+    page.wait_for_function(f"{state} === '\": off\"'", timeout=10_000)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -59,6 +61,9 @@ def test_timeline_has_one_row_per_step(h2o_run):
 def test_scores_and_slot_table(h2o_run, ids):
     f = fig.scores_figure(h2o_run, 3, 2, "accumulated attention")
     assert len(f.data[0].y) == len(ids) and f.layout.yaxis.title.text == "accumulated attention"
+    by_position = fig.scores_figure(replace(h2o_run, prefill_scores=None), 3, 2)
+    assert not by_position.data and "keeps entries by position" in by_position.layout.annotations[0].text
+    assert by_position.layout.xaxis.visible is False  # no empty axes from -1 to 6
     table = fig.slot_table(h2o_run, 3, 2, 0)
     assert list(table.columns) == ["cache slot", "original position", "token", "role", "RoPE position"]
     assert table["cache slot"].tolist() == list(range(10))

@@ -21,6 +21,7 @@ from kvviz.quant.schemes import (
     simulate,
     stored_bytes,
 )
+from kvviz.units import format_bytes
 
 
 @pytest.fixture(scope="module")
@@ -147,4 +148,4 @@ def test_scheme_table_on_the_real_model(qkv):
     assert by["INT8 per token"].output_error < by["FP8 e4m3 per token"].output_error < 0.1
     assert by[kivi(2).name].key_error < 0.5 * by["2-bit per token (K and V)"].key_error
     assert all(r.total_bytes < r.baseline_bytes for r in results)
-    assert list(df["cache bytes"]) == [r.total_bytes for r in results]
+    assert list(df["cache"]) == [format_bytes(r.total_bytes) for r in results]

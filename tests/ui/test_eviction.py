@@ -51,8 +51,19 @@ def test_a_checked_request_has_everything_a_run_needs(ctx):
         ({"context": "   "}, "empty"),
         ({"budget": 2.5}, "whole number"),
         ({"budget": 0}, "Budget"),
-        ({"mode": "ratio", "ratio": 1.5}, "ratio"),
+        ({"mode": "ratio", "ratio": 1.5}, r"Compression ratio must be a number in \[0, 0.99\]; got 1.5"),
+        ({"mode": "ratio", "ratio": -0.2}, r"Compression ratio must be a number in \[0, 0.99\]; got -0.2"),
+        (
+            {
+                "mode": "ratio",
+                "ratio": 0.99,
+                "policy_name": "streaming_llm",
+                "params": {"sinks": 4, "reposition": False},
+            },
+            "Compression ratio 0.99 evicts too much .* Lower the compression ratio",
+        ),
         ({"max_new": 10_000}, "Max new tokens"),
+        ({"max_new": -5}, "Max new tokens must be between 1"),
         ({"policy_name": "lru"}, "Pick a policy"),
         ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 4, "pooling": "avg"}}, "odd"),
         ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 5, "pooling": "avg"}}, "window"),
@@ -86,5 +97,8 @@ def test_the_tab_builds_registers_its_inputs_and_the_evict_endpoint(ctx):
         tab.build(ctx)
     for key in ("policy", "budget", "prompt", "question", "compress", "needle", "sinks"):
         assert f"eviction.{key}" in ctx.components
+    for key in ("ratio", "max_new"):  # a slider would clamp −0.2 to 0 before the handler could refuse it
+        box = ctx.components[f"eviction.{key}"]
+        assert isinstance(box, gr.Number) and box.minimum is None and box.maximum is None
     params = [p["parameter_name"] for p in demo.get_api_info()["named_endpoints"]["/evict"]["parameters"]]
     assert params[:4] == ["prompt_text", "policy_name", "budget", "ratio"]

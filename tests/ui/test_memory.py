@@ -60,8 +60,9 @@ def calc(
 
 
 def test_chapter_example_is_the_default_view(ctx):
-    summary, formula, table, size, cap, dec, gauge = calc(ctx, batch=162, weights=140)
-    assert "**320 KiB**" in summary and "KV budget 436 GB = 406.1 GiB" in summary and "**162 sequences**" in summary
+    summary, formula, table, size, cap, dec, gauge = calc(ctx, batch=162, weights=0)  # the box's default
+    assert "**320 KiB/token**" in summary and "Weights: 140 GB, the figure the source uses" in summary
+    assert "141.1 GB" in summary and "KV budget 436 GB = 406.1 GiB" in summary and "**162 sequences**" in summary
     assert "weights 5.22 ms + KV 16.23 ms" in summary
     assert "2 × 80 layers × 8 KV heads × 128 × 2 B" in formula
     assert list(table["KV per token"]) == ["2.5 MiB", "320 KiB", "40 KiB", "90 KiB"]
@@ -71,9 +72,24 @@ def test_chapter_example_is_the_default_view(ctx):
     assert gauge.data[0].value == pytest.approx(100 * 434_865_438_720 / 436e9)  # 162 × 8K of the 436 GB budget
 
 
+def test_typed_weights_override_the_stated_figure(ctx):
+    summary, *_ = calc(ctx, batch=162, weights=141.1)
+    assert "weights 5.26 ms" in summary and "the figure the source uses" not in summary
+
+
+def test_a_stated_head_dim_is_a_lesson(ctx):
+    """Qwen3-0.6B states head_dim 128 where 1024 / 16 = 64: the page says why it doubles the article's 1.75 GB."""
+    summary, *_ = calc(ctx, preset="Qwen3-0.6B", context=32_768)
+    assert "**3.5 GiB/sequence**" in summary
+    assert "states head_dim = 128, not hidden_size / heads = 1,024 / 16 = 64" in summary and "2×" in summary
+    assert "head_dim" not in calc(ctx, preset="Llama-3-8B")[0]
+
+
 def test_weights_that_do_not_fit_keep_the_sizes(ctx):
     summary, formula, *_, cap, dec, gauge = calc(ctx, preset="DeepSeek-V3", context=131_072)
-    assert "**8.6 GiB**" in summary and "do not fit" in summary
+    assert "**8.6 GiB/sequence**" in summary and "do not fit" in summary
+    assert "**68.6 KiB/token**" in summary
+    assert "**68.6 GiB in total** (8.6 GiB per GPU)" in summary and "stored on 8 GPUs, so × 8" in summary
     assert cap is None and dec is None and gauge is None and "(512 + 64)" in formula
 
 
@@ -87,7 +103,7 @@ def test_pasted_config_and_upload(ctx, tmp_path):
         "hidden_size": 1024,
     }
     summary, *_ = calc(ctx, source="Paste JSON", pasted=json.dumps(cfg), context=32_768)
-    assert "1,879,048,192 B = **1.8 GiB**" in summary and "Give the weights" in summary
+    assert "1,879,048,192 B = **1.8 GiB/sequence**" in summary and "Give the weights" in summary
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     summary2, *_ = calc(ctx, source="Upload config.json", upload=str(path), context=32_768, weights=1.2)

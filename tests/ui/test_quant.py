@@ -27,6 +27,9 @@ def test_analyze_shows_maps_table_and_the_direction(ctx):
         ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress
     )
     assert "keys per channel lose" in headline and "× worse" in headline
+    assert "Every row scores the same first" in headline and "**Values at 2 bits:**" in headline
+    assert set(table["tokens quantized (K / V)"].iloc[:-2]) == {table["tokens quantized (K / V)"].iloc[0]}
+    assert table["cache"].str.endswith(("KiB", "MiB")).all()
     assert "the largest key channel averages" in maps_md
     assert len(table) == len(tab.preset_schemes()) + 1 and table["scheme"].iloc[-1] == "Your scheme"
     assert kmap.data[0].z.shape[0] == ctx.info.head_dim
@@ -40,6 +43,16 @@ def test_short_prompt_says_groups_have_not_filled(ctx):
         ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0, progress=no_progress
     )
     assert "too short for per-channel groups" in headline
+
+
+def test_values_text_names_the_column_that_supports_kivi():
+    from types import SimpleNamespace as R
+
+    tok, ch, both = R(value_error=0.412), R(output_error=0.20), R(value_error=0.345, output_error=0.30)
+    text = tab.values_text(R(value_error=0.412), ch, both)
+    assert "per channel 34.5 % vs per token 41.2 %" in text and "does **not** support" in text
+    assert "values per token 20.0 % vs per channel 30.0 %" in text and "supports KIVI's choice" in text
+    assert "not supported here" in tab.values_text(tok, R(output_error=0.4), both)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,42 @@
+"""A refused request empties the results it would have replaced, so old results never sit under new settings."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from kvviz.settings import Settings
+from kvviz.ui import tab_eviction, tab_memory, tab_nocache, tab_quant
+from kvviz.ui.context import AppContext
+from kvviz.ui.widgets import REFUSED, stale_values
+
+
+@pytest.fixture(scope="module")
+def ctx(lm):
+    return AppContext(lm=lm, settings=Settings())
+
+
+def test_stale_values_keep_only_the_note():
+    assert stale_values(3) == (REFUSED, None, None) and stale_values(2, 1) == (None, REFUSED)
+
+
+def _cleared_on_failure(demo: gr.Blocks, component) -> bool:
+    deps = demo.config["dependencies"]
+    return any(d.get("trigger_only_on_failure") and component._id in d["outputs"] for d in deps)
+
+
+@pytest.mark.parametrize(
+    "module,panels",
+    [
+        (tab_memory, ["memory-summary"]),
+        (tab_eviction, ["evict-status", "evict-table"]),
+        (tab_quant, ["quant-headline", "quant-gen-summary"]),
+        (tab_nocache, ["nocache-summary"]),
+    ],
+)
+def test_each_results_panel_is_cleared_when_its_request_is_refused(ctx, module, panels):
+    with gr.Blocks() as demo:
+        module.build(ctx)
+    found = {c.elem_id: c for c in demo.blocks.values() if getattr(c, "elem_id", None)}
+    for panel in panels:
+        assert _cleared_on_failure(demo, found[panel]), panel
