@@ -1,12 +1,14 @@
 """A lecture hall at once: N simulated students call ``/generate`` through gradio_client together.
 
-Run: ``.venv/bin/python bench/load.py [--students 8 32 32] [--new-tokens 6] [--url URL]``.
+Run: ``.venv/bin/python bench/load.py [--students 24 24] [--same 100] [--new-tokens 16] [--url URL]``.
 Without ``--url`` it starts ``python app.py`` on a free port (the server's RSS is then measured).
-Each student has their own prompt and client (= session). Every answer must equal a solo run of
-the same prompt (greedy), with no error, and the app must still answer afterwards. Reports p50/p95
-latency per wave and the server's RSS growth (after the sessions have closed); a repeated wave shows
-whether memory keeps growing.
-Results go to ``bench/results/load.json``.
+Each student has their own client (= session) and presses Generate through the chat template: first
+waves of distinct one-line questions (all at once), then ``--same`` students pressing the same example
+within ``--same-spread-s`` seconds. Every answer must equal a solo run of the same prompt (greedy),
+with no error, and the app must still answer afterwards. Reports p50/p95 latency per wave (press to
+full answer, the equivalence check included), the server's RSS after each wave (a repeated wave shows
+whether memory keeps growing), and the engine's prefix-cache hit rate and bytes held.
+Results go to ``bench/results/load.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ SUBJECTS = [
 
 
 def prompt_for(i: int) -> str:
-    """Student i's own prompt (distinct for i < 64, so answers can be told apart)."""
-    return f"Student {i + 1} writes one sentence about {SUBJECTS[i % len(SUBJECTS)]}:"
+    """Student i's own one-line question (distinct for i < 64, so answers can be told apart)."""
+    return f"Write one sentence about {SUBJECTS[i % len(SUBJECTS)]}."
+
+
+SAME_EXAMPLE = "What is a KV cache? Answer in one sentence."  # the example the whole room presses
 
 
 def start_server(env_extra: dict[str, str]) -> tuple[subprocess.Popen, str, Path]:
@@ -121,23 +126,26 @@ def client(url: str) -> Client:
 
 
 def ask(url: str, prompt: str, new_tokens: int) -> dict:
-    return client(url).predict(prompt, new_tokens, False, 0.0, 1.0, 0, api_name="/generate")
+    return client(url).predict(prompt, new_tokens, True, 0.0, 1.0, 0, api_name="/generate")
 
 
-def wave(url: str, n: int, new_tokens: int, solo: dict[str, str]) -> dict:
-    """n students at once (a barrier releases them together); checks each answer against its solo run."""
+def wave(url: str, prompts: list[str], new_tokens: int, solo: dict[str, str], spread_s: float = 0.0) -> dict:
+    """One student per prompt: all at once (a barrier releases them together), or arriving evenly over
+    ``spread_s`` seconds; checks each answer against its solo run. Latency: press to full answer."""
+    n = len(prompts)
     barrier = threading.Barrier(n)
     clients = [None] * n
 
-    def student(i: int) -> tuple[float, str | None, str | None]:
+    def student(i: int) -> tuple[float, str | None, str | None, int]:
         clients[i] = client(url)  # connect first, like students opening the page
         barrier.wait()
+        time.sleep(spread_s * i / max(n - 1, 1))
         t0 = time.perf_counter()
         try:
-            out = clients[i].predict(prompt_for(i), new_tokens, False, 0.0, 1.0, 0, api_name="/generate")
-            return time.perf_counter() - t0, out["text"], None
+            out = clients[i].predict(prompts[i], new_tokens, True, 0.0, 1.0, 0, api_name="/generate")
+            return time.perf_counter() - t0, out["text"], None, out.get("cached_prompt_tokens", 0)
         except Exception as exc:  # every failure is counted and reported, none is hidden
-            return time.perf_counter() - t0, None, f"{type(exc).__name__}: {exc}"
+            return time.perf_counter() - t0, None, f"{type(exc).__name__}: {exc}", 0
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(n) as pool:
@@ -145,22 +153,35 @@ def wave(url: str, n: int, new_tokens: int, solo: dict[str, str]) -> dict:
     wall = time.perf_counter() - t0
     lat = sorted(r[0] for r in results)
     errors = [r[2] for r in results if r[2]]
-    wrong = [i for i, r in enumerate(results) if r[1] is not None and r[1] != solo[prompt_for(i)]]
+    wrong = [i for i, r in enumerate(results) if r[1] is not None and r[1] != solo[prompts[i]]]
     return {
         "students": n,
+        "distinct_prompts": len(set(prompts)),
+        "spread_s": spread_s,
         "wall_s": round(wall, 1),
         "p50_s": round(statistics.median(lat), 2),
         "p95_s": round(lat[min(n - 1, int(round(0.95 * (n - 1))))], 2),
         "max_s": round(lat[-1], 2),
+        "cached_prompt_tokens_mean": round(statistics.mean(r[3] for r in results), 1),
         "errors": errors,
         "wrong_answers": wrong,
     }
 
 
+def engine_stats(url: str) -> dict | None:
+    """The server engine's counters and prefix-cache statistics (None for an app without the engine)."""
+    try:
+        return client(url).predict(api_name="/engine")
+    except Exception:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--students", type=int, nargs="+", default=[8, 32, 32])
-    ap.add_argument("--new-tokens", type=int, default=6)
+    ap.add_argument("--students", type=int, nargs="+", default=[24, 24], help="waves of distinct questions")
+    ap.add_argument("--same", type=int, default=100, help="students pressing the same example (0: none)")
+    ap.add_argument("--same-spread-s", type=float, default=10.0, help="seconds over which they press it")
+    ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument(
         "--settle-s",
         type=float,
@@ -169,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "at its next heartbeat, every 15 s)",
     )
     ap.add_argument("--url", help="load-test a running app instead of starting one (no RSS then)")
+    ap.add_argument("--out", default="load.json", help="file name under bench/results/")
     args = ap.parse_args(argv)
 
     proc = None
@@ -179,21 +201,29 @@ def main(argv: list[str] | None = None) -> int:
         pid = proc.pid if proc else None
         n_max = max(args.students)
         t0 = time.perf_counter()
-        solo = {prompt_for(i): ask(url, prompt_for(i), args.new_tokens)["text"] for i in range(n_max)}
+        questions = [prompt_for(i) for i in range(n_max)]
+        solo = {q: ask(url, q, args.new_tokens)["text"] for q in questions}
         solo_s = (time.perf_counter() - t0) / n_max
         distinct = len(set(solo.values()))
+        if args.same:
+            solo[SAME_EXAMPLE] = ask(url, SAME_EXAMPLE, args.new_tokens)["text"]
         rss0 = rss_mib(pid)
         print(f"solo: {n_max} prompts, {solo_s:.2f} s each, {distinct} distinct answers; server RSS {rss0} MiB")
+        plan = [(questions[:n], 0.0) for n in args.students]
+        if args.same:
+            plan.append(([SAME_EXAMPLE] * args.same, args.same_spread_s))
         waves = []
-        for n in args.students:
-            w = wave(url, n, args.new_tokens, solo)
+        for prompts, spread in plan:
+            w = wave(url, prompts, args.new_tokens, solo, spread)
             gc.collect()  # closes this wave's clients; let the server see their sessions end before measuring
             time.sleep(args.settle_s)
             w["rss_mib_after"] = None if pid is None else round(rss_mib(pid), 1)
             waves.append(w)
             print(
-                f"{n:3d} students: wall {w['wall_s']} s, p50 {w['p50_s']} s, p95 {w['p95_s']} s, "
-                f"errors {len(w['errors'])}, wrong {len(w['wrong_answers'])}, RSS {w['rss_mib_after']} MiB"
+                f"{w['students']:3d} students ({w['distinct_prompts']} prompts, over {spread:g} s): wall "
+                f"{w['wall_s']} s, p50 {w['p50_s']} s, p95 {w['p95_s']} s, errors {len(w['errors'])}, "
+                f"wrong {len(w['wrong_answers'])}, cached prompt tokens {w['cached_prompt_tokens_mean']}, "
+                f"RSS {w['rss_mib_after']} MiB"
             )
         with urllib.request.urlopen(url, timeout=10) as r:
             up = r.status == 200
@@ -201,11 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         rss_idle = rss_mib(pid)
         report = {
             "new_tokens": args.new_tokens,
+            "chat": True,
             "cpu_cores": os.cpu_count(),
+            "load_average_at_end": os.getloadavg(),
             "solo_s_per_request": round(solo_s, 2),
             "distinct_solo_answers": distinct,
             "rss_mib_before": None if rss0 is None else round(rss0, 1),
             "waves": waves,
+            "engine": engine_stats(url),
             "app_up_after": up,
             "answer_after_matches_solo": again,
         }
@@ -215,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(waves) >= 2:
                 report["rss_growth_last_wave_mib"] = round(waves[-1]["rss_mib_after"] - waves[-2]["rss_mib_after"], 1)
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "load.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / args.out).write_text(json.dumps(report, indent=2) + "\n")
         ok = up and again and all(not w["errors"] and not w["wrong_answers"] for w in waves)
         print(json.dumps({k: v for k, v in report.items() if k != "waves"}, indent=2))
         print("PASS" if ok else "FAIL")

@@ -239,6 +239,13 @@ def build(ctx: AppContext):
         return out
 
     gr.api(gpu(api_generate), api_name="generate", concurrency_limit=None)
+
+    def api_engine() -> dict:
+        """The engine's counters (runs submitted and shared, forwards, largest batch) and its prefix
+        cache (blocks, bytes held, hit rate): what the room's requests shared."""
+        return ctx.engine.snapshot()
+
+    gr.api(api_engine, api_name="engine", queue=False)
     return event
 
 

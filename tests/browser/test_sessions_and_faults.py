@@ -15,7 +15,6 @@ import pytest
 from gradio_client import Client
 from transformers import DynamicCache
 
-import kvviz.ui.tab_generate as tab_generate
 from kvviz.capture.recorder import is_installed
 from kvviz.capture.trace import Trace
 from kvviz.ui.gradio_adapter import state_values
@@ -69,10 +68,11 @@ def sessions_with_traces(demo) -> int:
 
 
 @pytest.fixture
-def tracked_capture(monkeypatch):
-    """Wrap the Generate handlers' capture: count its steps, note when it is closed, weak-reference its cache."""
-    real = tab_generate.capture_iter
-    record: dict = {"steps": 0, "closed": False, "caches": []}
+def tracked_capture(inprocess_app, monkeypatch):
+    """Wrap the engine's submit: keep each run's handle and weak-reference its cache."""
+    engine = inprocess_app.ctx.engine
+    real = engine.submit
+    record: dict = {"handles": [], "caches": []}
 
     def cache_factory(lm):
         cache = DynamicCache(config=lm.config)
@@ -80,16 +80,11 @@ def tracked_capture(monkeypatch):
         return cache
 
     def tracked(*args, **kwargs):
-        gen = real(*args, cache_factory=cache_factory, **kwargs)
-        try:
-            for trace in gen:
-                record["steps"] += 1
-                yield trace
-        finally:
-            gen.close()
-            record["closed"] = True
+        handle = real(*args, cache_factory=cache_factory, **kwargs)
+        record["handles"].append(handle)
+        return handle
 
-    monkeypatch.setattr(tab_generate, "capture_iter", tracked)
+    monkeypatch.setattr(engine, "submit", tracked)
     return record
 
 
@@ -100,12 +95,14 @@ def test_queue_stop_bad_input_and_closing_free_the_session(open_page, inprocess_
     status = tab.locator("#gen-status")
     status.get_by_text(re.compile(r"^Generating")).wait_for(timeout=90_000)
 
-    # a second student waits in the queue and sees their position
+    # a second student's run joins the first one's batch: it finishes while the long run still generates
     start_generation(other, "The capital of France is", 2)
-    other.locator("#gen-status").get_by_text(re.compile(r"^Queued: position 1 of 1")).wait_for(timeout=30_000)
-    screenshot(other, "queue_position")
+    other.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=90_000)
+    assert status.inner_text().startswith("Generating")
+    screenshot(other, "batched_beside_a_long_run")
+    other.close()
 
-    # Stop ends the first job early; the waiting one then runs to the end
+    # Stop ends the first job early
     tab.bring_to_front()  # the first student is back on their own page
     tab.locator("#stop-btn").click(timeout=60_000)
     status.get_by_text(re.compile(r"stop: stopped")).wait_for(
@@ -113,8 +110,6 @@ def test_queue_stop_bad_input_and_closing_free_the_session(open_page, inprocess_
     )  # the stopped run still verifies and exports
     n_done = int(re.search(r"Done: (\d+) tokens", status.inner_text()).group(1))
     assert 1 <= n_done < LONG_RUN
-    other.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=90_000)
-    other.close()
     answer = tab.locator("#answer textarea").input_value()
     assert answer.strip()
     wait_until(lambda: not ctx.stop_flags, what="Stop flags to be dropped after the jobs")
@@ -144,8 +139,9 @@ def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(open_pa
     start_generation(tab, LONG_PROMPT, LONG_RUN)
     tab.locator("#gen-status").get_by_text(re.compile(r"^Generating")).wait_for(timeout=90_000)
     tab.close()
-    wait_until(lambda: tracked_capture["closed"], what="the job to be closed after the tab went away")
-    assert tracked_capture["steps"] < LONG_RUN, "the job ran to the end although nobody was watching"
+    handles = tracked_capture["handles"]
+    wait_until(lambda: handles and handles[0].job.finished, what="the run to end after the tab went away")
+    assert len(handles[0].trace.steps) < LONG_RUN, "the run went to the end although nobody was watching"
     gc.collect()
     assert tracked_capture["caches"] and all(r() is None for r in tracked_capture["caches"]), "its cache is alive"
     assert not is_installed(ctx.lm.model)
