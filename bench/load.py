@@ -69,9 +69,14 @@ SUBJECTS = [
 ]
 
 
-def prompt_for(i: int) -> str:
-    """Student i's own one-line question (distinct for i < 64, so answers can be told apart)."""
-    return f"Write one sentence about {SUBJECTS[i % len(SUBJECTS)]}."
+WAVE_ASKS = ["Write one sentence about {}.", "Describe {} in a few words.", "What do you think of {}?"]
+
+
+def prompt_for(i: int, wave: int = 0) -> str:
+    """Student i's own one-line question in wave ``wave`` (distinct within and across waves, so no wave is
+    answered from runs the server kept from an earlier one)."""
+    ask = WAVE_ASKS[wave % len(WAVE_ASKS)]
+    return ask.format(SUBJECTS[i % len(SUBJECTS)]) + " " * (wave // len(WAVE_ASKS))
 
 
 SAME_EXAMPLE = "What is a KV cache? Answer in one sentence."  # the example the whole room presses
@@ -199,19 +204,25 @@ def main(argv: list[str] | None = None) -> int:
         proc, url, _ = start_server({"KVVIZ_MAX_NEW_TOKENS": "64", "KVVIZ_QUEUE_SIZE": "128"})
     try:
         pid = proc.pid if proc else None
-        n_max = max(args.students)
-        t0 = time.perf_counter()
-        questions = [prompt_for(i) for i in range(n_max)]
-        solo = {q: ask(url, q, args.new_tokens)["text"] for q in questions}
-        solo_s = (time.perf_counter() - t0) / n_max
-        distinct = len(set(solo.values()))
-        if args.same:
-            solo[SAME_EXAMPLE] = ask(url, SAME_EXAMPLE, args.new_tokens)["text"]
-        rss0 = rss_mib(pid)
-        print(f"solo: {n_max} prompts, {solo_s:.2f} s each, {distinct} distinct answers; server RSS {rss0} MiB")
-        plan = [(questions[:n], 0.0) for n in args.students]
+        plan = [([prompt_for(i, k) for i in range(n)], 0.0) for k, n in enumerate(args.students)]
         if args.same:
             plan.append(([SAME_EXAMPLE] * args.same, args.same_spread_s))
+        # the reference answers come from the library in this process, one run at a time (never from the
+        # server, which may share a run between identical requests)
+        from kvviz.capture.loop import capture
+        from kvviz.models import load_model
+
+        lm = load_model()
+        prompts = sorted({p for ps, _ in plan for p in ps})
+        t0 = time.perf_counter()
+        solo = {p: capture(lm, p, chat=True, max_new_tokens=args.new_tokens).text for p in prompts}
+        solo_s = (time.perf_counter() - t0) / len(prompts)
+        distinct = len(set(solo.values()))
+        del lm
+        gc.collect()
+        n_max = len(prompts)
+        rss0 = rss_mib(pid)
+        print(f"solo (library): {n_max} prompts, {solo_s:.2f} s each, {distinct} distinct answers; RSS {rss0} MiB")
         waves = []
         for prompts, spread in plan:
             w = wave(url, prompts, args.new_tokens, solo, spread)
@@ -228,12 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         with urllib.request.urlopen(url, timeout=10) as r:
             up = r.status == 200
         again = ask(url, prompt_for(0), args.new_tokens)["text"] == solo[prompt_for(0)]
+        load_avg = os.getloadavg()
         rss_idle = rss_mib(pid)
         report = {
             "new_tokens": args.new_tokens,
             "chat": True,
             "cpu_cores": os.cpu_count(),
-            "load_average_at_end": os.getloadavg(),
+            "load_average_at_end": load_avg,
             "solo_s_per_request": round(solo_s, 2),
             "distinct_solo_answers": distinct,
             "rss_mib_before": None if rss0 is None else round(rss0, 1),

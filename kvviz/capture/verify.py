@@ -28,7 +28,21 @@ BATCH_TOKENS = 4096  # padded tokens per unpatched recomputation forward (B × l
 
 def recompute(lm: LoadedModel, gens: Sequence[Generation]) -> list[dict]:
     """Full recomputation with the capture wrapper (inside ``installed``): per run, the largest logit
-    and attention-output differences against what the cached run produced."""
+    and attention-output differences against what the cached run produced. Runs share packed
+    forwards of at most :data:`BATCH_TOKENS` tokens."""
+    out: list[dict] = []
+    group: list[Generation] = []
+    for g in gens:
+        if group and sum(x.trace.n_fed for x in group) + g.trace.n_fed > BATCH_TOKENS:
+            out.extend(_recompute(lm, group))
+            group = []
+        group.append(g)
+    if group:
+        out.extend(_recompute(lm, group))
+    return out
+
+
+def _recompute(lm: LoadedModel, gens: Sequence[Generation]) -> list[dict]:
     recs, feeds = [], []
     for g in gens:
         fed = g.trace.token_ids[: g.trace.n_fed]
