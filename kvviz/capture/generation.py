@@ -46,7 +46,9 @@ class Generation:
     check needs (every step's logits and attention outputs). ``prefill_chunk`` prompt tokens go
     through the model per prefill forward (0: the whole prompt at once; default :data:`PREFILL_CHUNK`
     with the default cache, one forward with a ``cache_factory``'s, whose semantics may hang on
-    forward boundaries). ``progress`` hears of every prefill chunk.
+    forward boundaries). ``progress`` hears of every prefill chunk. ``record=False`` runs without a
+    recorder (``rec`` is None: the Trace then has tokens, steps and timings but no attention summaries);
+    ``stop_on_eos=False`` generates every one of ``max_new_tokens`` (a timing lesson's fixed length).
     """
 
     def __init__(
@@ -66,6 +68,8 @@ class Generation:
         prefill_chunk: int | None = None,
         progress: Callable[[Progress], None] | None = None,
         forced: Sequence[int] | None = None,
+        record: bool = True,
+        stop_on_eos: bool = True,
     ):
         self.lm = lm
         self.sampling = sampling or Sampling()
@@ -88,9 +92,15 @@ class Generation:
         self.cfg = cfg = cfg or RecorderConfig()
         n_prompt, t_max = len(ids), len(ids) + max_new_tokens
         cfg.bin_factor = choose_bin_factor(info, n_prompt, t_max) if cfg.bin_factor <= 1 else cfg.bin_factor
-        self.rec = Recorder(info.layers, info.q_heads, t_max, n_prompt, cfg, lm.device, keep_outputs=verify)
+        if verify and not record:
+            raise ValueError("The equivalence check compares recorded attention outputs: it needs record=True.")
+        self.rec: Recorder | None = None
+        if record:
+            self.rec = Recorder(info.layers, info.q_heads, t_max, n_prompt, cfg, lm.device, keep_outputs=verify)
         self.cache = cache_factory(lm) if cache_factory else DynamicCache(config=lm.config)
-        self.rec.cache = self.cache
+        if self.rec is not None:
+            self.rec.cache = self.cache
+        self.stop_on_eos = stop_on_eos
         self.default_cache = cache_factory is None and after_step is None
         self.max_new_tokens, self.verify = max_new_tokens, verify
         self.should_stop, self.after_step, self.progress = should_stop, after_step, progress or (lambda _: None)
@@ -136,6 +146,8 @@ class Generation:
             self.verify,
             self.chunk,
             tuple(self.forced) if self.forced is not None else None,
+            self.rec is not None,
+            self.stop_on_eos,
         )
 
     @property
@@ -145,8 +157,8 @@ class Generation:
     def restore_prefix(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor) -> None:
         """Start from a prefix cache's entry: its keys and values per layer ([1, Hkv, P, D] each) go into
         this run's cache and its probability rows into the recorder; the prefill then starts at P."""
-        if self.fed or not self.default_cache:
-            raise RuntimeError("A cached prefix can only seed a fresh run on the default cache.")
+        if self.fed or not self.default_cache or self.rec is None:
+            raise RuntimeError("A cached prefix can only seed a fresh recorded run on the default cache.")
         n = rows.shape[2]
         for i, (k, v) in enumerate(layers):
             self.cache.update(k.clone(), v.clone(), i)
@@ -168,9 +180,11 @@ class Generation:
                 self.progress(Progress("prefill", self.fed, n))
             size = self.chunk if limit is None else max(1, min(self.chunk, limit))
             part = self.trace.token_ids[self.fed : min(self.fed + size, n)]
-            self.rec.begin_forward("prefill", self.fed + len(part))
+            if self.rec is not None:
+                self.rec.begin_forward("prefill", self.fed + len(part))
             return part, self.fed
-        self.rec.begin_forward("decode", self.fed + 1)
+        if self.rec is not None:
+            self.rec.begin_forward("decode", self.fed + 1)
         return [self.trace.token_ids[-1]], self.fed
 
     def take(self, logits: torch.Tensor, fed: int) -> bool:
@@ -178,7 +192,7 @@ class Generation:
         produced (False for a prefill chunk that was not the prompt's last)."""
         self.fed += fed
         n = self.trace.n_prompt
-        if self.step == 0:
+        if self.step == 0 and self.rec is not None:
             del self.rec.outputs[:-1]  # the check compares the last prompt query only: earlier chunks' go
         if self.fed < n:
             self.progress(Progress("prefill", self.fed, n))
@@ -201,7 +215,7 @@ class Generation:
             trace.timings["prefill_s"] = elapsed
         if self.forced is not None and step == len(self.forced) - 1:
             trace.stop_reason = "forced"
-        elif not forcing and nxt in self.lm.stop_ids:
+        elif not forcing and self.stop_on_eos and nxt in self.lm.stop_ids:
             trace.stop_reason = "eos"
         elif step == self.max_new_tokens - 1:
             trace.stop_reason = "max_new_tokens"
@@ -221,7 +235,7 @@ class Generation:
     def release(self) -> None:
         """Drop the cache, the recorder and the kept logits (the finished Trace holds what they gave):
         whoever still holds this run holds no KV."""
-        self.cache = self.rec = None  # type: ignore[assignment]
+        self.cache, self.rec = None, None
         self.logits_seen = []
 
     def finish(self) -> Trace:
@@ -231,7 +245,7 @@ class Generation:
         trace.timings["total_s"] = total
         decode_s = total - trace.timings.get("prefill_s", total)
         trace.timings["decode_tokens_per_s"] = (len(trace.steps) - 1) / decode_s if decode_s > 0 else None
-        if trace.steps:
+        if trace.steps and self.rec is not None:
             summarize(trace, self.rec, self.cache)
         return trace
 

@@ -63,6 +63,8 @@ def _recompute(lm: LoadedModel, gens: Sequence[Generation]) -> list[dict]:
 
 
 def _compare(g: Generation, full: torch.Tensor, rec: Recorder) -> dict:
+    if g.rec is None:
+        raise ValueError("The check needs a recorded run.")
     n = len(g.logits_seen)
     logit_diff = (full - torch.stack(g.logits_seen)).abs().max().item()
     out_diff = None

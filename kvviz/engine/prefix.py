@@ -55,7 +55,7 @@ class PrefixStore:
         the rows of the blocks still to be stored. Call before the run's first forward."""
         n_prompt, b = g.trace.n_prompt, self.block_size
         usable = min(n_prompt - 1, self.max_tokens) // b * b
-        if usable <= 0 or not g.default_cache:
+        if usable <= 0 or not g.default_cache or g.rec is None:
             return Claim([], [])
         hashes = self.hasher(g.trace.token_ids[:usable])
         held = self.cache.acquire(hashes)
@@ -77,10 +77,10 @@ class PrefixStore:
     def store(self, g: Generation, claim: Claim) -> None:
         """After the run's prefill: insert its blocks not yet cached (pinned for the run), then drop the
         recorder's copy of the rows."""
+        if g.rec is None or g.rec.prefix_rows is None:
+            return
         rows, b = g.rec.prefix_rows, self.block_size
         g.rec.prefix_rows = None
-        if rows is None:
-            return
         for j in range(len(claim.held), len(claim.hashes)):
             end = (j + 1) * b
             kv = [(k[:, :, j * b : end].clone(), v[:, :, j * b : end].clone()) for k, v in _tensors(g.cache)]

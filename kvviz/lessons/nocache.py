@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from transformers import DynamicCache
 
-from kvviz.capture.loop import encode_prompt, forward
+from kvviz.capture.generation import Generation
+from kvviz.capture.model_io import encode_prompt, forward
 from kvviz.capture.tokens import token_texts
 from kvviz.lessons.waste import forward_passes
 from kvviz.models import LoadedModel
@@ -77,22 +77,21 @@ def generate_without_cache(lm: LoadedModel, ids: list[int], new_tokens: int, pro
 
 
 def generate_with_cache(lm: LoadedModel, ids: list[int], new_tokens: int, progress: Progress | None = None) -> Run:
-    """Greedy with a DynamicCache: the prompt once (prefill), then one token per step."""
+    """Greedy with a DynamicCache: the prompt once (prefill), then one token per step — the generation
+    loop every run uses (:class:`~kvviz.capture.generation.Generation`), without a recorder."""
     _check(ids, new_tokens)
-    cache = DynamicCache(config=lm.config)
-    feed, start, out, secs, passes = list(ids), 0, [], [], []
+    g = Generation(lm, "", prompt_ids=ids, max_new_tokens=new_tokens, record=False, stop_on_eos=False, prefill_chunk=0)
+    secs, passes = [], []
     with torch.inference_mode():
-        for step in range(new_tokens):
+        while not g.done:
             t0 = time.perf_counter()
-            nxt = int(torch.argmax(forward(lm, feed, start, cache, None)[-1]))
+            feed, start = g.next_feed()
+            g.take(forward(lm, feed, start, g.cache, None)[-1], len(feed))
             secs.append(time.perf_counter() - t0)
             passes.append(len(feed))
-            out.append(nxt)
-            start += len(feed)
-            feed = [nxt]
             if progress is not None:
-                progress((step + 1) / new_tokens, f"With the cache: step {step + 1}/{new_tokens}")
-    return Run(True, out, secs, passes)
+                progress(g.step / new_tokens, f"With the cache: step {g.step}/{new_tokens}")
+    return Run(True, g.trace.token_ids[len(ids) :], secs, passes)
 
 
 @dataclass

@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from kvviz.capture.generation import Generation
 from kvviz.capture.loop import capture, encode_prompt, forward
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import QuantSpec, Scheme, quantized_prefix, round_trip, stored_bytes
@@ -132,21 +133,40 @@ class GenerationComparison:
 
 
 def teacher_forced(lm: LoadedModel, ids: list[int], continuation: list[int], scheme: Scheme) -> tuple[float, float]:
-    """Feed the full cache's continuation to both caches; top-1 agreement and mean KL at every step."""
-    full, quant = DynamicCache(config=lm.config), QuantizedKVCache(lm.config, scheme)
+    """Feed the full cache's continuation to both caches (two forced runs of the one generation loop, in
+    step); top-1 agreement and mean KL at every step."""
+    if not continuation:
+        return 0.0, 0.0
+    runs = [
+        Generation(
+            lm,
+            "",
+            prompt_ids=ids,
+            max_new_tokens=len(continuation),
+            forced=continuation,
+            record=False,
+            prefill_chunk=0,
+            cache_factory=factory,
+        )
+        for factory in (None, cache_factory(scheme))
+    ]
     agree, kls = [], []
     with torch.inference_mode():
-        feed, start = list(ids), 0
-        for tok in continuation:
-            a = forward(lm, feed, start, full, None)[-1]
-            b = forward(lm, feed, start, quant, None)[-1]
+        while not runs[0].done:
+            a, b = (_step(lm, g) for g in runs)
             agree.append(int(a.argmax()) == int(b.argmax()))
             pa, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
             kls.append(float((pa.exp() * (pa - lb)).sum()))
-            start += len(feed)
-            feed = [tok]
     n = max(len(agree), 1)
     return sum(agree) / n, sum(kls) / n
+
+
+def _step(lm: LoadedModel, g: Generation) -> torch.Tensor:
+    """One forward of ``g``'s next feed; its logits (``g`` takes its forced token)."""
+    feed, start = g.next_feed()
+    logits = forward(lm, feed, start, g.cache, None)[-1]
+    g.take(logits, len(feed))
+    return logits
 
 
 def compare_generation(
