@@ -136,6 +136,12 @@ class PrefixCache:
             if block.ref_count == 0:
                 self._free[block.block_hash] = None  # most recently used end
 
+    def eviction_order(self) -> list[CachedBlock]:
+        """Every cached block, the next to evict first: unreferenced blocks least recently used first,
+        then the blocks requests hold (not evictable while held), oldest insert first."""
+        free = [self._blocks[h] for h in self._free]
+        return free + [b for b in self._blocks.values() if b.ref_count > 0]
+
     def evictable_bytes(self) -> int:
         return sum(self._blocks[h].nbytes for h in self._free)
 

@@ -12,11 +12,16 @@ them. Its Trace says how many prompt tokens came from the cache.
 
 The prompt's last token is always computed (its logits give the first new token), and rows are
 kept for at most ``max_tokens`` prompt tokens (they grow with the square of the prefix).
+
+The engine's thread claims, stores and releases while the blocks view reads :meth:`PrefixStore.blocks`
+from request threads, so every touch of the cache's bookkeeping holds the store's lock; tensor work on
+blocks a run has pinned (no one evicts or changes them) happens outside it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +37,31 @@ class Block:
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     rows: torch.Tensor
+    token_ids: tuple[int, ...] = ()  # the block's prompt tokens, so the blocks view can show their text
+    parent: bytes | None = None  # hash of the block before it (None: the prompt's first block)
+    start: int = 0  # position of its first token
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One cached block as the blocks view shows it: plain values, no tensors, safe to keep."""
+
+    block_hash: str  # hex of the chained hash
+    parent: str | None  # hex of the block it chains after; None for a prompt's first block
+    start: int
+    token_ids: tuple[int, ...]
+    ref_count: int  # running requests that hold it (it cannot be evicted while > 0)
+    hits: int  # times a request found it cached
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """A consistent copy of the store: its blocks in eviction order (next victim first, blocks in use
+    last) and its statistics (:meth:`PrefixStore.stats`)."""
+
+    blocks: list[BlockInfo] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -49,6 +79,7 @@ class PrefixStore:
         self.cache = PrefixCache(capacity_bytes)
         self.hasher = BlockHasher(block_size, salt)
         self.block_size, self.max_tokens = block_size, max_tokens
+        self.lock = threading.Lock()
 
     def claim(self, g: Generation) -> Claim:
         """Seed a fresh run from the longest cached run of its leading blocks, and ask its recorder to keep
@@ -58,7 +89,8 @@ class PrefixStore:
         if usable <= 0 or not g.default_cache or g.rec is None:
             return Claim([], [])
         hashes = self.hasher(g.trace.token_ids[:usable])
-        held = self.cache.acquire(hashes)
+        with self.lock:
+            held = self.cache.acquire(hashes)
         if held:
             blocks = [h.payload for h in held]
             layers = [
@@ -81,23 +113,49 @@ class PrefixStore:
             return
         rows, b = g.rec.prefix_rows, self.block_size
         g.rec.prefix_rows = None
+        ids = g.trace.token_ids
         for j in range(len(claim.held), len(claim.hashes)):
-            end = (j + 1) * b
-            kv = [(k[:, :, j * b : end].clone(), v[:, :, j * b : end].clone()) for k, v in _tensors(g.cache)]
-            payload = Block(kv, rows[:, :, j * b : end, :end].clone())
+            start, end = j * b, (j + 1) * b
+            kv = [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in _tensors(g.cache)]
+            parent = claim.hashes[j - 1] if j else None
+            payload = Block(kv, rows[:, :, start:end, :end].clone(), tuple(ids[start:end]), parent, start)
             nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + payload.rows.nbytes
-            block = self.cache.insert(claim.hashes[j], nbytes, payload)
+            with self.lock:
+                block = self.cache.insert(claim.hashes[j], nbytes, payload)
             if block is None:  # no room: later blocks would be unreachable without this one
                 break
             claim.held.append(block)
 
     def release(self, claim: Claim) -> None:
         """The run is over: its blocks stay cached until the byte budget needs their room."""
-        self.cache.release(claim.held)
+        with self.lock:
+            self.cache.release(claim.held)
         claim.held = []
+
+    def blocks(self) -> StoreView:
+        """Every cached block (eviction order) with its statistics, copied under the lock: the engine's
+        thread may be inserting or evicting meanwhile. No tensor is touched."""
+        with self.lock:
+            blocks = [
+                BlockInfo(
+                    c.block_hash.hex(),
+                    None if c.payload.parent is None else c.payload.parent.hex(),
+                    c.payload.start,
+                    c.payload.token_ids,
+                    c.ref_count,
+                    c.hits,
+                    c.nbytes,
+                )
+                for c in self.cache.eviction_order()
+            ]
+            return StoreView(blocks, self._stats())
 
     def stats(self) -> dict:
         """Hit rate, blocks and bytes held (for logs, the blocks view and the load bench)."""
+        with self.lock:
+            return self._stats()
+
+    def _stats(self) -> dict:
         s = self.cache.stats
         return {
             "block_size": self.block_size,
@@ -110,6 +168,8 @@ class PrefixStore:
             "hit_rate": s.hit_rate,
             "inserted_blocks": s.inserted_blocks,
             "evicted_blocks": s.evicted_blocks,
+            "evicted_bytes": s.evicted_bytes,
+            "refused_blocks": s.refused_blocks,
         }
 
 

@@ -5,6 +5,7 @@ generation) or runs its own prompt through the gate; its numbers come from :mod:
 its figures from :mod:`kvviz.figures.blocks`. The sharing and eviction sections live in
 ``blocks_sharing.py`` and ``blocks_eviction.py``. No arithmetic here: handlers check inputs and wire
 events. The named endpoint ``/blocks`` returns the JSON of ``python -m kvviz blocks --json``.
+The engine's real prefix cache, live, is the section in ``blocks_room.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from kvviz.blocks.table import allocations, from_trace
 from kvviz.capture.loop import capture, encode_prompt
 from kvviz.figures import blocks as fig
 from kvviz.safety import clean_prompt, whole_number
-from kvviz.ui import blocks_eviction, blocks_sharing
+from kvviz.ui import blocks_eviction, blocks_room, blocks_sharing
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.sessions import user_errors
@@ -188,6 +189,7 @@ def build(ctx: AppContext) -> None:
         ctx.on_trace(from_generate, [ctx.trace_state, block_size], [state, source, step, *view_outputs])
 
     blocks_sharing.build(ctx, block_size)
+    blocks_room.build(ctx)
     blocks_eviction.build(ctx, block_size)
 
     def blocks(

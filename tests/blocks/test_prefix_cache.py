@@ -74,3 +74,14 @@ def test_oversized_and_bad_inserts():
         PrefixCache(capacity_bytes=-5)
     again = cache.insert(b"k", 10)
     assert cache.insert(b"k", 10) is again and again.ref_count == 2, "an existing block is pinned, not copied"
+
+
+def test_eviction_order_puts_the_next_victim_first_and_held_blocks_last():
+    cache = PrefixCache(capacity_bytes=1000)
+    a = [cache.insert(h, 100) for h in block_hashes(list(range(12)), 4)]
+    b = cache.insert(b"b" * 32, 100)
+    assert [x.block_hash for x in cache.eviction_order()] == [x.block_hash for x in [*a, b]], "all held: by insert"
+    cache.release(a)  # tail first: a[2] is the least recently used
+    assert [x.block_hash for x in cache.eviction_order()] == [x.block_hash for x in [a[2], a[1], a[0], b]]
+    cache.release([b])
+    assert cache.eviction_order()[-1] is b, "the most recently released comes last"
