@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 PRESENT_SCALE = 1.6  # presentation mode: 12 px ticks become ~19 px, 17 px titles ~27 px
 BASE_FONT = 12  # plotly's default layout font size
+BASE_TITLE = 17  # plotly's default title size (1.4 × the layout font)
 BASE_MARGIN = {"l": 80, "r": 80, "t": 100, "b": 80}  # plotly's default margins
 META_KEY = "kvviz_scale"
 
@@ -27,15 +28,15 @@ def scale_of(fig: go.Figure) -> float:
     return 1.0
 
 
-def _height_gain(factor: float) -> float:
-    """Charts grow half as fast as their text, so larger labels keep room for the data on one screen."""
+def _gain(factor: float) -> float:
+    """Half the text's growth: for chart heights (room for the data on one screen) and titles (a long
+    title must still fit across a chart in half the page's width)."""
     return 1.0 + 0.5 * (factor - 1.0)
 
 
 def _fonts(fig: go.Figure) -> Iterator[Any]:
     """Every font object the figure sets or may set explicitly (layout, axes, annotations, traces)."""
     lay = fig.layout
-    yield lay.title.font
     yield lay.legend.font
     yield lay.legend.title.font
     yield lay.hoverlabel.font
@@ -67,6 +68,8 @@ def scaled(fig: go.Figure, factor: float) -> go.Figure:
         return out
     lay = out.layout
     lay.font.size = (lay.font.size or BASE_FONT * scale_of(out)) * ratio
+    title = lay.title.font
+    title.size = (title.size or BASE_TITLE) * _gain(factor) / _gain(scale_of(out))
     for font in _fonts(out):
         size = font.size
         if isinstance(size, (int, float)):
@@ -80,7 +83,7 @@ def scaled(fig: go.Figure, factor: float) -> go.Figure:
         elif ratio > 1:
             lay.margin[side] = round(default * ratio)
     if lay.height is not None:
-        lay.height = round(lay.height * _height_gain(factor) / _height_gain(scale_of(out)))
+        lay.height = round(lay.height * _gain(factor) / _gain(scale_of(out)))
     meta = dict(lay.meta) if isinstance(lay.meta, dict) else {}
     meta[META_KEY] = factor
     lay.meta = meta

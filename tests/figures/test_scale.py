@@ -10,17 +10,26 @@ from kvviz.figures.scale import PRESENT_SCALE, scale_of, scaled
 
 
 def sample() -> go.Figure:
-    fig = go.Figure(go.Heatmap(z=np.eye(3), text=[["1", "2", "3"]] * 3, texttemplate="%{text}",
-                               textfont=dict(size=9), colorbar=dict(title="share")))
+    fig = go.Figure(
+        go.Heatmap(
+            z=np.eye(3),
+            text=[["1", "2", "3"]] * 3,
+            texttemplate="%{text}",
+            textfont=dict(size=9),
+            colorbar=dict(title="share"),
+        )
+    )
     fig.add_annotation(text="note", x=0, y=0, font=dict(size=10))
-    fig.update_layout(title="Sink map", height=300, margin=dict(l=50, r=20, t=50, b=40),
-                      legend=dict(font=dict(size=10)))
+    fig.update_layout(
+        title="Sink map", height=300, margin=dict(l=50, r=20, t=50, b=40), legend=dict(font=dict(size=10))
+    )
     return fig
 
 
 def test_scaling_enlarges_layout_fonts_cells_annotations_and_margins():
     big = scaled(sample(), 2.0)
-    assert big.layout.font.size == 24  # ticks, titles and legends follow the layout font
+    assert big.layout.font.size == 24  # ticks, axis titles and legends follow the layout font
+    assert big.layout.title.font.size == pytest.approx(17 * 1.5)  # titles grow less: they must fit across the chart
     assert big.data[0].textfont.size == 18  # sink-map cell numbers
     assert big.layout.annotations[0].font.size == 20
     assert big.layout.legend.font.size == 20
