@@ -17,9 +17,14 @@ CAPTIONS = {
 }
 
 
-def cache_growth(trace: Trace) -> go.Figure:
-    """Cache bytes (MiB) after every step, with per-layer lengths and bytes on hover."""
-    steps = trace.steps
+def cache_growth(trace: Trace, upto: int | None = None) -> go.Figure:
+    """Cache bytes (MiB) after every step, with per-layer lengths and bytes on hover.
+
+    ``upto`` (a replay) draws the steps up to that one only, on the full run's axes, so the line grows
+    in place instead of the axes rescaling under it.
+    """
+    every = trace.steps
+    steps = every if upto is None else every[: max(0, min(int(upto), len(every) - 1)) + 1]
     x = [s.index for s in steps]
     y = [s.cache_bytes / 2**20 for s in steps]
     hover = [_layer_hover(s.cache_lens, s.layer_bytes) for s in steps]
@@ -28,7 +33,13 @@ def cache_growth(trace: Trace) -> go.Figure:
     if steps:
         fig.add_annotation(x=0, y=y[0], text=f"prefill: {plural(trace.n_prompt, 'token')}", showarrow=True, ax=50, ay=25)
     fig.update_xaxes(tickformat="d", rangemode="tozero")
-    fig.update_layout(title="KV cache size per step", xaxis_title="step (0 = prefill)",
+    title = "KV cache size per step"
+    if upto is not None and steps:
+        top = max(s.cache_bytes for s in every) / 2**20
+        fig.update_xaxes(range=[-0.5, max(1, len(every) - 1) + 0.5])
+        fig.update_yaxes(range=[0, top * 1.08])
+        title = f"KV cache after step {x[-1]}: {steps[-1].cache_lens[0]} tokens in layer 0"
+    fig.update_layout(title=title, xaxis_title="step (0 = prefill)",
                       yaxis_title="cache size (MiB)", height=320, margin=dict(l=50, r=20, t=50, b=40),
                       yaxis_rangemode="tozero")
     return fig
@@ -80,10 +91,17 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
     return fig
 
 
-def token_spans(trace: Trace) -> list[tuple[str, str | None]]:
-    """(text, label) pairs for a highlighted token strip: prompt vs generated."""
+def token_spans(trace: Trace, upto: int | None = None) -> list[tuple[str, str | None]]:
+    """(text, label) pairs for a highlighted token strip: prompt vs generated.
+
+    ``upto`` (a replay) stops after the token decode step ``upto`` produced (step 0, the prefill,
+    produced the first generated token).
+    """
     out = [(t, "prompt") for t in trace.tokens[: trace.n_prompt]]
-    out += [(t, "generated") for t in trace.tokens[trace.n_prompt:]]
+    generated = trace.tokens[trace.n_prompt:]
+    if upto is not None:
+        generated = generated[: max(0, int(upto)) + 1]
+    out += [(t, "generated") for t in generated]
     return out
 
 

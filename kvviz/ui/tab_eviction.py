@@ -28,6 +28,7 @@ from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
+from kvviz.ui.play import play_button
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import format_bytes, plural
@@ -175,6 +176,7 @@ def build(ctx: AppContext) -> None:
                             for h in range(info.kv_heads)], value=0, label="KV head", elem_id="evict-head")
         step = gr.Slider(0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)",
                          elem_id="evict-step")
+        play_button(step, "evict-play")
     strip = gr.HighlightedText(label="Tokens: kept / evicted / sink / window / heavy hitter", elem_id="evict-strip",
                                color_map=fig.ROLE_COLORS, combine_adjacent=False, show_legend=True,
                                show_inline_category=False)
@@ -221,7 +223,7 @@ def build(ctx: AppContext) -> None:
                            "eviction.policy": policy, "eviction.mode": mode, "eviction.budget": budget,
                            "eviction.ratio": ratio, "eviction.compress": compress, "eviction.max_new": max_new,
                            "eviction.run": run_btn, "eviction.needle": needle_btn, "eviction.sinks": sinks_btn,
-                           "eviction.compare": compare_btn})
+                           "eviction.compare": compare_btn, "eviction.step": step})
     keys = list(param_boxes)
     main_inputs = [prompt, question, chat, policy, mode, budget, ratio, max_new, compress, *param_boxes.values()]
     view_outputs = [strip, kept_plot, time_plot, score_plot, slots]

@@ -17,6 +17,7 @@ from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
+from kvviz.ui.play import play_button
 from kvviz.ui.sessions import job_failed, user_errors
 from kvviz.units import format_bytes, plural
 
@@ -96,6 +97,9 @@ def build(ctx: AppContext):
                                 color_map={"prompt": "#cfe2ff", "generated": "#ffd8a8"}, combine_adjacent=False,
                                 show_legend=True, show_inline_category=False)
     answer = gr.Textbox(label="Generated text", lines=3, elem_id="answer")
+    with gr.Row(equal_height=True):
+        step = gr.Slider(0, 1, value=0, step=1, label="Replay: decode step (0 = prefill)", elem_id="gen-step")
+        play_button(step, "gen-play")
     with gr.Row():
         with gr.Column():
             growth = gr.Plot(label="Cache growth", elem_id="cache-growth")
@@ -111,7 +115,8 @@ def build(ctx: AppContext):
         download_csv = gr.File(label="Steps (.csv)", interactive=False)
 
     ctx.components.update({"generate.prompt": prompt, "generate.chat": chat, "generate.max_new": max_new,
-                           "generate.example": example, "generate.button": go_btn})
+                           "generate.example": example, "generate.button": go_btn,
+                           "generate.step": step})
     example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
 
     def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, request: gr.Request):
@@ -158,9 +163,11 @@ def build(ctx: AppContext):
                                  budget_name.split(" (")[0],
                                  room_for_tokens(ctx.lm, GPU_BUDGETS.get(budget_name), ctx.info.weight_bytes)),
                 fig.equivalence_text(trace) if final else "Cached vs full recompute: checked when generation ends.",
-                waste_text(trace), *files)
+                waste_text(trace), *files,
+                gr.Slider(maximum=max(1, len(trace.steps) - 1), value=len(trace.steps) - 1) if final else gr.skip())
 
-    outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
+    outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv,
+               step]
     def check(prompt_text, use_chat, n_new, temp, p, sd, request: gr.Request):
         ids, n_new, _ = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
         ctx.jobs.hold(request, ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2))
@@ -176,6 +183,7 @@ def build(ctx: AppContext):
         ctx.stop_flag(request).set()
 
     stop_btn.click(stop, None, None, queue=False, api_name=False)
+    step.change(replay, [ctx.trace_state, step], [tokens, growth], api_name=False, show_progress="hidden")
 
     def api_generate(prompt_text: str, max_new_tokens: int = 48, chat: bool = True, temperature: float = 0.0,
                      top_p: float = 1.0, seed: int = 0, request: gr.Request = None) -> dict:
@@ -195,6 +203,15 @@ def build(ctx: AppContext):
 
     gr.api(gpu(api_generate), api_name="generate", concurrency_limit=None)
     return event
+
+
+def replay(trace, step):
+    """The token strip and cache growth as they were after decode step ``step`` of the session's run."""
+    if trace is None:
+        return gr.skip(), gr.skip()
+    with user_errors():
+        upto = whole_number(step or 0, "Step", 0, 10**9)
+    return fig.token_spans(trace, upto), fig.cache_growth(trace, upto)
 
 
 def _export(trace, folder: Path) -> tuple[str, str]:
