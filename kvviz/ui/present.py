@@ -110,7 +110,7 @@ def install(ctx: AppContext, demo: gr.Blocks) -> None:
     plots = [b for b in demo.blocks.values() if isinstance(b, gr.Plot)]
     flag = gr.Checkbox(False, visible=False, elem_id="present-flag")
     toggle = ctx.components.get("learn.present")
-    if toggle is not None:
+    if isinstance(toggle, gr.Button):
         toggle.click(rescale, [flag, *plots], plots, js=TOGGLE_JS, api_name=False, queue=False, show_progress="hidden")
     demo.load(rescale, [flag, *plots], plots, js=LOAD_JS, api_name=False, queue=False, show_progress="hidden")
     for plot in plots:
