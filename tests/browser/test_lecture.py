@@ -35,8 +35,10 @@ def open_page(browser_context, url: str, width: int = 1400, height: int = 1000):
 def test_a_deep_link_opens_the_view_and_copy_link_gives_it_back(browser_context, app_server):
     tab = open_page(browser_context, app_server + "?tab=memory&config=DeepSeek-V3&context=131072&batch=1e99")
     try:
-        tab.wait_for_function("document.querySelector('.tab-wrapper button[role=tab][aria-selected=true]')"
-                              ".innerText.trim() === 'Memory'", timeout=30_000)
+        tab.wait_for_function(
+            "document.querySelector('.tab-wrapper button[role=tab][aria-selected=true]').innerText.trim() === 'Memory'",
+            timeout=30_000,
+        )
         tab.locator("#memory-summary").get_by_text("131,072 tokens", exact=False).wait_for(timeout=30_000)
         assert tab.get_by_label("Context (tokens per sequence)").input_value() == "131072"
         assert "ignored" in tab.locator("#link-note").inner_text()  # the hostile batch, noted, not applied
@@ -116,8 +118,9 @@ def test_play_replays_a_run_and_arrow_keys_step_it(page):
     page.locator("#attn-step-chart .js-plotly-plot").wait_for(timeout=60_000)
     start = slider_value(page, "attn-step")
     page.locator("#attn-play").click()
-    page.wait_for_function(f"parseFloat(document.querySelector('#attn-step input[type=range]').value) >= "
-                           f"{0 if start >= 10 else start} + 2")
+    page.wait_for_function(
+        f"parseFloat(document.querySelector('#attn-step input[type=range]').value) >= {0 if start >= 10 else start} + 2"
+    )
     page.locator("#attn-play").click()
     held = slider_value(page, "attn-step")
     page.wait_for_timeout(1000)

@@ -38,20 +38,23 @@ def test_eviction_and_attention_links(components):
     assert at.values == {"attention.layer": 20, "attention.head": 3} and not at.notes
 
 
-@pytest.mark.parametrize("query, fragment", [
-    ({"tab": "memory", "context": "1e99"}, "outside the allowed range"),
-    ({"tab": "memory", "context": "nan"}, "context"),
-    ({"tab": "memory", "batch": "-3"}, "batch"),
-    ({"tab": "memory", "config": "<script>alert(1)</script>"}, "not one of the choices"),
-    ({"tab": "attention", "layer": "99"}, "outside the allowed range"),
-    ({"tab": "attention", "layer": "2.5"}, "whole number"),
-    ({"tab": "attention", "head": "9"}, "not one of the choices"),
-    ({"tab": "eviction", "budget": "0"}, "outside the allowed range"),
-    ({"tab": "eviction", "budget": "x" * 10_000}, "longer than"),
-    ({"tab": "../../etc/passwd"}, "not a view"),
-    ({"tab": "memory", "layer": "3"}, "not a setting of the memory view"),
-    ({"budget": "128"}, "without a known tab"),
-])
+@pytest.mark.parametrize(
+    "query, fragment",
+    [
+        ({"tab": "memory", "context": "1e99"}, "outside the allowed range"),
+        ({"tab": "memory", "context": "nan"}, "context"),
+        ({"tab": "memory", "batch": "-3"}, "batch"),
+        ({"tab": "memory", "config": "<script>alert(1)</script>"}, "not one of the choices"),
+        ({"tab": "attention", "layer": "99"}, "outside the allowed range"),
+        ({"tab": "attention", "layer": "2.5"}, "whole number"),
+        ({"tab": "attention", "head": "9"}, "not one of the choices"),
+        ({"tab": "eviction", "budget": "0"}, "outside the allowed range"),
+        ({"tab": "eviction", "budget": "x" * 10_000}, "longer than"),
+        ({"tab": "../../etc/passwd"}, "not a view"),
+        ({"tab": "memory", "layer": "3"}, "not a setting of the memory view"),
+        ({"budget": "128"}, "without a known tab"),
+    ],
+)
 def test_hostile_values_are_left_out_with_a_note(components, query, fragment):
     link = parse_link(query, components, TAB_IDS)
     assert not link.values
@@ -65,8 +68,11 @@ def test_valid_parts_of_a_half_bad_link_still_apply(components):
 
 
 def test_make_link_round_trips_through_parse(components):
-    url = make_link("http://host/", "tab_memory", {"memory.preset": "DeepSeek-V3", "memory.context": 131072.0,
-                                                  "memory.batch": 4, "eviction.budget": 9})
+    url = make_link(
+        "http://host/",
+        "tab_memory",
+        {"memory.preset": "DeepSeek-V3", "memory.context": 131072.0, "memory.batch": 4, "eviction.budget": 9},
+    )
     assert url == "http://host/?tab=memory&config=DeepSeek-V3&context=131072&batch=4"
     query = dict(p.split("=") for p in url.split("?")[1].split("&"))
     assert parse_link(query, components, TAB_IDS).values["memory.context"] == 131072
