@@ -28,7 +28,7 @@ def open_page(browser_context, url: str, width: int = 1400, height: int = 1000):
     tab.set_default_timeout(30_000)
     tab.set_viewport_size({"width": width, "height": height})
     tab.goto(url, wait_until="load")
-    tab.wait_for_selector("#generate-btn")
+    tab.wait_for_selector("#copy-link")  # above the tabs: visible whichever tab the link opens
     return tab
 
 
