@@ -22,10 +22,15 @@ GROWTH_POINTS = 256  # at most this many steps drawn: the line is straight, and 
 _SHOWN = {"\n": "↵", "\t": "⇥", " ": "␣", "\r": "␍"}
 
 
-def cache_growth(trace: Trace, max_points: int = GROWTH_POINTS) -> go.Figure:
+def cache_growth(trace: Trace, max_points: int = GROWTH_POINTS, upto: int | None = None) -> go.Figure:
     """Cache bytes (MiB) after every step (at most ``max_points`` of them, evenly spread, first and
-    last included), with per-layer lengths and bytes on hover."""
-    steps = trace.steps
+    last included), with per-layer lengths and bytes on hover.
+
+    ``upto`` (a replay) draws the steps up to that one only, on the full run's axes, so the line grows
+    in place instead of the axes rescaling under it.
+    """
+    every = trace.steps
+    steps = every if upto is None else every[: max(0, min(int(upto), len(every) - 1)) + 1]
     if len(steps) > max_points:
         keep = np.unique(np.linspace(0, len(steps) - 1, max_points).round().astype(int))
         steps = [steps[i] for i in keep]
@@ -47,8 +52,14 @@ def cache_growth(trace: Trace, max_points: int = GROWTH_POINTS) -> go.Figure:
             x=0, y=y[0], text=f"prefill: {plural(trace.n_prompt, 'token')}", showarrow=True, ax=50, ay=25
         )
     fig.update_xaxes(tickformat="d", rangemode="tozero")
+    title = "KV cache size per step"
+    if upto is not None and steps:
+        top = max(s.cache_bytes for s in every) / 2**20
+        fig.update_xaxes(range=[-0.5, max(1, len(every) - 1) + 0.5])
+        fig.update_yaxes(range=[0, top * 1.08])
+        title = f"KV cache after step {x[-1]}: {steps[-1].cache_lens[0]} tokens in layer 0"
     fig.update_layout(
-        title="KV cache size per step",
+        title=title,
         xaxis_title="step (0 = prefill)",
         yaxis_title="cache size (MiB)",
         height=320,
@@ -125,10 +136,17 @@ def chip_text(token: str) -> str:
     return shown + "\n" if "\n" in token else shown
 
 
-def token_spans(trace: Trace) -> list[tuple[str, str | None]]:
-    """(text, label) pairs for a highlighted token strip, one chip per token: prompt vs generated."""
+def token_spans(trace: Trace, upto: int | None = None) -> list[tuple[str, str | None]]:
+    """(text, label) pairs for a highlighted token strip, one chip per token: prompt vs generated.
+
+    ``upto`` (a replay) stops after the token decode step ``upto`` produced (step 0, the prefill,
+    produced the first generated token).
+    """
     out: list[tuple[str, str | None]] = [(chip_text(t), "prompt") for t in trace.tokens[: trace.n_prompt]]
-    out += [(chip_text(t), "generated") for t in trace.tokens[trace.n_prompt :]]
+    generated = trace.tokens[trace.n_prompt :]
+    if upto is not None:
+        generated = generated[: max(0, int(upto)) + 1]
+    out += [(chip_text(t), "generated") for t in generated]
     return out
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.ui import (
+    deeplinks,
+    present,
     tab_attention,
     tab_blocks,
     tab_eviction,
@@ -68,6 +70,8 @@ body.kvviz-present .prose, body.kvviz-present .prose p, body.kvviz-present .pros
 body.kvviz-present .prose h2 {font-size: 36px !important}
 body.kvviz-present .prose h3 {font-size: 30px !important}
 body.kvviz-present button[role="tab"] {font-size: 22px !important; font-weight: 600}
+/* a chart's label gets its own line above the chart instead of floating over the chart's title */
+body.kvviz-present [data-testid="block-label"].float {position: static !important; margin: 0 0 8px 0 !important}
 body.kvviz-present .caption, body.kvviz-present .learn-note, body.kvviz-present footer {display: none !important}
 """
 
@@ -97,6 +101,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
             "# kvviz — see a transformer's KV cache\n"
             "A real model generates while every layer's keys, values and attention are captured."
         )
+        links = deeplinks.bar()
         generate_event = None
         with gr.Tabs() as ctx.tabs:
             for title, module in TABS:
@@ -107,4 +112,6 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         if generate_event is not None:
             for fn, inputs, outputs in ctx.listeners:
                 generate_event = generate_event.then(fn, inputs, outputs, api_name=False)
+        present.install(ctx, demo)
+        deeplinks.install(ctx, demo, links, {title: tab_id(module) for title, module in TABS})
     return demo

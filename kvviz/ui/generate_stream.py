@@ -87,6 +87,14 @@ def waste_text(trace: Trace) -> str:
     )
 
 
+def replay_range(snap: Snapshot[Trace]):
+    """The replay slider's update for a snapshot: the finished run's steps, at its last one (else left alone)."""
+    trace = snap.item
+    if not snap.done or trace is None or trace.colsum is None:
+        return gr.skip()
+    return gr.Slider(maximum=max(1, len(trace.steps) - 1), value=len(trace.steps) - 1)
+
+
 class LiveRun:
     """One run's rendering. Per-run constants (the gauge's budget and room for tokens) are fixed here,
     once; :meth:`outputs` renders a snapshot as the tab's ten outputs, skipping what is not due."""

@@ -12,6 +12,7 @@ from kvviz.figures import attention as fig
 from kvviz.safety import whole_number
 from kvviz.sinks import group_text, sink_frame
 from kvviz.ui.context import AppContext
+from kvviz.ui.play import play_button
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, waiting_table
 
@@ -161,14 +162,16 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["heatmap"], elem_classes="caption")
 
     gr.Markdown("### Step scrubber: what one new query reads")
-    step = gr.Slider(
-        0,
-        1,
-        value=0,
-        step=1,
-        label="Step (0 = the prefill's last query; then one per generated token)",
-        elem_id="attn-step",
-    )
+    with gr.Row(equal_height=True):
+        step = gr.Slider(
+            0,
+            1,
+            value=0,
+            step=1,
+            label="Step (0 = the prefill's last query; then one per generated token)",
+            elem_id="attn-step",
+        )
+        play_button(step, "attn-play")
     step_plot = gr.Plot(label="All heads of the layer at this step", elem_id="attn-step-chart")
     gr.Markdown(fig.CAPTIONS["step"], elem_classes="caption")
 

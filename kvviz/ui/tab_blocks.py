@@ -19,6 +19,7 @@ from kvviz.safety import clean_prompt, whole_number
 from kvviz.ui import blocks_eviction, blocks_room, blocks_sharing
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.play import play_button
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, waiting_table
 
@@ -132,6 +133,7 @@ def build(ctx: AppContext) -> None:
             label="Step (0 = after the prefill, then one per generated token)",
             elem_id="blocks-step",
         )
+        play_button(step, "blocks-play")
         layer = gr.Slider(0, info.layers - 1, value=0, step=1, label="Layer (slot view)", elem_id="blocks-layer")
     summary = gr.Markdown(elem_id="blocks-summary")
     grid = captioned_plot("Blocks per layer and KV head", "blocks-grid", fig.CAPTIONS["grid"])

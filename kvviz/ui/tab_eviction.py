@@ -28,6 +28,7 @@ from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
+from kvviz.ui.play import play_button
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import format_bytes, plural
@@ -246,6 +247,7 @@ def build(ctx: AppContext) -> None:
         step = gr.Slider(
             0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)", elem_id="evict-step"
         )
+        play_button(step, "evict-play")
     strip = gr.HighlightedText(
         label="Tokens: kept / evicted / sink / window / heavy hitter",
         elem_id="evict-strip",
@@ -325,6 +327,7 @@ def build(ctx: AppContext) -> None:
             "eviction.needle": needle_btn,
             "eviction.sinks": sinks_btn,
             "eviction.compare": compare_btn,
+            "eviction.step": step,
         }
     )
     keys = list(param_boxes)

@@ -14,9 +14,10 @@ from kvviz.memory.capacity import max_context
 from kvviz.memory.layout import cache_layout
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
-from kvviz.ui.generate_stream import STATUS_S, LiveRun, mark
+from kvviz.ui.generate_stream import STATUS_S, LiveRun, mark, replay_range
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
+from kvviz.ui.play import play_button
 from kvviz.ui.sessions import job_failed, user_errors
 from kvviz.ui.streaming import Background
 from kvviz.units import plural
@@ -96,6 +97,9 @@ def build(ctx: AppContext):
         show_inline_category=False,
     )
     answer = gr.Textbox(label="Generated text", lines=3, elem_id="answer")
+    with gr.Row(equal_height=True):
+        step = gr.Slider(0, 1, value=0, step=1, label="Replay: decode step (0 = prefill)", elem_id="gen-step")
+        play_button(step, "gen-play")
     with gr.Row():
         with gr.Column():
             growth = gr.Plot(label="Cache growth", elem_id="cache-growth")
@@ -117,6 +121,7 @@ def build(ctx: AppContext):
             "generate.max_new": max_new,
             "generate.example": example,
             "generate.button": go_btn,
+            "generate.step": step,
         }
     )
     example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
@@ -164,7 +169,7 @@ def build(ctx: AppContext):
             job = Background(work, mark=mark, on_exit=[ticket.release], name="kvviz-generate")
             job.start()
             for snap in job.snapshots(STATUS_S):
-                yield live.outputs(snap, note=ctx.jobs.timeout_note(ticket))
+                yield (*live.outputs(snap, note=ctx.jobs.timeout_note(ticket)), replay_range(snap))
         except gr.Error:
             raise
         except Exception as exc:
@@ -176,7 +181,7 @@ def build(ctx: AppContext):
                 ticket.release()
             ctx.forget_session(request)
 
-    outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
+    outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv, step]
 
     def check(prompt_text, use_chat, n_new, temp, p, sd, request: gr.Request):
         ids, n_new, _ = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
@@ -207,6 +212,7 @@ def build(ctx: AppContext):
         ctx.stop_flag(request).set()
 
     stop_btn.click(stop, None, None, queue=False, api_name=False)
+    step.change(replay, [ctx.trace_state, step], [tokens, growth], api_name=False, show_progress="hidden")
 
     def api_generate(
         prompt_text: str,
@@ -247,6 +253,15 @@ def build(ctx: AppContext):
 
     gr.api(api_engine, api_name="engine", queue=False)
     return event
+
+
+def replay(trace, step):
+    """The token strip and cache growth as they were after decode step ``step`` of the session's run."""
+    if trace is None:
+        return gr.skip(), gr.skip()
+    with user_errors():
+        upto = whole_number(step or 0, "Step", 0, 10**9)
+    return fig.token_spans(trace, upto), fig.cache_growth(trace, upto=upto)
 
 
 def _export(trace, folder: Path) -> tuple[str, str]:

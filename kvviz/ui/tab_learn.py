@@ -3,8 +3,8 @@
 Built last, so the other tabs' registered components (``ctx.components``) exist: a "show me" sets
 them, switches ``ctx.tabs`` to the view and presses its button (by element id, once the tab is
 mounted). Components a build lacks are listed under the button instead of failing. Presentation
-mode (toggle, or ``?present=1``) adds ``kvviz-present`` to the page body (CSS in ``app.py``):
-large type, high contrast, no captions; ← / → step the visible decode-step slider (``.kvviz-step``).
+mode's toggle is built here and wired by ``kvviz/ui/present.py`` (large type, high contrast, no
+captions, larger charts; ← / → step the visible step slider).
 """
 
 from __future__ import annotations
@@ -17,33 +17,10 @@ from kvviz.capture.loop import capture
 from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS, Question, ShowMe, decode_step_view
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
+from kvviz.ui.present import STEP_CLASS
 from kvviz.ui.sessions import user_errors
 
-PRESENT_CLASS = "kvviz-present"
-STEP_CLASS = "kvviz-step"  # sliders the arrow keys step in presentation mode
-STEP_KEYS = ("attention.step", "eviction.step")  # other tabs' decode-step sliders, marked at build time if registered
 EXAMPLE_PROMPT = "Once upon a time"
-TOGGLE_JS = f"() => {{ document.body.classList.toggle('{PRESENT_CLASS}'); return []; }}"
-LOAD_JS = """() => {
-  if (window.kvvizPresentInstalled) return [];
-  window.kvvizPresentInstalled = true;
-  if (new URLSearchParams(window.location.search).get('present') === '1') document.body.classList.add('__CLS__');
-  document.addEventListener('keydown', (e) => {
-    if (!document.body.classList.contains('__CLS__') || (e.key !== 'ArrowRight' && e.key !== 'ArrowLeft')) return;
-    const t = e.target, tag = (t && t.tagName) || '';
-    if (tag === 'INPUT' || tag === 'TEXTAREA' || tag === 'SELECT' || (t && t.isContentEditable)) return;
-    const s = [...document.querySelectorAll('.__STEP__ input[type=range]')].find((x) => x.offsetParent !== null);
-    if (!s) return;
-    const step = parseFloat(s.step) || 1, lo = parseFloat(s.min), hi = parseFloat(s.max), old = parseFloat(s.value);
-    const v = Math.min(hi, Math.max(lo, old + (e.key === 'ArrowRight' ? step : -step)));
-    e.preventDefault();
-    if (v === old) return;
-    Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(s, String(v));
-    for (const name of ['input', 'change']) s.dispatchEvent(new Event(name, {bubbles: true}));
-    s.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
-  });
-  return [];
-}""".replace("__CLS__", PRESENT_CLASS).replace("__STEP__", STEP_CLASS)
 PRESS_JS = """() => {
   const press = __PRESS__, anchor = __ANCHOR__, t0 = Date.now();
   const tick = () => {
@@ -129,10 +106,6 @@ def walkthrough(trace, step):
 
 def build(ctx: AppContext) -> None:
     """Build the Learn tab inside the caller's ``gr.Tab`` (after every other tab)."""
-    for key in STEP_KEYS:  # let the arrow keys reach other tabs' decode-step sliders
-        if key in ctx.components:
-            comp = ctx.components[key]
-            comp.elem_classes = [*(comp.elem_classes or []), STEP_CLASS]
     pending = gr.State(None)  # a view to open once a generation started by "show me" has finished
     walk_trace = gr.State(None)
     with gr.Row():
@@ -141,8 +114,6 @@ def build(ctx: AppContext) -> None:
             "example into the view that demonstrates it. Go through them in order; no typing needed."
         )
         present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
-    present.click(None, None, None, js=TOGGLE_JS, api_name=False, queue=False)
-    gr.on(triggers=None, fn=None, inputs=None, outputs=None, js=LOAD_JS)  # on page load: keys and ?present=1
 
     n = len(OBJECTIVES)
     ids = [f"learn-{o.number}" for o in OBJECTIVES] + ["learn-questions", "learn-pitfalls"]

@@ -24,6 +24,22 @@ def test_cache_growth_plots_measured_bytes(trace):
     assert "30 layers" in f.data[0].customdata[0]  # per-layer breakdown on hover
 
 
+def test_cache_growth_replays_up_to_a_step_on_the_full_runs_axes(trace):
+    f = fig.cache_growth(trace, upto=2)
+    assert list(f.data[0].x) == [0, 1, 2]
+    assert f.data[0].y[-1] == trace.steps[2].cache_bytes / 2**20
+    assert f.layout.xaxis.range[1] >= len(trace.steps) - 1  # the axes do not move while it plays
+    assert f.layout.yaxis.range[1] >= max(s.cache_bytes for s in trace.steps) / 2**20
+    assert f"{trace.steps[2].cache_lens[0]} tokens" in f.layout.title.text
+    assert list(fig.cache_growth(trace, upto=10**6).data[0].x) == [s.index for s in trace.steps]  # clamped
+
+
+def test_token_spans_replay_shows_the_tokens_produced_so_far(trace):
+    spans = fig.token_spans(trace, upto=0)
+    assert len(spans) == trace.n_prompt + 1  # the prefill produced the first generated token
+    assert len(fig.token_spans(trace, upto=2)) == trace.n_prompt + 3
+
+
 def test_gauge_says_how_many_tokens_fit(trace):
     f = fig.memory_gauge(trace.cache_bytes, trace.model.weight_bytes, 16e9, "T4", 123_456)
     assert "room for 123,456 cached tokens" in f.layout.title.text

@@ -77,3 +77,10 @@ def test_the_end_sends_everything_once(live, trace):
     assert out[0] is trace and out[1].startswith("Done: 6 tokens") and "stop: max_new_tokens" in out[1]
     assert not skipped(out[4]) and not skipped(out[5]) and "equals" in out[6]
     assert out[8:] == ("trace.npz", "steps.csv") and live.exported == [trace]
+
+
+def test_the_replay_slider_is_set_only_when_the_run_is_done(trace):
+    assert skipped(gs.replay_range(running(trace, 3)))
+    assert skipped(gs.replay_range(Snapshot(None, None, None, 0, True)))
+    done = gs.replay_range(Snapshot(trace, (6, trace.text), None, 7, True))
+    assert done.maximum == len(trace.steps) - 1 and done.value == len(trace.steps) - 1

@@ -1,0 +1,127 @@
+"""Lecture features in a real browser: deep links and Copy link, presentation-sized charts without
+overlaps, arrow keys, and play/pause replaying a finished run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+LONG = 180_000
+OVERLAP_JS = """() => {
+  const boxes = [];
+  for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+    if (plot.offsetParent === null) continue;
+    const block = plot.closest('.block'), label = block && block.querySelector('[data-testid=block-label]');
+    const title = plot.querySelector('.gtitle');
+    if (!label || !title) continue;
+    const a = label.getBoundingClientRect(), b = title.getBoundingClientRect();
+    const hit = a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+    boxes.push([block.id, hit, parseFloat(title.style.fontSize || getComputedStyle(title).fontSize)]);
+  }
+  return boxes;
+}"""
+
+
+def open_page(browser_context, url: str, width: int = 1400, height: int = 1000):
+    tab = browser_context.new_page()
+    tab.set_default_timeout(30_000)
+    tab.set_viewport_size({"width": width, "height": height})
+    tab.goto(url, wait_until="load")
+    tab.wait_for_selector("#copy-link")  # above the tabs: visible whichever tab the link opens
+    return tab
+
+
+def test_a_deep_link_opens_the_view_and_copy_link_gives_it_back(browser_context, app_server):
+    tab = open_page(browser_context, app_server + "?tab=memory&config=DeepSeek-V3&context=131072&batch=1e99")
+    try:
+        tab.wait_for_function(
+            "document.querySelector('.tab-wrapper button[role=tab][aria-selected=true]').innerText.trim() === 'Memory'",
+            timeout=30_000,
+        )
+        tab.locator("#memory-summary").get_by_text("131,072 tokens", exact=False).wait_for(timeout=30_000)
+        assert tab.get_by_label("Context (tokens per sequence)").input_value() == "131072"
+        assert "ignored" in tab.locator("#link-note").inner_text()  # the hostile batch, noted, not applied
+        assert tab.get_by_label("Batch (sequences)").input_value() == "1"
+        tab.locator("#copy-link").click()
+        tab.wait_for_function("document.querySelector('#link-url textarea, #link-url input').value.includes('tab=')")
+        url = tab.locator("#link-url textarea, #link-url input").first.input_value()
+        assert url.startswith(app_server.rstrip("/"))
+        assert "tab=memory" in url and "config=DeepSeek-V3" in url and "context=131072" in url
+    finally:
+        tab.close()
+    tab = open_page(browser_context, app_server + "?tab=attention&layer=5&head=3")
+    try:
+        tab.wait_for_function("document.querySelector('#attn-layer input[type=number]').value === '5'")
+        assert tab.locator("#attn-head input").input_value().startswith("q3")
+    finally:
+        tab.close()
+
+
+@pytest.mark.parametrize("width,height", [(1280, 720), (1920, 1080)])
+def test_presentation_mode_enlarges_chart_text_without_covering_titles(browser_context, app_server, width, height):
+    plain = open_page(browser_context, app_server + "?tab=memory", width, height)
+    big = open_page(browser_context, app_server + "?tab=memory&present=1", width, height)
+    try:
+        for tab in (plain, big):
+            tab.locator("#memory-size .gtitle").wait_for(timeout=30_000)
+        big.wait_for_function("() => parseFloat(document.querySelector('#memory-size .gtitle').style.fontSize) > 20")
+        normal = {b[0]: b for b in plain.evaluate(OVERLAP_JS)}
+        shown = big.evaluate(OVERLAP_JS)
+        assert shown, "no labelled chart with a title on the Memory tab"
+        for elem_id, hit, size in shown:
+            assert not hit, f"{elem_id}: the panel label covers the chart title at {width}×{height}"
+            if elem_id in normal:
+                assert size >= 1.2 * normal[elem_id][2], (elem_id, size, normal[elem_id][2])
+        ticks = "() => parseFloat(document.querySelector('#memory-size .xtick text').style.fontSize)"
+        assert big.evaluate(ticks) >= 1.4 * plain.evaluate(ticks)  # tick labels scale through the layout too
+    finally:
+        plain.close()
+        big.close()
+
+
+def slider_value(page, elem_id: str) -> int:
+    return int(float(page.locator(f"#{elem_id} input[type=range]").input_value()))
+
+
+def test_play_replays_a_run_and_arrow_keys_step_it(page):
+    page.locator("#prompt textarea").fill("Once upon a time")
+    page.get_by_label("Use the chat template").uncheck()
+    num = page.get_by_label("number input for Max new tokens")
+    num.fill("24")
+    num.press("Enter")
+    page.locator("#generate-btn").click()
+    page.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=LONG)
+    page.wait_for_function("parseFloat(document.querySelector('#gen-step input[type=range]').max) >= 10")
+
+    page.locator("#gen-play").click()  # at the end: play starts over from step 0
+    page.wait_for_function("parseFloat(document.querySelector('#gen-step input[type=range]').value) >= 3")
+    page.locator("#gen-play").click()  # pause
+    held = slider_value(page, "gen-step")
+    page.wait_for_timeout(1200)
+    assert slider_value(page, "gen-step") == held
+    assert held < 20
+    page.wait_for_function(f"document.querySelector('#cache-growth .gtitle').textContent.includes('step {held}:')")
+
+    # presentation mode: → steps the open tab's slider, but not while typing in the prompt
+    page.evaluate("document.body.classList.add('kvviz-present')")
+    page.locator("#gen-status").click()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"document.querySelector('#gen-step input[type=range]').value === '{held + 1}'")
+    page.locator("#prompt textarea").click()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_timeout(500)
+    assert slider_value(page, "gen-step") == held + 1
+
+    # Attention replays the same run: play moves its step slider, pause holds it
+    page.get_by_role("tab", name="Attention").click()
+    page.locator("#attn-step-chart .js-plotly-plot").wait_for(timeout=60_000)
+    start = slider_value(page, "attn-step")
+    page.locator("#attn-play").click()
+    page.wait_for_function(
+        f"parseFloat(document.querySelector('#attn-step input[type=range]').value) >= {0 if start >= 10 else start} + 2"
+    )
+    page.locator("#attn-play").click()
+    held = slider_value(page, "attn-step")
+    page.wait_for_timeout(1000)
+    assert slider_value(page, "attn-step") == held
