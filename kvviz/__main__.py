@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
-from kvviz.commands import evict, memory, trace
+from kvviz.commands import evict, memory, sweep, trace
 
-COMMANDS = [trace, memory, evict]
+COMMANDS = [trace, memory, evict, sweep]
 
 
 def main(argv: list[str] | None = None) -> int:
