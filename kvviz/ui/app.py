@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import gradio as gr
 
-from kvviz.ui import tab_attention, tab_eviction, tab_generate, tab_learn, tab_memory, tab_nocache, tab_quant
+from kvviz.ui import (
+    tab_attention,
+    tab_eviction,
+    tab_generate,
+    tab_leaderboard,
+    tab_learn,
+    tab_memory,
+    tab_nocache,
+    tab_quant,
+)
 from kvviz.ui.context import AppContext
 
 # (tab title, module with ``build(ctx)``); a tab's id is its module's name (the Learn tab links by it)
@@ -12,6 +21,7 @@ TABS = [
     ("Generate", tab_generate),
     ("Attention", tab_attention),
     ("Eviction", tab_eviction),
+    ("Leaderboard", tab_leaderboard),
     ("Memory", tab_memory),
     ("Quantization", tab_quant),
     ("Cache vs no cache", tab_nocache),

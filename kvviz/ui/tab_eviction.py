@@ -11,6 +11,8 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.eviction.compare import compare
+from kvviz.eviction.compose import compose
+from kvviz.eviction.compose import schemes as compose_schemes
 from kvviz.eviction.demos import (
     NEEDLE_BUDGET,
     NEEDLE_FILLER,
@@ -106,6 +108,15 @@ def status_text(run, policy) -> str:
             f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}")
 
 
+def policy_text(name: str) -> str:
+    """The chosen policy's paper, idea and score, shown beside its parameters."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        return ""
+    score = f"**Score:** {cls.score_label}." if cls.score_label else "**Score:** none — position alone decides."
+    return f"**{cls.title}** — *{cls.paper}*. {cls.summary} {score}"
+
+
 def views(run, layer, head, step, score_label=""):
     """Strip, kept map, timeline, scores and slot table for the chosen layer, KV head and step."""
     if run is None:
@@ -139,10 +150,11 @@ def build(ctx: AppContext) -> None:
             mode = gr.Radio(BUDGET_MODES, value="tokens", label="Budget as", elem_id="evict-mode")
             budget = gr.Number(NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head",
                                elem_id="evict-budget")
-            ratio = gr.Slider(0.0, 0.99, value=0.5, step=0.01, label="Compression ratio r (fraction evicted)",
+            ratio = gr.Slider(0.0, 0.99, value=0.5, step=0.005, label="Compression ratio r (fraction evicted)",
                               elem_id="evict-ratio", visible=False)
             max_new = gr.Slider(1, min(128, ctx.settings.max_new_tokens), value=16, step=1, label="Max new tokens",
                                 elem_id="evict-max-new")
+            about = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
             param_boxes, groups = {}, {}
             for name, cls in POLICIES.items():
                 specs = field_specs(cls)
@@ -180,6 +192,11 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
     score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
     gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
+    with gr.Row():
+        budget_plot = captioned_plot("Budget per layer and KV head", "evict-budgets", fig.CAPTIONS["budgets"])
+        with gr.Column():
+            budget_table = gr.Dataframe(label="What the kept set costs", elem_id="evict-budget-bytes")
+            gr.Markdown(fig.CAPTIONS["budget_bytes"], elem_classes="caption")
     slots = gr.Dataframe(label="The chosen KV head's cache: slot, original position, RoPE position",
                          elem_id="evict-slots", max_height=260)
     gr.Markdown("Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
@@ -198,6 +215,15 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
         kl_plot = captioned_plot("KL per step", "evict-kl", fig.CAPTIONS["kl"])
+
+    gr.Markdown("### Compose: the policy's kept entries, quantized")
+    with gr.Row():
+        scheme = gr.Dropdown(list(compose_schemes()), value="KIVI-4", label="Quantization of what the policy keeps",
+                             elem_id="evict-scheme")
+        compose_btn = gr.Button("Compose", elem_id="evict-compose")
+    compose_table = gr.Dataframe(label="Full cache · policy · quantization · both", elem_id="evict-compose-table",
+                                 wrap=True)
+    gr.Markdown(fig.CAPTIONS["compose"], elem_classes="caption")
 
     gr.Markdown("### Demos")
     with gr.Row():
@@ -235,9 +261,10 @@ def build(ctx: AppContext) -> None:
             result = _user(lambda: req.run(ctx.lm, should_stop=ticket.expired))
         return (result, status_text(result, req.policy), result.text,
                 gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
-                *views(result, info.layers - 1, 0, 0, req.policy.score_label))
+                *views(result, info.layers - 1, 0, 0, req.policy.score_label), fig.budget_map(result),
+                fig.budget_bytes(result))
 
-    run_outputs = [run_state, status, answer, step, *view_outputs]
+    run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
     run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
         gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None)
 
@@ -247,8 +274,8 @@ def build(ctx: AppContext) -> None:
 
     for control in (layer, head, step):
         control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
-    policy.change(lambda n: [gr.Group(visible=n == name) for name in groups], policy, list(groups.values()),
-                  api_name=False, queue=False)
+    policy.change(lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)], policy,
+                  [*groups.values(), about], api_name=False, queue=False)
     mode.change(lambda m: (gr.Number(visible=m == "tokens"), gr.Slider(visible=m == "ratio")), mode,
                 [budget, ratio], api_name=False, queue=False)
 
@@ -286,6 +313,19 @@ def build(ctx: AppContext) -> None:
                       concurrency_limit=None).success(
         gpu(run_compare), [chosen, *main_inputs], [verdict, table, bytes_plot, kl_plot], api_name=False,
         concurrency_limit=None)
+
+    def run_compose(name, *args, request: gr.Request, progress=gr.Progress()):
+        req = gather(*args)
+        if name not in compose_schemes():
+            raise UserError(f"Pick a quantization: {', '.join(compose_schemes())}.")
+        with ctx.jobs.start(request, "composition", len(req.ids), req.max_new_tokens, runs=7) as ticket:
+            comp = _user(lambda: compose(ctx.lm, req.ids, req.policy, compose_schemes()[name], budget=req.budget,
+                                         ratio=req.ratio, n_compress=req.n_compress,
+                                         max_new_tokens=req.max_new_tokens, should_stop=ticket.expired,
+                                         progress=lambda f, d: progress(f, desc=d)), what="Composition")
+        return fig.composition_table(comp)
+
+    compose_btn.click(gpu(run_compose), [scheme, *main_inputs], compose_table, api_name=False, concurrency_limit=None)
 
     def run_needle(comp, request: gr.Request, progress=gr.Progress()):
         with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):
