@@ -83,26 +83,30 @@ class SharedPrefixCache(Cache):
 
     def attend(self, module, query, key, value, attention_mask, implementation, *args, **kwargs):
         """Softmax attention of each row over its kept prefill entries and its valid new ones (causal among the
-        q newest). query [B, Hq, q, D]; key/value: the rows' new entries [B, Hkv, t, D]. Returns ([B, q, Hq, D], None)."""
+        q newest). query [B, Hq, q, D]; key/value: the rows' new entries [B, Hkv, t, D]. Returns ([B, q, Hq, D], None).
+
+        Scores live in one buffer laid out [Hkv, B, g·q, S + t] so that the shared-prefix products are one GEMM
+        per KV head in and out, with no copy of the prefill per row.
+        """
         layer = self.layers[module.layer_idx]
         b, hq, q, d = query.shape
         pk, pv = layer.prefix_keys, layer.prefix_values  # [Hkv, S, D]
         hkv, s = pk.shape[0], pk.shape[1]
         g, t = hq // hkv, key.shape[2]
         scale = kwargs.get("scaling") or 1.0 / math.sqrt(d)
-        qh = query.reshape(b, hkv, g * q, d)  # query head h reads KV head h // g (repeat_kv order)
-        flat = qh.transpose(0, 1).reshape(hkv, b * g * q, d)  # one GEMM per KV head over every row
-        sp = torch.bmm(flat, pk.transpose(1, 2)).view(hkv, b, g * q, s).transpose(0, 1)  # [B, Hkv, gq, S]
-        sp = sp.masked_fill(~layer.keep[:, :, None, :], float("-inf"))
-        sn = torch.matmul(qh, key.transpose(2, 3))  # [B, Hkv, gq, t]
+        qh = (query * scale).reshape(b, hkv, g * q, d)  # query head h reads KV head h // g (repeat_kv order)
+        flat = qh.transpose(0, 1).reshape(hkv, b * g * q, d)
+        scores = query.new_empty(hkv, b, g * q, s + t)
+        scores[..., :s] = torch.bmm(flat, pk.transpose(1, 2)).view(hkv, b, g * q, s)
+        scores[..., :s].masked_fill_(~layer.keep.transpose(0, 1)[:, :, None, :], float("-inf"))
         slot, row = torch.arange(t, device=query.device), torch.arange(q, device=query.device)
         causal = slot[None, :] <= t - q + row[:, None]  # [q, t]: the q newest entries are this forward's tokens
-        allowed = layer.valid[:, None, None, :] & causal.repeat(g, 1)[None, None]  # [B, 1, gq, t]
-        sn = sn.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(torch.cat([sp, sn], dim=-1) * scale, dim=-1)  # [B, Hkv, gq, S + t]
-        pp = probs[..., :s].transpose(0, 1).reshape(hkv, b * g * q, s)
-        out = torch.bmm(pp, pv).view(hkv, b, g * q, d).transpose(0, 1)  # [B, Hkv, gq, D]
-        out = out + torch.matmul(probs[..., s:], value)
+        allowed = layer.valid[:, None, :] & causal.repeat(g, 1)[None]  # [B, g·q, t]
+        new = torch.matmul(qh, key.transpose(2, 3)).masked_fill_(~allowed[:, None], float("-inf"))  # [B, Hkv, gq, t]
+        scores[..., s:] = new.transpose(0, 1)
+        probs = torch.softmax(scores, dim=-1, out=scores)
+        out = torch.bmm(probs[..., :s].reshape(hkv, b * g * q, s), pv).view(hkv, b, g * q, d).transpose(0, 1)
+        out = out + torch.matmul(probs[..., s:].transpose(0, 1), value)  # [B, Hkv, gq, D]
         return out.reshape(b, hq, q, d).transpose(1, 2).contiguous(), None
 
     def forward_kwargs(self) -> dict:
