@@ -1,4 +1,4 @@
-"""Eviction tab: what StreamingLLM, H2O and SnapKV keep per layer and KV head, and what that does to the answer.
+"""Eviction tab: what each registered policy keeps per layer and KV head, and what that does to the answer.
 
 Handlers check raw widget values (``gr.Error`` says what to fix), call :mod:`kvviz.eviction.run`,
 :mod:`kvviz.eviction.compare` and :mod:`kvviz.eviction.demos`, and draw with

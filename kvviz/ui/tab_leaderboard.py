@@ -77,7 +77,7 @@ def build(ctx: AppContext) -> None:
         mode = gr.Radio(list(MODES), value="query_aware", label="Mode", elem_id="lb-mode")
         x_axis = gr.Radio([(label, key) for key, label in fig.X_AXES.items()], value="ratio", label="x axis",
                           elem_id="lb-x")
-    state = gr.State(data)
+    state = gr.State(None)  # None: the stored result (shared, read-only); a session's own sweep replaces it
     table0 = results.table(data) if data is not None else None
     pols0 = data["config"]["policies"] if data is not None else list(DEFAULT_POLICIES)
     plot = captioned_plot("Score vs compression", "lb-curves", fig.CAPTIONS["curves"],
@@ -96,7 +96,11 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["samples"], elem_classes="caption")
     needle = gr.Markdown(elem_id="lb-needle")
 
+    def mine(d: dict | None) -> dict | None:
+        return d if d is not None else data
+
     def draw(d, m, md, x):
+        d = mine(d)
         if d is None:
             return gr.skip(), gr.skip()
         with user_errors():
@@ -111,6 +115,7 @@ def build(ctx: AppContext) -> None:
                 gr.Dropdown(choices=rs, value=rs[len(rs) // 2] if rs else None))
 
     def list_samples(d, pol, r, md):
+        d = mine(d)
         if d is None or pol is None or r is None:
             return pd.DataFrame()
         return fig.samples_table(results.records(d), pol, float(r), md)
@@ -125,6 +130,7 @@ def build(ctx: AppContext) -> None:
                                            "eviction.compress")]
 
     def open_sample(d, pol, r, md, table, evt: gr.SelectData):
+        d = mine(d)
         if d is None or table is None or evt.index is None:
             raise UserError("Pick a point with samples first.")
         key = table.iloc[evt.index[0]]["sample"]
