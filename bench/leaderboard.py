@@ -39,8 +39,12 @@ def main(argv: list[str] | None = None, lm=None) -> dict:
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     ap.add_argument("--ratios", default=",".join(map(str, RATIOS)))
     ap.add_argument("--max-new-tokens", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1: on cores shared with other jobs, two threads ran 5× slower)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on cores shared with other jobs, two threads ran 5× slower)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "leaderboard.json")
     args = ap.parse_args(argv)
     previous = torch.get_num_threads()
@@ -63,17 +67,26 @@ def _run(args: argparse.Namespace, lm) -> dict:
 
     result = run_sweep(lm, samples, policies, ratios, MODES, args.max_new_tokens, progress=progress)
     data = result.to_json()
-    data["bench"] = {"wall_s": time.perf_counter() - t0, "target_s": TARGET_S, "cpu_count": os.cpu_count(),
-                     "threads": torch.get_num_threads(), "load_average_before": load_before,
-                     "load_average_after": os.getloadavg()[0], "cells": len(policies) * len(ratios) * len(MODES),
-                     "samples": len(samples), "length": args.length}
+    data["bench"] = {
+        "wall_s": time.perf_counter() - t0,
+        "target_s": TARGET_S,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg()[0],
+        "cells": len(policies) * len(ratios) * len(MODES),
+        "samples": len(samples),
+        "length": args.length,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data))
     b, t = data["bench"], result.timings
     print(result.table().to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"{b['samples']} samples × {b['cells']} cells in {b['wall_s']:.0f} s (target ≤ {TARGET_S:.0f} s; prefill "
-          f"{t['prefill_s']:.0f} s, decisions {t['decide_s']:.0f} s, decoding {t['decode_s']:.0f} s; load average "
-          f"{b['load_average_before']:.1f} → {b['load_average_after']:.1f} on {b['cpu_count']} cores)")
+    print(
+        f"{b['samples']} samples × {b['cells']} cells in {b['wall_s']:.0f} s (target ≤ {TARGET_S:.0f} s; prefill "
+        f"{t['prefill_s']:.0f} s, decisions {t['decide_s']:.0f} s, decoding {t['decode_s']:.0f} s; load average "
+        f"{b['load_average_before']:.1f} → {b['load_average_after']:.1f} on {b['cpu_count']} cores)"
+    )
     return data
 
 

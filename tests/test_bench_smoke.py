@@ -58,8 +58,23 @@ def test_capture_overhead_smoke(bench, lm, tmp_path):
 def test_leaderboard_bench_smoke(bench, lm, tmp_path):
     lb = bench("leaderboard")
     out = tmp_path / "lb.json"
-    lb.main(["--samples", "3", "--length", "128", "--policies", "streaming_llm,knorm", "--ratios", "0,0.5",
-             "--max-new-tokens", "2", "--out", str(out)], lm=lm)
+    lb.main(
+        [
+            "--samples",
+            "3",
+            "--length",
+            "128",
+            "--policies",
+            "streaming_llm,knorm",
+            "--ratios",
+            "0,0.5",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(out),
+        ],
+        lm=lm,
+    )
     saved = json.loads(out.read_text())
     assert [s["task"] for s in saved["samples"]] == ["niah_single", "niah_multikey", "passkey"]  # the tasks in turn
     assert [s["depth"] for s in saved["samples"]] == [0.0, 0.5, 1.0]

@@ -55,33 +55,61 @@ DEFAULT_MODEL = Path.home() / ".cache" / "kvviz" / "models" / "SmolLM2-135M-Inst
 # few non-default ones; ratio 0.8 on 350 tokens gives int(69.99999999999999) = 69 kept, testing
 # that both sides round n_kept the same way. SnapKV cases keep n_kept >= window_size.
 CASES: list[tuple[str, str, dict]] = [
-    *[(p, "StreamingLLMPress", {"compression_ratio": r, "n_sink": 4})
-      for p, rs in (("needle_chat", (0.5, 0.75, 0.8)), ("chapter_300", (0.5, 0.75))) for r in rs],
+    *[
+        (p, "StreamingLLMPress", {"compression_ratio": r, "n_sink": 4})
+        for p, rs in (("needle_chat", (0.5, 0.75, 0.8)), ("chapter_300", (0.5, 0.75)))
+        for r in rs
+    ],
     ("chapter_300", "StreamingLLMPress", {"compression_ratio": 0.6, "n_sink": 8}),
-    *[(p, "SnapKVPress", {"compression_ratio": r, "window_size": 64, "kernel_size": 5})
-      for p, rs in (("needle_chat", (0.5, 0.75, 0.8)), ("chapter_300", (0.5, 0.75))) for r in rs],
+    *[
+        (p, "SnapKVPress", {"compression_ratio": r, "window_size": 64, "kernel_size": 5})
+        for p, rs in (("needle_chat", (0.5, 0.75, 0.8)), ("chapter_300", (0.5, 0.75)))
+        for r in rs
+    ],
     ("chapter_300", "SnapKVPress", {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 7}),
     ("needle_chat", "SnapKVPress", {"compression_ratio": 0.5, "window_size": 32, "kernel_size": 3}),
     # the presses added after the first two: three or more settings on each prompt
     *[(p, "KnormPress", {"compression_ratio": r}) for p in ("needle_chat", "chapter_300") for r in (0.25, 0.5, 0.8)],
     *[(p, "TOVAPress", {"compression_ratio": r}) for p in ("needle_chat", "chapter_300") for r in (0.25, 0.5, 0.8)],
-    *[(p, "ExpectedAttentionPress", params) for p in ("needle_chat", "chapter_300") for params in (
-        {"compression_ratio": 0.5}, {"compression_ratio": 0.75},
-        {"compression_ratio": 0.5, "n_future_positions": 64, "n_sink": 8, "use_covariance": False},
-        {"compression_ratio": 0.6, "use_vnorm": False})],
+    *[
+        (p, "ExpectedAttentionPress", params)
+        for p in ("needle_chat", "chapter_300")
+        for params in (
+            {"compression_ratio": 0.5},
+            {"compression_ratio": 0.75},
+            {"compression_ratio": 0.5, "n_future_positions": 64, "n_sink": 8, "use_covariance": False},
+            {"compression_ratio": 0.6, "use_vnorm": False},
+        )
+    ],
     # PyramidKV: its defaults (beta 20: max_num capped at L − window, the last layer at the window), a gentler
     # pyramid (beta 2) and a 16-token window
-    *[(p, "PyramidKVPress", params) for p in ("needle_chat", "chapter_300") for params in (
-        {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "beta": 20},
-        {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "beta": 2},
-        {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 3, "beta": 4})],
-    *[(p, "AdaKVPress", params) for p in ("needle_chat", "chapter_300") for params in (
-        {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "alpha_safeguard": 0.2},
-        {"compression_ratio": 0.75, "window_size": 64, "kernel_size": 5, "alpha_safeguard": 0.2},
-        {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 7, "alpha_safeguard": 0.5})],
+    *[
+        (p, "PyramidKVPress", params)
+        for p in ("needle_chat", "chapter_300")
+        for params in (
+            {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "beta": 20},
+            {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "beta": 2},
+            {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 3, "beta": 4},
+        )
+    ],
+    *[
+        (p, "AdaKVPress", params)
+        for p in ("needle_chat", "chapter_300")
+        for params in (
+            {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "alpha_safeguard": 0.2},
+            {"compression_ratio": 0.75, "window_size": 64, "kernel_size": 5, "alpha_safeguard": 0.2},
+            {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 7, "alpha_safeguard": 0.5},
+        )
+    ],
 ]
-PRESSES = {"StreamingLLMPress": StreamingLLMPress, "SnapKVPress": SnapKVPress, "KnormPress": KnormPress,
-           "TOVAPress": TOVAPress, "ExpectedAttentionPress": ExpectedAttentionPress, "PyramidKVPress": PyramidKVPress}
+PRESSES = {
+    "StreamingLLMPress": StreamingLLMPress,
+    "SnapKVPress": SnapKVPress,
+    "KnormPress": KnormPress,
+    "TOVAPress": TOVAPress,
+    "ExpectedAttentionPress": ExpectedAttentionPress,
+    "PyramidKVPress": PyramidKVPress,
+}
 EAGER_CHECK = {"SnapKVPress", "TOVAPress", "PyramidKVPress"}  # presses that read attention weights when given
 
 
@@ -180,9 +208,11 @@ def run_case(model, ids: torch.Tensor, press_name: str, params: dict) -> dict:
     per_layer = [n_kept[i] for i in sorted(n_kept)]
     if sorted(kept) != list(range(layers)) or (press_name != "PyramidKVPress" and len(set(per_layer)) != 1):
         raise RuntimeError(f"press ran on layers {sorted(kept)} with kept lengths {per_layer}")
-    out = {"n_kept": per_layer[0] if len(set(per_layer)) == 1 else None,
-           "min_score_gap": min(gaps) if gaps else None,
-           "kept": [[to_ranges(head) for head in kept[i]] for i in range(layers)]}
+    out = {
+        "n_kept": per_layer[0] if len(set(per_layer)) == 1 else None,
+        "min_score_gap": min(gaps) if gaps else None,
+        "kept": [[to_ranges(head) for head in kept[i]] for i in range(layers)],
+    }
     if press_name == "PyramidKVPress":
         out["n_kept_per_layer"] = per_layer
     return out
@@ -207,16 +237,20 @@ def main() -> None:
             other = run_case(eager, ids, press_name, params)
             if other["kept"] != result["kept"]:
                 raise RuntimeError(f"kvpress SDPA and eager disagree on {prompt} {press_name} {params}")
-        cases.append({"prompt": prompt, "press": press_name, "params": params,
-                      "n_tokens": ids.shape[1], **result})
-        print(f"{prompt:12s} {press_name:18s} {params} n_kept={result['n_kept']} "
-              f"min_score_gap={result['min_score_gap']}")
+        cases.append({"prompt": prompt, "press": press_name, "params": params, "n_tokens": ids.shape[1], **result})
+        print(
+            f"{prompt:12s} {press_name:18s} {params} n_kept={result['n_kept']} min_score_gap={result['min_score_gap']}"
+        )
     record = {
         "about": "kvpress kept positions per case: kept[layer][kv_head] = half-open [start, stop) runs",
         "kvpress": version("kvpress"),
-        "transformers": transformers.__version__, "torch": torch.__version__,
-        "dtype": "float32", "attn_implementation": f"sdpa ({', '.join(sorted(EAGER_CHECK))} also checked with eager)",
-        "model": str(args.model.name), "prompts": prompts, "cases": cases,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "dtype": "float32",
+        "attn_implementation": f"sdpa ({', '.join(sorted(EAGER_CHECK))} also checked with eager)",
+        "model": str(args.model.name),
+        "prompts": prompts,
+        "cases": cases,
     }
     OUT.write_text(json.dumps(record, separators=(",", ":")) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size / 1024:.1f} KiB)")

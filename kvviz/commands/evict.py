@@ -15,9 +15,12 @@ from kvviz.eviction.policies import POLICIES, all_params, check_params, field_sp
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("evict", help="generate under an eviction policy (StreamingLLM, H2O, SnapKV, ...)",
-                       description="Compress the KV cache with a policy after the prefill (and while decoding, "
-                                   "for the policies that do), generate, and print what was kept.")
+    p = sub.add_parser(
+        "evict",
+        help="generate under an eviction policy (StreamingLLM, H2O, SnapKV, ...)",
+        description="Compress the KV cache with a policy after the prefill (and while decoding, "
+        "for the policies that do), generate, and print what was kept.",
+    )
     add_prompt_args(p)
     p.add_argument("--policy", required=True, choices=list(POLICIES), help="eviction policy")
     budget = p.add_mutually_exclusive_group(required=True)
@@ -25,8 +28,11 @@ def add_parser(sub) -> None:
     budget.add_argument("--ratio", type=float, help="compression ratio r: n_kept = max(1, int(L × (1 − r)))")
     add_policy_flags(p)
     p.add_argument("--question", default=None, help="a question appended after the prompt (blank line between)")
-    p.add_argument("--compress-context-only", action="store_true",
-                   help="with --question: compress the prompt alone, then feed the question uncompressed")
+    p.add_argument(
+        "--compress-context-only",
+        action="store_true",
+        help="with --question: compress the prompt alone, then feed the question uncompressed",
+    )
     p.set_defaults(func=run, max_new_tokens=32)
 
 
@@ -42,12 +48,20 @@ def add_policy_flags(p: argparse.ArgumentParser) -> None:
         where = ", ".join(POLICIES[o].title.split(" (")[0] for o in owners)
         text = f"{where}: {spec['help']} (default {spec['default']})"
         if spec["type"] == "bool":
-            group.add_argument(flag(name), dest=f"param_{name}", action=argparse.BooleanOptionalAction, default=None,
-                               help=text)
+            group.add_argument(
+                flag(name), dest=f"param_{name}", action=argparse.BooleanOptionalAction, default=None, help=text
+            )
         else:
             kind = {"int": int, "float": float}.get(spec["type"], str)
-            group.add_argument(flag(name), dest=f"param_{name}", type=kind, choices=spec["choices"], default=None,
-                               metavar=None if spec["choices"] else name.upper(), help=text)
+            group.add_argument(
+                flag(name),
+                dest=f"param_{name}",
+                type=kind,
+                choices=spec["choices"],
+                default=None,
+                metavar=None if spec["choices"] else name.upper(),
+                help=text,
+            )
 
 
 def policy_params(args: argparse.Namespace) -> dict:
@@ -73,16 +87,25 @@ def run(args: argparse.Namespace) -> int:
     policy = make_policy(args.policy, **policy_params(args))
     lm = load(args)
     ids, n_context = split_question(lm, prompt, args.question or "", args.chat)
-    result = run_policy(lm, ids, policy, budget=args.budget, ratio=args.ratio,
-                        n_compress=n_context if args.compress_context_only else None,
-                        max_new_tokens=args.max_new_tokens, record_history=False)
+    result = run_policy(
+        lm,
+        ids,
+        policy,
+        budget=args.budget,
+        ratio=args.ratio,
+        n_compress=n_context if args.compress_context_only else None,
+        max_new_tokens=args.max_new_tokens,
+        record_history=False,
+    )
     summary = result.summary()
     if args.json:
         print(json.dumps(summary))
         return 0
     print(f"policy {policy.title} {summary['params']}, positions: {result.position_mode}")
-    print(f"prompt {result.n_prompt} tokens, compressed {result.n_compressed} → kept {result.n_kept} "
-          f"per layer and KV head")
+    print(
+        f"prompt {result.n_prompt} tokens, compressed {result.n_compressed} → kept {result.n_kept} "
+        f"per layer and KV head"
+    )
     print(f"text: {result.text}")
     print(f"KV cache: {result.cache_bytes:,} bytes (full cache would hold {result.full_cache_bytes:,} bytes)")
     return 0

@@ -14,10 +14,12 @@ from kvviz.memory.estimate import KV_DTYPES
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "memory", help="KV-cache size, capacity and decode time for a model config",
+        "memory",
+        help="KV-cache size, capacity and decode time for a model config",
         description="Size the KV cache of any transformers config (GQA, MQA, MLA, sliding windows, hybrids), "
-                    "how many sequences fit on your GPUs and how long a decode step must take. "
-                    "--gpu-mem-gb and --bandwidth-tbps are per GPU; with --gpus N the totals are N times that.")
+        "how many sequences fit on your GPUs and how long a decode step must take. "
+        "--gpu-mem-gb and --bandwidth-tbps are per GPU; with --gpus N the totals are N times that.",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="a bundled model preset (see --list)")
     src.add_argument("--config", help="a config.json file (or the folder holding one)")
@@ -25,15 +27,23 @@ def add_parser(sub) -> None:
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument("--kv-dtype", default="bf16", help=f"one of {', '.join(KV_DTYPES)} (default bf16)")
-    p.add_argument("--group-size", type=int, default=None,
-                   help="count an fp16 scale and zero point per this many elements (low-bit KV)")
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="count an fp16 scale and zero point per this many elements (low-bit KV)",
+    )
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: --gpus, else 1)")
     p.add_argument("--gpu", default=None, help="a GPU preset, e.g. H100: sets --gpu-mem-gb and --bandwidth-tbps")
     p.add_argument("--gpus", type=int, default=None, help="number of GPUs (default 1)")
     p.add_argument("--gpu-mem-gb", type=float, default=None, help="memory per GPU, decimal GB")
     p.add_argument("--reserve", type=float, default=0.1, help="fraction kept for activations/workspace (0.1)")
-    p.add_argument("--weights-gb", type=float, default=None,
-                   help="weights in decimal GB (default: the preset's parameters × --weight-dtype)")
+    p.add_argument(
+        "--weights-gb",
+        type=float,
+        default=None,
+        help="weights in decimal GB (default: the preset's parameters × --weight-dtype)",
+    )
     p.add_argument("--weight-dtype", default="bf16", help="bytes per parameter for the default weights (bf16)")
     p.add_argument("--bandwidth-tbps", type=float, default=None, help="memory bandwidth per GPU, TB/s")
     p.add_argument("--json", action="store_true", help="print JSON (all sizes in bytes)")
@@ -65,9 +75,20 @@ def run(args: argparse.Namespace) -> int:
     if (args.gpus is not None or args.weights_gb is not None) and mem is None and bw is None:
         raise ValueError("--gpus/--weights-gb need --gpu-mem-gb (or --gpu) and/or --bandwidth-tbps.")
     layout = cache_layout(load_preset(args.preset) if args.preset else _config_path(args.config))
-    r = report(layout, context=args.context, batch=args.batch, kv_dtype=args.kv_dtype, tp=args.tp,
-               group_size=args.group_size, gpus=args.gpus, gpu_mem_gb=mem, reserve=args.reserve,
-               weights_gb=args.weights_gb, weight_dtype=args.weight_dtype, bandwidth_tbps=bw)
+    r = report(
+        layout,
+        context=args.context,
+        batch=args.batch,
+        kv_dtype=args.kv_dtype,
+        tp=args.tp,
+        group_size=args.group_size,
+        gpus=args.gpus,
+        gpu_mem_gb=mem,
+        reserve=args.reserve,
+        weights_gb=args.weights_gb,
+        weight_dtype=args.weight_dtype,
+        bandwidth_tbps=bw,
+    )
     print(json.dumps(r.to_json()) if args.json else summary(r))
     return 0
 

@@ -40,9 +40,12 @@ def _numbers(text: str, kind, what: str) -> list:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sweep", help="score every policy over compression ratios on generated retrieval tasks",
-                       description="RULER-style needle / multi-key / passkey retrieval at several lengths and needle "
-                                   "depths; one prefill per sample reused by every (policy, ratio, mode) cell.")
+    p = sub.add_parser(
+        "sweep",
+        help="score every policy over compression ratios on generated retrieval tasks",
+        description="RULER-style needle / multi-key / passkey retrieval at several lengths and needle "
+        "depths; one prefill per sample reused by every (policy, ratio, mode) cell.",
+    )
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated policy names")
     p.add_argument("--ratios", default=",".join(str(r) for r in RATIOS), help="compression ratios, e.g. 0,0.5,0.875")
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated: {', '.join(TASKS)}")
@@ -90,8 +93,16 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        result = run_sweep(lm, samples, policies, ratios, modes, args.max_new_tokens, progress=progress,
-                           should_stop=lambda: stop["now"])
+        result = run_sweep(
+            lm,
+            samples,
+            policies,
+            ratios,
+            modes,
+            args.max_new_tokens,
+            progress=progress,
+            should_stop=lambda: stop["now"],
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     data = result.to_json()
@@ -103,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"config": data["config"], "timings": data["timings"], "table": data["table"]}))
         return 0
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"{len(result.samples)} samples in {result.timings['total_s']:.0f} s "
-          f"(prefill {result.timings['prefill_s']:.0f} s, decode {result.timings['decode_s']:.0f} s)")
+    print(
+        f"{len(result.samples)} samples in {result.timings['total_s']:.0f} s "
+        f"(prefill {result.timings['prefill_s']:.0f} s, decode {result.timings['decode_s']:.0f} s)"
+    )
     return 0

@@ -95,8 +95,9 @@ class EvictingLayer(DynamicLayer):
             self.valid = torch.cat([self.valid, self.valid.new_ones(hkv, q)], dim=-1)
         return super().update(key_states, value_states, *args, **kwargs)
 
-    def keep_slots(self, slots: torch.Tensor, rerotator: KeyRerotator | None = None,
-                   valid: torch.Tensor | None = None) -> None:
+    def keep_slots(
+        self, slots: torch.Tensor, rerotator: KeyRerotator | None = None, valid: torch.Tensor | None = None
+    ) -> None:
         """Keep the entries at ``slots`` [Hkv, k] in that order; the rest is freed (new, smaller tensors).
 
         ``valid`` [Hkv, k]: False marks padding slots (a head keeping fewer entries than the layer's
@@ -161,8 +162,10 @@ def _check_full_attention(config) -> int:
 
     kinds = cache_layout(config).kinds
     if any(k != "full" for k in kinds):
-        raise ValueError("Eviction supports models whose layers all use full attention; this model has "
-                         f"{', '.join(sorted(set(kinds)))} layers.")
+        raise ValueError(
+            "Eviction supports models whose layers all use full attention; this model has "
+            f"{', '.join(sorted(set(kinds)))} layers."
+        )
     return len(kinds)
 
 
@@ -201,7 +204,9 @@ class EvictingCache(Cache):
         n = max(p.shape[-1] for p in held)
         return torch.stack([torch.nn.functional.pad(p, (0, n - p.shape[-1]), value=PAD) for p in held])
 
-    def keep(self, positions: torch.Tensor, held: torch.Tensor | None = None, order: torch.Tensor | None = None) -> None:
+    def keep(
+        self, positions: torch.Tensor, held: torch.Tensor | None = None, order: torch.Tensor | None = None
+    ) -> None:
         """Keep the absolute ``positions`` [Lyr, Hkv, k]; anything not held is an error.
 
         One entry fewer per head than held (a decode step of StreamingLLM, the window or H2O) takes
@@ -221,18 +226,23 @@ class EvictingCache(Cache):
         if k == n - 1 and self.rerotator is None and self.reuse_slots:
             evicted = ordered.sum(-1) - positions.sum(-1)  # [Lyr, Hkv]: the one position not kept
             rest = ordered.masked_select(ordered != evicted[..., None])
-            same = rest.numel() == positions.numel() and (torch.equal(rest.view_as(positions), positions) or
-                                                          torch.equal(rest.view_as(positions), positions.sort(-1).values))
+            same = rest.numel() == positions.numel() and (
+                torch.equal(rest.view_as(positions), positions)
+                or torch.equal(rest.view_as(positions), positions.sort(-1).values)
+            )
             if not same:
-                raise ValueError("The selection keeps positions the cache no longer holds (evicted entries never "
-                                 "come back).")
+                raise ValueError(
+                    "The selection keeps positions the cache no longer holds (evicted entries never come back)."
+                )
             slots = (held == evicted[..., None]).int().argmax(-1)  # [Lyr, Hkv]
             for layer, s in zip(self.layers, slots):
                 layer.refill_evicted(s)
             return
         idx = torch.searchsorted(ordered, positions).clamp(max=n - 1)
         if not torch.equal(ordered.gather(-1, idx), positions):
-            raise ValueError("The selection keeps positions the cache no longer holds (evicted entries never come back).")
+            raise ValueError(
+                "The selection keeps positions the cache no longer holds (evicted entries never come back)."
+            )
         slots = order.gather(-1, idx)
         for layer, s in zip(self.layers, slots):
             layer.keep_slots(s, self.rerotator)
@@ -252,8 +262,9 @@ class EvictingCache(Cache):
             idx = torch.searchsorted(ordered, want.clamp(min=0)).clamp(max=held.shape[-1] - 1)
             found = ordered.gather(-1, idx) == want
             if not bool(found[valid].all()):
-                raise ValueError("The selection keeps positions the cache no longer holds (evicted entries never "
-                                 "come back).")
+                raise ValueError(
+                    "The selection keeps positions the cache no longer holds (evicted entries never come back)."
+                )
             layer.keep_slots(torch.where(valid, order.gather(-1, idx), 0), self.rerotator, valid)
 
     def held_bytes(self) -> int:
@@ -261,7 +272,10 @@ class EvictingCache(Cache):
         total = 0
         for layer in self.layers:
             if layer.keys is not None and layer.keys.numel():
-                per_entry = layer.keys.shape[-1] * layer.keys.element_size() + layer.values.shape[-1] * layer.values.element_size()
+                per_entry = (
+                    layer.keys.shape[-1] * layer.keys.element_size()
+                    + layer.values.shape[-1] * layer.values.element_size()
+                )
                 total += layer.held() * per_entry
         return int(total)
 
@@ -294,5 +308,7 @@ class EvictingCache(Cache):
         total = 0
         for layer in self.layers:
             if layer.keys is not None and layer.keys.numel():
-                total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                total += (
+                    layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                )
         return int(total)

@@ -33,8 +33,12 @@ Progress = Callable[[float, str], None]
 def schemes() -> dict[str, Scheme]:
     """The schemes offered next to a policy, by name: KIVI at 4 and 2 bits, INT8 and FP8 per token."""
     by_name = {s.name: s for s in preset_schemes()}
-    return {"KIVI-4": kivi(4), "KIVI-2": kivi(2), "INT8 per token": by_name["INT8 per token"],
-            "FP8 per token": by_name["FP8 e4m3 per token"]}
+    return {
+        "KIVI-4": kivi(4),
+        "KIVI-2": kivi(2),
+        "INT8 per token": by_name["INT8 per token"],
+        "FP8 per token": by_name["FP8 e4m3 per token"],
+    }
 
 
 def quantize_kept(cache: EvictingCache, scheme: Scheme) -> None:
@@ -50,7 +54,9 @@ def served_bytes(cache: EvictingCache, scheme: Scheme | None) -> int:
     total = 0
     for layer in cache.layers:
         d = layer.keys.shape[-1]
-        counts = layer.valid.sum(-1).tolist() if layer.valid is not None else [layer.keys.shape[2]] * layer.keys.shape[1]
+        counts = (
+            layer.valid.sum(-1).tolist() if layer.valid is not None else [layer.keys.shape[2]] * layer.keys.shape[1]
+        )
         for k in counts:
             if scheme is None:
                 total += 2 * k * d * FULL_BYTES
@@ -76,17 +82,37 @@ class Composition:
     full_bytes: int
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame([{"cache": r.name, "answer": r.answer, "top-1 agreement": r.top1_agreement,
-                              "mean KL (nats)": r.mean_kl, "bytes as served": r.served_bytes,
-                              "vs full": r.served_bytes / self.full_bytes} for r in self.rows])
+        return pd.DataFrame(
+            [
+                {
+                    "cache": r.name,
+                    "answer": r.answer,
+                    "top-1 agreement": r.top1_agreement,
+                    "mean KL (nats)": r.mean_kl,
+                    "bytes as served": r.served_bytes,
+                    "vs full": r.served_bytes / self.full_bytes,
+                }
+                for r in self.rows
+            ]
+        )
 
     def summary(self) -> dict:
         return {"full_bytes": self.full_bytes, "rows": self.frame().to_dict(orient="records")}
 
 
-def compose(lm: LoadedModel, ids: list[int], policy: Policy, scheme: Scheme, *, budget: int | None = None,
-            ratio: float | None = None, n_compress: int | None = None, max_new_tokens: int = 16,
-            progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> Composition:
+def compose(
+    lm: LoadedModel,
+    ids: list[int],
+    policy: Policy,
+    scheme: Scheme,
+    *,
+    budget: int | None = None,
+    ratio: float | None = None,
+    n_compress: int | None = None,
+    max_new_tokens: int = 16,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Composition:
     """The four caches on one prompt; agreement and KL are teacher-forced along the full cache's answer."""
     from kvviz.eviction.compare import agreement_and_kl  # compare and run import this module
     from kvviz.eviction.run import run_policy
@@ -96,16 +122,27 @@ def compose(lm: LoadedModel, ids: list[int], policy: Policy, scheme: Scheme, *, 
     report(0.0, "full cache")
     full = run_policy(lm, ids, FullCache(), keep_logprobs=True, **kw)
     rows = [ComposedRow("full cache", full.text, 1.0, 0.0, full.served_bytes)]
-    variants = [(policy.title, policy, None), (scheme.name, FullCache(), scheme),
-                (f"{policy.title} + {scheme.name}", policy, scheme)]
+    variants = [
+        (policy.title, policy, None),
+        (scheme.name, FullCache(), scheme),
+        (f"{policy.title} + {scheme.name}", policy, scheme),
+    ]
     for i, (name, pol, sch) in enumerate(variants):
         report((i + 0.5) / (len(variants) + 1), name)
         b, r = (None, None) if isinstance(pol, FullCache) else (budget, ratio)
-        forced = run_policy(lm, ids, pol, budget=b, ratio=r, forced=full.generated_ids, keep_logprobs=True,
-                            quant=sch, **kw)
+        forced = run_policy(
+            lm, ids, pol, budget=b, ratio=r, forced=full.generated_ids, keep_logprobs=True, quant=sch, **kw
+        )
         agree, kl = agreement_and_kl(full.logprobs, forced.logprobs)
         text = full.text if agree.all() else run_policy(lm, ids, pol, budget=b, ratio=r, quant=sch, **kw).text
-        rows.append(ComposedRow(name, text, float(np.mean(agree)) if len(agree) else 1.0,
-                                float(np.mean(kl)) if len(kl) else 0.0, forced.served_bytes))
+        rows.append(
+            ComposedRow(
+                name,
+                text,
+                float(np.mean(agree)) if len(agree) else 1.0,
+                float(np.mean(kl)) if len(kl) else 0.0,
+                forced.served_bytes,
+            )
+        )
     report(1.0, "done")
     return Composition(rows, full.served_bytes)

@@ -79,7 +79,7 @@ class _Collector:
             self.pending.pop(layer, None)
         for end in self.ends:
             if end <= hidden.shape[1] and layer not in self.seen.get(end, {}):
-                q = prerope_queries(module, hidden[:, self.skip:end])
+                q = prerope_queries(module, hidden[:, self.skip : end])
                 self.seen.setdefault(end, {})[layer] = mean_and_cov(q)
 
 

@@ -36,8 +36,16 @@ from kvviz.quant.schemes import Scheme
 class Evictor:
     """Applies ``policy`` after every forward and keeps the history of held positions and roles."""
 
-    def __init__(self, lm: LoadedModel, policy: Policy, n_kept: int, n_prompt: int, record_history: bool = True,
-                 feeds_slot_positions: bool = False, ratio: float | None = None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        policy: Policy,
+        n_kept: int,
+        n_prompt: int,
+        record_history: bool = True,
+        feeds_slot_positions: bool = False,
+        ratio: float | None = None,
+    ):
         """``feeds_slot_positions``: the caller feeds position ids = cache slots when the policy re-positions
         keys (``run_policy`` does; ``capture_iter`` feeds absolute positions, so it cannot re-position).
         ``ratio``: the compression ratio asked for, when the budget was given as one (PyramidKV's formula uses it)."""
@@ -66,8 +74,10 @@ class Evictor:
         rerotator = None
         if self.policy.position_mode != "original":
             if not self.feeds_slot_positions:
-                raise ValueError("Re-positioning keys needs a loop that feeds cache-slot positions "
-                                 "(kvviz.eviction.run.run_policy); capture_iter feeds original positions.")
+                raise ValueError(
+                    "Re-positioning keys needs a loop that feeds cache-slot positions "
+                    "(kvviz.eviction.run.run_policy); capture_iter feeds original positions."
+                )
             rerotator = KeyRerotator.from_model(lm.model)
         return EvictingCache(lm.config, rerotator)
 
@@ -102,18 +112,26 @@ class Evictor:
             self.history.append(cache.positions().cpu().numpy().astype(np.int32))
             self.history_roles.append(self._roles.numpy().copy())
 
-    def state(self, cache: EvictingCache, recorder: Recorder | None, step: int, ordered: torch.Tensor,
-              order: torch.Tensor) -> PolicyState:
+    def state(
+        self, cache: EvictingCache, recorder: Recorder | None, step: int, ordered: torch.Tensor, order: torch.Tensor
+    ) -> PolicyState:
         """What the policy sees: held positions ascending, and the summaries and tensors it asked for."""
         keys = values = None
         if self.policy.needs_kv:
             keys, values = held_kv(cache, order)
-        return PolicyState(positions=ordered, n_kept=self.n_kept, n_prompt=self.n_prompt, step=step,
-                           kv_heads=self.kv_heads,
-                           colsum=recorder.colsum if recorder is not None and self.policy.needs_colsum else None,
-                           window_rows=recorder.window_rows if recorder is not None and step == 0 else None,
-                           keys=keys, values=values, query_stats=self.query_stats if step == 0 else None,
-                           ratio=self.ratio)
+        return PolicyState(
+            positions=ordered,
+            n_kept=self.n_kept,
+            n_prompt=self.n_prompt,
+            step=step,
+            kv_heads=self.kv_heads,
+            colsum=recorder.colsum if recorder is not None and self.policy.needs_colsum else None,
+            window_rows=recorder.window_rows if recorder is not None and step == 0 else None,
+            keys=keys,
+            values=values,
+            query_stats=self.query_stats if step == 0 else None,
+            ratio=self.ratio,
+        )
 
 
 def held_kv(cache: EvictingCache, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,8 +139,9 @@ def held_kv(cache: EvictingCache, order: torch.Tensor) -> tuple[torch.Tensor, to
     keys = torch.stack([layer.keys[0] for layer in cache.layers])  # [Lyr, Hkv, n, D]
     values = torch.stack([layer.values[0] for layer in cache.layers])
     idx = order.to(keys.device)[..., None]
-    return keys.gather(2, idx.expand(*order.shape, keys.shape[-1])), values.gather(2, idx.expand(*order.shape,
-                                                                                                 values.shape[-1]))
+    return keys.gather(2, idx.expand(*order.shape, keys.shape[-1])), values.gather(
+        2, idx.expand(*order.shape, values.shape[-1])
+    )
 
 
 def role_map(sel: Selection, n_prompt: int) -> torch.Tensor:
@@ -130,8 +149,11 @@ def role_map(sel: Selection, n_prompt: int) -> torch.Tensor:
     keep = sel.keep.cpu()
     out = torch.full((*keep.shape[:2], n_prompt), EVICTED, dtype=torch.int8)
     valid = (keep >= 0) & (keep < n_prompt)
-    out.scatter_(-1, keep.clamp(0, n_prompt - 1), torch.where(valid, sel.roles.cpu().to(torch.int8), out.gather(
-        -1, keep.clamp(0, n_prompt - 1))))
+    out.scatter_(
+        -1,
+        keep.clamp(0, n_prompt - 1),
+        torch.where(valid, sel.roles.cpu().to(torch.int8), out.gather(-1, keep.clamp(0, n_prompt - 1))),
+    )
     return out
 
 
@@ -165,7 +187,9 @@ class PolicyRun:
     stop_reason: str
     timings: dict = field(default_factory=dict)
     logprobs: np.ndarray | None = None  # [N, V] next-token log-probabilities, one row per prediction
-    held_bytes: int | None = None  # after the prefill: bytes of the entries held (padding slots of ragged heads excluded)
+    held_bytes: int | None = (
+        None  # after the prefill: bytes of the entries held (padding slots of ragged heads excluded)
+    )
     served_bytes: int | None = None  # after the prefill: the held entries as served (16-bit, or packed when quantized)
 
     @property
@@ -191,12 +215,22 @@ class PolicyRun:
 
     def summary(self) -> dict:
         """The CLI's and the API's JSON answer."""
-        return {"policy": self.policy, "params": self.params, "position_mode": self.position_mode,
-                "prompt_tokens": self.n_prompt, "compressed_tokens": self.n_compressed, "n_kept": self.n_kept,
-                "kept": self.kept_lists(), "text": self.text, "generated_tokens": len(self.generated_ids),
-                "stop_reason": self.stop_reason, "cache_bytes": self.cache_bytes,
-                "full_cache_bytes": self.full_cache_bytes, "held_bytes_after_prefill": self.held_bytes,
-                "timings": self.timings}
+        return {
+            "policy": self.policy,
+            "params": self.params,
+            "position_mode": self.position_mode,
+            "prompt_tokens": self.n_prompt,
+            "compressed_tokens": self.n_compressed,
+            "n_kept": self.n_kept,
+            "kept": self.kept_lists(),
+            "text": self.text,
+            "generated_tokens": len(self.generated_ids),
+            "stop_reason": self.stop_reason,
+            "cache_bytes": self.cache_bytes,
+            "full_cache_bytes": self.full_cache_bytes,
+            "held_bytes_after_prefill": self.held_bytes,
+            "timings": self.timings,
+        }
 
 
 @dataclass(frozen=True)
@@ -212,8 +246,16 @@ class EvictionRequest:
 
     def run(self, lm: LoadedModel, **kwargs) -> PolicyRun:
         """:func:`run_policy` on this request (``kwargs``: record_history, should_stop, ...)."""
-        return run_policy(lm, self.ids, self.policy, budget=self.budget, ratio=self.ratio,
-                          n_compress=self.n_compress, max_new_tokens=self.max_new_tokens, **kwargs)
+        return run_policy(
+            lm,
+            self.ids,
+            self.policy,
+            budget=self.budget,
+            ratio=self.ratio,
+            n_compress=self.n_compress,
+            max_new_tokens=self.max_new_tokens,
+            **kwargs,
+        )
 
 
 def resolve_budget(policy: Policy, n_compressed: int, budget: int | None, ratio: float | None) -> int:
@@ -225,10 +267,21 @@ def resolve_budget(policy: Policy, n_compressed: int, budget: int | None, ratio:
     return n_kept
 
 
-def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget: int | None = None,
-               ratio: float | None = None, n_compress: int | None = None, max_new_tokens: int = 32,
-               forced: list[int] | None = None, keep_logprobs: bool = False, record_history: bool = True,
-               should_stop: Callable[[], bool] | None = None, quant: Scheme | None = None) -> PolicyRun:
+def run_policy(
+    lm: LoadedModel,
+    prompt_ids: list[int],
+    policy: Policy,
+    *,
+    budget: int | None = None,
+    ratio: float | None = None,
+    n_compress: int | None = None,
+    max_new_tokens: int = 32,
+    forced: list[int] | None = None,
+    keep_logprobs: bool = False,
+    record_history: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+    quant: Scheme | None = None,
+) -> PolicyRun:
     """Greedy generation under ``policy``; see the module docstring.
 
     ``n_compress``: prefill and compress only the first ``n_compress`` prompt tokens (budget computed
@@ -239,16 +292,20 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
     ids = [int(i) for i in prompt_ids]
     info = model_info(lm)
     if info.attention == "MLA":
-        raise ValueError("Eviction keeps or drops entries per KV head, but this model caches MLA's one shared "
-                         "latent per token; kvviz does not evict MLA caches.")
+        raise ValueError(
+            "Eviction keeps or drops entries per KV head, but this model caches MLA's one shared "
+            "latent per token; kvviz does not evict MLA caches."
+        )
     n_c = len(ids) if n_compress is None else int(n_compress)
     if not 1 <= n_c <= len(ids):
         raise ValueError(f"n_compress must be between 1 and the prompt length {len(ids)}, got {n_compress}.")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1.")
     if len(ids) + max_new_tokens > info.context_length > 0:
-        raise ValueError(f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's context "
-                         f"of {info.context_length} tokens.")
+        raise ValueError(
+            f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's context "
+            f"of {info.context_length} tokens."
+        )
     n_kept = resolve_budget(policy, n_c, budget, ratio)
     ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True, ratio=ratio)
     needs_rec = policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c)
@@ -282,7 +339,7 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
     t0 = time.perf_counter()
     skip = policy.query_stats_skip if n_kept < n_c else None
     wrapped = rec is not None or (policy.ragged and n_kept < n_c)  # ragged caches mask through the wrapper
-    with torch.inference_mode(), (installed(lm.model) if wrapped else nullcontext()):
+    with torch.inference_mode(), installed(lm.model) if wrapped else nullcontext():
         if rec is not None:
             rec.phase, rec.t_total = "prefill", n_c
         with collecting(lm.model, skip, [n_c]) if skip is not None else nullcontext() as stats:
@@ -325,15 +382,33 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
             t += 1
         decode_s = time.perf_counter() - t1
     fed = len(generated) - 1
-    timings.update(decode_s=decode_s, decode_tokens_per_s=fed / decode_s if fed > 0 and decode_s > 0 else None,
-                   total_s=time.perf_counter() - t0,
-                   decode_step_median_s=float(np.median(step_s)) if step_s else None,
-                   decode_step_median_cpu_s=float(np.median(step_cpu_s)) if step_cpu_s else None)
+    timings.update(
+        decode_s=decode_s,
+        decode_tokens_per_s=fed / decode_s if fed > 0 and decode_s > 0 else None,
+        total_s=time.perf_counter() - t0,
+        decode_step_median_s=float(np.median(step_s)) if step_s else None,
+        decode_step_median_cpu_s=float(np.median(step_cpu_s)) if step_cpu_s else None,
+    )
     return PolicyRun(
-        policy=policy.name, params=policy.params(), position_mode=policy.position_mode, prompt_ids=ids,
-        tokens=[lm.tokenizer.decode([i]) for i in ids + generated], n_compressed=n_c, n_kept=n_kept, generated_ids=generated,
-        text=lm.tokenizer.decode(generated, skip_special_tokens=True), kept=ev.kept, kept_roles=ev.kept_roles,
-        prefill_scores=ev.prefill_scores, history=ev.history, history_roles=ev.history_roles,
-        step_bytes=step_bytes, kv_bytes_per_token=info.kv_bytes_per_token, stop_reason=stop_reason,
-        timings=timings, logprobs=torch.stack(logprobs).numpy() if logprobs else None, held_bytes=ev.held_bytes0,
-        served_bytes=served)
+        policy=policy.name,
+        params=policy.params(),
+        position_mode=policy.position_mode,
+        prompt_ids=ids,
+        tokens=[lm.tokenizer.decode([i]) for i in ids + generated],
+        n_compressed=n_c,
+        n_kept=n_kept,
+        generated_ids=generated,
+        text=lm.tokenizer.decode(generated, skip_special_tokens=True),
+        kept=ev.kept,
+        kept_roles=ev.kept_roles,
+        prefill_scores=ev.prefill_scores,
+        history=ev.history,
+        history_roles=ev.history_roles,
+        step_bytes=step_bytes,
+        kv_bytes_per_token=info.kv_bytes_per_token,
+        stop_reason=stop_reason,
+        timings=timings,
+        logprobs=torch.stack(logprobs).numpy() if logprobs else None,
+        held_bytes=ev.held_bytes0,
+        served_bytes=served,
+    )

@@ -53,8 +53,9 @@ def prefill(lm: LoadedModel, sample: Sample, policies: list[Policy]) -> Prefill:
     info = model_info(lm)
     ids, n_c = sample.ids, sample.n_context
     window = max([p.observation_window for p in policies] + [1]) + len(ids) - n_c
-    rec = Recorder(info.layers, info.q_heads, len(ids), len(ids),
-                   RecorderConfig(obs_window=window, bin_factor=len(ids)), lm.device)
+    rec = Recorder(
+        info.layers, info.q_heads, len(ids), len(ids), RecorderConfig(obs_window=window, bin_factor=len(ids)), lm.device
+    )
     rec.cache = cache = DynamicCache(config=lm.config)
     rec.phase, rec.t_total = "prefill", len(ids)
     skips = sorted({p.query_stats_skip for p in policies if p.query_stats_skip is not None})
@@ -62,8 +63,15 @@ def prefill(lm: LoadedModel, sample: Sample, policies: list[Policy]) -> Prefill:
         collectors = {s: stack.enter_context(collecting(lm.model, s, [n_c, len(ids)])) for s in skips}
         logits = forward(lm, ids, 0, cache, rec)[-1]
         stats = {(s, end): get(end) for s, get in collectors.items() for end in (n_c, len(ids))}
-    return Prefill(sample, [layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers],
-                   logits, rec.window_rows, stats, info.kv_heads)
+    return Prefill(
+        sample,
+        [layer.keys[0] for layer in cache.layers],
+        [layer.values[0] for layer in cache.layers],
+        logits,
+        rec.window_rows,
+        stats,
+        info.kv_heads,
+    )
 
 
 @dataclass
@@ -79,8 +87,9 @@ class Decision:
     counts: torch.Tensor  # [Lyr, Hkv] entries kept per layer and KV head
 
 
-def state_for(pre: Prefill, mode: str, policy: Policy, n_kept: int, ratio: float | None,
-              with_kv: bool = True) -> PolicyState:
+def state_for(
+    pre: Prefill, mode: str, policy: Policy, n_kept: int, ratio: float | None, with_kv: bool = True
+) -> PolicyState:
     """The policy state right after a prefill of the compressed part (the context alone for query_agnostic)."""
     n = pre.compressed(mode)
     layers = len(pre.keys)
@@ -90,9 +99,18 @@ def state_for(pre: Prefill, mode: str, policy: Policy, n_kept: int, ratio: float
         keys = torch.stack([k[:, :n] for k in pre.keys])
         values = torch.stack([v[:, :n] for v in pre.values])
     skip = policy.query_stats_skip
-    return PolicyState(positions=torch.arange(n).expand(layers, pre.kv_heads, n), n_kept=n_kept, n_prompt=n, step=0,
-                       kv_heads=pre.kv_heads, window_rows=pre.window_rows[:, :, :w, :n], keys=keys, values=values,
-                       query_stats=pre.stats.get((skip, n)) if skip is not None else None, ratio=ratio)
+    return PolicyState(
+        positions=torch.arange(n).expand(layers, pre.kv_heads, n),
+        n_kept=n_kept,
+        n_prompt=n,
+        step=0,
+        kv_heads=pre.kv_heads,
+        window_rows=pre.window_rows[:, :, :w, :n],
+        keys=keys,
+        values=values,
+        query_stats=pre.stats.get((skip, n)) if skip is not None else None,
+        ratio=ratio,
+    )
 
 
 def _scored_once(policy: Policy, memo: dict, key, state: PolicyState, build) -> Policy:
@@ -105,8 +123,9 @@ def _scored_once(policy: Policy, memo: dict, key, state: PolicyState, build) -> 
     return twin
 
 
-def decide(lm: LoadedModel, pre: Prefill, mode: str, policy: Policy, ratio: float,
-           memo: dict | None = None) -> Decision:
+def decide(
+    lm: LoadedModel, pre: Prefill, mode: str, policy: Policy, ratio: float, memo: dict | None = None
+) -> Decision:
     """The cell's kept set (the policy's own ``select``), and the bytes an :class:`EvictingCache` holds for it.
 
     ``memo`` (one per prefill) keeps each (policy, mode)'s scores and the bytes measured for each shape of
@@ -119,8 +138,9 @@ def decide(lm: LoadedModel, pre: Prefill, mode: str, policy: Policy, ratio: floa
     layers, hkv, total = len(pre.keys), pre.kv_heads, pre.n_tokens
     if policy.compresses(n, n_kept, 0):
         state = state_for(pre, mode, policy, n_kept, ratio, with_kv=False)
-        chooser = _scored_once(policy, memo, ("scores", id(policy), mode), state,
-                               lambda: state_for(pre, mode, policy, n_kept, ratio))
+        chooser = _scored_once(
+            policy, memo, ("scores", id(policy), mode), state, lambda: state_for(pre, mode, policy, n_kept, ratio)
+        )
         keep_pos = chooser.select(state).keep  # [Lyr, Hkv, k], PAD after each head's list
     else:
         keep_pos = torch.arange(n).expand(layers, hkv, n)
@@ -137,5 +157,12 @@ def decide(lm: LoadedModel, pre: Prefill, mode: str, policy: Policy, ratio: floa
     keep.scatter_(-1, torch.where(valid, keep_pos, total), True)
     keep = keep[..., :total]
     a, b = pre.sample.needle_span
-    return Decision(keep=keep, n_kept=n_kept, stored_bytes=stored, held_bytes=held, full_bytes=full,
-                    needle_retention=float(keep[..., a:b].float().mean()), counts=counts)
+    return Decision(
+        keep=keep,
+        n_kept=n_kept,
+        stored_bytes=stored,
+        held_bytes=held,
+        full_bytes=full,
+        needle_retention=float(keep[..., a:b].float().mean()),
+        counts=counts,
+    )

@@ -45,8 +45,10 @@ def sweep_policies(names: list[str]) -> list[Policy]:
     for name in names:
         policy = make_policy(name)
         if policy.needs_colsum:
-            raise ValueError(f"{name} scores by attention accumulated while decoding; the sweep compresses once "
-                             "after the prefill (kvpress's protocol). Leave it out.")
+            raise ValueError(
+                f"{name} scores by attention accumulated while decoding; the sweep compresses once "
+                "after the prefill (kvpress's protocol). Leave it out."
+            )
         out.append(policy)
     return out
 
@@ -62,8 +64,12 @@ def _kl(p: torch.Tensor, q: torch.Tensor) -> float:
     return max(float((p.exp() * (p - q)).sum()), 0.0)
 
 
-def decode_cells(lm: LoadedModel, pre: Prefill, cells: list[tuple[str, Decision]], max_new_tokens: int,
-                 ) -> tuple[list[int], list[dict]]:
+def decode_cells(
+    lm: LoadedModel,
+    pre: Prefill,
+    cells: list[tuple[str, Decision]],
+    max_new_tokens: int,
+) -> tuple[list[int], list[dict]]:
     """The full cache's answer ids and, per cell, its own answer ids and teacher-forced agreement / KL per step."""
     s = pre.sample
     n, n_c = pre.n_tokens, s.n_context
@@ -77,9 +83,14 @@ def decode_cells(lm: LoadedModel, pre: Prefill, cells: list[tuple[str, Decision]
     question = s.ids[n_c:]
     if agnostic:  # feed the question, uncompressed, on each compressed context
         extra = SharedPrefixCache(pre.keys, pre.values, torch.stack([cells[i][1].keep for i in agnostic]))
-        out = lm.model(input_ids=torch.tensor([question] * len(agnostic), device=dev),
-                       position_ids=torch.arange(n_c, n, device=dev).expand(len(agnostic), -1),
-                       **{_cache_kwarg(lm.model): extra}, use_cache=True, logits_to_keep=1, **extra.forward_kwargs())
+        out = lm.model(
+            input_ids=torch.tensor([question] * len(agnostic), device=dev),
+            position_ids=torch.arange(n_c, n, device=dev).expand(len(agnostic), -1),
+            **{_cache_kwarg(lm.model): extra},
+            use_cache=True,
+            logits_to_keep=1,
+            **extra.forward_kwargs(),
+        )
         cache.pad_front(len(question))
         cache.extend(extra)
         logits = torch.cat([logits, out.logits[:, -1]])
@@ -123,9 +134,13 @@ def decode_cells(lm: LoadedModel, pre: Prefill, cells: list[tuple[str, Decision]
             break
         rows, on_path = nxt, path
         cache.rows(index)
-        out = lm.model(input_ids=torch.tensor(feed, device=dev)[:, None],
-                       position_ids=torch.full((len(feed), 1), n + step, device=dev), **{_cache_kwarg(lm.model): cache},
-                       use_cache=True, **cache.forward_kwargs())
+        out = lm.model(
+            input_ids=torch.tensor(feed, device=dev)[:, None],
+            position_ids=torch.full((len(feed), 1), n + step, device=dev),
+            **{_cache_kwarg(lm.model): cache},
+            use_cache=True,
+            **cache.forward_kwargs(),
+        )
         logits = out.logits[:, -1]
     return full, per_cell
 
@@ -149,22 +164,51 @@ class SweepResult:
         df = self.frame()
         if df.empty:
             return df
-        return (df.groupby(["policy", "mode", "ratio"], as_index=False)[list(METRICS)].mean()
-                .assign(samples=df.groupby(["policy", "mode", "ratio"]).size().values))
+        return (
+            df.groupby(["policy", "mode", "ratio"], as_index=False)[list(METRICS)]
+            .mean()
+            .assign(samples=df.groupby(["policy", "mode", "ratio"]).size().values)
+        )
 
     def to_json(self) -> dict:
-        samples = [{"key": s.key, "task": s.task, "length": s.length, "depth": s.depth, "seed": s.seed,
-                    "n_tokens": len(s.ids), "n_context": s.n_context, "needle_span": list(s.needle_span),
-                    "value_span": list(s.value_span), "answers": s.answers, "context": s.context,
-                    "question": s.question} for s in self.samples]
-        return {"config": self.config, "timings": self.timings, "stopped": self.stopped, "skipped": self.skipped,
-                "samples": samples,
-                "records": self.records, "table": self.table().to_dict(orient="records")}
+        samples = [
+            {
+                "key": s.key,
+                "task": s.task,
+                "length": s.length,
+                "depth": s.depth,
+                "seed": s.seed,
+                "n_tokens": len(s.ids),
+                "n_context": s.n_context,
+                "needle_span": list(s.needle_span),
+                "value_span": list(s.value_span),
+                "answers": s.answers,
+                "context": s.context,
+                "question": s.question,
+            }
+            for s in self.samples
+        ]
+        return {
+            "config": self.config,
+            "timings": self.timings,
+            "stopped": self.stopped,
+            "skipped": self.skipped,
+            "samples": samples,
+            "records": self.records,
+            "table": self.table().to_dict(orient="records"),
+        }
 
 
-def run_sweep(lm: LoadedModel, samples: list[Sample], policies: list[str], ratios: list[float],
-              modes: tuple[str, ...] = MODES, max_new_tokens: int = 10, progress: Progress | None = None,
-              should_stop: Callable[[], bool] | None = None) -> SweepResult:
+def run_sweep(
+    lm: LoadedModel,
+    samples: list[Sample],
+    policies: list[str],
+    ratios: list[float],
+    modes: tuple[str, ...] = MODES,
+    max_new_tokens: int = 10,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> SweepResult:
     """Every policy × ratio × mode on every sample; stops cleanly between samples when ``should_stop()``."""
     unknown = [p for p in policies if p not in POLICIES] + [m for m in modes if m not in MODES]
     if unknown:
@@ -174,9 +218,16 @@ def run_sweep(lm: LoadedModel, samples: list[Sample], policies: list[str], ratio
         raise ValueError(f"Compression ratios must be in [0, 1), got {bad[0]}.")
     pols = sweep_policies(policies)
     report = progress or (lambda f, d: None)
-    config = {"policies": list(policies), "ratios": list(ratios), "modes": list(modes),
-              "max_new_tokens": max_new_tokens, "model": lm.name, "dtype": str(lm.dtype).removeprefix("torch."),
-              "device": str(lm.device), "threads": torch.get_num_threads()}
+    config = {
+        "policies": list(policies),
+        "ratios": list(ratios),
+        "modes": list(modes),
+        "max_new_tokens": max_new_tokens,
+        "model": lm.name,
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "device": str(lm.device),
+        "threads": torch.get_num_threads(),
+    }
     out = SweepResult([], [], config)
     t0 = time.perf_counter()
     prefill_s = decide_s = decode_s = 0.0
@@ -196,22 +247,29 @@ def run_sweep(lm: LoadedModel, samples: list[Sample], policies: list[str], ratio
                     cells.append((m, decide(lm, pre, m, p, r, memo)))
                     keys.append((p, r, m))
                 except ValueError as exc:  # e.g. a budget below SnapKV's window: kvpress keeps an arbitrary part
-                    out.skipped.append({"sample": sample.key, "policy": p.name, "ratio": r, "mode": m,
-                                        "reason": str(exc)})
+                    out.skipped.append(
+                        {"sample": sample.key, "policy": p.name, "ratio": r, "mode": m, "reason": str(exc)}
+                    )
             decide_s += time.perf_counter() - t
             t = time.perf_counter()
             full, per_cell = decode_cells(lm, pre, cells, max_new_tokens)
             decode_s += time.perf_counter() - t
             out.records += _records(lm, pre, keys, cells, full, per_cell, pols, ratios, modes)
             out.samples.append(sample)
-    out.timings = {"total_s": time.perf_counter() - t0, "prefill_s": prefill_s, "decide_s": decide_s,
-                   "decode_s": decode_s, "samples": len(out.samples)}
+    out.timings = {
+        "total_s": time.perf_counter() - t0,
+        "prefill_s": prefill_s,
+        "decide_s": decide_s,
+        "decode_s": decode_s,
+        "samples": len(out.samples),
+    }
     report(1.0, "done")
     return out
 
 
-def _records(lm: LoadedModel, pre: Prefill, keys, cells, full: list[int], per_cell: list[dict], pols, ratios,
-             modes) -> list[dict]:
+def _records(
+    lm: LoadedModel, pre: Prefill, keys, cells, full: list[int], per_cell: list[dict], pols, ratios, modes
+) -> list[dict]:
     s = pre.sample
     full_text = lm.tokenizer.decode(full, skip_special_tokens=True)
     base = {"sample": s.key, "task": s.task, "length": s.length, "depth": s.depth}
@@ -219,17 +277,42 @@ def _records(lm: LoadedModel, pre: Prefill, keys, cells, full: list[int], per_ce
     if 0.0 in ratios:  # the full cache: every policy's curve starts at the same point
         for p in pols:
             for m in modes:
-                rows.append({**base, "policy": p.name, "mode": m, "ratio": 0.0, "answer": full_text,
-                             "string_match": string_match_all(full_text, s.answers), "needle_retention": 1.0,
-                             "top1_agreement": 1.0, "mean_kl": 0.0, "achieved_ratio": 0.0, "achieved_ratio_held": 0.0,
-                             "n_kept": pre.compressed(m), "stored_bytes": None, "held_bytes": None})
+                rows.append(
+                    {
+                        **base,
+                        "policy": p.name,
+                        "mode": m,
+                        "ratio": 0.0,
+                        "answer": full_text,
+                        "string_match": string_match_all(full_text, s.answers),
+                        "needle_retention": 1.0,
+                        "top1_agreement": 1.0,
+                        "mean_kl": 0.0,
+                        "achieved_ratio": 0.0,
+                        "achieved_ratio_held": 0.0,
+                        "n_kept": pre.compressed(m),
+                        "stored_bytes": None,
+                        "held_bytes": None,
+                    }
+                )
     for (p, r, m), (_, d), got in zip(keys, cells, per_cell):
         text = lm.tokenizer.decode(got["ids"], skip_special_tokens=True)
-        rows.append({**base, "policy": p.name, "mode": m, "ratio": r, "answer": text,
-                     "string_match": string_match_all(text, s.answers), "needle_retention": d.needle_retention,
-                     "top1_agreement": float(np.mean(got["agree"])) if got["agree"] else 1.0,
-                     "mean_kl": float(np.mean(got["kl"])) if got["kl"] else 0.0,
-                     "achieved_ratio": 1 - d.stored_bytes / d.full_bytes,
-                     "achieved_ratio_held": 1 - d.held_bytes / d.full_bytes, "n_kept": d.n_kept,
-                     "stored_bytes": d.stored_bytes, "held_bytes": d.held_bytes})
+        rows.append(
+            {
+                **base,
+                "policy": p.name,
+                "mode": m,
+                "ratio": r,
+                "answer": text,
+                "string_match": string_match_all(text, s.answers),
+                "needle_retention": d.needle_retention,
+                "top1_agreement": float(np.mean(got["agree"])) if got["agree"] else 1.0,
+                "mean_kl": float(np.mean(got["kl"])) if got["kl"] else 0.0,
+                "achieved_ratio": 1 - d.stored_bytes / d.full_bytes,
+                "achieved_ratio_held": 1 - d.held_bytes / d.full_bytes,
+                "n_kept": d.n_kept,
+                "stored_bytes": d.stored_bytes,
+                "held_bytes": d.held_bytes,
+            }
+        )
     return rows

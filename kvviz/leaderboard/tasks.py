@@ -30,14 +30,47 @@ from kvviz.models import LoadedModel
 TASKS = ("niah_single", "niah_multikey", "passkey")
 LENGTHS = (512, 1024, 2048)
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-KEYS = ["apple", "river", "candle", "falcon", "garden", "helmet", "island", "jacket", "kettle", "lantern", "meadow",
-        "needle", "orchid", "pepper", "quartz", "ribbon", "saddle", "tunnel", "velvet", "walnut", "yogurt", "zipper",
-        "anchor", "bamboo", "canyon", "dolphin", "engine", "forest", "glacier", "harbor"]
+KEYS = [
+    "apple",
+    "river",
+    "candle",
+    "falcon",
+    "garden",
+    "helmet",
+    "island",
+    "jacket",
+    "kettle",
+    "lantern",
+    "meadow",
+    "needle",
+    "orchid",
+    "pepper",
+    "quartz",
+    "ribbon",
+    "saddle",
+    "tunnel",
+    "velvet",
+    "walnut",
+    "yogurt",
+    "zipper",
+    "anchor",
+    "bamboo",
+    "canyon",
+    "dolphin",
+    "engine",
+    "forest",
+    "glacier",
+    "harbor",
+]
 DISTRACTORS = 3  # other needles in niah_multikey
-NIAH_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. I will quiz "
-              "you about the numbers afterwards.")
-PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will "
-                 "quiz you about the important information there.")
+NIAH_INTRO = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. I will quiz "
+    "you about the numbers afterwards."
+)
+PASSKEY_INTRO = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will "
+    "quiz you about the important information there."
+)
 
 
 @dataclass(frozen=True)
@@ -71,8 +104,10 @@ def _question(task: str, key: str) -> tuple[str, str]:
     """(question, answer prefix)."""
     if task == "passkey":
         return "What is the pass key?", "The pass key is"
-    return (f"What is the special magic number for {key} mentioned in the provided text?",
-            f"The special magic number for {key} mentioned in the provided text is")
+    return (
+        f"What is the special magic number for {key} mentioned in the provided text?",
+        f"The special magic number for {key} mentioned in the provided text is",
+    )
 
 
 def _text(intro: str, sentences: list[str]) -> str:
@@ -89,8 +124,9 @@ def make_sample(lm: LoadedModel, task: str, length: int, depth: float, seed: int
     keys = rng.sample(KEYS, DISTRACTORS + 1)
     value = str(rng.randint(1_000_000, 9_999_999))
     needle = _needle(task, keys[0], value)
-    others = [_needle(task, k, str(rng.randint(1_000_000, 9_999_999))) for k in keys[1:]] \
-        if task == "niah_multikey" else []
+    others = (
+        [_needle(task, k, str(rng.randint(1_000_000, 9_999_999))) for k in keys[1:]] if task == "niah_multikey" else []
+    )
     question, prefix = _question(task, keys[0])
     intro = PASSKEY_INTRO if task == "passkey" else NIAH_INTRO
     tok = lm.tokenizer
@@ -122,16 +158,18 @@ def make_sample(lm: LoadedModel, task: str, length: int, depth: float, seed: int
     n_context = _common_prefix(ids, encode_prompt(lm, context, chat=True))
     needle_span = _find(tok, ids, context, needle, lm)
     value_span = _find(tok, ids, context, value, lm, within=needle_span)
-    return Sample(task, length, float(depth), seed, ids, n_context, needle_span, value_span, [value], context,
-                  f"{question}")
+    return Sample(
+        task, length, float(depth), seed, ids, n_context, needle_span, value_span, [value], context, f"{question}"
+    )
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _find(tok, ids: list[int], context: str, text: str, lm: LoadedModel,
-          within: tuple[int, int] | None = None) -> tuple[int, int]:
+def _find(
+    tok, ids: list[int], context: str, text: str, lm: LoadedModel, within: tuple[int, int] | None = None
+) -> tuple[int, int]:
     """[start, stop) token positions covering ``text``'s first occurrence (inside ``within`` if given)."""
     lo, hi = within if within is not None else (0, len(ids))
     pieces = [tok.decode([i]) for i in ids]

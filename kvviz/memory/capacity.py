@@ -37,7 +37,8 @@ def find_gpu(name: str) -> GPU:
     key = name.strip().lower()
     gpus = gpu_presets()
     hits = [g for n, g in gpus.items() if n.lower() == key] or [
-        g for n, g in gpus.items() if n.lower().startswith(key) or n.lower().replace(" ", "").startswith(key)]
+        g for n, g in gpus.items() if n.lower().startswith(key) or n.lower().replace(" ", "").startswith(key)
+    ]
     if len(hits) != 1:
         raise ValueError(f"Unknown GPU {name!r}; choose one of: {', '.join(gpus)}.")
     return hits[0]
@@ -82,21 +83,25 @@ def kv_budget(gpus: int, gpu_mem_gb: float, weight_bytes: int, reserve: float = 
     usable = round(total * (1 - reserve))
     budget = usable - int(weight_bytes)
     if budget <= 0:
-        raise ValueError(f"The weights ({weight_bytes / 1e9:,.1f} GB) do not fit in the {usable / 1e9:,.1f} GB "
-                         f"left after the {reserve:.0%} reserve on {gpus} × {gpu_mem_gb:g} GB: add GPUs or "
-                         "quantize the weights.")
+        raise ValueError(
+            f"The weights ({weight_bytes / 1e9:,.1f} GB) do not fit in the {usable / 1e9:,.1f} GB "
+            f"left after the {reserve:.0%} reserve on {gpus} × {gpu_mem_gb:g} GB: add GPUs or "
+            "quantize the weights."
+        )
     return Budget(gpus, per_gpu, total, reserve, usable, int(weight_bytes), budget)
 
 
-def max_sequences(layout: CacheLayout, budget_bytes: int, context: int, kv_dtype: str | KVDtype = "bf16",
-                  tp: int = 1, **kw) -> int:
+def max_sequences(
+    layout: CacheLayout, budget_bytes: int, context: int, kv_dtype: str | KVDtype = "bf16", tp: int = 1, **kw
+) -> int:
     """Most sequences of ``context`` tokens whose cache fits in the budget."""
     per_seq = estimate(layout, context, 1, kv_dtype, tp, **kw).total_bytes
     return int(budget_bytes // per_seq) if per_seq else 0
 
 
-def max_context(layout: CacheLayout, budget_bytes: int, batch: int = 1, kv_dtype: str | KVDtype = "bf16",
-                tp: int = 1, **kw) -> int | None:
+def max_context(
+    layout: CacheLayout, budget_bytes: int, batch: int = 1, kv_dtype: str | KVDtype = "bf16", tp: int = 1, **kw
+) -> int | None:
     """Longest context at which ``batch`` sequences fit; ``None`` when windows cap the cache below it."""
 
     def total(t: int) -> int:

@@ -49,31 +49,59 @@ class CapacityReport:
         """The CLI's ``--json`` object: all sizes in bytes; capacity and decode fields only when computed."""
         layout, est = self.layout, self.estimate
         out = {
-            "model": layout.name, "model_type": layout.model_type, "attention": est.attention,
-            "kv_dtype": self.kv_dtype.name, "group_size": self.kv_dtype.group_size, "context": est.context,
-            "batch": est.batch, "tp": est.tp, "num_layers": layout.num_layers,
-            "num_key_value_heads": layout.num_key_value_heads, "head_dim": layout.head_dim,
-            "max_position_embeddings": layout.max_position_embeddings, "bytes_per_token": est.bytes_per_token,
-            "bytes_per_sequence": est.bytes_per_sequence, "total_bytes": est.total_bytes,
-            "per_gpu_bytes": est.per_gpu_bytes, "replication": est.replication, "layers": est.layers_json(),
+            "model": layout.name,
+            "model_type": layout.model_type,
+            "attention": est.attention,
+            "kv_dtype": self.kv_dtype.name,
+            "group_size": self.kv_dtype.group_size,
+            "context": est.context,
+            "batch": est.batch,
+            "tp": est.tp,
+            "num_layers": layout.num_layers,
+            "num_key_value_heads": layout.num_key_value_heads,
+            "head_dim": layout.head_dim,
+            "max_position_embeddings": layout.max_position_embeddings,
+            "bytes_per_token": est.bytes_per_token,
+            "bytes_per_sequence": est.bytes_per_sequence,
+            "total_bytes": est.total_bytes,
+            "per_gpu_bytes": est.per_gpu_bytes,
+            "replication": est.replication,
+            "layers": est.layers_json(),
         }
         if self.weight_bytes is not None:
             out["weight_bytes"] = self.weight_bytes
         if self.capacity is not None:
             out.update({k: v for k, v in asdict(self.capacity.budget).items() if k != "weight_bytes"})
-            out.update(max_sequences=self.capacity.max_sequences, max_context=self.capacity.max_context,
-                       fits=self.capacity.fits)
+            out.update(
+                max_sequences=self.capacity.max_sequences,
+                max_context=self.capacity.max_context,
+                fits=self.capacity.fits,
+            )
         if self.decode is not None:
             d = self.decode
-            out.update(bandwidth_bytes_per_s=d.bandwidth_bytes_per_s, decode_ms_weights=d.ms_weights,
-                       decode_ms_kv=d.ms_kv, decode_ms_total=d.ms_total)
+            out.update(
+                bandwidth_bytes_per_s=d.bandwidth_bytes_per_s,
+                decode_ms_weights=d.ms_weights,
+                decode_ms_kv=d.ms_kv,
+                decode_ms_total=d.ms_total,
+            )
         return out
 
 
-def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "bf16", tp: int | None = None,
-           group_size: int | None = None, gpus: int | None = None, gpu_mem_gb: float | None = None,
-           reserve: float = 0.1, weights_gb: float | None = None, weight_dtype: str = "bf16",
-           bandwidth_tbps: float | None = None) -> CapacityReport:
+def report(
+    layout: CacheLayout,
+    context: int,
+    batch: int = 1,
+    kv_dtype: str = "bf16",
+    tp: int | None = None,
+    group_size: int | None = None,
+    gpus: int | None = None,
+    gpu_mem_gb: float | None = None,
+    reserve: float = 0.1,
+    weights_gb: float | None = None,
+    weight_dtype: str = "bf16",
+    bandwidth_tbps: float | None = None,
+) -> CapacityReport:
     """Sizes for ``batch`` × ``context``; capacity with ``gpu_mem_gb``, decode time with ``bandwidth_tbps``.
 
     Both need the weights: ``weights_gb``, or the config's parameter count × ``weight_dtype``.
@@ -95,8 +123,12 @@ def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "b
     capacity = None
     if gpu_mem_gb is not None:
         b = kv_budget(gpus_n, gpu_mem_gb, w, reserve)
-        capacity = Capacity(b, max_sequences(layout, b.kv_budget_bytes, context, dtype, tp),
-                            max_context(layout, b.kv_budget_bytes, batch, dtype, tp), est.total_bytes <= b.kv_budget_bytes)
+        capacity = Capacity(
+            b,
+            max_sequences(layout, b.kv_budget_bytes, context, dtype, tp),
+            max_context(layout, b.kv_budget_bytes, batch, dtype, tp),
+            est.total_bytes <= b.kv_budget_bytes,
+        )
     step = decode_step(w, est.total_bytes, bandwidth_tbps, gpus_n) if bandwidth_tbps is not None else None
     return CapacityReport(layout, dtype, est, w, capacity, step)
 
@@ -112,21 +144,29 @@ def summary(r: CapacityReport, markdown: bool = False) -> str:
     lines = []
     if not markdown:
         dtype = r.kv_dtype
-        lines.append(f"{layout.name} ({layout.model_type}): {est.attention}, {layout.num_layers} layers, "
-                     f"{layout.num_attention_heads} query / {layout.num_key_value_heads} KV heads, head_dim "
-                     f"{layout.head_dim}, KV dtype {dtype.name}"
-                     + (f" (+fp16 scale & zero per {dtype.group_size})" if dtype.group_size else ""))
+        lines.append(
+            f"{layout.name} ({layout.model_type}): {est.attention}, {layout.num_layers} layers, "
+            f"{layout.num_attention_heads} query / {layout.num_key_value_heads} KV heads, head_dim "
+            f"{layout.head_dim}, KV dtype {dtype.name}"
+            + (f" (+fp16 scale & zero per {dtype.group_size})" if dtype.group_size else "")
+        )
         for g in layer_groups(layout, est):
             held = f", {g.tokens_held:,} tokens held" + (f" (window {g.window})" if g.window else "")
-            lines.append(f"  {g.count} {g.kind} layer{'s' if g.count > 1 else ''}: {g.per_token_expr} per token per "
-                         f"layer{held} → {g.bytes:,} bytes ({format_bytes(g.bytes)}) per sequence")
+            lines.append(
+                f"  {g.count} {g.kind} layer{'s' if g.count > 1 else ''}: {g.per_token_expr} per token per "
+                f"layer{held} → {g.bytes:,} bytes ({format_bytes(g.bytes)}) per sequence"
+            )
     seqs = f"{est.batch:,} sequence{'s' if est.batch > 1 else ''}"
     rep = f" (× {est.replication:g} replication)" if est.replication != 1 else ""
     lines.append(f"Per token (every layer): {est.bytes_per_token:,} B = {b(format_bytes(est.bytes_per_token))}")
-    lines.append(f"Per sequence at {est.context:,} tokens: {est.bytes_per_sequence:,} B = "
-                 f"{b(format_bytes(est.bytes_per_sequence))}")
-    lines.append(f"Total for {seqs} × TP {est.tp}{rep}: {est.total_bytes:,} B = {b(format_bytes(est.total_bytes))} "
-                 f"({format_bytes(est.per_gpu_bytes)} per GPU)")
+    lines.append(
+        f"Per sequence at {est.context:,} tokens: {est.bytes_per_sequence:,} B = "
+        f"{b(format_bytes(est.bytes_per_sequence))}"
+    )
+    lines.append(
+        f"Total for {seqs} × TP {est.tp}{rep}: {est.total_bytes:,} B = {b(format_bytes(est.total_bytes))} "
+        f"({format_bytes(est.per_gpu_bytes)} per GPU)"
+    )
     if r.capacity is not None:
         cap, budget = r.capacity, r.capacity.budget
         mc, ctx_max = cap.max_context, layout.max_position_embeddings
@@ -137,9 +177,12 @@ def summary(r: CapacityReport, markdown: bool = False) -> str:
             f" → {b(f'{cap.max_sequences:,} sequences')} at {est.context:,} tokens; {seqs} fit up to "
             + ("any context (windows cap the cache)" if mc is None else b(f"{mc:,} tokens"))
             + (f" (the model itself is configured for {ctx_max:,})" if mc and ctx_max and mc > ctx_max else "")
-            + ("" if cap.fits else f" — {b('the requested batch does not fit')}"))
+            + ("" if cap.fits else f" — {b('the requested batch does not fit')}")
+        )
     if r.decode is not None:
         d = r.decode
-        lines.append(f"Decode step at {d.bandwidth_bytes_per_s / 1e12:g} TB/s: weights {d.ms_weights:.2f} ms + KV "
-                     f"{d.ms_kv:.2f} ms = {b(f'{d.ms_total:.2f} ms')} (lower bound on time per output token)")
+        lines.append(
+            f"Decode step at {d.bandwidth_bytes_per_s / 1e12:g} TB/s: weights {d.ms_weights:.2f} ms + KV "
+            f"{d.ms_kv:.2f} ms = {b(f'{d.ms_total:.2f} ms')} (lower bound on time per output token)"
+        )
     return "\n\n".join(lines) if markdown else "\n".join(lines)

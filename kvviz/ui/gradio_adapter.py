@@ -34,8 +34,11 @@ def drop_expired_sessions(demo: gr.Blocks) -> int:
     sessions = session_states(demo)
     if sessions is None:
         return 0
-    gone = [key for key, state in list(sessions.items())
-            if getattr(state, "is_closed", False) and not getattr(state, "state_data", True)]
+    gone = [
+        key
+        for key, state in list(sessions.items())
+        if getattr(state, "is_closed", False) and not getattr(state, "state_data", True)
+    ]
     for key in gone:
         sessions.pop(key, None)
     return len(gone)

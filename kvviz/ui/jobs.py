@@ -49,8 +49,12 @@ class Jobs:
 
     def __init__(self, settings: Settings, info: ModelInfo):
         self.settings, self.info = settings, info
-        self.gate = Gate(slots=settings.concurrency, max_waiting=settings.queue_size,
-                         max_seconds=settings.max_job_seconds, max_rss_bytes=int(settings.max_rss_gb * 2**30))
+        self.gate = Gate(
+            slots=settings.concurrency,
+            max_waiting=settings.queue_size,
+            max_seconds=settings.max_job_seconds,
+            max_rss_bytes=int(settings.max_rss_gb * 2**30),
+        )
         ceiling = job_cost(settings.max_prompt_tokens, settings.max_new_tokens, info.layers, info.kv_bytes_per_token)
         self.max_key_reads = settings.max_key_reads or ceiling.key_reads
         self._held: dict[str, Ticket] = {}
@@ -69,8 +73,9 @@ class Jobs:
         if ticket is not None:
             ticket.release()
 
-    def admit(self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int,
-              runs: int = 1) -> Ticket:
+    def admit(
+        self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int, runs: int = 1
+    ) -> Ticket:
         """A place in line for this session's job, or :class:`UserError` at once."""
         cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs)
         try:
@@ -80,8 +85,9 @@ class Jobs:
         except (Refused, ValueError) as exc:
             raise UserError(str(exc)) from None
 
-    def start(self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int,
-              runs: int = 1) -> Ticket:
+    def start(
+        self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int, runs: int = 1
+    ) -> Ticket:
         """The session's held ticket (or a new one), once it is this job's turn: use it as ``with``."""
         ticket = self.take(request) or self.admit(request, what, prompt_tokens, new_tokens, runs)
         try:
@@ -91,8 +97,9 @@ class Jobs:
             raise
         return ticket
 
-    def start_prompt(self, request: gr.Request | None, what: str, lm, prompt, chat: bool, new_tokens: int,
-                     runs: int = 1) -> Ticket:
+    def start_prompt(
+        self, request: gr.Request | None, what: str, lm, prompt, chat: bool, new_tokens: int, runs: int = 1
+    ) -> Ticket:
         """:meth:`start` for a job on a raw prompt: checked and counted in tokens first."""
         try:
             text = clean_prompt(prompt, self.settings.max_prompt_chars)
@@ -114,5 +121,7 @@ class Jobs:
         """What to tell the user when a run ended on its time budget (else "")."""
         if not ticket.timed_out:
             return ""
-        return (f" · stopped at the time budget of {ticket.max_seconds:g} s (KVVIZ_MAX_JOB_SECONDS): "
-                "what was done so far is shown")
+        return (
+            f" · stopped at the time budget of {ticket.max_seconds:g} s (KVVIZ_MAX_JOB_SECONDS): "
+            "what was done so far is shown"
+        )

@@ -36,8 +36,10 @@ from kvviz.units import format_bytes
 
 # what is compressed after the prefill: (what the page says, the value handlers compare)
 COMPRESS_QUESTION, COMPRESS_CONTEXT = "question", "context"
-COMPRESS = [("with the question (it votes)", COMPRESS_QUESTION),
-            ("only the context (question fed after, uncompressed)", COMPRESS_CONTEXT)]
+COMPRESS = [
+    ("with the question (it votes)", COMPRESS_QUESTION),
+    ("only the context (question fed after, uncompressed)", COMPRESS_CONTEXT),
+]
 BUDGET_MODES = ["tokens", "ratio"]
 NEEDLE_TOKENS = 512  # the needle demo's prompt (496 tokens), for its cost estimate
 EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
@@ -49,8 +51,9 @@ def _user(fn, *args, what: str = "Eviction run"):
         return fn(*args)
 
 
-def check_request(ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new,
-                  params: dict | None, compress) -> EvictionRequest:
+def check_request(
+    ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new, params: dict | None, compress
+) -> EvictionRequest:
     """Everything a run needs, checked (gr.Error with what to fix before any model work)."""
     with user_errors():
         if policy_name not in POLICIES:
@@ -71,23 +74,45 @@ def check_request(ctx: AppContext, context, question, chat, policy_name, mode, b
         ids, n_context = split_question(ctx.lm, text, q, bool(chat))
         limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
         if len(ids) + n_new > limit:
-            raise ValueError(f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit "
-                             f"of {limit:,} tokens. Shorten it or generate fewer tokens.")
+            raise ValueError(
+                f"The prompt is {len(ids):,} tokens; with {n_new} new tokens that exceeds the limit "
+                f"of {limit:,} tokens. Shorten it or generate fewer tokens."
+            )
         n_c = n_context if context_only else len(ids)
         resolve_budget(policy, n_c, b, r)  # validates the policy against the budget, no model work
     return EvictionRequest(ids=ids, policy=policy, budget=b, ratio=r, n_compress=n_c, max_new_tokens=n_new)
 
 
-def api_evict(ctx: AppContext, prompt_text: str, policy_name: str = "snapkv", budget: int | None = None,
-              ratio: float | None = None, chat: bool = True, max_new_tokens: int = 32, params: dict | None = None,
-              question: str = "", compress_context_only: bool = False, request: gr.Request | None = None) -> dict:
+def api_evict(
+    ctx: AppContext,
+    prompt_text: str,
+    policy_name: str = "snapkv",
+    budget: int | None = None,
+    ratio: float | None = None,
+    chat: bool = True,
+    max_new_tokens: int = 32,
+    params: dict | None = None,
+    question: str = "",
+    compress_context_only: bool = False,
+    request: gr.Request | None = None,
+) -> dict:
     """The ``/evict`` endpoint: the JSON of ``python -m kvviz evict --json``; ``params`` holds the policy's own
     parameters by name (its field specs), e.g. ``{"sinks": 4}``."""
     if (budget is None) == (ratio is None):
         raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
-    req = check_request(ctx, prompt_text, question, chat, policy_name, "tokens" if budget is not None else "ratio",
-                        budget, ratio, max_new_tokens, params,
-                        COMPRESS_CONTEXT if compress_context_only else COMPRESS_QUESTION)
+    req = check_request(
+        ctx,
+        prompt_text,
+        question,
+        chat,
+        policy_name,
+        "tokens" if budget is not None else "ratio",
+        budget,
+        ratio,
+        max_new_tokens,
+        params,
+        COMPRESS_CONTEXT if compress_context_only else COMPRESS_QUESTION,
+    )
     with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
         result = _user(lambda: req.run(ctx.lm, record_history=False, should_stop=ticket.expired))
     out = result.summary()
@@ -97,15 +122,23 @@ def api_evict(ctx: AppContext, prompt_text: str, policy_name: str = "snapkv", bu
 
 
 def status_text(run, policy) -> str:
-    mode = ("**Positions:** kept keys keep their original RoPE positions (a kept entry's cache slot differs "
-            "from its position)." if run.position_mode == "original" else
-            "**Positions:** re-positioned as in the StreamingLLM paper: kept keys are re-rotated so their RoPE "
-            "position is their cache slot, and new tokens are fed at the slot position.")
-    compressed = (f"the first {run.n_compressed} of {run.n_prompt} prompt tokens (the rest was fed afterwards)"
-                  if run.n_compressed < run.n_prompt else f"all {run.n_prompt} prompt tokens")
-    return (f"**{policy.title}** compressed {compressed} to **n_kept = {run.n_kept}** entries per layer and KV "
-            f"head. Cache now **{format_bytes(run.cache_bytes)}** (measured from the tensors) vs "
-            f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}")
+    mode = (
+        "**Positions:** kept keys keep their original RoPE positions (a kept entry's cache slot differs "
+        "from its position)."
+        if run.position_mode == "original"
+        else "**Positions:** re-positioned as in the StreamingLLM paper: kept keys are re-rotated so their RoPE "
+        "position is their cache slot, and new tokens are fed at the slot position."
+    )
+    compressed = (
+        f"the first {run.n_compressed} of {run.n_prompt} prompt tokens (the rest was fed afterwards)"
+        if run.n_compressed < run.n_prompt
+        else f"all {run.n_prompt} prompt tokens"
+    )
+    return (
+        f"**{policy.title}** compressed {compressed} to **n_kept = {run.n_kept}** entries per layer and KV "
+        f"head. Cache now **{format_bytes(run.cache_bytes)}** (measured from the tensors) vs "
+        f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}"
+    )
 
 
 def policy_text(name: str) -> str:
@@ -123,8 +156,13 @@ def views(run, layer, head, step, score_label=""):
         return (gr.skip(),) * 5
     step = min(int(step or 0), len(run.history) - 1)
     layer, head = int(layer or 0), int(head or 0)
-    return (fig.token_strip(run, layer, head, step), fig.kept_map(run, step), fig.timeline(run, layer, head),
-            fig.scores_figure(run, layer, head, score_label), fig.slot_table(run, layer, head, step))
+    return (
+        fig.token_strip(run, layer, head, step),
+        fig.kept_map(run, step),
+        fig.timeline(run, layer, head),
+        fig.scores_figure(run, layer, head, score_label),
+        fig.slot_table(run, layer, head, step),
+    )
 
 
 def build(ctx: AppContext) -> None:
@@ -134,26 +172,54 @@ def build(ctx: AppContext) -> None:
         "Which cache entries each policy keeps, per layer and KV head, and what dropping the rest does to the "
         f"answer. The cache is stored per KV head ({info.kv_heads} per layer here, each shared by "
         f"{info.group_size} query heads), so score-based policies **average their scores over the query heads of "
-        "each KV group**. The generation below really drops the entries: the cache tensors shrink.")
+        "each KV group**. The generation below really drops the entries: the cache tensors shrink."
+    )
     with gr.Row():
         with gr.Column(scale=3):
-            prompt = gr.Textbox(label="Context (compressed)", lines=6, elem_id="evict-prompt",
-                                value=needle_passage(*NEEDLE_FILLER))
-            question = gr.Textbox(label="Question (appended after a blank line; optional)", lines=1,
-                                  elem_id="evict-question", value=f"Question: {NEEDLE_QUESTION}")
+            prompt = gr.Textbox(
+                label="Context (compressed)", lines=6, elem_id="evict-prompt", value=needle_passage(*NEEDLE_FILLER)
+            )
+            question = gr.Textbox(
+                label="Question (appended after a blank line; optional)",
+                lines=1,
+                elem_id="evict-question",
+                value=f"Question: {NEEDLE_QUESTION}",
+            )
             chat = gr.Checkbox(True, label="Use the chat template", elem_id="evict-chat")
-            compress = gr.Radio(COMPRESS, value=COMPRESS_QUESTION, label="What is compressed after the prefill",
-                                elem_id="evict-compress")
+            compress = gr.Radio(
+                COMPRESS,
+                value=COMPRESS_QUESTION,
+                label="What is compressed after the prefill",
+                elem_id="evict-compress",
+            )
         with gr.Column(scale=2):
-            policy = gr.Dropdown([(cls.title, name) for name, cls in POLICIES.items()], value="snapkv",
-                                 label="Policy", elem_id="evict-policy")
+            policy = gr.Dropdown(
+                [(cls.title, name) for name, cls in POLICIES.items()],
+                value="snapkv",
+                label="Policy",
+                elem_id="evict-policy",
+            )
             mode = gr.Radio(BUDGET_MODES, value="tokens", label="Budget as", elem_id="evict-mode")
-            budget = gr.Number(NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head",
-                               elem_id="evict-budget")
-            ratio = gr.Slider(0.0, 0.99, value=0.5, step=0.005, label="Compression ratio r (fraction evicted)",
-                              elem_id="evict-ratio", visible=False)
-            max_new = gr.Slider(1, min(128, ctx.settings.max_new_tokens), value=16, step=1, label="Max new tokens",
-                                elem_id="evict-max-new")
+            budget = gr.Number(
+                NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head", elem_id="evict-budget"
+            )
+            ratio = gr.Slider(
+                0.0,
+                0.99,
+                value=0.5,
+                step=0.005,
+                label="Compression ratio r (fraction evicted)",
+                elem_id="evict-ratio",
+                visible=False,
+            )
+            max_new = gr.Slider(
+                1,
+                min(128, ctx.settings.max_new_tokens),
+                value=16,
+                step=1,
+                label="Max new tokens",
+                elem_id="evict-max-new",
+            )
             about = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
             param_boxes, groups = {}, {}
             for name, cls in POLICIES.items():
@@ -171,20 +237,34 @@ def build(ctx: AppContext) -> None:
                         elif s["type"] == "float":
                             param_boxes[key] = gr.Slider(s["min"], s["max"], value=s["default"], step=0.05, label=label)
                         else:
-                            param_boxes[key] = gr.Number(s["default"], precision=0, label=label,
-                                                         minimum=s["min"], maximum=s["max"])
+                            param_boxes[key] = gr.Number(
+                                s["default"], precision=0, label=label, minimum=s["min"], maximum=s["max"]
+                            )
             run_btn = gr.Button("Run policy", variant="primary", elem_id="evict-run")
     status = gr.Markdown(EMPTY, elem_id="evict-status")
     answer = gr.Textbox(label="Answer under the policy", lines=2, elem_id="evict-answer")
     with gr.Row():
         layer = gr.Slider(0, info.layers - 1, value=info.layers - 1, step=1, label="Layer", elem_id="evict-layer")
-        head = gr.Dropdown([(f"KV head {h} (query heads {h * info.group_size}–{(h + 1) * info.group_size - 1})", h)
-                            for h in range(info.kv_heads)], value=0, label="KV head", elem_id="evict-head")
-        step = gr.Slider(0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)",
-                         elem_id="evict-step")
-    strip = gr.HighlightedText(label="Tokens: kept / evicted / sink / window / heavy hitter", elem_id="evict-strip",
-                               color_map=fig.ROLE_COLORS, combine_adjacent=False, show_legend=True,
-                               show_inline_category=False)
+        head = gr.Dropdown(
+            [
+                (f"KV head {h} (query heads {h * info.group_size}–{(h + 1) * info.group_size - 1})", h)
+                for h in range(info.kv_heads)
+            ],
+            value=0,
+            label="KV head",
+            elem_id="evict-head",
+        )
+        step = gr.Slider(
+            0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)", elem_id="evict-step"
+        )
+    strip = gr.HighlightedText(
+        label="Tokens: kept / evicted / sink / window / heavy hitter",
+        elem_id="evict-strip",
+        color_map=fig.ROLE_COLORS,
+        combine_adjacent=False,
+        show_legend=True,
+        show_inline_category=False,
+    )
     gr.Markdown(fig.CAPTIONS["strip"], elem_classes="caption")
     kept_plot = gr.Plot(label="Layers × positions", elem_id="evict-map")
     gr.Markdown(fig.CAPTIONS["map"], elem_classes="caption")
@@ -197,17 +277,25 @@ def build(ctx: AppContext) -> None:
         with gr.Column():
             budget_table = gr.Dataframe(label="What the kept set costs", elem_id="evict-budget-bytes")
             gr.Markdown(fig.CAPTIONS["budget_bytes"], elem_classes="caption")
-    slots = gr.Dataframe(label="The chosen KV head's cache: slot, original position, RoPE position",
-                         elem_id="evict-slots", max_height=260)
-    gr.Markdown("Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
-                "position its key is rotated with (the status line above says which mode is in force).",
-                elem_classes="caption")
+    slots = gr.Dataframe(
+        label="The chosen KV head's cache: slot, original position, RoPE position",
+        elem_id="evict-slots",
+        max_height=260,
+    )
+    gr.Markdown(
+        "Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
+        "position its key is rotated with (the status line above says which mode is in force).",
+        elem_classes="caption",
+    )
 
     gr.Markdown("### Side by side: full cache vs policies (same prompt, same budget)")
     with gr.Row():
-        chosen = gr.CheckboxGroup([(cls.title, n) for n, cls in POLICIES.items() if n != "full"],
-                                  value=["streaming_llm", "h2o", "snapkv"], label="Policies to compare (default "
-                                  "parameters; the selected policy uses yours)", elem_id="evict-compare-policies")
+        chosen = gr.CheckboxGroup(
+            [(cls.title, n) for n, cls in POLICIES.items() if n != "full"],
+            value=["streaming_llm", "h2o", "snapkv"],
+            label="Policies to compare (default parameters; the selected policy uses yours)",
+            elem_id="evict-compare-policies",
+        )
         compare_btn = gr.Button("Compare", elem_id="evict-compare")
     verdict = gr.Markdown(elem_id="evict-verdict")
     table = gr.Dataframe(label="Answers and agreement with the full cache", elem_id="evict-table", wrap=True)
@@ -218,31 +306,51 @@ def build(ctx: AppContext) -> None:
 
     gr.Markdown("### Compose: the policy's kept entries, quantized")
     with gr.Row():
-        scheme = gr.Dropdown(list(compose_schemes()), value="KIVI-4", label="Quantization of what the policy keeps",
-                             elem_id="evict-scheme")
+        scheme = gr.Dropdown(
+            list(compose_schemes()),
+            value="KIVI-4",
+            label="Quantization of what the policy keeps",
+            elem_id="evict-scheme",
+        )
         compose_btn = gr.Button("Compose", elem_id="evict-compose")
-    compose_table = gr.Dataframe(label="Full cache · policy · quantization · both", elem_id="evict-compose-table",
-                                 wrap=True)
+    compose_table = gr.Dataframe(
+        label="Full cache · policy · quantization · both", elem_id="evict-compose-table", wrap=True
+    )
     gr.Markdown(fig.CAPTIONS["compose"], elem_classes="caption")
 
     gr.Markdown("### Demos")
     with gr.Row():
         needle_btn = gr.Button(f"Needle: who keeps the code {NEEDLE_ANSWER}?", elem_id="evict-needle")
         sinks_btn = gr.Button("Sinks matter: perplexity with and without the first 4 tokens", elem_id="evict-sinks")
-    gr.Markdown(f"**Needle** compares the full cache, StreamingLLM and SnapKV at {NEEDLE_BUDGET} kept tokens on a "
-                "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
-                f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
-                f"{SINKS_CACHE}-entry cache (about a minute on a CPU).", elem_classes="caption")
+    gr.Markdown(
+        f"**Needle** compares the full cache, StreamingLLM and SnapKV at {NEEDLE_BUDGET} kept tokens on a "
+        "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
+        f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
+        f"{SINKS_CACHE}-entry cache (about a minute on a CPU).",
+        elem_classes="caption",
+    )
     sinks_md = gr.Markdown(elem_id="evict-sinks-result")
     sinks_plot = gr.Plot(label="Sinks matter", elem_id="evict-sinks-plot")
     gr.Markdown(fig.CAPTIONS["sinks"], elem_classes="caption")
 
     run_state = gr.State(None)
-    ctx.components.update({"eviction.prompt": prompt, "eviction.question": question, "eviction.chat": chat,
-                           "eviction.policy": policy, "eviction.mode": mode, "eviction.budget": budget,
-                           "eviction.ratio": ratio, "eviction.compress": compress, "eviction.max_new": max_new,
-                           "eviction.run": run_btn, "eviction.needle": needle_btn, "eviction.sinks": sinks_btn,
-                           "eviction.compare": compare_btn})
+    ctx.components.update(
+        {
+            "eviction.prompt": prompt,
+            "eviction.question": question,
+            "eviction.chat": chat,
+            "eviction.policy": policy,
+            "eviction.mode": mode,
+            "eviction.budget": budget,
+            "eviction.ratio": ratio,
+            "eviction.compress": compress,
+            "eviction.max_new": max_new,
+            "eviction.run": run_btn,
+            "eviction.needle": needle_btn,
+            "eviction.sinks": sinks_btn,
+            "eviction.compare": compare_btn,
+        }
+    )
     keys = list(param_boxes)
     main_inputs = [prompt, question, chat, policy, mode, budget, ratio, max_new, compress, *param_boxes.values()]
     view_outputs = [strip, kept_plot, time_plot, score_plot, slots]
@@ -259,14 +367,20 @@ def build(ctx: AppContext) -> None:
         req = gather(*args)
         with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
             result = _user(lambda: req.run(ctx.lm, should_stop=ticket.expired))
-        return (result, status_text(result, req.policy), result.text,
-                gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
-                *views(result, info.layers - 1, 0, 0, req.policy.score_label), fig.budget_map(result),
-                fig.budget_bytes(result))
+        return (
+            result,
+            status_text(result, req.policy),
+            result.text,
+            gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
+            *views(result, info.layers - 1, 0, 0, req.policy.score_label),
+            fig.budget_map(result),
+            fig.budget_bytes(result),
+        )
 
     run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
     run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
-        gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None)
+        gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None
+    )
 
     def redraw(result, lyr, hd, st):
         label = POLICIES[result.policy].score_label if result is not None else ""
@@ -274,16 +388,27 @@ def build(ctx: AppContext) -> None:
 
     for control in (layer, head, step):
         control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
-    policy.change(lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)], policy,
-                  [*groups.values(), about], api_name=False, queue=False)
-    mode.change(lambda m: (gr.Number(visible=m == "tokens"), gr.Slider(visible=m == "ratio")), mode,
-                [budget, ratio], api_name=False, queue=False)
+    policy.change(
+        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)],
+        policy,
+        [*groups.values(), about],
+        api_name=False,
+        queue=False,
+    )
+    mode.change(
+        lambda m: (gr.Number(visible=m == "tokens"), gr.Slider(visible=m == "ratio")),
+        mode,
+        [budget, ratio],
+        api_name=False,
+        queue=False,
+    )
 
     def comparison_outputs(cmp, found: dict | None = None):
         text = f"Full cache answered: *{cmp.full.text.strip()}*"
         if found is not None:
-            text = " · ".join(f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}"
-                              for n, ok in found.items())
+            text = " · ".join(
+                f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}" for n, ok in found.items()
+            )
         return text, fig.comparison_table(cmp), fig.bytes_figure(cmp), fig.kl_figure(cmp)
 
     def compare_request(names, *args):
@@ -297,51 +422,111 @@ def build(ctx: AppContext) -> None:
 
     def check_compare(names, *args, request: gr.Request):
         req, pols = compare_request(names, *args)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "comparison", len(req.ids), req.max_new_tokens,
-                                              runs=len(pols) + 1))
+        ctx.jobs.hold(
+            request, ctx.jobs.admit(request, "comparison", len(req.ids), req.max_new_tokens, runs=len(pols) + 1)
+        )
 
     def run_compare(names, *args, request: gr.Request, progress=gr.Progress()):
         req, pols = compare_request(names, *args)
         with ctx.jobs.start(request, "comparison", len(req.ids), req.max_new_tokens, runs=len(pols) + 1) as ticket:
-            cmp = _user(lambda: compare(ctx.lm, req.ids, pols, budget=req.budget, ratio=req.ratio,
-                                        n_compress=req.n_compress, max_new_tokens=req.max_new_tokens,
-                                        progress=lambda f, d: progress(f, desc=d), should_stop=ticket.expired),
-                        what="Comparison")
+            cmp = _user(
+                lambda: compare(
+                    ctx.lm,
+                    req.ids,
+                    pols,
+                    budget=req.budget,
+                    ratio=req.ratio,
+                    n_compress=req.n_compress,
+                    max_new_tokens=req.max_new_tokens,
+                    progress=lambda f, d: progress(f, desc=d),
+                    should_stop=ticket.expired,
+                ),
+                what="Comparison",
+            )
         return comparison_outputs(cmp)
 
-    compare_btn.click(check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden",
-                      concurrency_limit=None).success(
-        gpu(run_compare), [chosen, *main_inputs], [verdict, table, bytes_plot, kl_plot], api_name=False,
-        concurrency_limit=None)
+    compare_btn.click(
+        check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden", concurrency_limit=None
+    ).success(
+        gpu(run_compare),
+        [chosen, *main_inputs],
+        [verdict, table, bytes_plot, kl_plot],
+        api_name=False,
+        concurrency_limit=None,
+    )
 
     def run_compose(name, *args, request: gr.Request, progress=gr.Progress()):
         req = gather(*args)
         if name not in compose_schemes():
             raise UserError(f"Pick a quantization: {', '.join(compose_schemes())}.")
         with ctx.jobs.start(request, "composition", len(req.ids), req.max_new_tokens, runs=7) as ticket:
-            comp = _user(lambda: compose(ctx.lm, req.ids, req.policy, compose_schemes()[name], budget=req.budget,
-                                         ratio=req.ratio, n_compress=req.n_compress,
-                                         max_new_tokens=req.max_new_tokens, should_stop=ticket.expired,
-                                         progress=lambda f, d: progress(f, desc=d)), what="Composition")
+            comp = _user(
+                lambda: compose(
+                    ctx.lm,
+                    req.ids,
+                    req.policy,
+                    compose_schemes()[name],
+                    budget=req.budget,
+                    ratio=req.ratio,
+                    n_compress=req.n_compress,
+                    max_new_tokens=req.max_new_tokens,
+                    should_stop=ticket.expired,
+                    progress=lambda f, d: progress(f, desc=d),
+                ),
+                what="Composition",
+            )
         return fig.composition_table(comp)
 
     compose_btn.click(gpu(run_compose), [scheme, *main_inputs], compose_table, api_name=False, concurrency_limit=None)
 
     def run_needle(comp, request: gr.Request, progress=gr.Progress()):
         with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):
-            res = _user(lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS_CONTEXT,
-                                            progress=lambda f, d: progress(f, desc=d)), what="Needle demo")
+            res = _user(
+                lambda: needle_demo(
+                    ctx.lm, compress_question=comp != COMPRESS_CONTEXT, progress=lambda f, d: progress(f, desc=d)
+                ),
+                what="Needle demo",
+            )
         snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
         run = snap.run
-        return (needle_passage(*NEEDLE_FILLER), f"Question: {NEEDLE_QUESTION}", True, "snapkv", "tokens",
-                NEEDLE_BUDGET, run, status_text(run, snap.policy), run.text,
-                gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
-                *views(run, info.layers - 1, 0, 0, snap.policy.score_label),
-                *comparison_outputs(res.comparison, res.found()))
+        return (
+            needle_passage(*NEEDLE_FILLER),
+            f"Question: {NEEDLE_QUESTION}",
+            True,
+            "snapkv",
+            "tokens",
+            NEEDLE_BUDGET,
+            run,
+            status_text(run, snap.policy),
+            run.text,
+            gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
+            *views(run, info.layers - 1, 0, 0, snap.policy.score_label),
+            *comparison_outputs(res.comparison, res.found()),
+        )
 
-    needle_btn.click(gpu(run_needle), [compress],
-                     [prompt, question, chat, policy, mode, budget, run_state, status, answer, step, *view_outputs,
-                      verdict, table, bytes_plot, kl_plot], api_name=False, concurrency_limit=None)
+    needle_btn.click(
+        gpu(run_needle),
+        [compress],
+        [
+            prompt,
+            question,
+            chat,
+            policy,
+            mode,
+            budget,
+            run_state,
+            status,
+            answer,
+            step,
+            *view_outputs,
+            verdict,
+            table,
+            bytes_plot,
+            kl_plot,
+        ],
+        api_name=False,
+        concurrency_limit=None,
+    )
 
     def run_sinks(request: gr.Request, progress=gr.Progress()):
         with ctx.jobs.start(request, "sinks demo", SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE, runs=3):
@@ -351,11 +536,31 @@ def build(ctx: AppContext) -> None:
 
     sinks_btn.click(gpu(run_sinks), None, [sinks_md, sinks_plot], api_name=False, concurrency_limit=None)
 
-    def evict(prompt_text: str, policy_name: str = "snapkv", budget: int | None = None, ratio: float | None = None,
-              chat: bool = True, max_new_tokens: int = 32, params: dict | None = None, question: str = "",
-              compress_context_only: bool = False, request: gr.Request = None) -> dict:
+    def evict(
+        prompt_text: str,
+        policy_name: str = "snapkv",
+        budget: int | None = None,
+        ratio: float | None = None,
+        chat: bool = True,
+        max_new_tokens: int = 32,
+        params: dict | None = None,
+        question: str = "",
+        compress_context_only: bool = False,
+        request: gr.Request = None,
+    ) -> dict:
         """Generate under an eviction policy; ``params``: the policy's parameters by name, e.g. {"sinks": 4}."""
-        return api_evict(ctx, prompt_text, policy_name, budget, ratio, chat, max_new_tokens, params, question,
-                         compress_context_only, request)
+        return api_evict(
+            ctx,
+            prompt_text,
+            policy_name,
+            budget,
+            ratio,
+            chat,
+            max_new_tokens,
+            params,
+            question,
+            compress_context_only,
+            request,
+        )
 
     gr.api(gpu(evict), api_name="evict", concurrency_limit=None)

@@ -93,8 +93,25 @@ def _contexts(context: int, lo: int = 128) -> list[int]:
     return sorted({2**k for k in range(lo.bit_length() - 1, top.bit_length())} | {context} - {0})
 
 
-def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu_name,
-              gpus, gpu_mem_gb, bandwidth_tbps, reserve, weights_gb, compare):
+def calculate(
+    ctx: AppContext,
+    source,
+    preset,
+    pasted,
+    upload,
+    context,
+    batch,
+    kv_dtype,
+    group_size,
+    tp,
+    gpu_name,
+    gpus,
+    gpu_mem_gb,
+    bandwidth_tbps,
+    reserve,
+    weights_gb,
+    compare,
+):
     """Every output of the tab for one set of inputs: summary, formula, table and four figures."""
     layout = resolve_layout(ctx, source, preset, pasted, upload)
     context = _number("context", context, "Context", blank=8192)
@@ -119,8 +136,20 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
         note = "Give the weights in GB to see capacity and decode time (this config has no parameter count)."
     elif mem is not None or bw is not None:
         try:  # capacity may legitimately not exist (weights larger than the GPUs): say so, keep the sizes
-            r = report(layout, context, batch, kv_dtype, tp, group or None, gpus, mem,
-                       _number("reserve", reserve, "Reserve", blank=0.1), weights, "bf16", bw)
+            r = report(
+                layout,
+                context,
+                batch,
+                kv_dtype,
+                tp,
+                group or None,
+                gpus,
+                mem,
+                _number("reserve", reserve, "Reserve", blank=0.1),
+                weights,
+                "bf16",
+                bw,
+            )
         except ValueError as exc:
             note = str(exc)
     cap = dec = gauge = None
@@ -129,8 +158,9 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
         cap = fig.capacity_vs_context(layout, kv_budget, _contexts(context, 1024), kv_dtype, tp, context)
         gauge = fig.budget_gauge(r.estimate.total_bytes, kv_budget)
     if r.decode is not None:
-        dec = fig.decode_time_vs_context(layout, r.decode.weight_bytes, batch, bw, gpus, _contexts(context, 1024),
-                                         kv_dtype, tp)
+        dec = fig.decode_time_vs_context(
+            layout, r.decode.weight_bytes, batch, bw, gpus, _contexts(context, 1024), kv_dtype, tp
+        )
     text = summary(r, markdown=True) + (f"\n\n⚠ {note}" if note else "")
     return text, formula, table, size, cap, dec, gauge
 
@@ -138,23 +168,37 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
 def live_comparison(ctx: AppContext, trace) -> str:
     """The loaded model's measured cache bytes (latest Generate run) next to the formula's."""
     if trace is None or not trace.steps:
-        return (f"**Live cache of {ctx.info.name}**: run **Generate** first; its cache's measured bytes will "
-                "appear here next to the formula's.")
+        return (
+            f"**Live cache of {ctx.info.name}**: run **Generate** first; its cache's measured bytes will "
+            "appear here next to the formula's."
+        )
     last = trace.steps[-1]
     seen = trace.n_fed
     f = live_cache_bytes_formula(ctx.lm.config, seen, trace.model.bytes_per_element)
     ok = f["layer_bytes"] == list(last.layer_bytes)
     verdict = "they agree, layer by layer ✓" if ok else "**they differ** ✗ (please report this)"
-    return (f"**Live cache of {ctx.info.name}** after the last Generate run ({seen:,} tokens fed, "
-            f"{trace.model.dtype}): measured from the tensors **{last.cache_bytes:,} B = "
-            f"{format_bytes(last.cache_bytes)}**; the formula gives **{f['total']:,} B = "
-            f"{format_bytes(f['total'])}** — {verdict}.")
+    return (
+        f"**Live cache of {ctx.info.name}** after the last Generate run ({seen:,} tokens fed, "
+        f"{trace.model.dtype}): measured from the tensors **{last.cache_bytes:,} B = "
+        f"{format_bytes(last.cache_bytes)}**; the formula gives **{f['total']:,} B = "
+        f"{format_bytes(f['total'])}** — {verdict}."
+    )
 
 
-def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1, kv_dtype: str = "bf16",
-               tp: int | None = None, gpus: int = 1, gpu_mem_gb: float | None = None, reserve: float = 0.1,
-               weights_gb: float | None = None, bandwidth_tbps: float | None = None,
-               group_size: int | None = None) -> dict:
+def api_memory(
+    ctx: AppContext,
+    config: str,
+    context: int = 8192,
+    batch: int = 1,
+    kv_dtype: str = "bf16",
+    tp: int | None = None,
+    gpus: int = 1,
+    gpu_mem_gb: float | None = None,
+    reserve: float = 0.1,
+    weights_gb: float | None = None,
+    bandwidth_tbps: float | None = None,
+    group_size: int | None = None,
+) -> dict:
     """The CLI's JSON for a preset name, ``"loaded"`` (the served model) or config JSON text."""
     text = (config or "").strip()
     if text.startswith("{"):
@@ -168,25 +212,40 @@ def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1
     if weights_gb is None and text.lower() == "loaded":
         weights_gb = ctx.info.weight_bytes / 1e9
     with user_errors():
-        return report(layout, _number("context", context, blank=8192), _number("batch", batch, blank=1),
-                      kv_dtype, _number("tp", tp), None if group_size in (0, None) else _number("group_size", group_size),
-                      _number("gpus", gpus, blank=1), _number("gpu_mem_gb", gpu_mem_gb),
-                      _number("reserve", reserve, blank=0.1), _number("weights_gb", weights_gb),
-                      "bf16", _number("bandwidth_tbps", bandwidth_tbps)).to_json()
+        return report(
+            layout,
+            _number("context", context, blank=8192),
+            _number("batch", batch, blank=1),
+            kv_dtype,
+            _number("tp", tp),
+            None if group_size in (0, None) else _number("group_size", group_size),
+            _number("gpus", gpus, blank=1),
+            _number("gpu_mem_gb", gpu_mem_gb),
+            _number("reserve", reserve, blank=0.1),
+            _number("weights_gb", weights_gb),
+            "bf16",
+            _number("bandwidth_tbps", bandwidth_tbps),
+        ).to_json()
 
 
 # ---- the page ----------------------------------------------------------------------------------------
 def build(ctx: AppContext) -> None:
     """Build the Memory tab inside the caller's ``gr.Tab``."""
     gpus_by_name = gpu_presets()
-    gr.Markdown("Size the KV cache of any model from its config: per token, per sequence and per batch, how many "
-                "sequences fit on your GPUs, and how long each decode step must take to read it all.")
+    gr.Markdown(
+        "Size the KV cache of any model from its config: per token, per sequence and per batch, how many "
+        "sequences fit on your GPUs, and how long each decode step must take to read it all."
+    )
     with gr.Row():
         with gr.Column(scale=2):
             source = gr.Radio(SOURCES, value="Preset", label="Model")
             preset = gr.Dropdown(preset_names(), value="Llama-3-70B", label="Preset")
-            pasted = gr.Textbox(label="config.json (JSON only)", lines=8, visible=False,
-                                placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}')
+            pasted = gr.Textbox(
+                label="config.json (JSON only)",
+                lines=8,
+                visible=False,
+                placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}',
+            )
             upload = gr.File(label="config.json", file_types=[".json"], type="filepath", visible=False)
         with gr.Column(scale=2):
             context = gr.Number(value=8192, precision=0, label="Context (tokens per sequence)")
@@ -204,15 +263,35 @@ def build(ctx: AppContext) -> None:
             weights = gr.Number(value=None, label="Weights (GB; blank = parameters × 2 B)")
     compare = gr.CheckboxGroup(preset_names(), value=COMPARE_DEFAULT, label="Compare with (size vs context chart)")
     button = gr.Button("Calculate", variant="primary", elem_id="memory-calc")
-    first_values = calculate(ctx, "Preset", "Llama-3-70B", "", None, 8192, 1, "bf16", 0, 0, first, 8,
-                             gpus_by_name[first].memory_gb, gpus_by_name[first].bandwidth_tbps, 0.1, None,
-                             COMPARE_DEFAULT)  # the chapter's 8 × H100 example
+    first_values = calculate(
+        ctx,
+        "Preset",
+        "Llama-3-70B",
+        "",
+        None,
+        8192,
+        1,
+        "bf16",
+        0,
+        0,
+        first,
+        8,
+        gpus_by_name[first].memory_gb,
+        gpus_by_name[first].bandwidth_tbps,
+        0.1,
+        None,
+        COMPARE_DEFAULT,
+    )  # the chapter's 8 × H100 example
     summary_box = gr.Markdown(first_values[0], elem_id="memory-summary")
     live = gr.Markdown(live_comparison(ctx, None), elem_id="memory-live")
     formula = gr.Markdown(first_values[1], elem_id="memory-formula")
     gr.Markdown(fig.CAPTIONS["formula"], elem_classes="caption")
-    table = gr.Dataframe(first_values[2], label="MHA / GQA / MQA / MLA for this model's layers", interactive=False,
-                         elem_id="memory-table")
+    table = gr.Dataframe(
+        first_values[2],
+        label="MHA / GQA / MQA / MLA for this model's layers",
+        interactive=False,
+        elem_id="memory-table",
+    )
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     size = gr.Plot(first_values[3], label="KV cache vs context", elem_id="memory-size")
     gr.Markdown(fig.CAPTIONS["size"], elem_classes="caption")
@@ -222,13 +301,26 @@ def build(ctx: AppContext) -> None:
     gauge = gr.Plot(first_values[6], label="KV budget", elem_id="memory-gauge-budget")
     gr.Markdown(fig.CAPTIONS["gauge"], elem_classes="caption")
 
-    ctx.components.update({"memory.source": source, "memory.preset": preset, "memory.context": context,
-                           "memory.batch": batch, "memory.kv_dtype": kv_dtype, "memory.tp": tp, "memory.gpu": gpu,
-                           "memory.gpus": gpus, "memory.button": button})
+    ctx.components.update(
+        {
+            "memory.source": source,
+            "memory.preset": preset,
+            "memory.context": context,
+            "memory.batch": batch,
+            "memory.kv_dtype": kv_dtype,
+            "memory.tp": tp,
+            "memory.gpu": gpu,
+            "memory.gpus": gpus,
+            "memory.button": button,
+        }
+    )
 
     def show_source(choice):
-        return (gr.update(visible=choice == "Preset"), gr.update(visible=choice == "Paste JSON"),
-                gr.update(visible=choice == "Upload config.json"))
+        return (
+            gr.update(visible=choice == "Preset"),
+            gr.update(visible=choice == "Paste JSON"),
+            gr.update(visible=choice == "Upload config.json"),
+        )
 
     def pick_gpu(name):
         if name in gpus_by_name:
@@ -238,26 +330,69 @@ def build(ctx: AppContext) -> None:
     source.change(show_source, source, [preset, pasted, upload], queue=False, api_name=False)
     gpu.change(pick_gpu, gpu, [gpu_mem, bandwidth], queue=False, api_name=False)
 
-    inputs = [source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu, gpus, gpu_mem,
-              bandwidth, reserve, weights, compare]
+    inputs = [
+        source,
+        preset,
+        pasted,
+        upload,
+        context,
+        batch,
+        kv_dtype,
+        group_size,
+        tp,
+        gpu,
+        gpus,
+        gpu_mem,
+        bandwidth,
+        reserve,
+        weights,
+        compare,
+    ]
     outputs = [summary_box, formula, table, size, capacity, decode, gauge]
 
     def recalculate(*values):
         return calculate(ctx, *values)
 
     # arithmetic on bounded inputs (kvviz.limits): quick, so it never waits in a queue
-    gr.on([button.click, source.change, preset.change, kv_dtype.change, gpu.change, compare.change,
-           context.submit, batch.submit, tp.submit, gpus.submit], recalculate, inputs, outputs, api_name=False,
-          concurrency_limit=None)
+    gr.on(
+        [
+            button.click,
+            source.change,
+            preset.change,
+            kv_dtype.change,
+            gpu.change,
+            compare.change,
+            context.submit,
+            batch.submit,
+            tp.submit,
+            gpus.submit,
+        ],
+        recalculate,
+        inputs,
+        outputs,
+        api_name=False,
+        concurrency_limit=None,
+    )
     if ctx.trace_state is not None:
         ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
 
-    def memory(config: str, context: int = 8192, batch: int = 1, kv_dtype: str = "bf16", tp: int | None = None,
-               gpus: int = 1, gpu_mem_gb: float | None = None, reserve: float = 0.1, weights_gb: float | None = None,
-               bandwidth_tbps: float | None = None, group_size: int | None = None) -> dict:
+    def memory(
+        config: str,
+        context: int = 8192,
+        batch: int = 1,
+        kv_dtype: str = "bf16",
+        tp: int | None = None,
+        gpus: int = 1,
+        gpu_mem_gb: float | None = None,
+        reserve: float = 0.1,
+        weights_gb: float | None = None,
+        bandwidth_tbps: float | None = None,
+        group_size: int | None = None,
+    ) -> dict:
         """KV-cache size, capacity and decode time: the JSON of ``python -m kvviz memory --json``."""
-        return api_memory(ctx, config, context, batch, kv_dtype, tp, gpus, gpu_mem_gb, reserve, weights_gb,
-                          bandwidth_tbps, group_size)
+        return api_memory(
+            ctx, config, context, batch, kv_dtype, tp, gpus, gpu_mem_gb, reserve, weights_gb, bandwidth_tbps, group_size
+        )
 
     gr.api(memory, api_name="memory", concurrency_limit=None)
     memory_architectures.build(ctx)

@@ -25,8 +25,10 @@ def _ids(ctx: AppContext, prompt, chat) -> list[int]:
     ids = encode_prompt(ctx.lm, str(prompt), bool(chat))
     limit = min(MAX_PROMPT, ctx.settings.max_prompt_tokens)
     if len(ids) > limit:
-        raise UserError(f"The prompt is {len(ids):,} tokens; the no-cache loop re-runs it every step, so this view "
-                       f"takes at most {limit:,}. Shorten it.")
+        raise UserError(
+            f"The prompt is {len(ids):,} tokens; the no-cache loop re-runs it every step, so this view "
+            f"takes at most {limit:,}. Shorten it."
+        )
     return ids
 
 
@@ -48,26 +50,31 @@ def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
     ids = _ids(ctx, prompt, chat)
     n = _whole(new_tokens, "N", 1, min(MAX_N, ctx.settings.max_new_tokens))
     progress(0.0, desc="With the cache")
-    cmp = compare_cache(ctx.lm, str(prompt), n, bool(chat), ids=ids,
-                        progress=lambda f, desc: progress(f, desc=desc))
+    cmp = compare_cache(ctx.lm, str(prompt), n, bool(chat), ids=ids, progress=lambda f, desc: progress(f, desc=desc))
     df = cmp.frame()
     last = df.iloc[-1]
-    same = ("**Same tokens:** yes — greedy decoding with and without the cache produced the identical "
-            f"{n} tokens." if cmp.same_tokens else
-            "**Same tokens: no** — the two loops disagreed (a near-tie in fp arithmetic); see the table.")
-    text = (f"{same} Prompt: {cmp.prompt_tokens} tokens. To generate N = {n}: **{int(last['passes with cache']):,}** "
-            f"token-forward passes with the cache vs **{int(last['passes without cache']):,}** without "
-            f"({last['passes without cache'] / last['passes with cache']:.1f}×); "
-            f"**{last['time with cache (s)']:.2f} s** vs **{last['time without cache (s)']:.2f} s** on this machine "
-            f"({cmp.speedup:.1f}×). Small models on a CPU pay a fixed cost per forward, so time grows less steeply "
-            "than passes at small N; the gap widens with the prompt and N.")
+    same = (
+        f"**Same tokens:** yes — greedy decoding with and without the cache produced the identical {n} tokens."
+        if cmp.same_tokens
+        else "**Same tokens: no** — the two loops disagreed (a near-tie in fp arithmetic); see the table."
+    )
+    text = (
+        f"{same} Prompt: {cmp.prompt_tokens} tokens. To generate N = {n}: **{int(last['passes with cache']):,}** "
+        f"token-forward passes with the cache vs **{int(last['passes without cache']):,}** without "
+        f"({last['passes without cache'] / last['passes with cache']:.1f}×); "
+        f"**{last['time with cache (s)']:.2f} s** vs **{last['time without cache (s)']:.2f} s** on this machine "
+        f"({cmp.speedup:.1f}×). Small models on a CPU pay a fixed cost per forward, so time grows less steeply "
+        "than passes at small N; the gap widens with the prompt and N."
+    )
     return fig.time_vs_n(cmp), fig.passes_vs_n(cmp), text, df.round(4)
 
 
 def build(ctx: AppContext) -> None:
     """Build the tab inside the caller's ``gr.Tab``."""
-    gr.Markdown("Why the cache exists. Without it, every step re-runs the whole sequence and recomputes keys and "
-                "values that cannot have changed (position *i* attends only to positions ≤ *i*).")
+    gr.Markdown(
+        "Why the cache exists. Without it, every step re-runs the whole sequence and recomputes keys and "
+        "values that cannot have changed (position *i* attends only to positions ≤ *i*)."
+    )
     with gr.Row():
         prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, scale=3, elem_id="nocache-prompt")
         with gr.Column(scale=2):
@@ -78,8 +85,14 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     gr.Markdown(fig.chapter_text(), elem_id="nocache-chapter")
     with gr.Row():
-        new_tokens = gr.Slider(1, min(MAX_N, ctx.settings.max_new_tokens), value=min(32, ctx.settings.max_new_tokens),
-                               step=1, label="N (tokens to generate)", elem_id="nocache-n")
+        new_tokens = gr.Slider(
+            1,
+            min(MAX_N, ctx.settings.max_new_tokens),
+            value=min(32, ctx.settings.max_new_tokens),
+            step=1,
+            label="N (tokens to generate)",
+            elem_id="nocache-n",
+        )
         run_btn = gr.Button("Generate with and without the cache", variant="primary", elem_id="nocache-run")
     summary = gr.Markdown(elem_id="nocache-summary")
     with gr.Row():
@@ -88,9 +101,16 @@ def build(ctx: AppContext) -> None:
     with gr.Accordion("Per-N numbers", open=False):
         numbers = gr.Dataframe(interactive=False, elem_id="nocache-numbers")
 
-    ctx.components.update({"nocache.prompt": prompt, "nocache.chat": chat, "nocache.steps": steps,
-                           "nocache.table_button": table_btn, "nocache.new_tokens": new_tokens,
-                           "nocache.button": run_btn})
+    ctx.components.update(
+        {
+            "nocache.prompt": prompt,
+            "nocache.chat": chat,
+            "nocache.steps": steps,
+            "nocache.table_button": table_btn,
+            "nocache.new_tokens": new_tokens,
+            "nocache.button": run_btn,
+        }
+    )
 
     def run_table(p, c, s, request: gr.Request):
         n = _whole(s, "Table steps", 1, 16)
@@ -103,5 +123,10 @@ def build(ctx: AppContext) -> None:
             return measure(ctx, p, c, n, progress=progress)
 
     table_btn.click(gpu(run_table), [prompt, chat, steps], tbl, api_name=False, concurrency_limit=None)
-    run_btn.click(gpu(run_measure), [prompt, chat, new_tokens], [time_plot, passes_plot, summary, numbers],
-                  api_name=False, concurrency_limit=None)
+    run_btn.click(
+        gpu(run_measure),
+        [prompt, chat, new_tokens],
+        [time_plot, passes_plot, summary, numbers],
+        api_name=False,
+        concurrency_limit=None,
+    )

@@ -29,7 +29,9 @@ def test_a_closed_sessions_lifetime_is_the_attribute_gradio_expires_it_by():
     demo = served_blocks()
     state = demo.state_holder["abc"]
     assert isinstance(state, SessionState) and state.STATE_TTL_WHEN_CLOSED >= 1
-    assert "self.STATE_TTL_WHEN_CLOSED" in inspect.getsource(SessionState), "Gradio no longer expires closed state by it"
+    assert "self.STATE_TTL_WHEN_CLOSED" in inspect.getsource(SessionState), (
+        "Gradio no longer expires closed state by it"
+    )
     assert adapter.keep_closed_state_for(demo, "abc", 7) and state.STATE_TTL_WHEN_CLOSED == 7
     assert not adapter.keep_closed_state_for(demo, "unknown", 7)
 

@@ -11,7 +11,9 @@ from tests.tiny_models import tiny_model
 
 
 def test_mask_functions_are_found_by_implementation_name():
-    assert isinstance(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, dict), "AttentionMaskInterface._global_mapping moved"
+    assert isinstance(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, dict), (
+        "AttentionMaskInterface._global_mapping moved"
+    )
     assert adapter.mask_function("sdpa") is sdpa_mask
     assert adapter.mask_function("eager") is eager_mask
     assert adapter.mask_function("no-such-implementation") is sdpa_mask
@@ -36,10 +38,14 @@ def test_the_forced_implementation_is_the_one_the_forward_calls():
             model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=False)
     finally:
         adapter.force_attn_implementation(model.config, "sdpa")
-    assert calls == list(range(model.config.num_hidden_layers)), "config._attn_implementation no longer routes attention"
+    assert calls == list(range(model.config.num_hidden_layers)), (
+        "config._attn_implementation no longer routes attention"
+    )
 
 
 def test_legacy_attention_is_told_apart():
-    assert hasattr(PreTrainedModel, "_can_set_attn_implementation"), "PreTrainedModel._can_set_attn_implementation moved"
+    assert hasattr(PreTrainedModel, "_can_set_attn_implementation"), (
+        "PreTrainedModel._can_set_attn_implementation moved"
+    )
     assert adapter.uses_attention_interface(tiny_model("llama").model)
     assert not adapter.uses_attention_interface(tiny_model("falcon").model)

@@ -80,8 +80,9 @@ def test_streams_after_prefill_and_every_step(lm):
 
 def test_stop_request_ends_the_run(lm):
     calls = []
-    trace = capture(lm, "Count: 1, 2, 3,", chat=False, max_new_tokens=50,
-                    should_stop=lambda: calls.append(1) or len(calls) >= 3)
+    trace = capture(
+        lm, "Count: 1, 2, 3,", chat=False, max_new_tokens=50, should_stop=lambda: calls.append(1) or len(calls) >= 3
+    )
     assert trace.stop_reason == "stopped" and trace.n_generated == 3
 
 
@@ -133,7 +134,10 @@ def test_model_info_is_read_by_the_one_config_reader(lm):
     from kvviz.memory.layout import cache_layout
 
     info, layout = model_info(lm), cache_layout(lm.config)
-    assert (info.layers, info.q_heads, info.kv_heads, info.head_dim) == (
-        layout.num_layers, layout.num_attention_heads, layout.num_key_value_heads, layout.head_dim) == (30, 9, 3, 64)
+    assert (
+        (info.layers, info.q_heads, info.kv_heads, info.head_dim)
+        == (layout.num_layers, layout.num_attention_heads, layout.num_key_value_heads, layout.head_dim)
+        == (30, 9, 3, 64)
+    )
     assert info.model_type == layout.model_type == "llama" and info.attention == "GQA"
     assert info.context_length == layout.max_position_embeddings == 8192

@@ -28,12 +28,26 @@ from kvviz.eviction.run import run_policy
 DATA = Path(__file__).resolve().parents[1] / "data"
 REFERENCE = json.loads((DATA / "kvpress_kept.json").read_text())
 CASES = REFERENCE["cases"]
-PRESS_POLICY = {"StreamingLLMPress": "streaming_llm", "SnapKVPress": "snapkv", "KnormPress": "knorm",
-                "TOVAPress": "tova", "ExpectedAttentionPress": "expected_attention", "PyramidKVPress": "pyramidkv",
-                "AdaKVPress": "adakv"}
-END_TO_END = [next(c for c in CASES if c["press"] == press and c["prompt"] == "needle_chat"
-                   and c["params"]["compression_ratio"] in (0.5, 0.75) and c["params"].get("beta", 2) != 20)
-              for press in PRESS_POLICY]
+PRESS_POLICY = {
+    "StreamingLLMPress": "streaming_llm",
+    "SnapKVPress": "snapkv",
+    "KnormPress": "knorm",
+    "TOVAPress": "tova",
+    "ExpectedAttentionPress": "expected_attention",
+    "PyramidKVPress": "pyramidkv",
+    "AdaKVPress": "adakv",
+}
+END_TO_END = [
+    next(
+        c
+        for c in CASES
+        if c["press"] == press
+        and c["prompt"] == "needle_chat"
+        and c["params"]["compression_ratio"] in (0.5, 0.75)
+        and c["params"].get("beta", 2) != 20
+    )
+    for press in PRESS_POLICY
+]
 
 
 def to_policy(press: str, params: dict):
@@ -54,9 +68,12 @@ def expand(runs: list[list[int]]) -> list[int]:
 def diff_heads(ours: list[list[list[int]]], theirs: list[list[list[int]]]) -> list[tuple]:
     """(layer, KV head, positions only kvviz keeps, positions only kvpress keeps) where they differ."""
     assert len(ours) == len(theirs) and all(len(a) == len(b) for a, b in zip(ours, theirs))
-    return [(layer, head, sorted(set(a) - set(b)), sorted(set(b) - set(a)))
-            for layer, (la, lb) in enumerate(zip(ours, theirs))
-            for head, (a, b) in enumerate(zip(la, lb)) if a != b]
+    return [
+        (layer, head, sorted(set(a) - set(b)), sorted(set(b) - set(a)))
+        for layer, (la, lb) in enumerate(zip(ours, theirs))
+        for head, (a, b) in enumerate(zip(la, lb))
+        if a != b
+    ]
 
 
 def reference_kept(case: dict) -> list[list[list[int]]]:
@@ -78,8 +95,14 @@ def prefills(lm):
         mine = [c for c in CASES if c["prompt"] == name]
         window = max([c["params"].get("window_size", 1) for c in mine], default=1)
         skips = sorted({c["params"].get("n_sink", 4) for c in mine if c["press"] == "ExpectedAttentionPress"})
-        rec = Recorder(info.layers, info.q_heads, len(ids), len(ids),
-                       RecorderConfig(obs_window=window, bin_factor=len(ids)), lm.device)
+        rec = Recorder(
+            info.layers,
+            info.q_heads,
+            len(ids),
+            len(ids),
+            RecorderConfig(obs_window=window, bin_factor=len(ids)),
+            lm.device,
+        )
         rec.cache = DynamicCache(config=lm.config)
         rec.phase, rec.t_total = "prefill", len(ids)
         with torch.inference_mode(), installed(lm.model), ExitStack() as stack:
@@ -100,7 +123,9 @@ def case_id(case: dict) -> str:
 def test_reference_uses_the_committed_prompts():
     """The reference was recorded on exactly the token ids in kvpress_prompts.json (rebuild both together)."""
     prompts = json.loads((DATA / "kvpress_prompts.json").read_text())["prompts"]
-    assert {k: v["token_ids"] for k, v in REFERENCE["prompts"].items()} == {k: v["token_ids"] for k, v in prompts.items()}
+    assert {k: v["token_ids"] for k, v in REFERENCE["prompts"].items()} == {
+        k: v["token_ids"] for k, v in prompts.items()
+    }
     assert {c["press"] for c in CASES} == set(PRESS_POLICY)
     for press in PRESS_POLICY:  # two prompts, three settings or more on each
         for name in prompts:
@@ -125,15 +150,26 @@ def test_kept_sets_equal_kvpress(prefills, case):
     per_layer = case.get("n_kept_per_layer") or [case["n_kept"]] * layers
     assert expected_n_kept(policy, case, n, layers) == per_layer, "budgets differ from kvpress's"
     policy.validate(n_kept, n)
-    state = PolicyState(positions=torch.arange(n).expand(layers, kv_heads, n), n_kept=n_kept, n_prompt=n,
-                        step=0, kv_heads=kv_heads, window_rows=window_rows, keys=keys, values=values,
-                        query_stats=stats.get(policy.query_stats_skip), ratio=ratio)
+    state = PolicyState(
+        positions=torch.arange(n).expand(layers, kv_heads, n),
+        n_kept=n_kept,
+        n_prompt=n,
+        step=0,
+        kv_heads=kv_heads,
+        window_rows=window_rows,
+        keys=keys,
+        values=values,
+        query_stats=stats.get(policy.query_stats_skip),
+        ratio=ratio,
+    )
     assert policy.wants_compression(state)
     keep = policy.select(state).keep  # [Lyr, Hkv, k], PAD after each head's list when budgets differ
     ours = [[sorted(p for p in head if p >= 0) for head in layer] for layer in keep.tolist()]
     diffs = diff_heads(ours, reference_kept(case))
-    assert not diffs, (f"{len(diffs)} (layer, KV head) kept sets differ from kvpress "
-                       f"(layer, head, only kvviz keeps, only kvpress keeps): {diffs[:5]}")
+    assert not diffs, (
+        f"{len(diffs)} (layer, KV head) kept sets differ from kvpress "
+        f"(layer, head, only kvviz keeps, only kvpress keeps): {diffs[:5]}"
+    )
 
 
 @pytest.mark.parametrize("case", END_TO_END, ids=[case_id(c) for c in END_TO_END])

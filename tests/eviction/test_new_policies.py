@@ -64,8 +64,10 @@ def test_expected_attention_by_hand(cov):
             per_query_head = []
             for h in range(head * g, (head + 1) * g):
                 mu, sigma = rbar @ stats.mean[layer, h], rbar @ stats.cov[layer, h] @ rbar.T
-                logits = [float(k @ mu) / math.sqrt(d) + (float(k @ sigma @ k) / (2 * d) if cov else 0.0)
-                          for k in state.keys[layer, head, sinks:]]
+                logits = [
+                    float(k @ mu) / math.sqrt(d) + (float(k @ sigma @ k) / (2 * d) if cov else 0.0)
+                    for k in state.keys[layer, head, sinks:]
+                ]
                 per_query_head.append(torch.softmax(torch.tensor(logits), 0))
             score = torch.stack(per_query_head).mean(0) * state.values[layer, head, sinks:].norm(dim=-1)
             expected = sorted(list(range(sinks)) + [sinks + int(i) for i in score.argsort(descending=True)[:6]])

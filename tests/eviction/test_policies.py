@@ -50,15 +50,24 @@ def fake_state(n: int, n_kept: int, seed: int = 0, step: int = 0, w: int = 8, d:
     """Right after a prefill of n tokens: random attention summaries, keys, values and query statistics."""
     g = torch.Generator().manual_seed(seed)
     rows = torch.rand(LYR, HQ, w, n, generator=g)
-    rows = rows * torch.tril(torch.ones(n, n))[n - w:]  # causal: window query i sees keys ≤ its position
+    rows = rows * torch.tril(torch.ones(n, n))[n - w :]  # causal: window query i sees keys ≤ its position
     rows = rows / rows.sum(-1, keepdim=True)
     a = torch.randn(LYR, HQ, d, d, generator=g)
-    stats = QueryStats(skip=4, n=n, mean=torch.randn(LYR, HQ, d, generator=g), cov=a @ a.transpose(-1, -2) / d,
-                       rotary=rotary)
-    return PolicyState(positions=torch.arange(n).expand(LYR, HKV, n).contiguous(), n_kept=n_kept, n_prompt=n,
-                       step=step, kv_heads=HKV, colsum=torch.rand(LYR, HQ, n + 16, generator=g) * 10,
-                       window_rows=rows, keys=torch.randn(LYR, HKV, n, d, generator=g),
-                       values=torch.randn(LYR, HKV, n, d, generator=g), query_stats=stats)
+    stats = QueryStats(
+        skip=4, n=n, mean=torch.randn(LYR, HQ, d, generator=g), cov=a @ a.transpose(-1, -2) / d, rotary=rotary
+    )
+    return PolicyState(
+        positions=torch.arange(n).expand(LYR, HKV, n).contiguous(),
+        n_kept=n_kept,
+        n_prompt=n,
+        step=step,
+        kv_heads=HKV,
+        colsum=torch.rand(LYR, HQ, n + 16, generator=g) * 10,
+        window_rows=rows,
+        keys=torch.randn(LYR, HKV, n, d, generator=g),
+        values=torch.randn(LYR, HKV, n, d, generator=g),
+        query_stats=stats,
+    )
 
 
 def small(name: str) -> Policy:
@@ -68,8 +77,18 @@ def small(name: str) -> Policy:
 
 # ---- the registry ------------------------------------------------------------------------------
 def test_registry_names_and_contract():
-    assert set(POLICIES) == {"full", "streaming_llm", "window", "h2o", "snapkv", "knorm", "tova", "expected_attention",
-                             "pyramidkv", "adakv"}
+    assert set(POLICIES) == {
+        "full",
+        "streaming_llm",
+        "window",
+        "h2o",
+        "snapkv",
+        "knorm",
+        "tova",
+        "expected_attention",
+        "pyramidkv",
+        "adakv",
+    }
     for name, cls in POLICIES.items():
         assert dataclasses.is_dataclass(cls) and issubclass(cls, Policy)
         assert cls.name == name and cls.title and cls.summary
@@ -85,18 +104,28 @@ def test_make_policy_refuses_unknown_names_and_parameters():
 
 
 # ---- budget arithmetic -------------------------------------------------------------------------
-@pytest.mark.parametrize(("n", "budget", "ratio", "expected"), [
-    (100, None, 0.3, 70), (10, None, 0.7, 3), (350, None, 0.5, 175), (7, None, 0.99, 1), (5, None, 0.0, 5),
-    (100, 64, None, 64), (100, 100, None, 100), (100, 500, None, 500),
-])
+@pytest.mark.parametrize(
+    ("n", "budget", "ratio", "expected"),
+    [
+        (100, None, 0.3, 70),
+        (10, None, 0.7, 3),
+        (350, None, 0.5, 175),
+        (7, None, 0.99, 1),
+        (5, None, 0.0, 5),
+        (100, 64, None, 64),
+        (100, 100, None, 100),
+        (100, 500, None, 500),
+    ],
+)
 def test_n_kept_formula(n, budget, ratio, expected):
     assert n_kept_for(n, budget, ratio) == expected
     if ratio is not None:
         assert expected == max(1, int(n * (1 - ratio)))
 
 
-@pytest.mark.parametrize(("budget", "ratio"), [(None, None), (10, 0.5), (0, None), (2.5, None), (None, 1.0),
-                                               (None, -0.1), (True, None)])
+@pytest.mark.parametrize(
+    ("budget", "ratio"), [(None, None), (10, 0.5), (0, None), (2.5, None), (None, 1.0), (None, -0.1), (True, None)]
+)
 def test_bad_budgets_are_value_errors(budget, ratio):
     with pytest.raises(ValueError):
         n_kept_for(50, budget, ratio)
@@ -153,8 +182,9 @@ def test_streaming_evicts_while_decoding_one_token_at_a_time():
     policy = make_policy("streaming_llm", sinks=4)
     held = torch.arange(20)
     for t in range(20, 40):  # each step: the new token arrives, the oldest non-sink leaves
-        state = PolicyState(positions=torch.cat([held, torch.tensor([t])]), n_kept=20, n_prompt=20, step=t - 19,
-                            kv_heads=1)
+        state = PolicyState(
+            positions=torch.cat([held, torch.tensor([t])]), n_kept=20, n_prompt=20, step=t - 19, kv_heads=1
+        )
         held = policy.select(state).keep
         assert held.tolist() == [0, 1, 2, 3, *range(t - 15, t + 1)]
 
@@ -186,8 +216,9 @@ def test_snapkv_votes_by_hand():
     expected[0, 1, 6:8] += 1 / 3 / 2
     assert torch.allclose(scores, expected)
     sharp = snapkv_scores(rows * torch.tensor([1.0, 0.5, 1.0, 0.5])[None, :, None, None], w, 1, "avg", kv_heads=2)
-    keep, roles = select_kept(torch.arange(n).expand(1, 2, n), 6, protect_ends(n, 0, WINDOW, w, WINDOW),
-                              F.pad(sharp, (0, w)))  # kernel 1: no smoothing, two prefix slots per KV head
+    keep, roles = select_kept(
+        torch.arange(n).expand(1, 2, n), 6, protect_ends(n, 0, WINDOW, w, WINDOW), F.pad(sharp, (0, w))
+    )  # kernel 1: no smoothing, two prefix slots per KV head
     assert keep[0, 0].tolist() == [2, 5, 8, 9, 10, 11]
     assert keep[0, 1].tolist() == [0, 7, 8, 9, 10, 11]
     maxed = snapkv_scores(rows, w, 3, "max", kv_heads=2)
@@ -222,8 +253,14 @@ def eager_attentions(lm, ids: list[int]) -> torch.Tensor:
 def test_snapkv_on_the_model_keeps_its_window_and_the_top_pooled_votes(lm, pooling):
     ids = encode_prompt(lm, needle_prompt(2, 3), True)
     n, w, k, n_kept = len(ids), 16, 5, 48
-    run = run_policy(lm, ids, make_policy("snapkv", window_size=w, kernel_size=k, pooling=pooling), budget=n_kept,
-                     max_new_tokens=1, record_history=False)
+    run = run_policy(
+        lm,
+        ids,
+        make_policy("snapkv", window_size=w, kernel_size=k, pooling=pooling),
+        budget=n_kept,
+        max_new_tokens=1,
+        record_history=False,
+    )
     # independent votes: eager rows of the last w queries, mean, 1-D pooling, mean over each KV group
     att = eager_attentions(lm, ids)[:, :, -w:, : n - w].mean(2)  # [Lyr, Hq, L-w]
     pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
@@ -281,7 +318,7 @@ def test_h2o_evolves_step_by_step_as_specified():
             for li in range(LYR):
                 for h in range(HKV):
                     cols = held[li, h]
-                    bump[li, h * 3:(h + 1) * 3, cols] = torch.rand(3, len(cols), generator=g) / len(cols)
+                    bump[li, h * 3 : (h + 1) * 3, cols] = torch.rand(3, len(cols), generator=g) / len(cols)
             colsum += bump
             for li in range(LYR):
                 for h in range(HKV):
@@ -328,5 +365,6 @@ def test_h2o_on_the_model_never_evicts_its_recent_window(lm):
                     assert not now & evicted[li][h]
                     evicted[li][h] |= set(prev[li, h].tolist()) - now
         prev = held
-    assert len({tuple(run.kept[li, h]) for li in range(run.kept.shape[0]) for h in range(run.kept.shape[1])}) > 1, \
+    assert len({tuple(run.kept[li, h]) for li in range(run.kept.shape[0]) for h in range(run.kept.shape[1])}) > 1, (
         "H2O chooses per layer and KV head"
+    )

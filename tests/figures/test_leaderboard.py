@@ -16,13 +16,26 @@ def fake_result() -> tuple[pd.DataFrame, pd.DataFrame]:
             for ratio in (0.0, 0.5):
                 for i in range(2):
                     hit = float(ratio == 0.0 or (policy == "snapkv" and mode == "query_aware"))
-                    rows.append({"sample": f"passkey/512/{i / 2:.2f}/{i}", "task": "passkey", "length": 512,
-                                 "depth": i / 2, "policy": policy, "mode": mode, "ratio": ratio, "answer": "1234567",
-                                 "string_match": hit, "needle_retention": 1 - ratio / 2, "top1_agreement": hit,
-                                 "mean_kl": ratio, "achieved_ratio": ratio * 0.9, "achieved_ratio_held": ratio})
+                    rows.append(
+                        {
+                            "sample": f"passkey/512/{i / 2:.2f}/{i}",
+                            "task": "passkey",
+                            "length": 512,
+                            "depth": i / 2,
+                            "policy": policy,
+                            "mode": mode,
+                            "ratio": ratio,
+                            "answer": "1234567",
+                            "string_match": hit,
+                            "needle_retention": 1 - ratio / 2,
+                            "top1_agreement": hit,
+                            "mean_kl": ratio,
+                            "achieved_ratio": ratio * 0.9,
+                            "achieved_ratio_held": ratio,
+                        }
+                    )
     records = pd.DataFrame(rows)
-    metrics = ["string_match", "needle_retention", "top1_agreement", "mean_kl", "achieved_ratio",
-               "achieved_ratio_held"]
+    metrics = ["string_match", "needle_retention", "top1_agreement", "mean_kl", "achieved_ratio", "achieved_ratio_held"]
     table = records.groupby(["policy", "mode", "ratio"], as_index=False)[metrics].mean()
     return table.assign(samples=2), records
 
@@ -35,8 +48,10 @@ def test_curves_draw_one_line_per_policy(metric):
     snap = next(t for t in figure.data if t.name == "snapkv")
     assert list(snap.x) == [0.0, 0.5]
     scale = 100 if metric in fig.PERCENT else 1
-    assert list(snap.y) == [v * scale for v in table[(table.policy == "snapkv") & (table["mode"] == "query_aware")]
-                            .sort_values("ratio")[metric]]
+    assert list(snap.y) == [
+        v * scale
+        for v in table[(table.policy == "snapkv") & (table["mode"] == "query_aware")].sort_values("ratio")[metric]
+    ]
     achieved = fig.curves(table, metric, "query_aware", x="achieved_ratio")
     assert list(next(t for t in achieved.data if t.name == "snapkv").x) == [0.0, 0.45]
 

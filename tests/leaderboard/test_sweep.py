@@ -49,8 +49,15 @@ def test_achieved_compression_is_measured_from_the_cache(swept):
 @pytest.mark.parametrize("mode", ["query_aware", "query_agnostic"])
 def test_a_batch_row_answers_as_its_own_evicted_cache(lm, swept, name, mode):
     sample, result = swept
-    run = run_policy(lm, sample.ids, make_policy(name), ratio=0.5, max_new_tokens=6, record_history=False,
-                     n_compress=None if mode == "query_aware" else sample.n_context)
+    run = run_policy(
+        lm,
+        sample.ids,
+        make_policy(name),
+        ratio=0.5,
+        max_new_tokens=6,
+        record_history=False,
+        n_compress=None if mode == "query_aware" else sample.n_context,
+    )
     row = result.frame().set_index(["policy", "mode", "ratio"]).loc[(name, mode, 0.5)]
     assert row["answer"] == run.text
 

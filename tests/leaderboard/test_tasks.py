@@ -13,11 +13,11 @@ def test_a_sample_fits_its_length_and_its_spans_hold_the_needle(lm, task, length
     s = make_sample(lm, task, length, 0.5, seed=3)
     assert length - 40 <= len(s.ids) <= length  # whole noise sentences: within one sentence of the target
     assert 0 < s.needle_span[0] <= s.value_span[0] < s.value_span[1] <= s.needle_span[1] < s.n_context < len(s.ids)
-    value = lm.tokenizer.decode(s.ids[s.value_span[0]:s.value_span[1]]).strip()
+    value = lm.tokenizer.decode(s.ids[s.value_span[0] : s.value_span[1]]).strip()
     assert value == s.answers[0] and len(value) == 7 and value.isdigit()
-    needle = lm.tokenizer.decode(s.ids[s.needle_span[0]:s.needle_span[1]])
+    needle = lm.tokenizer.decode(s.ids[s.needle_span[0] : s.needle_span[1]])
     assert ("pass key" if task == "passkey" else "special magic number") in needle
-    question = lm.tokenizer.decode(s.ids[s.n_context:])
+    question = lm.tokenizer.decode(s.ids[s.n_context :])
     assert s.question in question and s.answers[0] not in question
 
 

@@ -26,6 +26,6 @@ def test_the_cli_and_the_tab_print_the_same_sentences():
     r = report(cache_layout("Llama-3-70B"), **CHAPTER)
     plain = summary(r).splitlines()
     markdown = summary(r, markdown=True).replace("**", "").split("\n\n")
-    assert plain[-len(markdown):] == markdown  # the CLI adds the model line and the layer groups before them
+    assert plain[-len(markdown) :] == markdown  # the CLI adds the model line and the layer groups before them
     assert "80 full layers: 2 × 8 KV heads × 128 × 2 B" in plain[1]
     assert "**KV budget 436 GB = 406.1 GiB**" in summary(r, markdown=True)

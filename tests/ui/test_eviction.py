@@ -19,8 +19,18 @@ def ctx(lm):
 
 
 def req(ctx, **kw):
-    args = dict(context=CONTEXT, question=QUESTION, chat=True, policy_name="h2o", mode="tokens", budget=12,
-                ratio=0.5, max_new=4, params={"heavy_fraction": 0.5}, compress=tab.COMPRESS_QUESTION)
+    args = dict(
+        context=CONTEXT,
+        question=QUESTION,
+        chat=True,
+        policy_name="h2o",
+        mode="tokens",
+        budget=12,
+        ratio=0.5,
+        max_new=4,
+        params={"heavy_fraction": 0.5},
+        compress=tab.COMPRESS_QUESTION,
+    )
     args.update(kw)
     return tab.check_request(ctx, *args.values())
 
@@ -35,18 +45,21 @@ def test_a_checked_request_has_everything_a_run_needs(ctx):
     assert by_ratio.budget is None and by_ratio.ratio == 0.75
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"context": "   "}, "empty"),
-    ({"budget": 2.5}, "whole number"),
-    ({"budget": 0}, "Budget"),
-    ({"mode": "ratio", "ratio": 1.5}, "ratio"),
-    ({"max_new": 10_000}, "Max new tokens"),
-    ({"policy_name": "lru"}, "Pick a policy"),
-    ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 4, "pooling": "avg"}}, "odd"),
-    ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 5, "pooling": "avg"}}, "window"),
-    ({"policy_name": "streaming_llm", "params": {"sinks": 12, "reposition": False}}, "sinks"),
-    ({"question": "", "compress": tab.COMPRESS_CONTEXT}, "needs a question"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"context": "   "}, "empty"),
+        ({"budget": 2.5}, "whole number"),
+        ({"budget": 0}, "Budget"),
+        ({"mode": "ratio", "ratio": 1.5}, "ratio"),
+        ({"max_new": 10_000}, "Max new tokens"),
+        ({"policy_name": "lru"}, "Pick a policy"),
+        ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 4, "pooling": "avg"}}, "odd"),
+        ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 5, "pooling": "avg"}}, "window"),
+        ({"policy_name": "streaming_llm", "params": {"sinks": 12, "reposition": False}}, "sinks"),
+        ({"question": "", "compress": tab.COMPRESS_CONTEXT}, "needs a question"),
+    ],
+)
 def test_bad_input_is_a_readable_error(ctx, change, message):
     with pytest.raises(gr.Error, match=message):
         req(ctx, **change)

@@ -17,14 +17,37 @@ from tests.figures.test_leaderboard import fake_result
 @pytest.fixture
 def stored(tmp_path, monkeypatch):
     table, records = fake_result()
-    samples = [{"key": k, "task": "passkey", "length": 512, "depth": 0.5, "seed": 0, "n_tokens": 500,
-                "n_context": 480, "needle_span": [240, 260], "value_span": [245, 252], "answers": ["1234567"],
-                "context": "noise ... The pass key is 1234567. ...", "question": "What is the pass key?"}
-               for k in sorted(set(records["sample"]))]
-    data = {"config": {"policies": ["snapkv", "knorm"], "ratios": [0.0, 0.5], "modes": ["query_aware",
-            "query_agnostic"], "model": "SmolLM2", "dtype": "float32", "device": "cpu"},
-            "timings": {"total_s": 12.0}, "samples": samples, "records": records.to_dict(orient="records"),
-            "table": table.to_dict(orient="records")}
+    samples = [
+        {
+            "key": k,
+            "task": "passkey",
+            "length": 512,
+            "depth": 0.5,
+            "seed": 0,
+            "n_tokens": 500,
+            "n_context": 480,
+            "needle_span": [240, 260],
+            "value_span": [245, 252],
+            "answers": ["1234567"],
+            "context": "noise ... The pass key is 1234567. ...",
+            "question": "What is the pass key?",
+        }
+        for k in sorted(set(records["sample"]))
+    ]
+    data = {
+        "config": {
+            "policies": ["snapkv", "knorm"],
+            "ratios": [0.0, 0.5],
+            "modes": ["query_aware", "query_agnostic"],
+            "model": "SmolLM2",
+            "dtype": "float32",
+            "device": "cpu",
+        },
+        "timings": {"total_s": 12.0},
+        "samples": samples,
+        "records": records.to_dict(orient="records"),
+        "table": table.to_dict(orient="records"),
+    }
     path = tmp_path / "lb.json"
     path.write_text(json.dumps(data))
     monkeypatch.setenv("KVVIZ_LEADERBOARD", str(path))

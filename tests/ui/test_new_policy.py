@@ -52,8 +52,22 @@ def check_kept(out: dict, recent: int) -> None:
 
 def test_the_cli_has_a_flag_for_it_and_runs_it(registered, lm, capsys, monkeypatch):
     monkeypatch.setattr("kvviz.models.load_model", lambda *a, **k: lm)  # the session's model, not a second load
-    code = main(["evict", "--prompt", PROMPT, "--policy", "keep_even", "--budget", "8", "--recent", "3",
-                 "--max-new-tokens", "2", "--json"])
+    code = main(
+        [
+            "evict",
+            "--prompt",
+            PROMPT,
+            "--policy",
+            "keep_even",
+            "--budget",
+            "8",
+            "--recent",
+            "3",
+            "--max-new-tokens",
+            "2",
+            "--json",
+        ]
+    )
     assert code == 0
     check_kept(json.loads(capsys.readouterr().out), 3)
 
@@ -71,8 +85,13 @@ def test_the_api_takes_its_params_and_the_tab_builds_its_widget(registered, lm):
     assert ("Keep even (toy)", "keep_even") in [tuple(c) for c in dropdown.choices]
 
 
-NEW = {"knorm": {}, "tova": {}, "expected_attention": {"n_sink": 2, "use_covariance": False},
-       "pyramidkv": {"window_size": 8, "beta": 2}, "adakv": {"window_size": 8, "alpha_safeguard": 0.5}}
+NEW = {
+    "knorm": {},
+    "tova": {},
+    "expected_attention": {"n_sink": 2, "use_covariance": False},
+    "pyramidkv": {"window_size": 8, "beta": 2},
+    "adakv": {"window_size": 8, "alpha_safeguard": 0.5},
+}
 
 
 def test_the_registry_gives_every_policy_a_dropdown_entry_and_cli_flags(lm):
@@ -100,8 +119,23 @@ def test_each_new_policy_runs_through_the_api(lm, name):
 
 def test_a_bool_parameter_can_be_turned_off_from_the_cli(lm, capsys, monkeypatch):
     monkeypatch.setattr("kvviz.models.load_model", lambda *a, **k: lm)
-    code = main(["evict", "--prompt", PROMPT, "--policy", "expected_attention", "--ratio", "0.5", "--no-use-covariance",
-                 "--n-sink", "2", "--max-new-tokens", "2", "--json"])
+    code = main(
+        [
+            "evict",
+            "--prompt",
+            PROMPT,
+            "--policy",
+            "expected_attention",
+            "--ratio",
+            "0.5",
+            "--no-use-covariance",
+            "--n-sink",
+            "2",
+            "--max-new-tokens",
+            "2",
+            "--json",
+        ]
+    )
     assert code == 0
     params = json.loads(capsys.readouterr().out)["params"]
     assert params["use_covariance"] is False and params["n_sink"] == 2 and params["use_vnorm"] is True

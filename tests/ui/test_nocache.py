@@ -18,8 +18,7 @@ def ctx(lm):
 def test_table_and_measurement(ctx):
     df = tab.table(ctx, "Once upon a time", False, 3)
     assert list(df["Keys and Values computed"]) == ["K/V for tokens 1–4", "K/V for tokens 1–5", "K/V for tokens 1–6"]
-    time_fig, passes_fig, text, numbers = tab.measure(ctx, "Once upon a time", False, 5,
-                                                      progress=lambda *a, **k: None)
+    time_fig, passes_fig, text, numbers = tab.measure(ctx, "Once upon a time", False, 5, progress=lambda *a, **k: None)
     assert "**Same tokens:** yes" in text and "**8** token-forward passes with the cache vs **30** without" in text
     assert list(numbers["passes without cache"]) == [4, 9, 15, 22, 30]
     assert len(passes_fig.data) == 4 and len(time_fig.data) == 2

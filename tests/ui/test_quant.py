@@ -22,7 +22,8 @@ def ctx(lm):
 
 def test_analyze_shows_maps_table_and_the_direction(ctx):
     kmap, vmap, maps_md, headline, table, errors, sizes, layers = tab.analyze(
-        ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress)
+        ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress
+    )
     assert "keys per channel lose" in headline and "× worse" in headline
     assert "the largest key channel averages" in maps_md
     assert len(table) == len(tab.preset_schemes()) + 1 and table["scheme"].iloc[-1] == "Your scheme"
@@ -31,24 +32,40 @@ def test_analyze_shows_maps_table_and_the_direction(ctx):
 
 
 def test_short_prompt_says_groups_have_not_filled(ctx):
-    *_, headline, table, _, _, _ = tab.analyze(ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0,
-                                               progress=no_progress)
+    *_, headline, table, _, _, _ = tab.analyze(
+        ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0, progress=no_progress
+    )
     assert "too short for per-channel groups" in headline
 
 
-@pytest.mark.parametrize("args,match", [
-    (("", True, 0, 0, "int2", "channel", "token", 32, 0), "empty"),
-    (("Hi there", False, 99, 0, "int2", "channel", "token", 32, 0), "layer"),
-    (("Hi there", False, 0, 0, "int3", "channel", "token", 32, 0), "format"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (("", True, 0, 0, "int2", "channel", "token", 32, 0), "empty"),
+        (("Hi there", False, 99, 0, "int2", "channel", "token", 32, 0), "layer"),
+        (("Hi there", False, 0, 0, "int3", "channel", "token", 32, 0), "format"),
+    ],
+)
 def test_bad_input_is_a_readable_error(ctx, args, match):
     with pytest.raises(gr.Error, match=match):
         tab.analyze(ctx, *args, progress=no_progress)
 
 
 def test_generate_side_by_side_and_agreement_history(ctx):
-    out = tab.generate(ctx, "What is the capital of France?", True, "INT8 per token", "int2", "channel", "token", 32,
-                       0, 6, [], progress=no_progress)
+    out = tab.generate(
+        ctx,
+        "What is the capital of France?",
+        True,
+        "INT8 per token",
+        "int2",
+        "channel",
+        "token",
+        32,
+        0,
+        6,
+        [],
+        progress=no_progress,
+    )
     full, quant, summary, tokens, agreement, history = out
     assert full == quant and "agreement **100 %**" in summary
     assert list(tokens.columns) == ["step", "full precision", "quantized", "same"]

@@ -61,8 +61,10 @@ def make_policy(name: str, **params) -> Policy:
     known = {f["name"] for f in field_specs(cls)}
     unknown = sorted(set(params) - known)
     if unknown:
-        raise ValueError(f"{unknown[0]} does not apply to policy {name!r} (it has no parameter {unknown[0]}); "
-                         f"its parameters: {', '.join(sorted(known)) or 'none'}.")
+        raise ValueError(
+            f"{unknown[0]} does not apply to policy {name!r} (it has no parameter {unknown[0]}); "
+            f"its parameters: {', '.join(sorted(known)) or 'none'}."
+        )
     return cls(**params)
 
 
@@ -73,12 +75,16 @@ def check_params(name: str, values: dict | None) -> dict:
     if values is None:
         return {}
     if not isinstance(values, dict):
-        raise ValueError(f"params must be an object of {name}'s parameters ({', '.join(specs) or 'none'}), "
-                         f"not {type(values).__name__}.")
+        raise ValueError(
+            f"params must be an object of {name}'s parameters ({', '.join(specs) or 'none'}), "
+            f"not {type(values).__name__}."
+        )
     unknown = sorted(set(values) - set(specs))
     if unknown:
-        raise ValueError(f"{str(unknown[0])[:40]} does not apply to policy {name!r}; its parameters: "
-                         f"{', '.join(sorted(specs)) or 'none'}.")
+        raise ValueError(
+            f"{str(unknown[0])[:40]} does not apply to policy {name!r}; its parameters: "
+            f"{', '.join(sorted(specs)) or 'none'}."
+        )
     return {key: _checked(specs[key], value) for key, value in values.items() if value is not None}
 
 
@@ -104,15 +110,43 @@ def all_params() -> dict[str, tuple[dict, list[str]]]:
         for spec in field_specs(cls):
             seen, owners = out.setdefault(spec["name"], (spec, []))
             if seen["type"] != spec["type"]:
-                raise ValueError(f"Parameter {spec['name']} is a {seen['type']} in {owners[0]} but a {spec['type']} "
-                                 f"in {name}; one flag cannot serve both.")
+                raise ValueError(
+                    f"Parameter {spec['name']} is a {seen['type']} in {owners[0]} but a {spec['type']} "
+                    f"in {name}; one flag cannot serve both."
+                )
             owners.append(name)
     return out
 
 
 __all__ = [
-    "COMPETES", "EVICTED", "HEAVY", "KEPT", "PAD", "POLICIES", "ROLE_NAMES", "SINK", "TOVA", "WINDOW", "AdaKV",
-    "ExpectedAttention", "FullCache", "H2O", "KNorm", "Policy", "PolicyState", "PyramidKV", "ScorerPolicy",
-    "Selection", "SlidingWindow", "SnapKV", "StreamingLLM", "all_params", "check_params", "field_specs",
-    "make_policy", "n_kept_for", "policy_class", "select_kept",
+    "COMPETES",
+    "EVICTED",
+    "HEAVY",
+    "KEPT",
+    "PAD",
+    "POLICIES",
+    "ROLE_NAMES",
+    "SINK",
+    "TOVA",
+    "WINDOW",
+    "AdaKV",
+    "ExpectedAttention",
+    "FullCache",
+    "H2O",
+    "KNorm",
+    "Policy",
+    "PolicyState",
+    "PyramidKV",
+    "ScorerPolicy",
+    "Selection",
+    "SlidingWindow",
+    "SnapKV",
+    "StreamingLLM",
+    "all_params",
+    "check_params",
+    "field_specs",
+    "make_policy",
+    "n_kept_for",
+    "policy_class",
+    "select_kept",
 ]

@@ -45,15 +45,23 @@ def adakv_keep_mask(scores: torch.Tensor, n_kept: int, alpha_safeguard: float) -
 class AdaKV(SnapKV):
     """SnapKV's votes, with the layer's budget shared out among its KV heads."""
 
-    alpha_safeguard: float = field(default=0.2, metadata={
-        "help": "share of the per-head budget each head keeps whatever the others score", "min": 0.0, "max": 1.0})
+    alpha_safeguard: float = field(
+        default=0.2,
+        metadata={
+            "help": "share of the per-head budget each head keeps whatever the others score",
+            "min": 0.0,
+            "max": 1.0,
+        },
+    )
 
     name = "adakv"
     title = "AdaKV around SnapKV (per-head budgets)"
     paper = "Feng et al. 2024, Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation"
-    summary = ("SnapKV's votes, but each layer's budget is shared among its KV heads by one selection over all of "
-               "them (each head keeps at least a safeguard share): heads with concentrated attention give entries "
-               "to heads that need more.")
+    summary = (
+        "SnapKV's votes, but each layer's budget is shared among its KV heads by one selection over all of "
+        "them (each head keeps at least a safeguard share): heads with concentrated attention give entries "
+        "to heads that need more."
+    )
     ragged = True
 
     def validate(self, n_kept: int, n_prompt: int) -> None:

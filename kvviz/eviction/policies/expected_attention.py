@@ -35,8 +35,15 @@ def average_rope(rotary, like: torch.Tensor, start: int, n_future: int, head_dim
     return (cos.unsqueeze(1) * eye + sin.unsqueeze(1) * swap).mean(dim=0).to(like.device)  # [D, D]
 
 
-def expected_attention_scores(keys: torch.Tensor, values: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor | None,
-                              rot: torch.Tensor, use_vnorm: bool, epsilon: float) -> torch.Tensor:
+def expected_attention_scores(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mean: torch.Tensor,
+    cov: torch.Tensor | None,
+    rot: torch.Tensor,
+    use_vnorm: bool,
+    epsilon: float,
+) -> torch.Tensor:
     """One layer: keys/values [Hkv, n, D] (sinks removed), query mean [Hq, D] and covariance [Hq, D, D]
     before RoPE, R̄ [D, D] → scores [Hkv, n]."""
     hkv, n, d = keys.shape
@@ -58,19 +65,27 @@ def expected_attention_scores(keys: torch.Tensor, values: torch.Tensor, mean: to
 class ExpectedAttention(ScorerPolicy):
     """Expected future attention × value norm, per layer and KV head; decided once after the prefill."""
 
-    n_future_positions: int = field(default=512, metadata={
-        "help": "future query positions whose RoPE rotations are averaged", "min": 1, "max": 8192})
-    n_sink: int = field(default=4, metadata={"help": "first tokens always kept and left out of the query statistics",
-                                             "min": 0, "max": 64})
-    use_covariance: bool = field(default=True, metadata={"help": "add the queries' covariance term (else the mean only)"})
+    n_future_positions: int = field(
+        default=512,
+        metadata={"help": "future query positions whose RoPE rotations are averaged", "min": 1, "max": 8192},
+    )
+    n_sink: int = field(
+        default=4,
+        metadata={"help": "first tokens always kept and left out of the query statistics", "min": 0, "max": 64},
+    )
+    use_covariance: bool = field(
+        default=True, metadata={"help": "add the queries' covariance term (else the mean only)"}
+    )
     use_vnorm: bool = field(default=True, metadata={"help": "multiply by the value's L2 norm"})
 
     name = "expected_attention"
     title = "ExpectedAttention (future queries, RoPE, value norm)"
     paper = "Devoto et al. 2025, Expected Attention: KV Cache Compression by Estimating Attention from Future Queries"
-    summary = ("Models the next queries from the statistics of the prompt's queries rotated to the next positions, "
-               "scores each key by the attention they are expected to pay it times its value's norm; no attention "
-               "map is needed, so it works the same with or without the question in the prompt.")
+    summary = (
+        "Models the next queries from the statistics of the prompt's queries rotated to the next positions, "
+        "scores each key by the attention they are expected to pay it times its value's norm; no attention "
+        "map is needed, so it works the same with or without the question in the prompt."
+    )
     score_label = "expected attention of the next queries × ‖value‖₂ (group mean)"
     needs_kv = True
     epsilon: ClassVar[float] = 0.0  # added to the expected attention before the value-norm product (kvpress's default)
@@ -79,13 +94,16 @@ class ExpectedAttention(ScorerPolicy):
         for name in ("n_future_positions", "n_sink"):
             v = getattr(self, name)
             if isinstance(v, bool) or int(v) != v or v < (1 if name == "n_future_positions" else 0):
-                raise ValueError(f"{name} must be a whole number ≥ {1 if name == 'n_future_positions' else 0}, "
-                                 f"got {v!r}.")
+                raise ValueError(
+                    f"{name} must be a whole number ≥ {1 if name == 'n_future_positions' else 0}, got {v!r}."
+                )
         if n_prompt <= self.n_sink + 1:
             raise ValueError(f"ExpectedAttention needs a prompt longer than n_sink + 1 = {self.n_sink + 1} tokens.")
         if n_kept < n_prompt and n_kept < self.n_sink:
-            raise ValueError(f"ExpectedAttention always keeps its {self.n_sink} sink tokens: the budget ({n_kept}) "
-                             "must be at least n_sink.")
+            raise ValueError(
+                f"ExpectedAttention always keeps its {self.n_sink} sink tokens: the budget ({n_kept}) "
+                "must be at least n_sink."
+            )
 
     @property
     def query_stats_skip(self) -> int | None:
@@ -105,6 +123,15 @@ class ExpectedAttention(ScorerPolicy):
         out = []
         for layer in range(state.keys.shape[0]):
             cov = stats.cov[layer] if self.use_covariance else None
-            out.append(expected_attention_scores(state.keys[layer, :, s:], state.values[layer, :, s:],
-                                                 stats.mean[layer], cov, rot, self.use_vnorm, self.epsilon))
+            out.append(
+                expected_attention_scores(
+                    state.keys[layer, :, s:],
+                    state.values[layer, :, s:],
+                    stats.mean[layer],
+                    cov,
+                    rot,
+                    self.use_vnorm,
+                    self.epsilon,
+                )
+            )
         return F.pad(torch.stack(out), (s, 0), value=float("nan"))

@@ -28,8 +28,10 @@ class KNorm(ScorerPolicy):
     name = "knorm"
     title = "KNorm (smallest key norms)"
     paper = "Devoto et al. 2024, A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression"
-    summary = ("Keeps, per layer and KV head, the keys with the smallest L2 norm: low-norm keys tend to receive "
-               "the most attention, so no attention has to be computed to choose.")
+    summary = (
+        "Keeps, per layer and KV head, the keys with the smallest L2 norm: low-norm keys tend to receive "
+        "the most attention, so no attention has to be computed to choose."
+    )
     score_label = "−‖key‖₂ (negative L2 norm of the stored key; higher = kept first)"
     needs_kv = True
 

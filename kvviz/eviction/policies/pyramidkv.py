@@ -37,14 +37,23 @@ def layer_budgets(n_tokens: int, ratio: float, window_size: int, beta: int, laye
 class PyramidKV(SnapKV):
     """SnapKV inside each layer, with budgets that shrink from the first layer to the last."""
 
-    beta: int = field(default=20, metadata={"help": "pyramid steepness: the last layer keeps 1/beta of the mean "
-                                                    "budget beyond the window (larger = steeper)", "min": 1, "max": 100})
+    beta: int = field(
+        default=20,
+        metadata={
+            "help": "pyramid steepness: the last layer keeps 1/beta of the mean "
+            "budget beyond the window (larger = steeper)",
+            "min": 1,
+            "max": 100,
+        },
+    )
 
     name = "pyramidkv"
     title = "PyramidKV (budgets shrink with depth)"
     paper = "Cai et al. 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling"
-    summary = ("SnapKV's observation-window votes inside each layer, but early layers keep more entries and late "
-               "layers fewer (the same total); where the last layer would keep less than the window, one budget for all.")
+    summary = (
+        "SnapKV's observation-window votes inside each layer, but early layers keep more entries and late "
+        "layers fewer (the same total); where the last layer would keep less than the window, one budget for all."
+    )
     ragged = True
 
     def validate(self, n_kept: int, n_prompt: int) -> None:
@@ -64,8 +73,10 @@ class PyramidKV(SnapKV):
         per_layer = []
         for layer, budget in enumerate(self.budgets(n, state.n_kept, layers, state.ratio)):
             if budget < self.window_size and budget < n:
-                raise ValueError(f"Layer {layer} would keep {budget} entries, fewer than the {self.window_size}-token "
-                                 "observation window: raise the budget or lower window_size.")
+                raise ValueError(
+                    f"Layer {layer} would keep {budget} entries, fewer than the {self.window_size}-token "
+                    "observation window: raise the budget or lower window_size."
+                )
             keep, roles = select_kept(state.positions[layer], min(budget, n), protect, scores[layer], self.picked_role)
             per_layer.append((keep, roles))
         keep = pad_ragged([list(k) for k, _ in per_layer], state.positions.device)

@@ -20,21 +20,27 @@ from kvviz.eviction.policies.base import KEPT, Policy, PolicyState, Selection
 COMPETES = 0  # protect code of an entry that is kept only if its score earns it a place
 
 
-def protect_ends(n: int, n_first: int, first_role: int, n_last: int, last_role: int,
-                 device: torch.device | None = None) -> torch.Tensor:
+def protect_ends(
+    n: int, n_first: int, first_role: int, n_last: int, last_role: int, device: torch.device | None = None
+) -> torch.Tensor:
     """Role codes [n]: the first ``n_first`` entries ``first_role``, the last ``n_last`` ``last_role``, the rest compete.
 
     Where the two overlap (everything is kept) the first entries keep ``first_role``.
     """
     roles = torch.full((n,), COMPETES, dtype=torch.long, device=device)
     if n_last > 0:
-        roles[max(0, n - n_last):] = last_role
+        roles[max(0, n - n_last) :] = last_role
     roles[: max(0, n_first)] = first_role
     return roles
 
 
-def select_kept(positions: torch.Tensor, n_kept: int, protect: torch.Tensor, scores: torch.Tensor | None = None,
-                picked_role: int = KEPT) -> tuple[torch.Tensor, torch.Tensor]:
+def select_kept(
+    positions: torch.Tensor,
+    n_kept: int,
+    protect: torch.Tensor,
+    scores: torch.Tensor | None = None,
+    picked_role: int = KEPT,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(keep, roles), both [..., min(n, n_kept)], positions ascending per head.
 
     ``positions`` [..., n] ascending; ``protect`` role codes [..., n] (or [n], the same for every head);

@@ -21,8 +21,9 @@ from kvviz.eviction.policies.base import WINDOW, PolicyState, group_mean
 from kvviz.eviction.policies.scorer import ScorerPolicy, protect_ends
 
 
-def snapkv_scores(window_rows: torch.Tensor, window_size: int, kernel_size: int, pooling: str,
-                  kv_heads: int) -> torch.Tensor:
+def snapkv_scores(
+    window_rows: torch.Tensor, window_size: int, kernel_size: int, pooling: str, kv_heads: int
+) -> torch.Tensor:
     """Pooled votes for the prefix: [..., Hq, W, L] attention rows → [..., Hkv, L − window_size].
 
     ``window_rows`` holds the rows of (at least) the last ``window_size`` prompt queries over all L
@@ -30,8 +31,10 @@ def snapkv_scores(window_rows: torch.Tensor, window_size: int, kernel_size: int,
     """
     n = window_rows.shape[-1]
     if window_rows.shape[-2] < window_size or n <= window_size:
-        raise ValueError(f"SnapKV needs the last {window_size} prompt queries' rows and a prompt longer than the "
-                         f"window ({n} tokens given).")
+        raise ValueError(
+            f"SnapKV needs the last {window_size} prompt queries' rows and a prompt longer than the "
+            f"window ({n} tokens given)."
+        )
     votes = window_rows[..., -window_size:, : n - window_size].float().mean(-2)  # [..., Hq, L-w]
     flat = votes.reshape(-1, 1, n - window_size)  # [N, 1, L-w]: pool each head's sequence on its own
     pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
@@ -43,17 +46,21 @@ def snapkv_scores(window_rows: torch.Tensor, window_size: int, kernel_size: int,
 class SnapKV(ScorerPolicy):
     """Observation-window voting after the prefill; decodes with the compressed cache plus new tokens."""
 
-    window_size: int = field(default=64, metadata={"help": "last prompt tokens whose queries vote (always kept)",
-                                                   "min": 1, "max": 128})
-    kernel_size: int = field(default=5, metadata={"help": "1-D pooling width over positions (odd)", "min": 1,
-                                                  "max": 31})
+    window_size: int = field(
+        default=64, metadata={"help": "last prompt tokens whose queries vote (always kept)", "min": 1, "max": 128}
+    )
+    kernel_size: int = field(
+        default=5, metadata={"help": "1-D pooling width over positions (odd)", "min": 1, "max": 31}
+    )
     pooling: str = field(default="avg", metadata={"help": "how votes are smoothed", "choices": ["avg", "max"]})
 
     name = "snapkv"
     title = "SnapKV (observation-window votes)"
     paper = "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation"
-    summary = ("After the prefill, the last prompt tokens (usually the question) vote with their attention for "
-               "the earlier positions each KV head keeps; the cache then grows normally while decoding.")
+    summary = (
+        "After the prefill, the last prompt tokens (usually the question) vote with their attention for "
+        "the earlier positions each KV head keeps; the cache then grows normally while decoding."
+    )
     score_label = "pooled vote (mean attention from the observation window, pooled, group mean)"
     needs_window_rows = True
 
@@ -63,12 +70,16 @@ class SnapKV(ScorerPolicy):
             if isinstance(v, bool) or int(v) != v or v < 1:
                 raise ValueError(f"{name} must be a whole number ≥ 1, got {v!r}.")
         if self.kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size must be odd (the pooled votes must line up with positions), got {self.kernel_size}.")
+            raise ValueError(
+                f"kernel_size must be odd (the pooled votes must line up with positions), got {self.kernel_size}."
+            )
         if self.pooling not in ("avg", "max"):
             raise ValueError(f"pooling must be 'avg' or 'max', got {self.pooling!r}.")
         if n_kept < n_prompt and n_kept < self.window_size:
-            raise ValueError(f"SnapKV always keeps its observation window of {self.window_size} tokens: the budget "
-                             f"({n_kept} tokens) must be at least window_size, or lower window_size.")
+            raise ValueError(
+                f"SnapKV always keeps its observation window of {self.window_size} tokens: the budget "
+                f"({n_kept} tokens) must be at least window_size, or lower window_size."
+            )
 
     @property
     def observation_window(self) -> int:
@@ -76,8 +87,7 @@ class SnapKV(ScorerPolicy):
 
     def protect(self, state: PolicyState) -> torch.Tensor:
         """The observation window (the last ``window_size`` prompt tokens) is always kept."""
-        return protect_ends(state.positions.shape[-1], 0, WINDOW, int(self.window_size), WINDOW,
-                            state.positions.device)
+        return protect_ends(state.positions.shape[-1], 0, WINDOW, int(self.window_size), WINDOW, state.positions.device)
 
     def score(self, state: PolicyState) -> torch.Tensor:
         """The window's pooled votes for the prefix, NaN for the window itself (it does not compete).

@@ -22,22 +22,28 @@ class StreamingLLM(ScorerPolicy):
     """Attention sinks + a sliding window of recent tokens."""
 
     sinks: int = field(default=4, metadata={"help": "first tokens always kept (attention sinks)", "min": 0, "max": 64})
-    reposition: bool = field(default=False, metadata={
-        "help": "re-rotate kept keys to their cache slots (the paper's positions); off = original positions"})
+    reposition: bool = field(
+        default=False,
+        metadata={"help": "re-rotate kept keys to their cache slots (the paper's positions); off = original positions"},
+    )
 
     name = "streaming_llm"
     title = "StreamingLLM (sinks + recent)"
     paper = "Xiao et al. 2023, Efficient Streaming Language Models with Attention Sinks"
-    summary = ("Keeps the first few tokens (attention sinks) and the most recent ones, in every layer and head; "
-               "evicts the oldest non-sink token after every generated token.")
+    summary = (
+        "Keeps the first few tokens (attention sinks) and the most recent ones, in every layer and head; "
+        "evicts the oldest non-sink token after every generated token."
+    )
     evicts_while_decoding = True
 
     def validate(self, n_kept: int, n_prompt: int) -> None:
         if isinstance(self.sinks, bool) or int(self.sinks) != self.sinks or self.sinks < 0:
             raise ValueError(f"sinks must be a whole number ≥ 0, got {self.sinks!r}.")
         if n_kept <= self.sinks:
-            raise ValueError(f"StreamingLLM keeps {self.sinks} sink tokens plus a recent window: the budget "
-                             f"({n_kept} tokens) must be at least sinks + 1 = {self.sinks + 1}.")
+            raise ValueError(
+                f"StreamingLLM keeps {self.sinks} sink tokens plus a recent window: the budget "
+                f"({n_kept} tokens) must be at least sinks + 1 = {self.sinks + 1}."
+            )
 
     @property
     def position_mode(self) -> str:
@@ -46,7 +52,9 @@ class StreamingLLM(ScorerPolicy):
     def protect(self, state: PolicyState) -> torch.Tensor:
         """The first ``sinks`` held entries and the newest ``n_kept − sinks``: position alone decides."""
         if not 0 <= self.sinks < state.n_kept:
-            raise ValueError(f"StreamingLLM keeps {self.sinks} sink tokens plus a recent window: the budget "
-                             f"({state.n_kept} tokens) must be at least sinks + 1 = {self.sinks + 1}.")
+            raise ValueError(
+                f"StreamingLLM keeps {self.sinks} sink tokens plus a recent window: the budget "
+                f"({state.n_kept} tokens) must be at least sinks + 1 = {self.sinks + 1}."
+            )
         n = state.positions.shape[-1]
         return protect_ends(n, self.sinks, SINK, state.n_kept - self.sinks, WINDOW, state.positions.device)

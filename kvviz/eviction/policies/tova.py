@@ -31,8 +31,10 @@ class TOVA(ScorerPolicy):
     name = "tova"
     title = "TOVA (last token's attention, all heads)"
     paper = "Oren et al. 2024, Transformers are Multi-State RNNs (TOVA: Token Omission Via Attention)"
-    summary = ("The last prompt token's attention, averaged over every query head of a layer, scores the earlier "
-               "tokens: every KV head of the layer keeps the same set (the last token always stays).")
+    summary = (
+        "The last prompt token's attention, averaged over every query head of a layer, scores the earlier "
+        "tokens: every KV head of the layer keeps the same set (the last token always stays)."
+    )
     score_label = "last prompt query's attention, mean over all query heads of the layer"
     needs_window_rows = True
 
