@@ -1,4 +1,4 @@
-"""Eviction tab: what StreamingLLM, H2O and SnapKV keep per layer and KV head, and what that does to the answer.
+"""Eviction tab: what each registered policy keeps per layer and KV head, and what that does to the answer.
 
 Handlers check raw widget values (``gr.Error`` says what to fix), call :mod:`kvviz.eviction.run`,
 :mod:`kvviz.eviction.compare` and :mod:`kvviz.eviction.demos`, and draw with
@@ -11,6 +11,8 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.eviction.compare import compare
+from kvviz.eviction.compose import compose
+from kvviz.eviction.compose import schemes as compose_schemes
 from kvviz.eviction.demos import (
     NEEDLE_BUDGET,
     NEEDLE_FILLER,
@@ -139,6 +141,15 @@ def status_text(run, policy) -> str:
     )
 
 
+def policy_text(name: str) -> str:
+    """The chosen policy's paper, idea and score, shown beside its parameters."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        return ""
+    score = f"**Score:** {cls.score_label}." if cls.score_label else "**Score:** none — position alone decides."
+    return f"**{cls.title}** — *{cls.paper}*. {cls.summary} {score}"
+
+
 def views(run, layer, head, step, score_label=""):
     """Strip, kept map, timeline, scores and slot table for the chosen layer, KV head and step."""
     if run is None:
@@ -196,7 +207,7 @@ def build(ctx: AppContext) -> None:
                 0.0,
                 0.99,
                 value=0.5,
-                step=0.01,
+                step=0.005,
                 label="Compression ratio r (fraction evicted)",
                 elem_id="evict-ratio",
                 visible=False,
@@ -209,6 +220,7 @@ def build(ctx: AppContext) -> None:
                 label="Max new tokens",
                 elem_id="evict-max-new",
             )
+            about = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
             param_boxes, groups = {}, {}
             for name, cls in POLICIES.items():
                 specs = field_specs(cls)
@@ -260,6 +272,11 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
     score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
     gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
+    with gr.Row():
+        budget_plot = captioned_plot("Budget per layer and KV head", "evict-budgets", fig.CAPTIONS["budgets"])
+        with gr.Column():
+            budget_table = gr.Dataframe(label="What the kept set costs", elem_id="evict-budget-bytes")
+            gr.Markdown(fig.CAPTIONS["budget_bytes"], elem_classes="caption")
     slots = gr.Dataframe(
         label="The chosen KV head's cache: slot, original position, RoPE position",
         elem_id="evict-slots",
@@ -286,6 +303,20 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
         kl_plot = captioned_plot("KL per step", "evict-kl", fig.CAPTIONS["kl"])
+
+    gr.Markdown("### Compose: the policy's kept entries, quantized")
+    with gr.Row():
+        scheme = gr.Dropdown(
+            list(compose_schemes()),
+            value="KIVI-4",
+            label="Quantization of what the policy keeps",
+            elem_id="evict-scheme",
+        )
+        compose_btn = gr.Button("Compose", elem_id="evict-compose")
+    compose_table = gr.Dataframe(
+        label="Full cache · policy · quantization · both", elem_id="evict-compose-table", wrap=True
+    )
+    gr.Markdown(fig.CAPTIONS["compose"], elem_classes="caption")
 
     gr.Markdown("### Demos")
     with gr.Row():
@@ -342,9 +373,11 @@ def build(ctx: AppContext) -> None:
             result.text,
             gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
             *views(result, info.layers - 1, 0, 0, req.policy.score_label),
+            fig.budget_map(result),
+            fig.budget_bytes(result),
         )
 
-    run_outputs = [run_state, status, answer, step, *view_outputs]
+    run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
     run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
         gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None
     )
@@ -356,9 +389,9 @@ def build(ctx: AppContext) -> None:
     for control in (layer, head, step):
         control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
     policy.change(
-        lambda n: [gr.Group(visible=n == name) for name in groups],
+        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)],
         policy,
-        list(groups.values()),
+        [*groups.values(), about],
         api_name=False,
         queue=False,
     )
@@ -421,6 +454,40 @@ def build(ctx: AppContext) -> None:
         api_name=False,
         concurrency_limit=None,
     )
+
+    def compose_request(name, *args):
+        if name not in compose_schemes():
+            raise UserError(f"Pick a quantization: {', '.join(compose_schemes())}.")
+        return gather(*args)
+
+    def check_compose(request: gr.Request, name, *args):
+        req = compose_request(name, *args)
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "composition", len(req.ids), req.max_new_tokens, runs=7))
+
+    def run_compose(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
+        name, *rest = args
+        req = compose_request(name, *rest)
+        with ctx.jobs.start(request, "composition", len(req.ids), req.max_new_tokens, runs=7) as ticket:
+            comp = _user(
+                lambda: compose(
+                    ctx.lm,
+                    req.ids,
+                    req.policy,
+                    compose_schemes()[name],
+                    budget=req.budget,
+                    ratio=req.ratio,
+                    n_compress=req.n_compress,
+                    max_new_tokens=req.max_new_tokens,
+                    should_stop=ticket.expired,
+                    progress=lambda f, d: progress(f, desc=d),
+                ),
+                what="Composition",
+            )
+        return fig.composition_table(comp)
+
+    compose_btn.click(
+        check_compose, [scheme, *main_inputs], None, api_name=False, show_progress="hidden", concurrency_limit=None
+    ).success(gpu(run_compose), [scheme, *main_inputs], compose_table, api_name=False, concurrency_limit=None)
 
     def run_needle(comp, request: gr.Request, progress=gr.Progress()):
         with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):
