@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,9 @@ import pandas as pd
 from kvviz.eviction.cache import EvictingCache
 from kvviz.eviction.policies import FullCache, Policy
 from kvviz.models import LoadedModel
+
+if TYPE_CHECKING:
+    from kvviz.eviction.run import PolicyRun
 from kvviz.quant.schemes import FULL_BYTES, Scheme, kivi, preset_schemes, simulate, stored_bytes
 
 Progress = Callable[[float, str], None]
@@ -44,19 +48,19 @@ def schemes() -> dict[str, Scheme]:
 def quantize_kept(cache: EvictingCache, scheme: Scheme) -> None:
     """Replace every layer's held keys and values [1, Hkv, k, D] by what a cache stored under ``scheme`` returns
     (oldest entries quantized, the spec's recent window exact; slots are in position order after a gather)."""
-    for layer in cache.layers:
-        layer.keys = simulate(layer.keys, scheme.key).to(layer.keys.dtype)
-        layer.values = simulate(layer.values, scheme.value).to(layer.values.dtype)
+    for layer in cache.evicting_layers:
+        keys, values = layer.stored()
+        layer.keys = simulate(keys, scheme.key).to(keys.dtype)
+        layer.values = simulate(values, scheme.value).to(values.dtype)
 
 
 def served_bytes(cache: EvictingCache, scheme: Scheme | None) -> int:
     """Bytes of the held entries as served: 16-bit, or packed under ``scheme`` (per KV head, padding excluded)."""
     total = 0
-    for layer in cache.layers:
-        d = layer.keys.shape[-1]
-        counts = (
-            layer.valid.sum(-1).tolist() if layer.valid is not None else [layer.keys.shape[2]] * layer.keys.shape[1]
-        )
+    for layer in cache.evicting_layers:
+        keys, _ = layer.stored()
+        d = keys.shape[-1]
+        counts = layer.valid.sum(-1).tolist() if layer.valid is not None else [keys.shape[2]] * keys.shape[1]
         for k in counts:
             if scheme is None:
                 total += 2 * k * d * FULL_BYTES
@@ -118,10 +122,22 @@ def compose(
     from kvviz.eviction.run import run_policy
 
     report = progress or (lambda f, d: None)
-    kw = dict(n_compress=n_compress, max_new_tokens=max_new_tokens, record_history=False, should_stop=should_stop)
+
+    def run(pol: Policy, **extra: Any) -> PolicyRun:
+        return run_policy(
+            lm,
+            ids,
+            pol,
+            n_compress=n_compress,
+            max_new_tokens=max_new_tokens,
+            record_history=False,
+            should_stop=should_stop,
+            **extra,
+        )
+
     report(0.0, "full cache")
-    full = run_policy(lm, ids, FullCache(), keep_logprobs=True, **kw)
-    rows = [ComposedRow("full cache", full.text, 1.0, 0.0, full.served_bytes)]
+    full = run(FullCache(), keep_logprobs=True)
+    rows = [ComposedRow("full cache", full.text, 1.0, 0.0, _served(full))]
     variants = [
         (policy.title, policy, None),
         (scheme.name, FullCache(), scheme),
@@ -130,19 +146,24 @@ def compose(
     for i, (name, pol, sch) in enumerate(variants):
         report((i + 0.5) / (len(variants) + 1), name)
         b, r = (None, None) if isinstance(pol, FullCache) else (budget, ratio)
-        forced = run_policy(
-            lm, ids, pol, budget=b, ratio=r, forced=full.generated_ids, keep_logprobs=True, quant=sch, **kw
-        )
+        forced = run(pol, budget=b, ratio=r, forced=full.generated_ids, keep_logprobs=True, quant=sch)
         agree, kl = agreement_and_kl(full.logprobs, forced.logprobs)
-        text = full.text if agree.all() else run_policy(lm, ids, pol, budget=b, ratio=r, quant=sch, **kw).text
+        text = full.text if agree.all() else run(pol, budget=b, ratio=r, quant=sch).text
         rows.append(
             ComposedRow(
                 name,
                 text,
                 float(np.mean(agree)) if len(agree) else 1.0,
                 float(np.mean(kl)) if len(kl) else 0.0,
-                forced.served_bytes,
+                _served(forced),
             )
         )
     report(1.0, "done")
-    return Composition(rows, full.served_bytes)
+    return Composition(rows, _served(full))
+
+
+def _served(run: PolicyRun) -> int:
+    """A finished run's served bytes (every run_policy result has them)."""
+    if run.served_bytes is None:
+        raise RuntimeError("The run did not measure its served bytes.")
+    return run.served_bytes

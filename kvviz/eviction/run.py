@@ -28,7 +28,7 @@ from kvviz.capture.recorder import Recorder, RecorderConfig, installed
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.compose import quantize_kept, served_bytes
 from kvviz.eviction.policies import EVICTED, KEPT, FullCache, Policy, PolicyState, Selection, n_kept_for
-from kvviz.eviction.query_stats import collecting
+from kvviz.eviction.query_stats import QueryStats, collecting
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import Scheme
 
@@ -52,7 +52,9 @@ class Evictor:
         info = model_info(lm)
         self.feeds_slot_positions = feeds_slot_positions
         self.ratio = ratio
-        self.query_stats = None  # set by the caller after the prefill for policies with a query_stats_skip
+        self.query_stats: QueryStats | None = (
+            None  # set by the caller after the prefill for policies with a query_stats_skip
+        )
         self.held_bytes0: int | None = None  # bytes of the entries held right after step 0 (padding excluded)
         self._role_map: torch.Tensor | None = None  # [Lyr, Hkv, n_prompt] role per prompt position (ragged caches)
         self.policy, self.n_kept, self.n_prompt = policy, int(n_kept), int(n_prompt)
@@ -102,6 +104,8 @@ class Evictor:
             if step == 0 and sel.scores is not None:
                 self.prefill_scores = sel.scores.float().cpu().numpy()
         if track and cache.ragged:
+            if self._role_map is None:
+                raise RuntimeError("The cache became ragged without a decision of this run.")
             self._roles = ragged_roles(cache.positions(), self._role_map, self.n_prompt)
         if step == 0:
             self.prefill_positions = np.arange(n, dtype=np.int32)

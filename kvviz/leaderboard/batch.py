@@ -34,15 +34,23 @@ class SharedPrefixLayer(DynamicLayer):
         self.valid = torch.ones(b, 0, dtype=torch.bool, device=keep.device)  # [B, t] new entries each row holds
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = self.new_entries()
         self.valid = torch.cat([self.valid, self.valid.new_ones(key_states.shape[0], key_states.shape[2])], dim=1)
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
+        self.keys = torch.cat([keys, key_states], dim=-2)
+        self.values = torch.cat([values, value_states], dim=-2)
+        return self.keys, self.values
+
+    def new_entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's new keys and values [B, Hkv, t, D] (set from the start: t = 0 before the first token)."""
+        if self.keys is None or self.values is None:
+            raise RuntimeError("The shared-prefix layer was reset.")
         return self.keys, self.values
 
     def rows(self, index: torch.Tensor) -> None:
         """Keep only batch rows ``index`` (in that order; a row may repeat: a fork)."""
+        keys, values = self.new_entries()
         self.keep, self.valid = self.keep[index], self.valid[index]
-        self.keys, self.values = self.keys[index], self.values[index]
+        self.keys, self.values = keys[index], values[index]
 
     def held(self) -> torch.Tensor:
         """Entries each row attends to, per KV head: [B, Hkv]."""
@@ -54,32 +62,35 @@ class SharedPrefixCache(Cache):
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], keep: torch.Tensor):
         """``keys``/``values``: per layer [Hkv, S, D]; ``keep`` [B, Lyr, Hkv, S] bool, what each row keeps."""
-        super().__init__(layers=[SharedPrefixLayer(k, v, keep[:, i]) for i, (k, v) in enumerate(zip(keys, values))])
+        self.shared_layers = [SharedPrefixLayer(k, v, keep[:, i]) for i, (k, v) in enumerate(zip(keys, values))]
+        super().__init__(layers=list(self.shared_layers))
 
     @property
     def batch(self) -> int:
-        return self.layers[0].keep.shape[0]
+        return self.shared_layers[0].keep.shape[0]
 
     def rows(self, index: torch.Tensor | list[int]) -> None:
         index = torch.as_tensor(index, dtype=torch.long)
-        for layer in self.layers:
+        for layer in self.shared_layers:
             layer.rows(index)
 
     def pad_front(self, n: int) -> None:
         """Give every row ``n`` empty new slots (masked) in front, to line up with rows that fed ``n`` more tokens."""
-        for layer in self.layers:
-            b, hkv, _, d = layer.keys.shape
-            layer.keys = torch.cat([layer.keys.new_zeros(b, hkv, n, d), layer.keys], dim=2)
-            layer.values = torch.cat([layer.values.new_zeros(b, hkv, n, d), layer.values], dim=2)
+        for layer in self.shared_layers:
+            keys, values = layer.new_entries()
+            b, hkv, _, d = keys.shape
+            layer.keys = torch.cat([keys.new_zeros(b, hkv, n, d), keys], dim=2)
+            layer.values = torch.cat([values.new_zeros(b, hkv, n, d), values], dim=2)
             layer.valid = torch.cat([layer.valid.new_zeros(b, n), layer.valid], dim=1)
 
     def extend(self, other: SharedPrefixCache) -> None:
         """Append ``other``'s rows (same prefill, same number of new slots) after this cache's rows."""
-        for a, b in zip(self.layers, other.layers):
-            if a.keys.shape[2] != b.keys.shape[2]:
+        for a, b in zip(self.shared_layers, other.shared_layers):
+            (ak, av), (bk, bv) = a.new_entries(), b.new_entries()
+            if ak.shape[2] != bk.shape[2]:
                 raise ValueError("Rows with different numbers of new slots: pad_front the shorter first.")
             a.keep, a.valid = torch.cat([a.keep, b.keep]), torch.cat([a.valid, b.valid])
-            a.keys, a.values = torch.cat([a.keys, b.keys]), torch.cat([a.values, b.values])
+            a.keys, a.values = torch.cat([ak, bk]), torch.cat([av, bv])
 
     def attend(self, module, query, key, value, attention_mask, implementation, *args, **kwargs):
         """Softmax attention of each row over its kept prefill entries and its valid new ones (causal among the
@@ -88,7 +99,7 @@ class SharedPrefixCache(Cache):
         Scores live in one buffer laid out [Hkv, B, g·q, S + t] so that the shared-prefix products are one GEMM
         per KV head in and out, with no copy of the prefill per row.
         """
-        layer = self.layers[module.layer_idx]
+        layer = self.shared_layers[module.layer_idx]
         b, hq, q, d = query.shape
         pk, pv = layer.prefix_keys, layer.prefix_values  # [Hkv, S, D]
         hkv, s = pk.shape[0], pk.shape[1]

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from kvviz.capture.loop import forward, model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig, installed
 from kvviz.eviction.cache import EvictingCache
-from kvviz.eviction.policies import PAD, Policy, PolicyState, n_kept_for
+from kvviz.eviction.policies import PAD, Policy, PolicyState, ScorerPolicy, n_kept_for
 from kvviz.eviction.query_stats import QueryStats, collecting
 from kvviz.leaderboard.tasks import Sample
 from kvviz.models import LoadedModel
@@ -63,10 +64,11 @@ def prefill(lm: LoadedModel, sample: Sample, policies: list[Policy]) -> Prefill:
         collectors = {s: stack.enter_context(collecting(lm.model, s, [n_c, len(ids)])) for s in skips}
         logits = forward(lm, ids, 0, cache, rec)[-1]
         stats = {(s, end): get(end) for s, get in collectors.items() for end in (n_c, len(ids))}
+    keys, values = _held(cache)
     return Prefill(
         sample,
-        [layer.keys[0] for layer in cache.layers],
-        [layer.values[0] for layer in cache.layers],
+        keys,
+        values,
         logits,
         rec.window_rows,
         stats,
@@ -113,13 +115,26 @@ def state_for(
     )
 
 
+def _held(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer keys and values [Hkv, L, D] of a prefilled cache."""
+    keys, values = [], []
+    for layer in cache.layers:
+        if not isinstance(layer, DynamicLayer) or layer.keys is None or layer.values is None:
+            raise RuntimeError("The prefill left a cache layer without keys and values.")
+        keys.append(layer.keys[0])
+        values.append(layer.values[0])
+    return keys, values
+
+
 def _scored_once(policy: Policy, memo: dict, key, state: PolicyState, build) -> Policy:
     """The policy, answering ``score`` from ``memo``: a policy's scores on one prefill do not depend on the
     budget, so every ratio of a (policy, mode) reuses the first one's."""
+    if not isinstance(policy, ScorerPolicy):
+        return policy
     if key not in memo:
-        memo[key] = policy.score(build()) if hasattr(policy, "score") else None
+        memo[key] = policy.score(build())
     twin = copy.copy(policy)
-    twin.score = lambda _state: memo[key]  # instance attribute: this copy only
+    twin.score = lambda _state: memo[key]  # type: ignore[method-assign,assignment]  # instance attribute: this copy only
     return twin
 
 

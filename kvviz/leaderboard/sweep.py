@@ -94,7 +94,7 @@ def decode_cells(
         cache.pad_front(len(question))
         cache.extend(extra)
         logits = torch.cat([logits, out.logits[:, -1]])
-    per_cell = [{"agree": [], "kl": [], "ids": []} for _ in cells]
+    per_cell: list[dict[str, list]] = [{"agree": [], "kl": [], "ids": []} for _ in cells]
     on_path = {c: r for r, row in enumerate(rows) if (c := row.cell) >= 0}  # cell → row following the full answer
     full: list[int] = []
     full_done = False
@@ -241,7 +241,9 @@ def run_sweep(
             pre = prefill(lm, sample, pols)
             prefill_s += time.perf_counter() - t
             t = time.perf_counter()
-            keys, cells, memo = [], [], {}
+            keys: list[tuple[Policy, float, str]] = []
+            cells: list[tuple[str, Decision]] = []
+            memo: dict = {}
             for p, r, m in ((p, r, m) for p in pols for r in ratios if r > 0 for m in modes):
                 try:
                     cells.append((m, decide(lm, pre, m, p, r, memo)))

@@ -11,8 +11,6 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.eviction.compare import compare
-from kvviz.eviction.compose import compose
-from kvviz.eviction.compose import schemes as compose_schemes
 from kvviz.eviction.demos import (
     NEEDLE_BUDGET,
     NEEDLE_FILLER,
@@ -27,6 +25,7 @@ from kvviz.eviction.run import EvictionRequest, resolve_budget
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as fig
 from kvviz.safety import clean_prompt, real_number, whole_number
+from kvviz.ui import eviction_compose
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
@@ -304,19 +303,7 @@ def build(ctx: AppContext) -> None:
         bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
         kl_plot = captioned_plot("KL per step", "evict-kl", fig.CAPTIONS["kl"])
 
-    gr.Markdown("### Compose: the policy's kept entries, quantized")
-    with gr.Row():
-        scheme = gr.Dropdown(
-            list(compose_schemes()),
-            value="KIVI-4",
-            label="Quantization of what the policy keeps",
-            elem_id="evict-scheme",
-        )
-        compose_btn = gr.Button("Compose", elem_id="evict-compose")
-    compose_table = gr.Dataframe(
-        label="Full cache · policy · quantization · both", elem_id="evict-compose-table", wrap=True
-    )
-    gr.Markdown(fig.CAPTIONS["compose"], elem_classes="caption")
+    composition = eviction_compose.layout()
 
     gr.Markdown("### Demos")
     with gr.Row():
@@ -455,39 +442,7 @@ def build(ctx: AppContext) -> None:
         concurrency_limit=None,
     )
 
-    def compose_request(name, *args):
-        if name not in compose_schemes():
-            raise UserError(f"Pick a quantization: {', '.join(compose_schemes())}.")
-        return gather(*args)
-
-    def check_compose(request: gr.Request, name, *args):
-        req = compose_request(name, *args)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "composition", len(req.ids), req.max_new_tokens, runs=7))
-
-    def run_compose(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
-        name, *rest = args
-        req = compose_request(name, *rest)
-        with ctx.jobs.start(request, "composition", len(req.ids), req.max_new_tokens, runs=7) as ticket:
-            comp = _user(
-                lambda: compose(
-                    ctx.lm,
-                    req.ids,
-                    req.policy,
-                    compose_schemes()[name],
-                    budget=req.budget,
-                    ratio=req.ratio,
-                    n_compress=req.n_compress,
-                    max_new_tokens=req.max_new_tokens,
-                    should_stop=ticket.expired,
-                    progress=lambda f, d: progress(f, desc=d),
-                ),
-                what="Composition",
-            )
-        return fig.composition_table(comp)
-
-    compose_btn.click(
-        check_compose, [scheme, *main_inputs], None, api_name=False, show_progress="hidden", concurrency_limit=None
-    ).success(gpu(run_compose), [scheme, *main_inputs], compose_table, api_name=False, concurrency_limit=None)
+    eviction_compose.wire(ctx, composition, main_inputs, gather)
 
     def run_needle(comp, request: gr.Request, progress=gr.Progress()):
         with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):

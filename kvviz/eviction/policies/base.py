@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from kvviz.eviction.query_stats import QueryStats
 
 # role codes of a kept entry (Selection.roles) — the token strip's colours
 EVICTED, KEPT, SINK, WINDOW, HEAVY = 0, 1, 2, 3, 4
@@ -78,7 +81,7 @@ class PolicyState:
     window_rows: torch.Tensor | None = None
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
-    query_stats: object | None = None
+    query_stats: QueryStats | None = None
     ratio: float | None = None  # the compression ratio asked for, when the budget was given as one
 
 
