@@ -22,12 +22,14 @@ TABS = [
     ("Generate", tab_generate),
     ("Attention", tab_attention),
     ("Eviction", tab_eviction),
-    ("Leaderboard", tab_leaderboard),
     ("Memory", tab_memory),
     ("Quantization", tab_quant),
     ("Cache vs no cache", tab_nocache),
     ("Learn", tab_learn),
-    ("Blocks", tab_blocks),  # after Learn: with large presentation fonts the last tab may go to the overflow menu
+    # after Learn (and after Eviction, whose inputs it fills): with large presentation fonts the last tabs may go
+    # to the overflow menu
+    ("Leaderboard", tab_leaderboard),
+    ("Blocks", tab_blocks),
 ]
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
