@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
-from kvviz.commands import blocks, evict, memory, trace
+from kvviz.commands import blocks, evict, memory, sweep, trace
 
-COMMANDS = [trace, memory, evict, blocks]
+COMMANDS = [trace, memory, evict, blocks, sweep]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvviz.eviction.policies import POLICIES
+
 pytestmark = pytest.mark.slow  # the benchmark end to end
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -26,11 +28,13 @@ def test_eviction_bench_smoke(lm, tmp_path):
     )
     saved = json.loads(out.read_text())
     rows = {r["policy"]: r for r in saved["policies"]}
-    assert set(rows) == {"full", "streaming_llm", "window", "h2o", "snapkv"}
+    assert set(rows) == set(POLICIES)
     per_token = 2 * 30 * 3 * 64 * 4
     assert rows["full"]["cache_bytes_end"] == (96 + 2) * per_token == rows["full"]["full_cache_bytes_end"]
     for name in ("streaming_llm", "window", "h2o"):  # evict while decoding: stay at the budget
         assert rows[name]["cache_bytes_end"] == 72 * per_token
-    assert rows["snapkv"]["cache_bytes_end"] == (72 + 2) * per_token  # compressed once, then grows
+    for name in ("snapkv", "knorm", "tova", "expected_attention", "pyramidkv"):  # compressed once, then grows
+        assert rows[name]["cache_bytes_end"] == (72 + 2) * per_token  # PyramidKV: uniform at this size
+    assert (72 + 2) * per_token < rows["adakv"]["cache_bytes_end"] < rows["full"]["cache_bytes_end"]  # padded
     assert all(r["decode_tokens_per_s"] > 0 and r["generated"] == 3 for r in rows.values())
     assert rows["full"]["vs_full"] == 1.0

@@ -55,3 +55,30 @@ def test_capture_overhead_smoke(bench, lm, tmp_path):
     assert result["cases"][0]["ratio_of_medians"] == pytest.approx(case["capture_median_s"] / case["plain_median_s"])
     with pytest.raises(SystemExit):
         co.parse_cases("1024x128")
+
+
+def test_leaderboard_bench_smoke(bench, lm, tmp_path):
+    lb = bench("leaderboard")
+    out = tmp_path / "lb.json"
+    lb.main(
+        [
+            "--samples",
+            "3",
+            "--length",
+            "128",
+            "--policies",
+            "streaming_llm,knorm",
+            "--ratios",
+            "0,0.5",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(out),
+        ],
+        lm=lm,
+    )
+    saved = json.loads(out.read_text())
+    assert [s["task"] for s in saved["samples"]] == ["niah_single", "niah_multikey", "passkey"]  # the tasks in turn
+    assert [s["depth"] for s in saved["samples"]] == [0.0, 0.5, 1.0]
+    assert saved["bench"]["cells"] == 2 * 2 * 2 and saved["bench"]["wall_s"] > 0
+    assert len(saved["records"]) == 3 * 8 and saved["table"]

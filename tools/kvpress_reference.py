@@ -1,14 +1,15 @@
 """Record NVIDIA kvpress's kept KV positions on the bundled model: tests/data/kvpress_kept.json.
 
 The reference side of the parity test (tests/eviction/test_kvpress_parity.py): with fp32 and exact
-attention, kvviz's StreamingLLM and SnapKV must keep exactly the positions kvpress's
-``StreamingLLMPress`` and ``SnapKVPress`` keep, per layer and KV head. kvpress 0.5.x pins
+attention, kvviz's StreamingLLM, SnapKV, KNorm, TOVA, ExpectedAttention, PyramidKV and AdaKV (around
+SnapKV) must keep exactly the positions kvpress's presses of those names keep, per layer and KV head.
+kvpress 0.5.x pins
 transformers < 5.3, so this script runs ONLY in a separate env and never imports kvviz; the token
 ids come from tests/data/kvpress_prompts.json (written in the kvviz env by
 ``.venv/bin/python -m tools.kvpress_prompts``). Create the env and run it (CPU torch from PyPI)::
 
     python3 -m venv /tmp/kvpress-env
-    /tmp/kvpress-env/bin/pip install "torch==2.13.0" "kvpress>=0.5,<0.6"
+    /tmp/kvpress-env/bin/pip install "torch==2.13.0" "kvpress==0.5.5"
     /tmp/kvpress-env/bin/python tools/kvpress_reference.py \
         [--model ~/.cache/kvviz/models/SmolLM2-135M-Instruct]
 
@@ -17,9 +18,11 @@ How the kept positions are read: a wrapper around the press's own ``compress`` m
 of the compressed keys with the row of the full keys it was gathered from, so the record is what
 kvpress really kept, not a re-implementation of its choice. A wrapper around ``score`` notes, per
 case, the smallest gap between the last kept and the first dropped score: a tiny gap would mean a
-rounding difference could flip the choice. SnapKV is run twice, with SDPA (kvpress recomputes the
-window attention from the queries) and with eager attention (kvpress reads the model's own
-attention weights), and the script fails if the two disagree.
+rounding difference could flip the choice. SnapKV, TOVA and PyramidKV are run twice, with SDPA
+(kvpress recomputes the window attention from the queries) and with eager attention (kvpress reads
+the model's own attention weights), and the script fails if the two disagree. PyramidKV keeps a
+different number of entries per layer (recorded per layer); AdaKV keeps every entry and masks the
+evicted ones per head (``module.masked_key_indices``), so its kept set is the complement of the mask.
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ from pathlib import Path
 import kvpress
 import torch
 import transformers
-from kvpress import SnapKVPress, StreamingLLMPress
+from kvpress import (
+    AdaKVPress,
+    ExpectedAttentionPress,
+    KnormPress,
+    PyramidKVPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
 from transformers import AutoModelForCausalLM, DynamicCache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +68,57 @@ CASES: list[tuple[str, str, dict]] = [
     ],
     ("chapter_300", "SnapKVPress", {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 7}),
     ("needle_chat", "SnapKVPress", {"compression_ratio": 0.5, "window_size": 32, "kernel_size": 3}),
+    # the presses added after the first two: three or more settings on each prompt
+    *[(p, "KnormPress", {"compression_ratio": r}) for p in ("needle_chat", "chapter_300") for r in (0.25, 0.5, 0.8)],
+    *[(p, "TOVAPress", {"compression_ratio": r}) for p in ("needle_chat", "chapter_300") for r in (0.25, 0.5, 0.8)],
+    *[
+        (p, "ExpectedAttentionPress", params)
+        for p in ("needle_chat", "chapter_300")
+        for params in (
+            {"compression_ratio": 0.5},
+            {"compression_ratio": 0.75},
+            {"compression_ratio": 0.5, "n_future_positions": 64, "n_sink": 8, "use_covariance": False},
+            {"compression_ratio": 0.6, "use_vnorm": False},
+        )
+    ],
+    # PyramidKV: its defaults (beta 20: max_num capped at L − window, the last layer at the window), a gentler
+    # pyramid (beta 2) and a 16-token window
+    *[
+        (p, "PyramidKVPress", params)
+        for p in ("needle_chat", "chapter_300")
+        for params in (
+            {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "beta": 20},
+            {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "beta": 2},
+            {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 3, "beta": 4},
+        )
+    ],
+    *[
+        (p, "AdaKVPress", params)
+        for p in ("needle_chat", "chapter_300")
+        for params in (
+            {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "alpha_safeguard": 0.2},
+            {"compression_ratio": 0.75, "window_size": 64, "kernel_size": 5, "alpha_safeguard": 0.2},
+            {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 7, "alpha_safeguard": 0.5},
+        )
+    ],
 ]
-PRESSES = {"StreamingLLMPress": StreamingLLMPress, "SnapKVPress": SnapKVPress}
+PRESSES = {
+    "StreamingLLMPress": StreamingLLMPress,
+    "SnapKVPress": SnapKVPress,
+    "KnormPress": KnormPress,
+    "TOVAPress": TOVAPress,
+    "ExpectedAttentionPress": ExpectedAttentionPress,
+    "PyramidKVPress": PyramidKVPress,
+}
+EAGER_CHECK = {"SnapKVPress", "TOVAPress", "PyramidKVPress"}  # presses that read attention weights when given
+
+
+def make_press(name: str, params: dict):
+    """The press for a case; AdaKV wraps a SnapKVPress built from the case's other parameters."""
+    if name == "AdaKVPress":
+        inner = {k: v for k, v in params.items() if k != "alpha_safeguard"}
+        return AdaKVPress(SnapKVPress(**inner), alpha_safeguard=params["alpha_safeguard"])
+    return PRESSES[name](**params)
 
 
 def to_ranges(positions: list[int]) -> list[list[int]]:
@@ -83,40 +143,79 @@ def recover_positions(full: torch.Tensor, kept: torch.Tensor) -> list[list[int]]
     return [sorted(int(i) for i in row) for row in same.float().argmax(-1)]  # [Hkv][n]
 
 
+def score_gap(scores: torch.Tensor, n: int) -> float | None:
+    """Smallest gap, over rows, between the n-th and (n+1)-th largest score ([..., k]); None if all are kept."""
+    if n >= scores.shape[-1]:
+        return None
+    top = scores.float().topk(n + 1, dim=-1).values
+    return float((top[..., n - 1] - top[..., n]).min())
+
+
+def adakv_kept(press, module, hidden_states, keys, values, attentions, kwargs) -> tuple[list[list[int]], float | None]:
+    """AdaKV's kept positions per KV head (the complement of what it masks) and its global score gap."""
+    masked = module.masked_key_indices
+    hkv, k_len = keys.shape[1], keys.shape[2]
+    keep = torch.ones(hkv, k_len, dtype=torch.bool)
+    if masked is not None:
+        keep[masked[1].cpu(), masked[2].cpu()] = False
+    scores = press.press.score(module, hidden_states, keys, values, attentions, kwargs)  # as AdaKV saw them
+    n_kept = kvpress.utils.compute_n_kept(k_len, press.compression_ratio)
+    n_safe = max(1, int(n_kept * press.alpha_safeguard)) if press.alpha_safeguard > 0 else 0
+    scores.scatter_(-1, torch.topk(scores, n_safe, dim=-1).indices, torch.finfo(scores.dtype).max)
+    flat = scores.reshape(-1).float().sort().values
+    n_pruned = hkv * (k_len - n_kept)
+    gap = float(flat[n_pruned] - flat[n_pruned - 1]) if 0 < n_pruned < flat.numel() else None
+    return [torch.nonzero(row).flatten().tolist() for row in keep], gap
+
+
 def run_case(model, ids: torch.Tensor, press_name: str, params: dict) -> dict:
     """Prefill ``ids`` under the press; kept positions per layer and KV head, and the score gap."""
-    press = PRESSES[press_name](**params)
+    press = make_press(press_name, params)
     kept: dict[int, list[list[int]]] = {}
     gaps: list[float] = []
-    n_kept: set[int] = set()
-    compress, score = press.compress, press.score
+    n_kept: dict[int, int] = {}
+    scorer = press.press if press_name == "AdaKVPress" else press
+    compress, score = press.compress, scorer.score
 
     def recording_score(module, hidden_states, keys, values, attentions, kwargs):
         scores = score(module, hidden_states, keys, values, attentions, kwargs)  # [1, Hkv, L]
-        n = kvpress.utils.compute_n_kept(keys.shape[2], press.compression_ratio)
-        if n < keys.shape[2]:
-            top = scores.float().topk(n + 1, dim=-1).values  # [1, Hkv, n+1]
-            gaps.append(float((top[..., n - 1] - top[..., n]).min()))
+        if press_name == "PyramidKVPress":
+            n = press.get_layer_budget(module, keys.shape[2])
+        else:
+            n = kvpress.utils.compute_n_kept(keys.shape[2], press.compression_ratio)
+        gap = score_gap(scores, n) if press_name != "AdaKVPress" else None
+        if gap is not None:
+            gaps.append(gap)
         return scores
 
     def recording_compress(module, hidden_states, keys, values, attentions, kwargs):
         new_keys, new_values = compress(module, hidden_states, keys, values, attentions, kwargs)
-        kept[module.layer_idx] = recover_positions(keys, new_keys)
-        n_kept.add(new_keys.shape[2])
+        if press_name == "AdaKVPress":
+            kept[module.layer_idx], gap = adakv_kept(press, module, hidden_states, keys, values, attentions, kwargs)
+            if gap is not None:
+                gaps.append(gap)
+            n_kept[module.layer_idx] = sum(len(h) for h in kept[module.layer_idx]) // keys.shape[1]
+        else:
+            kept[module.layer_idx] = recover_positions(keys, new_keys)
+            n_kept[module.layer_idx] = new_keys.shape[2]
         return new_keys, new_values
 
-    press.score, press.compress = recording_score, recording_compress  # instance attributes only
+    scorer.score, press.compress = recording_score, recording_compress  # instance attributes only
     cache = DynamicCache()
     with torch.inference_mode(), press(model):
         model(input_ids=ids, past_key_values=cache, use_cache=True)
     layers = model.config.num_hidden_layers
-    if sorted(kept) != list(range(layers)) or len(n_kept) != 1:
-        raise RuntimeError(f"press ran on layers {sorted(kept)} with kept lengths {n_kept}")
-    return {
-        "n_kept": n_kept.pop(),
+    per_layer = [n_kept[i] for i in sorted(n_kept)]
+    if sorted(kept) != list(range(layers)) or (press_name != "PyramidKVPress" and len(set(per_layer)) != 1):
+        raise RuntimeError(f"press ran on layers {sorted(kept)} with kept lengths {per_layer}")
+    out = {
+        "n_kept": per_layer[0] if len(set(per_layer)) == 1 else None,
         "min_score_gap": min(gaps) if gaps else None,
         "kept": [[to_ranges(head) for head in kept[i]] for i in range(layers)],
     }
+    if press_name == "PyramidKVPress":
+        out["n_kept_per_layer"] = per_layer
+    return out
 
 
 def load(folder: Path, attn: str):
@@ -134,10 +233,10 @@ def main() -> None:
     for prompt, press_name, params in CASES:
         ids = torch.tensor([prompts[prompt]["token_ids"]])
         result = run_case(sdpa, ids, press_name, params)
-        if press_name == "SnapKVPress":  # the attention-weights path must pick the same set
+        if press_name in EAGER_CHECK:  # the attention-weights path must pick the same set
             other = run_case(eager, ids, press_name, params)
             if other["kept"] != result["kept"]:
-                raise RuntimeError(f"kvpress SDPA and eager disagree on {prompt} {params}")
+                raise RuntimeError(f"kvpress SDPA and eager disagree on {prompt} {press_name} {params}")
         cases.append({"prompt": prompt, "press": press_name, "params": params, "n_tokens": ids.shape[1], **result})
         print(
             f"{prompt:12s} {press_name:18s} {params} n_kept={result['n_kept']} min_score_gap={result['min_score_gap']}"
@@ -148,7 +247,7 @@ def main() -> None:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "dtype": "float32",
-        "attn_implementation": "sdpa (SnapKV also checked with eager)",
+        "attn_implementation": f"sdpa ({', '.join(sorted(EAGER_CHECK))} also checked with eager)",
         "model": str(args.model.name),
         "prompts": prompts,
         "cases": cases,

@@ -33,6 +33,9 @@ from kvviz.adapters.transformers import (
 
 NAME = "kvviz_capture"
 RECORDER_KWARG = "kvviz_recorder"
+# a forward argument: ``override(module, query, key, value, mask, implementation, ...)`` computes this forward's
+# attention instead (an evicting cache whose heads hold different numbers of entries masks its padding slots)
+OVERRIDE_KWARG = "kvviz_attention_override"
 _cond = threading.Condition()
 _users: dict[int, dict] = {}  # id(model) -> {"count", "previous", "legacy", "hooks"}
 _exclusive: set[int] = set()  # models held without the wrapper (see ``unpatched``)
@@ -80,10 +83,15 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
     query: [B, Hq, q, Dk]; key: [B, Hkv, k, Dk]; value: [B, Hkv, k, Dv] (the layer's whole cache).
     """
     recorder = kwargs.pop(RECORDER_KWARG, None)
+    override = kwargs.pop(OVERRIDE_KWARG, None)
     impl = _wraps.get(attn_implementation(getattr(module, "config", None)))
     if impl is None:
         raise CaptureError(f"{type(module).__name__} has no config naming its attention implementation.")
     implementation = _implementation(module, impl)
+    if override is not None:
+        if recorder is not None:
+            raise CaptureError("An attention override and a recorder do not combine in one forward.")
+        return override(module, query, key, value, attention_mask, implementation, *args, **kwargs)
     attend = getattr(recorder, "attend", None)
     if attend is not None:  # a packed forward: each sequence's rows against its own cache (kvviz.capture.packed)
         return attend(module, implementation, query, _record, *args, **kwargs)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvviz.capture.attention_fn import attention_modules, recording
+from kvviz.capture.attention_fn import attention_modules, is_installed, recording
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.capture.trace import ModelInfo
 from kvviz.models import LoadedModel
@@ -149,8 +149,13 @@ def forward(
     x = torch.tensor([ids], device=lm.device)
     pos = torch.arange(start, start + len(ids), device=lm.device)[None]
     kw = {cache_kwarg(lm.model): cache}
+    own = cache.forward_kwargs() if hasattr(cache, "forward_kwargs") else {}  # e.g. a ragged cache's attention
+    if own and not is_installed(lm.model):
+        raise RuntimeError("This cache needs kvviz's attention wrapper installed (capture.recorder.installed).")
     with recording(lm.model, recorder) as extra:
-        out = lm.model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=logits_to_keep, **kw, **extra)
+        out = lm.model(
+            input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=logits_to_keep, **kw, **extra, **own
+        )
     if recorder is not None:
         recorder.end_forward()
     return out.logits[0].float()

@@ -48,7 +48,9 @@ def add_policy_flags(p: argparse.ArgumentParser) -> None:
         where = ", ".join(POLICIES[o].title.split(" (")[0] for o in owners)
         text = f"{where}: {spec['help']} (default {spec['default']})"
         if spec["type"] == "bool":
-            group.add_argument(flag(name), dest=f"param_{name}", action="store_true", default=None, help=text)
+            group.add_argument(
+                flag(name), dest=f"param_{name}", action=argparse.BooleanOptionalAction, default=None, help=text
+            )
         else:
             kind = {"int": int, "float": float}.get(spec["type"], str)
             group.add_argument(

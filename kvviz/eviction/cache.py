@@ -8,12 +8,20 @@ the evicted slot for the next token instead (one spare slot, no copy of the whol
 (``get_seq_length`` = entries held), while RoPE uses the position ids the caller feeds: absolute
 positions by default (kept keys keep their original rotation), or cache slots when a
 :class:`KeyRerotator` re-rotates the kept keys to their new slots (StreamingLLM's re-positioning).
+
+Ragged selections (PyramidKV's per-layer budgets, AdaKV's per-head ones) are stored per layer padded
+to the layer's fullest head: a padding slot holds position ``PAD`` and is masked out of attention
+(``valid`` per head and slot; the capture wrapper applies :meth:`EvictingCache.attention_override`),
+so every layer's tensors shrink to its own budget and :meth:`EvictingCache.held_bytes` counts what a
+store holding ragged heads would keep.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from kvviz.eviction.policies.base import PAD
 
 
 class KeyRerotator:
@@ -63,6 +71,7 @@ class EvictingLayer(DynamicLayer):
         self._vbuf: torch.Tensor | None = None
         self._pbuf: torch.Tensor | None = None
         self._heads: torch.Tensor | None = None
+        self.valid: torch.Tensor | None = None  # [Hkv, n] False on padding slots of a ragged selection; None: all held
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -86,10 +95,18 @@ class EvictingLayer(DynamicLayer):
             return kbuf, vbuf
         self._kbuf = self._vbuf = self._pbuf = None
         self.kv_positions = torch.cat([self.kv_positions, new], dim=-1)
+        if self.valid is not None:
+            self.valid = torch.cat([self.valid, self.valid.new_ones(hkv, q)], dim=-1)
         return super().update(key_states, value_states, *args, **kwargs)
 
-    def keep_slots(self, slots: torch.Tensor, rerotator: KeyRerotator | None = None) -> None:
-        """Keep the entries at ``slots`` [Hkv, k] in that order; the rest is freed (new, smaller tensors)."""
+    def keep_slots(
+        self, slots: torch.Tensor, rerotator: KeyRerotator | None = None, valid: torch.Tensor | None = None
+    ) -> None:
+        """Keep the entries at ``slots`` [Hkv, k] in that order; the rest is freed (new, smaller tensors).
+
+        ``valid`` [Hkv, k]: False marks padding slots (a head keeping fewer entries than the layer's
+        fullest): their position becomes PAD and attention never reads them.
+        """
         keys, values = self.stored()
         hkv, k = slots.shape
         d, n = keys.shape[-1], keys.shape[2]
@@ -97,11 +114,22 @@ class EvictingLayer(DynamicLayer):
         keys = keys.reshape(hkv * n, d).index_select(0, flat).view(1, hkv, k, d)  # [1, Hkv, k, D]
         self.values = values.reshape(hkv * n, d).index_select(0, flat).view(1, hkv, k, d)
         self.kv_positions = self.kv_positions.gather(1, slots.to(self.kv_positions.device))
+        self.valid = None if valid is None or bool(valid.all()) else valid.to(self.kv_positions.device)
+        if self.valid is not None:
+            if rerotator is not None:
+                raise ValueError("Re-positioning keys and ragged selections do not combine.")
+            self.kv_positions = self.kv_positions.masked_fill(~self.valid, PAD)
         if rerotator is not None:  # keys were rotated at their old slot; move them to slot 0..k-1
             delta = torch.arange(k, device=slots.device).expand(hkv, k) - slots
             keys = rerotator.rotate(keys, delta)
         self.keys = keys
         self._kbuf = self._vbuf = self._pbuf = None
+
+    def held(self) -> int:
+        """Entries held over all heads (padding slots excluded)."""
+        if not self.is_initialized:
+            return 0
+        return int(self.valid.sum()) if self.valid is not None else self.kv_positions.numel()
 
     def refill_evicted(self, evicted: torch.Tensor) -> None:
         """Drop one entry per head, ``evicted`` [Hkv] slots, by moving the last slot's entry into it.
@@ -109,6 +137,8 @@ class EvictingLayer(DynamicLayer):
         The tensors keep their size (one spare slot for the next token); ``keys``/``values`` become
         views of the first n − 1 slots.
         """
+        if self.valid is not None:
+            raise ValueError("A ragged cache layer does not evict while decoding.")
         kbuf, vbuf = self.stored()
         pbuf = self.kv_positions
         hkv, n = pbuf.shape
@@ -131,7 +161,7 @@ class EvictingLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
-        self.kv_positions, self.seen = _NO_POSITIONS, 0
+        self.kv_positions, self.seen, self.valid = _NO_POSITIONS, 0, None
         self._kbuf = self._vbuf = self._pbuf = None
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -160,14 +190,31 @@ class EvictingCache(Cache):
         self.rerotator = rerotator
         self.reuse_slots = reuse_slots  # False: always gather into new tensors (the reference path)
 
+    def load(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> EvictingCache:
+        """Start from a prefill computed elsewhere: per layer keys/values [Hkv, n, D] at positions 0 … n − 1."""
+        for layer, k, v in zip(self.evicting_layers, keys, values, strict=True):
+            layer.lazy_initialization(k[None], v[None])
+            layer.keys, layer.values = k[None], v[None]
+            layer.kv_positions = torch.arange(k.shape[1], device=k.device).expand(k.shape[0], -1)
+            layer.seen = k.shape[1]
+        return self
+
     @property
     def repositions(self) -> bool:
         """True when RoPE positions are cache slots (feed position ids = ``get_seq_length()``)."""
         return self.rerotator is not None
 
+    @property
+    def ragged(self) -> bool:
+        """True when heads or layers hold different numbers of entries (padding slots are masked)."""
+        lengths = {layer.kv_positions.shape[-1] for layer in self.evicting_layers if layer.is_initialized}
+        return len(lengths) > 1 or any(layer.valid is not None for layer in self.evicting_layers)
+
     def positions(self) -> torch.Tensor:
-        """Absolute positions held, in slot order: [Lyr, Hkv, n] (every layer holds as many entries)."""
-        return torch.stack([layer.kv_positions for layer in self.evicting_layers])
+        """Absolute positions held, in slot order: [Lyr, Hkv, n]; a ragged cache pads with PAD to its longest layer."""
+        held = [layer.kv_positions for layer in self.evicting_layers]
+        n = max(p.shape[-1] for p in held)
+        return torch.stack([torch.nn.functional.pad(p, (0, n - p.shape[-1]), value=PAD) for p in held])
 
     def keep(
         self, positions: torch.Tensor, held: torch.Tensor | None = None, order: torch.Tensor | None = None
@@ -179,6 +226,9 @@ class EvictingCache(Cache):
         ``held``/``order``: ``positions()`` and its argsort, if the caller has them already.
         """
         held = self.positions() if held is None else held
+        if bool((positions == PAD).any()) or self.ragged:
+            self._keep_ragged(positions)
+            return
         if positions.shape[:2] != held.shape[:2]:
             raise ValueError(f"Selection shape {tuple(positions.shape)} does not match the cache {tuple(held.shape)}.")
         positions = positions.to(held.device)
@@ -208,6 +258,62 @@ class EvictingCache(Cache):
         slots = order.gather(-1, idx)
         for layer, s in zip(self.evicting_layers, slots):
             layer.keep_slots(s, self.rerotator)
+
+    def _keep_ragged(self, positions: torch.Tensor) -> None:
+        """A selection with PAD entries (or a cache already ragged): each layer gathers its heads' kept
+        entries into tensors as long as its fullest head, padding slots masked."""
+        if positions.shape[:2] != (len(self.evicting_layers), self.evicting_layers[0].kv_positions.shape[0]):
+            raise ValueError(f"Selection shape {tuple(positions.shape)} does not match the cache's layers and heads.")
+        for layer, want in zip(self.evicting_layers, positions.to(self.evicting_layers[0].kv_positions.device)):
+            valid = want != PAD  # [Hkv, k]
+            k = int(valid.sum(-1).max())
+            want, valid = want[:, :k], valid[:, :k]
+            held = layer.kv_positions
+            order = held.masked_fill(held == PAD, torch.iinfo(held.dtype).max).argsort(dim=-1)
+            ordered = held.gather(-1, order)
+            idx = torch.searchsorted(ordered, want.clamp(min=0)).clamp(max=held.shape[-1] - 1)
+            found = ordered.gather(-1, idx) == want
+            if not bool(found[valid].all()):
+                raise ValueError(
+                    "The selection keeps positions the cache no longer holds (evicted entries never come back)."
+                )
+            layer.keep_slots(torch.where(valid, order.gather(-1, idx), 0), self.rerotator, valid)
+
+    def held_bytes(self) -> int:
+        """Bytes of the entries held, padding slots excluded: what a store holding ragged heads keeps."""
+        total = 0
+        for layer in self.evicting_layers:
+            if layer.keys is not None and layer.values is not None and layer.keys.numel():
+                per_entry = (
+                    layer.keys.shape[-1] * layer.keys.element_size()
+                    + layer.values.shape[-1] * layer.values.element_size()
+                )
+                total += layer.held() * per_entry
+        return int(total)
+
+    def attention_mask(self, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
+        """Additive mask [1, Hq, q, n] for a ragged cache: padding slots masked, the q newest entries causal."""
+        layer = self.evicting_layers[layer_idx]
+        hkv, n = layer.kv_positions.shape
+        q = query.shape[2]
+        valid = layer.valid if layer.valid is not None else torch.ones(hkv, n, dtype=torch.bool, device=query.device)
+        allowed = valid.to(query.device)[:, None, :].expand(hkv, q, n)  # [Hkv, q, n]
+        if q > 1:
+            slot, row = torch.arange(n, device=query.device), torch.arange(q, device=query.device)
+            allowed = allowed & (slot[None, :] <= n - q + row[:, None])
+        allowed = allowed.repeat_interleave(query.shape[1] // hkv, dim=0)[None]  # [1, Hq, q, n]
+        mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+        return mask.masked_fill(~allowed, torch.finfo(query.dtype).min)
+
+    def attention_override(self, module, query, key, value, attention_mask, implementation, *args, **kwargs):
+        """The model's own attention with :meth:`attention_mask` in place of the model's mask (ragged caches)."""
+        return implementation(module, query, key, value, self.attention_mask(module.layer_idx, query), *args, **kwargs)
+
+    def forward_kwargs(self) -> dict:
+        """Extra forward arguments this cache needs: the attention override once it is ragged."""
+        from kvviz.capture.attention_fn import OVERRIDE_KWARG
+
+        return {OVERRIDE_KWARG: self.attention_override} if self.ragged else {}
 
     def nbytes(self) -> int:
         """Bytes of the stored key and value tensors (measured, not a formula)."""

@@ -27,8 +27,11 @@ from kvviz.capture.loop import forward, model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig, installed
 from kvviz.capture.tokens import token_texts
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
-from kvviz.eviction.policies import KEPT, FullCache, Policy, PolicyState, n_kept_for
+from kvviz.eviction.compose import quantize_kept, served_bytes
+from kvviz.eviction.policies import EVICTED, KEPT, FullCache, Policy, PolicyState, Selection, n_kept_for
+from kvviz.eviction.query_stats import QueryStats, collecting
 from kvviz.models import LoadedModel
+from kvviz.quant.schemes import Scheme
 
 
 class Evictor:
@@ -42,11 +45,19 @@ class Evictor:
         n_prompt: int,
         record_history: bool = True,
         feeds_slot_positions: bool = False,
+        ratio: float | None = None,
     ):
         """``feeds_slot_positions``: the caller feeds position ids = cache slots when the policy re-positions
-        keys (``run_policy`` does; ``capture_iter`` feeds absolute positions, so it cannot re-position)."""
+        keys (``run_policy`` does; ``capture_iter`` feeds absolute positions, so it cannot re-position).
+        ``ratio``: the compression ratio asked for, when the budget was given as one (PyramidKV's formula uses it)."""
         info = model_info(lm)
         self.feeds_slot_positions = feeds_slot_positions
+        self.ratio = ratio
+        self.query_stats: QueryStats | None = (
+            None  # set by the caller after the prefill for policies with a query_stats_skip
+        )
+        self.held_bytes0: int | None = None  # bytes of the entries held right after step 0 (padding excluded)
+        self._role_map: torch.Tensor | None = None  # [Lyr, Hkv, n_prompt] role per prompt position (ragged caches)
         self.policy, self.n_kept, self.n_prompt = policy, int(n_kept), int(n_prompt)
         self.kv_heads = info.kv_heads
         self.record_history = record_history
@@ -77,33 +88,31 @@ class Evictor:
         """Compress if the policy wants to now; then record what is held (in cache-slot order)."""
         track = self.record_history or step == 0  # roles are bookkeeping for the views only
         n = cache.get_seq_length()
-        if track:
+        if track and not cache.ragged:
             new = n - (0 if self._roles is None else self._roles.shape[-1])
             roles = torch.full((len(cache.layers), self.kv_heads, new), KEPT, dtype=torch.int8)
             self._roles = roles if self._roles is None else torch.cat([self._roles, roles], dim=-1)
         if self.policy.compresses(n, self.n_kept, step):
             held = cache.positions()  # [Lyr, Hkv, n] in slot order; new entries sit in the last slots
             ordered, order = held.sort(dim=-1)
-            state = PolicyState(
-                positions=ordered,
-                n_kept=self.n_kept,
-                n_prompt=self.n_prompt,
-                step=step,
-                kv_heads=self.kv_heads,
-                colsum=recorder.colsum if recorder is not None and self.policy.needs_colsum else None,
-                window_rows=recorder.window_rows if recorder is not None and step == 0 else None,
-            )
-            sel = self.policy.select(state)
+            sel = self.policy.select(self.state(cache, recorder, step, ordered, order))
             cache.keep(sel.keep, held=held, order=order)
-            if track:
+            if track and cache.ragged:
+                self._role_map = role_map(sel, self.n_prompt)
+            elif track:
                 now = cache.positions()
                 self._roles = sel.roles.to(torch.int8).gather(-1, torch.searchsorted(sel.keep, now).cpu())
             if step == 0 and sel.scores is not None:
                 self.prefill_scores = sel.scores.float().cpu().numpy()
+        if track and cache.ragged:
+            if self._role_map is None:
+                raise RuntimeError("The cache became ragged without a decision of this run.")
+            self._roles = ragged_roles(cache.positions(), self._role_map, self.n_prompt)
         if step == 0:
             self.prefill_positions = np.arange(n, dtype=np.int32)
             self.kept = cache.positions().cpu().numpy().astype(np.int32)
             self.kept_roles = self._tracked_roles().numpy().copy()
+            self.held_bytes0 = cache.held_bytes()
         if self.record_history:
             self.history.append(cache.positions().cpu().numpy().astype(np.int32))
             self.history_roles.append(self._tracked_roles().numpy().copy())
@@ -113,6 +122,58 @@ class Evictor:
         if self._roles is None:
             raise RuntimeError("No roles are tracked before the first step.")
         return self._roles
+
+    def state(
+        self, cache: EvictingCache, recorder: Recorder | None, step: int, ordered: torch.Tensor, order: torch.Tensor
+    ) -> PolicyState:
+        """What the policy sees: held positions ascending, and the summaries and tensors it asked for."""
+        keys = values = None
+        if self.policy.needs_kv:
+            keys, values = held_kv(cache, order)
+        return PolicyState(
+            positions=ordered,
+            n_kept=self.n_kept,
+            n_prompt=self.n_prompt,
+            step=step,
+            kv_heads=self.kv_heads,
+            colsum=recorder.colsum if recorder is not None and self.policy.needs_colsum else None,
+            window_rows=recorder.window_rows if recorder is not None and step == 0 else None,
+            keys=keys,
+            values=values,
+            query_stats=self.query_stats if step == 0 else None,
+            ratio=self.ratio,
+        )
+
+
+def held_kv(cache: EvictingCache, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache's keys and values [Lyr, Hkv, n, D] in ascending position order (``order`` [Lyr, Hkv, n])."""
+    stored = [layer.stored() for layer in cache.evicting_layers]
+    keys = torch.stack([k[0] for k, _ in stored])  # [Lyr, Hkv, n, D]
+    values = torch.stack([v[0] for _, v in stored])
+    idx = order.to(keys.device)[..., None]
+    return keys.gather(2, idx.expand(*order.shape, keys.shape[-1])), values.gather(
+        2, idx.expand(*order.shape, values.shape[-1])
+    )
+
+
+def role_map(sel: Selection, n_prompt: int) -> torch.Tensor:
+    """Role of every prompt position per layer and KV head [Lyr, Hkv, n_prompt] (EVICTED where not kept)."""
+    keep = sel.keep.cpu()
+    out = torch.full((*keep.shape[:2], n_prompt), EVICTED, dtype=torch.int8)
+    valid = (keep >= 0) & (keep < n_prompt)
+    out.scatter_(
+        -1,
+        keep.clamp(0, n_prompt - 1),
+        torch.where(valid, sel.roles.cpu().to(torch.int8), out.gather(-1, keep.clamp(0, n_prompt - 1))),
+    )
+    return out
+
+
+def ragged_roles(positions: torch.Tensor, roles: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """Role codes aligned with a ragged cache's ``positions()``: prompt entries from the decision, later ones KEPT."""
+    pos = positions.cpu()
+    from_map = roles.gather(-1, pos.clamp(0, n_prompt - 1))
+    return torch.where(pos < 0, EVICTED, torch.where(pos < n_prompt, from_map, KEPT)).to(torch.int8)
 
 
 @dataclass
@@ -138,6 +199,10 @@ class PolicyRun:
     stop_reason: str
     timings: dict = field(default_factory=dict)
     logprobs: np.ndarray | None = None  # [N, V] next-token log-probabilities, one row per prediction
+    held_bytes: int | None = (
+        None  # after the prefill: bytes of the entries held (padding slots of ragged heads excluded)
+    )
+    served_bytes: int | None = None  # after the prefill: the held entries as served (16-bit, or packed when quantized)
 
     @property
     def n_prompt(self) -> int:
@@ -153,8 +218,12 @@ class PolicyRun:
         return self.kv_bytes_per_token * (self.n_prompt + max(len(self.generated_ids) - 1, 0))
 
     def kept_lists(self) -> list[list[list[int]]]:
-        """The prefill kept set as JSON: per layer, per KV head, sorted positions."""
-        return [[sorted(int(p) for p in head) for head in layer] for layer in self.kept]
+        """The prefill kept set as JSON: per layer, per KV head, sorted positions (padding slots left out)."""
+        return [[sorted(int(p) for p in head if p >= 0) for head in layer] for layer in self.kept]
+
+    def kept_counts(self) -> np.ndarray:
+        """Entries each layer and KV head keeps after the prefill: [Lyr, Hkv]."""
+        return (self.kept >= 0).sum(-1)
 
     def summary(self) -> dict:
         """The CLI's and the API's JSON answer."""
@@ -171,6 +240,7 @@ class PolicyRun:
             "stop_reason": self.stop_reason,
             "cache_bytes": self.cache_bytes,
             "full_cache_bytes": self.full_cache_bytes,
+            "held_bytes_after_prefill": self.held_bytes,
             "timings": self.timings,
         }
 
@@ -222,12 +292,14 @@ def run_policy(
     keep_logprobs: bool = False,
     record_history: bool = True,
     should_stop: Callable[[], bool] | None = None,
+    quant: Scheme | None = None,
 ) -> PolicyRun:
     """Greedy generation under ``policy``; see the module docstring.
 
     ``n_compress``: prefill and compress only the first ``n_compress`` prompt tokens (budget computed
     on them), then feed the rest one by one like decode steps. ``forced``: feed these tokens instead of
     the greedy choice (teacher forcing); ``keep_logprobs`` keeps every next-token distribution.
+    ``quant``: store what the policy keeps under this quantization scheme (:mod:`kvviz.eviction.compose`).
     """
     ids = [int(i) for i in prompt_ids]
     info = model_info(lm)
@@ -247,7 +319,7 @@ def run_policy(
             f"of {info.context_length} tokens."
         )
     n_kept = resolve_budget(policy, n_c, budget, ratio)
-    ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True)
+    ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True, ratio=ratio)
     needs_rec = policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c)
     t_max = len(ids) + max_new_tokens
     rec: Recorder | None = None
@@ -269,7 +341,7 @@ def run_policy(
     def feed(token: int, t: int, step: int) -> torch.Tensor:
         r = rec if policy.needs_colsum else None
         if r is not None:
-            r.phase, r.t_total = "decode", t + 1
+            r.begin_forward("decode", t + 1)
         start = cache.get_seq_length() if cache.repositions else t
         logits = forward(lm, [token], start, cache, r)[-1]
         ev.after_step(cache, r, step)
@@ -277,11 +349,19 @@ def run_policy(
         return logits
 
     t0 = time.perf_counter()
-    with torch.inference_mode(), installed(lm.model) if rec is not None else nullcontext():
+    skip = policy.query_stats_skip if n_kept < n_c else None
+    wrapped = rec is not None or (policy.ragged and n_kept < n_c)  # ragged caches mask through the wrapper
+    with torch.inference_mode(), installed(lm.model) if wrapped else nullcontext():
         if rec is not None:
-            rec.phase, rec.t_total = "prefill", n_c
-        logits = forward(lm, ids[:n_c], 0, cache, rec)[-1]
+            rec.begin_forward("prefill", n_c)
+        with collecting(lm.model, skip, [n_c]) if skip is not None else nullcontext() as stats:
+            logits = forward(lm, ids[:n_c], 0, cache, rec)[-1]
+        if stats is not None:
+            ev.query_stats = stats(n_c)
         ev.after_step(cache, rec, 0)
+        if quant is not None:
+            quantize_kept(cache, quant)
+        served = served_bytes(cache, quant)
         step_bytes.append(cache.nbytes())
         t, step = n_c, 0
         for token in ids[n_c:]:
@@ -343,4 +423,6 @@ def run_policy(
         stop_reason=stop_reason,
         timings=timings,
         logprobs=torch.stack(logprobs).numpy() if logprobs else None,
+        held_bytes=ev.held_bytes0,
+        served_bytes=served,
     )

@@ -12,6 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvviz.eviction.compare import Comparison
+from kvviz.eviction.compose import Composition
 from kvviz.eviction.demos import SinksResult
 from kvviz.eviction.policies import EVICTED, HEAVY, KEPT, ROLE_NAMES, SINK, WINDOW
 from kvviz.eviction.run import PolicyRun
@@ -41,6 +42,13 @@ CAPTIONS = {
     "from the cache tensors at the end of the policy's own answer.",
     "bytes": "Cache size at the end of each answer (MiB), measured from the stored key and value tensors.",
     "kl": "KL(full ‖ policy) of the next-token distribution at each answer step (nats; 0 = identical).",
+    "budgets": "Entries each layer (rows) and KV head (columns) keeps after the prefill: one colour for uniform "
+    "budgets, a pyramid for PyramidKV, a patchwork for AdaKV's per-head budgets.",
+    "budget_bytes": "The same kept set in three stores: kvpress masks evicted entries (nothing freed), kvviz pads "
+    "each layer to its fullest head, a store of ragged heads holds only the kept entries.",
+    "compose": "The chapter's fixes measured together on this prompt: the policy alone, the quantization alone "
+    "(the whole cache), and the policy's kept entries quantized; agreement and KL are teacher-forced "
+    "along the full cache's answer, bytes are what a 16-bit or packed store serves.",
     "sinks": "Perplexity of the chapter token by token (rolling mean over 64 tokens, log scale): once the text "
     "outgrows the small cache, dropping the first tokens (no sinks) makes the model much worse.",
 }
@@ -72,7 +80,8 @@ def role_row(run: PolicyRun, layer: int, head: int, step: int, width: int | None
     row = np.full(width, NOT_SEEN, dtype=np.int8)
     row[: min(n_seen(run, step), width)] = EVICTED
     pos, roles = run.history[step][layer, head], run.history_roles[step][layer, head]
-    row[pos[pos < width]] = roles[pos < width]
+    here = (pos >= 0) & (pos < width)  # padding slots of a ragged cache hold no position
+    row[pos[here]] = roles[here]
     return row
 
 
@@ -96,7 +105,8 @@ def kept_map(run: PolicyRun, step: int = 0) -> go.Figure:
     held = run.history[step]
     for li in range(lyr):
         for h in range(hkv):
-            counts[li, held[li, h][held[li, h] < width]] += 1
+            pos = held[li, h]
+            counts[li, pos[(pos >= 0) & (pos < width)]] += 1
     f = _bins(width)
     nb = -(-width // f)
     z = np.pad(counts, ((0, 0), (0, nb * f - width)), constant_values=np.nan).reshape(lyr, nb, f)
@@ -207,7 +217,8 @@ def scores_figure(run: PolicyRun, layer: int, head: int, score_label: str = "sco
     scores = run.prefill_scores[layer, head]
     pos = run.history[0][layer, head] if run.history else run.kept[layer, head]
     row = np.full(len(scores), EVICTED, dtype=np.int8)
-    row[pos[pos < len(scores)]] = run.kept_roles[layer, head][pos < len(scores)]
+    here = (pos >= 0) & (pos < len(scores))
+    row[pos[here]] = run.kept_roles[layer, head][here]
     colors = [ROLE_COLORS[_role_name(int(c))] for c in row]
     text = [f"{i}: {run.tokens[i]!r} — {_role_name(int(row[i]))}" for i in range(len(scores))]
     fig.add_trace(
@@ -236,6 +247,8 @@ def slot_table(run: PolicyRun, layer: int, head: int, step: int = 0) -> pd.DataF
     pos = run.history[step][layer, head]
     roles = run.history_roles[step][layer, head]
     slots = np.arange(len(pos))
+    held = pos >= 0  # a ragged cache's padding slots are not entries
+    pos, roles, slots = pos[held], roles[held], slots[held]
     rope = slots if run.position_mode != "original" else pos
     return pd.DataFrame(
         {
@@ -334,3 +347,62 @@ def sinks_figure(res: SinksResult, smooth: int = 64) -> go.Figure:
     )
     fig.update_yaxes(type="log")
     return fig
+
+
+def composition_table(comp: Composition) -> pd.DataFrame:
+    """The four caches with human units."""
+    return pd.DataFrame(
+        [
+            {
+                "cache": r.name,
+                "answer": r.answer,
+                "top-1 agreement": f"{100 * r.top1_agreement:.0f} %",
+                "mean KL (nats)": round(r.mean_kl, 4),
+                "bytes as served": format_bytes(r.served_bytes),
+                "of the full cache": f"{100 * r.served_bytes / comp.full_bytes:.1f} %",
+            }
+            for r in comp.rows
+        ]
+    )
+
+
+def budget_map(run: PolicyRun) -> go.Figure:
+    """Heatmap layers × KV heads: entries each keeps after the prefill (PyramidKV's and AdaKV's budgets differ)."""
+    counts = run.kept_counts()  # [Lyr, Hkv]
+    lyr, hkv = counts.shape
+    fig = go.Figure(
+        go.Heatmap(
+            z=counts,
+            x=[f"KV head {h}" for h in range(hkv)],
+            y=list(range(lyr)),
+            colorscale="Viridis",
+            colorbar=dict(title="entries"),
+            hovertemplate="layer %{y}, %{x}<br>%{z} entries kept<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Entries kept per layer and KV head (mean {counts.mean():.1f}, budget {run.n_kept})",
+        xaxis_title="KV head",
+        yaxis_title="layer",
+        height=420,
+        margin=dict(l=50, r=20, t=50, b=40),
+    )
+    return fig
+
+
+def budget_bytes(run: PolicyRun) -> pd.DataFrame:
+    """What the kept set costs in three stores: kvpress's masking, kvviz's padded layers, a ragged store."""
+    full = run.kv_bytes_per_token * run.n_compressed
+    stored, held = run.step_bytes[0], run.held_bytes if run.held_bytes is not None else run.step_bytes[0]
+    rows = [
+        ("kvpress (masks evicted entries: frees nothing)", full),
+        ("kvviz's evicting cache (each layer as long as its fullest head)", stored),
+        ("a store holding ragged heads (AdaKV's flattened cache)", held),
+    ]
+    return pd.DataFrame(
+        {
+            "store": [r[0] for r in rows],
+            "bytes": [format_bytes(r[1]) for r in rows],
+            "freed": [f"{100 * (1 - r[1] / full):.1f} %" if full else "—" for r in rows],
+        }
+    )

@@ -11,6 +11,7 @@ from kvviz.ui import (
     tab_blocks,
     tab_eviction,
     tab_generate,
+    tab_leaderboard,
     tab_learn,
     tab_memory,
     tab_nocache,
@@ -27,7 +28,10 @@ TABS = [
     ("Quantization", tab_quant),
     ("Cache vs no cache", tab_nocache),
     ("Learn", tab_learn),
-    ("Blocks", tab_blocks),  # after Learn: with large presentation fonts the last tab may go to the overflow menu
+    # after Learn (and after Eviction, whose inputs it fills): with large presentation fonts the last tabs may go
+    # to the overflow menu
+    ("Leaderboard", tab_leaderboard),
+    ("Blocks", tab_blocks),
 ]
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")

@@ -1,4 +1,4 @@
-"""Eviction tab: what StreamingLLM, H2O and SnapKV keep per layer and KV head, and what that does to the answer.
+"""Eviction tab: what each registered policy keeps per layer and KV head, and what that does to the answer.
 
 Handlers check raw widget values (``gr.Error`` says what to fix), call :mod:`kvviz.eviction.run`,
 :mod:`kvviz.eviction.compare` and :mod:`kvviz.eviction.demos`, and draw with
@@ -25,6 +25,7 @@ from kvviz.eviction.run import EvictionRequest, resolve_budget
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as fig
 from kvviz.safety import clean_prompt, real_number, whole_number
+from kvviz.ui import eviction_compose
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
@@ -148,6 +149,15 @@ def status_text(run, policy) -> str:
     )
 
 
+def policy_text(name: str) -> str:
+    """The chosen policy's paper, idea and score, shown beside its parameters."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        return ""
+    score = f"**Score:** {cls.score_label}." if cls.score_label else "**Score:** none — position alone decides."
+    return f"**{cls.title}** — *{cls.paper}*. {cls.summary} {score}"
+
+
 def views(run, layer, head, step, score_label=""):
     """Strip, kept map, timeline, scores and slot table for the chosen layer, KV head and step."""
     if run is None:
@@ -211,6 +221,7 @@ def build(ctx: AppContext) -> None:
                 label=f"Max new tokens (1 to {min(128, ctx.settings.max_new_tokens)})",
                 elem_id="evict-max-new",
             )
+            about = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
             param_boxes, groups = {}, {}
             for name, cls in POLICIES.items():
                 specs = field_specs(cls)
@@ -263,6 +274,11 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
     score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
     gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
+    with gr.Row():
+        budget_plot = captioned_plot("Budget per layer and KV head", "evict-budgets", fig.CAPTIONS["budgets"])
+        with gr.Column():
+            budget_table = gr.Dataframe(label="What the kept set costs", elem_id="evict-budget-bytes")
+            gr.Markdown(fig.CAPTIONS["budget_bytes"], elem_classes="caption")
     slots = gr.Dataframe(
         waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"),
         label="The chosen KV head's cache: slot, original position, RoPE position",
@@ -295,6 +311,8 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
         kl_plot = captioned_plot("KL per step", "evict-kl", fig.CAPTIONS["kl"])
+
+    composition = eviction_compose.layout()
 
     gr.Markdown("### Demos")
     with gr.Row():
@@ -352,9 +370,11 @@ def build(ctx: AppContext) -> None:
             result.text,
             gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
             *views(result, info.layers - 1, 0, 0, req.policy.score_label),
+            fig.budget_map(result),
+            fig.budget_bytes(result),
         )
 
-    run_outputs = [run_state, status, answer, step, *view_outputs]
+    run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
     checked = run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None)
     clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
     clear_on_refusal(
@@ -369,9 +389,9 @@ def build(ctx: AppContext) -> None:
     for control in (layer, head, step):
         control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
     policy.change(
-        lambda n: [gr.Group(visible=n == name) for name in groups],
+        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)],
         policy,
-        list(groups.values()),
+        [*groups.values(), about],
         api_name=False,
         queue=False,
     )
@@ -439,6 +459,8 @@ def build(ctx: AppContext) -> None:
         ),
         [verdict, table, bytes_plot, kl_plot],
     )
+
+    eviction_compose.wire(ctx, composition, main_inputs, gather)
 
     def run_needle(comp, request: gr.Request, progress=gr.Progress()):
         with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):

@@ -58,6 +58,7 @@ def test_model_handlers_wait_at_the_gate_not_in_a_gradio_group(inprocess_app):
         "api_generate",
         "evict",
         "run_compare",
+        "run_compose",
         "run_needle",
         "run_sinks",
         "run_table",
@@ -65,6 +66,7 @@ def test_model_handlers_wait_at_the_gate_not_in_a_gradio_group(inprocess_app):
         "run_analyze",
         "run_generate",
         "run_example",
+        "run_own",
     }
     fns = {f.name: f for f in demo.fns.values() if f.name in model_handlers}
     assert set(fns) == model_handlers

@@ -23,7 +23,7 @@ def ids(lm):
 
 
 def _params(name: str) -> dict:
-    return {"window_size": 8} if name == "snapkv" else {}
+    return {"window_size": 8} if name in ("snapkv", "pyramidkv", "adakv") else {}
 
 
 @pytest.mark.slow
@@ -35,7 +35,13 @@ def test_cache_holds_n_kept_plus_generated_and_bytes_follow(lm, ids, name):
     run = run_policy(lm, ids, policy, budget=n_kept, max_new_tokens=N_NEW)
     per_token = run.kv_bytes_per_token
     assert len(run.history) == len(run.generated_ids)  # prefill + one step per fed token
+    per_entry = per_token // 90  # one layer and KV head
     for step, held in enumerate(run.history):
+        if policy.ragged:  # per-layer (PyramidKV) or per-head (AdaKV) budgets, each layer padded to its fullest head
+            counts = (held >= 0).sum(-1)  # [Lyr, Hkv]
+            assert (counts == run.kept_counts() + step).all(), f"step {step}: one new entry per head"
+            assert run.step_bytes[step] == int(counts.max(-1).sum()) * 3 * per_entry
+            continue
         if name == "full":
             expected = len(ids) + step
         elif policy.evicts_while_decoding:
@@ -48,6 +54,12 @@ def test_cache_holds_n_kept_plus_generated_and_bytes_follow(lm, ids, name):
         assert run.cache_bytes == run.full_cache_bytes
     else:
         assert run.cache_bytes < run.full_cache_bytes
+    counts = run.kept_counts()
+    if name == "adakv":  # the layer's budget shared out among its heads
+        assert (counts.sum(-1) == 3 * n_kept).all() and run.held_bytes == 90 * n_kept * per_entry
+    if name == "pyramidkv":  # one budget per layer, shrinking with depth, the same total
+        assert (counts == counts[:, :1]).all() and counts[0, 0] >= counts[-1, 0]
+        assert abs(counts.mean() - n_kept) <= 1
 
 
 @pytest.mark.slow

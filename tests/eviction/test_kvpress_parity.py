@@ -1,16 +1,18 @@
-"""kvviz's StreamingLLM and SnapKV keep exactly what NVIDIA kvpress 0.5.x keeps, per layer and KV head.
+"""kvviz's policies keep exactly what NVIDIA kvpress 0.5.5 keeps, per layer and KV head.
 
-The reference, tests/data/kvpress_kept.json, was recorded by kvpress's own ``StreamingLLMPress`` and
-``SnapKVPress`` on the bundled SmolLM2 (fp32, exact attention) in a separate env — see
-tools/kvpress_reference.py for how to rebuild it. Here kvviz must keep the same positions for the
-same token ids and compression ratio: every case through the policy's ``select`` on one recorded
-prefill per prompt (kept CI-fast), and one case per policy end to end through
-:func:`kvviz.eviction.run.run_policy`, whose evicting cache must then hold exactly that set.
+The reference, tests/data/kvpress_kept.json, was recorded by kvpress's own presses (StreamingLLM,
+SnapKV, Knorm, TOVA, ExpectedAttention, PyramidKV, AdaKV around SnapKV) on the bundled SmolLM2
+(fp32, exact attention) in a separate env — see tools/kvpress_reference.py for how to rebuild it.
+Here kvviz must keep the same positions for the same token ids and compression ratio: every case
+through the policy's ``select`` on one recorded prefill per prompt (kept CI-fast), and one case per
+policy end to end through :func:`kvviz.eviction.run.run_policy`, whose evicting cache must then
+hold exactly that set (and, for ragged budgets, the bytes of exactly those entries).
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from transformers import DynamicCache
 from kvviz.capture.loop import forward, model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig, installed
 from kvviz.eviction.policies import PolicyState, make_policy, n_kept_for
+from kvviz.eviction.query_stats import collecting
 from kvviz.eviction.run import run_policy
 
 pytestmark = pytest.mark.slow  # a recorded prefill per prompt, and end-to-end runs
@@ -27,19 +30,36 @@ pytestmark = pytest.mark.slow  # a recorded prefill per prompt, and end-to-end r
 DATA = Path(__file__).resolve().parents[1] / "data"
 REFERENCE = json.loads((DATA / "kvpress_kept.json").read_text())
 CASES = REFERENCE["cases"]
-END_TO_END = [c for c in CASES if c["prompt"] == "needle_chat" and c["params"]["compression_ratio"] == 0.75]
+PRESS_POLICY = {
+    "StreamingLLMPress": "streaming_llm",
+    "SnapKVPress": "snapkv",
+    "KnormPress": "knorm",
+    "TOVAPress": "tova",
+    "ExpectedAttentionPress": "expected_attention",
+    "PyramidKVPress": "pyramidkv",
+    "AdaKVPress": "adakv",
+}
+END_TO_END = [
+    next(
+        c
+        for c in CASES
+        if c["press"] == press
+        and c["prompt"] == "needle_chat"
+        and c["params"]["compression_ratio"] in (0.5, 0.75)
+        and c["params"].get("beta", 2) != 20
+    )
+    for press in PRESS_POLICY
+]
 
 
 def to_policy(press: str, params: dict):
     """kvpress press + parameters → the kvviz policy and ratio that mean the same thing."""
-    if press == "StreamingLLMPress":
-        return make_policy("streaming_llm", sinks=params["n_sink"]), params["compression_ratio"]
-    if press == "SnapKVPress":
-        return (
-            make_policy("snapkv", window_size=params["window_size"], kernel_size=params["kernel_size"], pooling="avg"),
-            params["compression_ratio"],
-        )
-    raise AssertionError(f"no kvviz policy mapped to {press}")
+    if press not in PRESS_POLICY:
+        raise AssertionError(f"no kvviz policy mapped to {press}")
+    name = PRESS_POLICY[press]
+    renamed = {"n_sink": "sinks"} if press == "StreamingLLMPress" else {}  # kvpress's name → kvviz's
+    own = {renamed.get(k, k): v for k, v in params.items() if k != "compression_ratio"}  # the ratio is the budget
+    return make_policy(name, **own), params["compression_ratio"]
 
 
 def expand(runs: list[list[int]]) -> list[int]:
@@ -64,7 +84,8 @@ def reference_kept(case: dict) -> list[list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def prefills(lm):
-    """Prompt name → (n tokens, window_rows [Lyr, Hq, W, L]) from one recorded fp32 prefill.
+    """Prompt name → what every policy may look at after one recorded fp32 prefill: n tokens, window_rows
+    [Lyr, Hq, W, L], keys and values [Lyr, Hkv, L, D], and the query statistics for each n_sink in the cases.
 
     W is the largest SnapKV window among the prompt's cases; a smaller window reads its last rows.
     """
@@ -73,10 +94,9 @@ def prefills(lm):
     out = {}
     for name, prompt in REFERENCE["prompts"].items():
         ids = prompt["token_ids"]
-        window = max(
-            [c["params"]["window_size"] for c in CASES if c["prompt"] == name and c["press"] == "SnapKVPress"],
-            default=1,
-        )
+        mine = [c for c in CASES if c["prompt"] == name]
+        window = max([c["params"].get("window_size", 1) for c in mine], default=1)
+        skips = sorted({c["params"].get("n_sink", 4) for c in mine if c["press"] == "ExpectedAttentionPress"})
         rec = Recorder(
             info.layers,
             info.q_heads,
@@ -87,9 +107,13 @@ def prefills(lm):
         )
         rec.cache = DynamicCache(config=lm.config)
         rec.phase, rec.t_total = "prefill", len(ids)
-        with torch.inference_mode(), installed(lm.model):
+        with torch.inference_mode(), installed(lm.model), ExitStack() as stack:
+            gets = {skip: stack.enter_context(collecting(lm.model, skip, [len(ids)])) for skip in skips}
             forward(lm, ids, 0, rec.cache, rec)
-        out[name] = (len(ids), rec.window_rows)
+            stats = {skip: get(len(ids)) for skip, get in gets.items()}
+        keys = torch.stack([layer.keys[0] for layer in rec.cache.layers])
+        values = torch.stack([layer.values[0] for layer in rec.cache.layers])
+        out[name] = (len(ids), rec.window_rows, keys, values, stats)
     return out
 
 
@@ -104,18 +128,30 @@ def test_reference_uses_the_committed_prompts():
     assert {k: v["token_ids"] for k, v in REFERENCE["prompts"].items()} == {
         k: v["token_ids"] for k, v in prompts.items()
     }
-    assert {c["press"] for c in CASES} == {"StreamingLLMPress", "SnapKVPress"}
+    assert {c["press"] for c in CASES} == set(PRESS_POLICY)
+    for press in PRESS_POLICY:  # two prompts, three settings or more on each
+        for name in prompts:
+            assert len([c for c in CASES if c["press"] == press and c["prompt"] == name]) >= 3, (press, name)
+
+
+def expected_n_kept(policy, case: dict, n: int, layers: int) -> list[int]:
+    """Entries per KV head each layer keeps: uniform, or PyramidKV's per-layer budgets."""
+    ratio = case["params"]["compression_ratio"]
+    if case["press"] == "PyramidKVPress":
+        return policy.budgets(n, n_kept_for(n, ratio=ratio), layers, ratio)
+    return [n_kept_for(n, ratio=ratio)] * layers
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_kept_sets_equal_kvpress(prefills, case):
-    n, window_rows = prefills[case["prompt"]]
+    n, window_rows, keys, values, stats = prefills[case["prompt"]]
     assert n == case["n_tokens"]
     policy, ratio = to_policy(case["press"], case["params"])
     n_kept = n_kept_for(n, ratio=ratio)
-    assert n_kept == case["n_kept"], "n_kept = max(1, int(L × (1 − r))) differs from kvpress's"
-    policy.validate(n_kept, n)
     layers, kv_heads = len(case["kept"]), len(case["kept"][0])
+    per_layer = case.get("n_kept_per_layer") or [case["n_kept"]] * layers
+    assert expected_n_kept(policy, case, n, layers) == per_layer, "budgets differ from kvpress's"
+    policy.validate(n_kept, n)
     state = PolicyState(
         positions=torch.arange(n).expand(layers, kv_heads, n),
         n_kept=n_kept,
@@ -123,10 +159,15 @@ def test_kept_sets_equal_kvpress(prefills, case):
         step=0,
         kv_heads=kv_heads,
         window_rows=window_rows,
+        keys=keys,
+        values=values,
+        query_stats=stats.get(policy.query_stats_skip),
+        ratio=ratio,
     )
     assert policy.wants_compression(state)
-    keep = policy.select(state).keep  # [Lyr, Hkv, n_kept]
-    diffs = diff_heads(keep.tolist(), reference_kept(case))
+    keep = policy.select(state).keep  # [Lyr, Hkv, k], PAD after each head's list when budgets differ
+    ours = [[sorted(p for p in head if p >= 0) for head in layer] for layer in keep.tolist()]
+    diffs = diff_heads(ours, reference_kept(case))
     assert not diffs, (
         f"{len(diffs)} (layer, KV head) kept sets differ from kvpress "
         f"(layer, head, only kvviz keeps, only kvpress keeps): {diffs[:5]}"
@@ -139,8 +180,13 @@ def test_evicting_cache_holds_the_kvpress_set(lm, case):
     ids = REFERENCE["prompts"][case["prompt"]]["token_ids"]
     policy, ratio = to_policy(case["press"], case["params"])
     run = run_policy(lm, ids, policy, ratio=ratio, max_new_tokens=1, record_history=False)
-    assert run.n_kept == case["n_kept"]
-    assert run.kept.shape == (len(case["kept"]), len(case["kept"][0]), case["n_kept"])
-    diffs = diff_heads(run.kept_lists(), reference_kept(case))
+    reference = reference_kept(case)
+    assert run.n_kept == n_kept_for(len(ids), ratio=ratio)
+    assert run.kept.shape[:2] == (len(reference), len(reference[0]))
+    diffs = diff_heads(run.kept_lists(), reference)
     assert not diffs, f"{len(diffs)} (layer, KV head) kept sets differ from kvpress: {diffs[:5]}"
-    assert run.step_bytes[0] == run.kv_bytes_per_token * case["n_kept"]
+    entries = sum(len(head) for layer in reference for head in layer)
+    per_entry = run.kv_bytes_per_token // (len(reference) * len(reference[0]))  # one layer and KV head
+    assert run.held_bytes == entries * per_entry
+    padded = sum(max(len(head) for head in layer) for layer in reference) * len(reference[0]) * per_entry
+    assert run.step_bytes[0] == padded  # each layer stored as long as its fullest head

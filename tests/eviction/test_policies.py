@@ -31,18 +31,31 @@ from kvviz.eviction.policies.base import group_mean
 from kvviz.eviction.policies.h2o import split_budget
 from kvviz.eviction.policies.scorer import protect_ends, select_kept
 from kvviz.eviction.policies.snapkv import snapkv_scores
+from kvviz.eviction.query_stats import QueryStats
 from kvviz.eviction.run import run_policy
 from kvviz.examples import needle_prompt
 
 LYR, HQ, HKV = 3, 6, 2
 
 
-def fake_state(n: int, n_kept: int, seed: int = 0, step: int = 0, w: int = 8) -> PolicyState:
-    """Right after a prefill of n tokens: random attention summaries of the right shapes."""
+def rotary(x: torch.Tensor, position_ids: torch.Tensor, d: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain RoPE's cos/sin [1, P, d] (base 10,000), the shape a model's rotary embedding returns."""
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+    angle = position_ids[..., None].float() * inv
+    angle = torch.cat([angle, angle], dim=-1)
+    return angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+
+
+def fake_state(n: int, n_kept: int, seed: int = 0, step: int = 0, w: int = 8, d: int = 8) -> PolicyState:
+    """Right after a prefill of n tokens: random attention summaries, keys, values and query statistics."""
     g = torch.Generator().manual_seed(seed)
     rows = torch.rand(LYR, HQ, w, n, generator=g)
     rows = rows * torch.tril(torch.ones(n, n))[n - w :]  # causal: window query i sees keys ≤ its position
     rows = rows / rows.sum(-1, keepdim=True)
+    a = torch.randn(LYR, HQ, d, d, generator=g)
+    stats = QueryStats(
+        skip=4, n=n, mean=torch.randn(LYR, HQ, d, generator=g), cov=a @ a.transpose(-1, -2) / d, rotary=rotary
+    )
     return PolicyState(
         positions=torch.arange(n).expand(LYR, HKV, n).contiguous(),
         n_kept=n_kept,
@@ -51,17 +64,31 @@ def fake_state(n: int, n_kept: int, seed: int = 0, step: int = 0, w: int = 8) ->
         kv_heads=HKV,
         colsum=torch.rand(LYR, HQ, n + 16, generator=g) * 10,
         window_rows=rows,
+        keys=torch.randn(LYR, HKV, n, d, generator=g),
+        values=torch.randn(LYR, HKV, n, d, generator=g),
+        query_stats=stats,
     )
 
 
 def small(name: str) -> Policy:
     """The registry's policy with parameters that fit a 40-token toy prompt."""
-    return make_policy(name, window_size=8) if name == "snapkv" else make_policy(name)
+    return make_policy(name, window_size=8) if name in ("snapkv", "pyramidkv", "adakv") else make_policy(name)
 
 
 # ---- the registry ------------------------------------------------------------------------------
 def test_registry_names_and_contract():
-    assert set(POLICIES) == {"full", "streaming_llm", "window", "h2o", "snapkv"}
+    assert set(POLICIES) == {
+        "full",
+        "streaming_llm",
+        "window",
+        "h2o",
+        "snapkv",
+        "knorm",
+        "tova",
+        "expected_attention",
+        "pyramidkv",
+        "adakv",
+    }
     for name, cls in POLICIES.items():
         assert dataclasses.is_dataclass(cls) and issubclass(cls, Policy)
         assert cls.name == name and cls.title and cls.summary
@@ -117,9 +144,19 @@ def test_every_policy_keeps_exactly_n_kept_after_prefill(name, ratio):
         return
     assert policy.wants_compression(state)
     sel = policy.select(state)
-    assert sel.keep.shape == (LYR, HKV, n_kept) and sel.roles.shape == sel.keep.shape
-    assert (sel.keep.diff(dim=-1) > 0).all(), "kept positions are strictly ascending (unique)"
-    assert ((sel.keep >= 0) & (sel.keep < n)).all()
+    assert sel.roles.shape == sel.keep.shape
+    held = sel.keep >= 0  # a ragged selection pads each head's list with PAD (-1)
+    counts = held.sum(-1)
+    if policy.ragged:
+        assert (counts.float().mean() - n_kept).abs() <= 1, "ragged budgets keep n_kept per head on average"
+        assert (held.int().diff(dim=-1) <= 0).all(), "padding only after each head's kept positions"
+    else:
+        assert sel.keep.shape == (LYR, HKV, n_kept) and bool(held.all())
+    for layer in range(LYR):
+        for head in range(HKV):
+            kept = sel.keep[layer, head][held[layer, head]]
+            assert (kept.diff() > 0).all(), "kept positions are strictly ascending (unique)"
+            assert ((kept >= 0) & (kept < n)).all()
     if sel.scores is not None:
         assert sel.scores.shape == (LYR, HKV, n)
 

@@ -7,10 +7,12 @@ and one line in ``POLICIES``; the tab's widgets, the CLI's flags and the API's `
 
 from __future__ import annotations
 
+from kvviz.eviction.policies.adakv import AdaKV
 from kvviz.eviction.policies.base import (
     EVICTED,
     HEAVY,
     KEPT,
+    PAD,
     ROLE_NAMES,
     SINK,
     WINDOW,
@@ -20,11 +22,15 @@ from kvviz.eviction.policies.base import (
     field_specs,
     n_kept_for,
 )
+from kvviz.eviction.policies.expected_attention import ExpectedAttention
 from kvviz.eviction.policies.full import FullCache
 from kvviz.eviction.policies.h2o import H2O
+from kvviz.eviction.policies.knorm import KNorm
+from kvviz.eviction.policies.pyramidkv import PyramidKV
 from kvviz.eviction.policies.scorer import COMPETES, ScorerPolicy, select_kept
 from kvviz.eviction.policies.snapkv import SnapKV
 from kvviz.eviction.policies.streaming_llm import StreamingLLM
+from kvviz.eviction.policies.tova import TOVA
 from kvviz.eviction.policies.window import SlidingWindow
 from kvviz.safety import real_number, whole_number
 
@@ -34,6 +40,11 @@ POLICIES: dict[str, type[Policy]] = {
     "window": SlidingWindow,
     "h2o": H2O,
     "snapkv": SnapKV,
+    "knorm": KNorm,
+    "tova": TOVA,
+    "expected_attention": ExpectedAttention,
+    "pyramidkv": PyramidKV,
+    "adakv": AdaKV,
 }
 
 
@@ -112,14 +123,20 @@ __all__ = [
     "EVICTED",
     "HEAVY",
     "KEPT",
+    "PAD",
     "POLICIES",
     "ROLE_NAMES",
     "SINK",
+    "TOVA",
     "WINDOW",
+    "AdaKV",
+    "ExpectedAttention",
     "FullCache",
     "H2O",
+    "KNorm",
     "Policy",
     "PolicyState",
+    "PyramidKV",
     "ScorerPolicy",
     "Selection",
     "SlidingWindow",

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+if TYPE_CHECKING:
+    from kvviz.eviction.query_stats import QueryStats
+
 # role codes of a kept entry (Selection.roles) — the token strip's colours
 EVICTED, KEPT, SINK, WINDOW, HEAVY = 0, 1, 2, 3, 4
+PAD = -1  # position of an empty slot in a ragged selection or cache (a head that keeps fewer entries)
 ROLE_NAMES = {EVICTED: "evicted", KEPT: "kept", SINK: "sink", WINDOW: "window", HEAVY: "heavy hitter"}
 
 
@@ -62,7 +66,10 @@ class PolicyState:
     ``positions`` [Lyr, Hkv, n]: absolute positions the cache holds now, ascending per head.
     ``colsum`` [Lyr, Hq, T]: attention each position has received, summed over every query so far
     (the Recorder's running column sums; H2O). ``window_rows`` [Lyr, Hq, W, L]: exact attention
-    rows of the last W prompt queries over the L prompt keys (SnapKV).
+    rows of the last W prompt queries over the L prompt keys (SnapKV, TOVA). ``keys``/``values``
+    [Lyr, Hkv, n, D]: the held entries as stored (RoPE applied to keys), aligned with ``positions``
+    (KNorm, ExpectedAttention). ``query_stats``: the prefill queries' statistics before RoPE
+    (:class:`~kvviz.eviction.query_stats.QueryStats`; ExpectedAttention).
     """
 
     positions: torch.Tensor
@@ -72,11 +79,18 @@ class PolicyState:
     kv_heads: int
     colsum: torch.Tensor | None = None
     window_rows: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    query_stats: QueryStats | None = None
+    ratio: float | None = None  # the compression ratio asked for, when the budget was given as one
 
 
 @dataclass
 class Selection:
     """A decision: ``keep`` [Lyr, Hkv, k] absolute positions kept (ascending per head).
+
+    Policies whose budget differs by layer or KV head (``Policy.ragged``) pad each head's list
+    with ``PAD`` (-1) after its kept positions; k is then the largest count.
 
     ``roles`` [Lyr, Hkv, k]: why each entry stays (SINK / WINDOW / HEAVY / KEPT). ``scores``
     [Lyr, Hkv, n] the score of every entry held before the decision (NaN where the policy does not
@@ -100,6 +114,8 @@ class Policy:
     evicts_while_decoding: ClassVar[bool] = False  # True: keep the cache at n_kept after every generated token
     needs_colsum: ClassVar[bool] = False  # needs the accumulated attention of every query (Recorder.colsum)
     needs_window_rows: ClassVar[bool] = False  # needs the observation-window rows of the prefill
+    needs_kv: ClassVar[bool] = False  # needs the held keys and values (PolicyState.keys / .values)
+    ragged: ClassVar[bool] = False  # budgets may differ by layer or KV head (Selection.keep holds PAD)
 
     def validate(self, n_kept: int, n_prompt: int) -> None:
         """Raise ValueError when the hyper-parameters or the budget do not make sense together."""
@@ -108,6 +124,11 @@ class Policy:
     def observation_window(self) -> int:
         """Prompt queries whose rows the recorder must keep (0: none)."""
         return 0
+
+    @property
+    def query_stats_skip(self) -> int | None:
+        """Leading prompt tokens left out of the prefill query statistics; None: the policy needs none."""
+        return None
 
     @property
     def position_mode(self) -> str:
@@ -146,6 +167,16 @@ def field_specs(policy_cls: type[Policy]) -> list[dict]:
                 "max": f.metadata.get("max"),
             }
         )
+    return out
+
+
+def pad_ragged(per_head: list[list[torch.Tensor]], device=None) -> torch.Tensor:
+    """Per layer, per KV head kept positions (1-D, ascending) → [Lyr, Hkv, k_max], PAD after each head's list."""
+    k = max(int(h.numel()) for layer in per_head for h in layer)
+    out = torch.full((len(per_head), len(per_head[0]), k), PAD, dtype=torch.long, device=device)
+    for li, layer in enumerate(per_head):
+        for hi, head in enumerate(layer):
+            out[li, hi, : head.numel()] = head
     return out
 
 

@@ -1,0 +1,94 @@
+"""The leaderboard sweep at full size, timed: writes bench/results/leaderboard.json (the app's Leaderboard tab loads it).
+
+Run: ``.venv/bin/python bench/leaderboard.py [--samples 25] [--length 1024] [--threads 1]``.
+Default: 7 policies (StreamingLLM, SnapKV, KNorm, TOVA, ExpectedAttention, PyramidKV, AdaKV) × ratios
+{0, 0.25, 0.5, 0.75, 0.875} × {query-aware, query-agnostic} over 25 samples of 1,024 tokens (the
+three tasks in turn, needle depths 0–100 %), one prefill per sample. Target: ≤ 600 s on the 2-core
+CPU machine; the result records the wall time, its split (prefill, decisions, decoding) and the
+load average the machine had, since other processes share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from _common import RESULTS
+
+from kvviz.leaderboard.cells import MODES
+from kvviz.leaderboard.sweep import DEFAULT_POLICIES, RATIOS, run_sweep
+from kvviz.leaderboard.tasks import TASKS, depths, make_sample
+from kvviz.models import load_model
+
+TARGET_S = 600.0
+
+
+def samples_for(lm, n: int, length: int, seed: int = 0) -> list:
+    """``n`` samples cycling through the tasks, needle depths spread over 0–100 %."""
+    return [make_sample(lm, TASKS[i % len(TASKS)], length, d, seed + i) for i, d in enumerate(depths(n))]
+
+
+def main(argv: list[str] | None = None, lm=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--samples", type=int, default=25)
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    ap.add_argument("--ratios", default=",".join(map(str, RATIOS)))
+    ap.add_argument("--max-new-tokens", type=int, default=10)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on cores shared with other jobs, two threads ran 5× slower)",
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS / "leaderboard.json")
+    args = ap.parse_args(argv)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _run(args, lm or load_model())
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(args: argparse.Namespace, lm) -> dict:
+    samples = samples_for(lm, args.samples, args.length)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    ratios = [float(r) for r in args.ratios.split(",")]
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+
+    def progress(fraction: float, what: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.0f} s {100 * fraction:5.1f} %] {what}", flush=True)
+
+    result = run_sweep(lm, samples, policies, ratios, MODES, args.max_new_tokens, progress=progress)
+    data = result.to_json()
+    data["bench"] = {
+        "wall_s": time.perf_counter() - t0,
+        "target_s": TARGET_S,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg()[0],
+        "cells": len(policies) * len(ratios) * len(MODES),
+        "samples": len(samples),
+        "length": args.length,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data))
+    b, t = data["bench"], result.timings
+    print(result.table().to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(
+        f"{b['samples']} samples × {b['cells']} cells in {b['wall_s']:.0f} s (target ≤ {TARGET_S:.0f} s; prefill "
+        f"{t['prefill_s']:.0f} s, decisions {t['decide_s']:.0f} s, decoding {t['decode_s']:.0f} s; load average "
+        f"{b['load_average_before']:.1f} → {b['load_average_after']:.1f} on {b['cpu_count']} cores)"
+    )
+    return data
+
+
+if __name__ == "__main__":
+    main()

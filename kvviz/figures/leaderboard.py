@@ -1,0 +1,98 @@
+"""Figures for the Leaderboard: score against compression ratio, one line per policy (kvpress's leaderboard view).
+
+Pure functions of a sweep result as plain data (the JSON ``bench/leaderboard.py`` and
+``python -m kvviz sweep --out`` write): its ``table`` rows (one per policy, mode and ratio) and its
+``records`` (one per sample). Each figure has a caption in ``CAPTIONS``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+METRIC_LABELS = {
+    "string_match": "string match (kvpress's string_match_all, %)",
+    "needle_retention": "needle retention (share of the needle's entries kept, %)",
+    "top1_agreement": "top-1 agreement with the full cache (%)",
+    "mean_kl": "KL(full ‖ policy) per answer token (nats, lower is better)",
+}
+X_AXES = {"ratio": "requested compression ratio", "achieved_ratio": "achieved compression (measured bytes freed)"}
+PERCENT = {"string_match", "needle_retention", "top1_agreement"}
+CAPTIONS = {
+    "curves": "Each line is one policy: the chosen metric averaged over every sample at each compression ratio "
+    "(0 = the full cache); a line that stays high longer keeps what the answer needs at a smaller cache.",
+    "points": "One row per point of the chart: the mean of each metric over the samples, and the compression "
+    "achieved (bytes measured from the evicting cache) next to the one requested.",
+    "samples": "Every sample behind the chosen point; click a row to open it in the Eviction tab (its context, "
+    "question, policy and ratio) and see what was kept and where the needle was.",
+}
+
+
+def curves(table: pd.DataFrame, metric: str = "string_match", mode: str = "query_aware", x: str = "ratio") -> go.Figure:
+    """Metric against compression, one line per policy, for one mode."""
+    if metric not in METRIC_LABELS:
+        raise ValueError(f"metric must be one of {', '.join(METRIC_LABELS)}.")
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {', '.join(X_AXES)}.")
+    df = table[table["mode"] == mode].sort_values(["policy", "ratio"])
+    scale = 100.0 if metric in PERCENT else 1.0
+    fig = go.Figure()
+    for policy, part in df.groupby("policy", sort=False):
+        fig.add_trace(
+            go.Scatter(
+                x=part[x],
+                y=part[metric] * scale,
+                mode="lines+markers",
+                name=policy,
+                customdata=part[["ratio", "achieved_ratio", "samples"]].values,
+                hovertemplate=(
+                    f"<b>{policy}</b><br>requested %{{customdata[0]:.3f}}, achieved %{{customdata[1]:.3f}}"
+                    f"<br>{METRIC_LABELS[metric].split(' (')[0]} %{{y:.3g}}<br>%{{customdata[2]}} samples"
+                    "<extra></extra>"
+                ),
+            )
+        )
+    fig.update_layout(
+        title=f"{METRIC_LABELS[metric].split(' (')[0]} vs compression — {mode.replace('_', '-')}",
+        xaxis_title=X_AXES[x],
+        yaxis_title=METRIC_LABELS[metric],
+        height=420,
+        margin=dict(l=60, r=20, t=50, b=40),
+        legend=dict(orientation="h", y=-0.2),
+    )
+    return fig
+
+
+def points_table(table: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """The chart's points for one mode, in human units."""
+    df = table[table["mode"] == mode].sort_values(["policy", "ratio"])
+    return pd.DataFrame(
+        {
+            "policy": df["policy"],
+            "requested ratio": df["ratio"],
+            "achieved (stored)": df["achieved_ratio"].round(3),
+            "achieved (held entries)": df["achieved_ratio_held"].round(3),
+            "string match %": (100 * df["string_match"]).round(1),
+            "needle kept %": (100 * df["needle_retention"]).round(1),
+            "top-1 agree %": (100 * df["top1_agreement"]).round(1),
+            "KL (nats)": df["mean_kl"].round(3),
+            "samples": df["samples"],
+        }
+    )
+
+
+def samples_table(records: pd.DataFrame, policy: str, ratio: float, mode: str) -> pd.DataFrame:
+    """Every sample at one point (policy, ratio, mode)."""
+    df = records[(records["policy"] == policy) & (records["mode"] == mode) & ((records["ratio"] - ratio).abs() < 1e-9)]
+    return pd.DataFrame(
+        {
+            "sample": df["sample"],
+            "task": df["task"],
+            "length": df["length"],
+            "depth %": (100 * df["depth"]).round(0),
+            "answer": df["answer"],
+            "match": df["string_match"],
+            "needle kept %": (100 * df["needle_retention"]).round(1),
+            "KL (nats)": df["mean_kl"].round(3),
+        }
+    ).reset_index(drop=True)

@@ -1,0 +1,86 @@
+"""Leaderboard tab: it loads a stored sweep at once, lists a point's samples, and opens one in the Eviction tab."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+import pytest
+
+from kvviz.leaderboard import results
+from kvviz.settings import Settings
+from kvviz.ui import tab_eviction, tab_leaderboard
+from kvviz.ui.context import AppContext
+from tests.figures.test_leaderboard import fake_result
+
+
+@pytest.fixture
+def stored(tmp_path, monkeypatch):
+    table, records = fake_result()
+    samples = [
+        {
+            "key": k,
+            "task": "passkey",
+            "length": 512,
+            "depth": 0.5,
+            "seed": 0,
+            "n_tokens": 500,
+            "n_context": 480,
+            "needle_span": [240, 260],
+            "value_span": [245, 252],
+            "answers": ["1234567"],
+            "context": "noise ... The pass key is 1234567. ...",
+            "question": "What is the pass key?",
+        }
+        for k in sorted(set(records["sample"]))
+    ]
+    data = {
+        "config": {
+            "policies": ["snapkv", "knorm"],
+            "ratios": [0.0, 0.5],
+            "modes": ["query_aware", "query_agnostic"],
+            "model": "SmolLM2",
+            "dtype": "float32",
+            "device": "cpu",
+        },
+        "timings": {"total_s": 12.0},
+        "samples": samples,
+        "records": records.to_dict(orient="records"),
+        "table": table.to_dict(orient="records"),
+    }
+    path = tmp_path / "lb.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("KVVIZ_LEADERBOARD", str(path))
+    return data
+
+
+def test_a_stored_result_is_read_by_key(stored):
+    data = results.load_result()
+    assert data["config"]["policies"] == ["snapkv", "knorm"]
+    key = stored["samples"][0]["key"]
+    assert results.sample(data, key)["answers"] == ["1234567"]
+    with pytest.raises(ValueError, match="No sample"):
+        results.sample(data, "nope")
+    assert "2 samples" in tab_leaderboard.about(data) and "query-agnostic" in tab_leaderboard.about(data)
+    note = tab_leaderboard.needle_note(results.sample(data, key))
+    assert "tokens 240–259" in note and "1234567" in note
+
+
+def test_no_result_says_how_to_make_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVVIZ_LEADERBOARD", str(tmp_path / "missing.json"))
+    assert results.load_result() is None
+    assert "bench/leaderboard.py" in tab_leaderboard.about(None)
+
+
+def test_the_tab_builds_after_the_eviction_tab_with_the_stored_curves(lm, stored):
+    ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=16))
+    with gr.Blocks() as demo, gr.Tabs() as ctx.tabs:
+        with gr.Tab("Eviction", id="tab_eviction"):
+            tab_eviction.build(ctx)
+        with gr.Tab("Leaderboard", id="tab_leaderboard"):
+            tab_leaderboard.build(ctx)
+    assert {"leaderboard.metric", "leaderboard.mode", "leaderboard.run"} <= set(ctx.components)
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    assert "2 samples" in by_id["lb-about"].value
+    assert by_id["lb-curves"].value is not None  # the stored curves, drawn at build time
+    assert len(by_id["lb-samples"].value["data"]) == 2  # SnapKV at 0.5, query-aware: both samples
