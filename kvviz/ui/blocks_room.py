@@ -71,7 +71,7 @@ def build(ctx: AppContext) -> None:
     summary = gr.Markdown("Open this tab to read the engine's prefix cache.", elem_id="room-summary")
     tree = captioned_plot("Cached blocks by prefix", "room-tree", fig.CAPTIONS["tree"])
     table = gr.Dataframe(
-        waiting_table("Blocks appear here once someone generates"),
+        waiting_table("Press Generate on the Generate tab: the prompt blocks the engine keeps appear here"),
         label="Cached blocks, next to evict first",
         interactive=False,
         elem_id="room-table",

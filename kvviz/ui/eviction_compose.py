@@ -20,6 +20,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
+from kvviz.ui.widgets import waiting_table
 
 RUNS = 7  # the full cache, then the policy, the quantization and both, each teacher-forced and free
 
@@ -44,7 +45,12 @@ def layout() -> ComposeSection:
             elem_id="evict-scheme",
         )
         button = gr.Button("Compose", elem_id="evict-compose")
-    table = gr.Dataframe(label="Full cache · policy · quantization · both", elem_id="evict-compose-table", wrap=True)
+    table = gr.Dataframe(
+        waiting_table("Press Compose to see bytes and answers side by side"),
+        label="Full cache · policy · quantization · both",
+        elem_id="evict-compose-table",
+        wrap=True,
+    )
     gr.Markdown(fig.CAPTIONS["compose"], elem_classes="caption")
     return ComposeSection(scheme, button, table)
 

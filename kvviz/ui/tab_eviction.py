@@ -277,7 +277,11 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         budget_plot = captioned_plot("Budget per layer and KV head", "evict-budgets", fig.CAPTIONS["budgets"])
         with gr.Column():
-            budget_table = gr.Dataframe(label="What the kept set costs", elem_id="evict-budget-bytes")
+            budget_table = gr.Dataframe(
+                waiting_table("Press Run policy to see the bytes each store holds for the kept set"),
+                label="What the kept set costs",
+                elem_id="evict-budget-bytes",
+            )
             gr.Markdown(fig.CAPTIONS["budget_bytes"], elem_classes="caption")
     slots = gr.Dataframe(
         waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"),
