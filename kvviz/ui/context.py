@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +11,7 @@ import gradio as gr
 
 from kvviz.capture.loop import model_info
 from kvviz.capture.trace import ModelInfo
+from kvviz.demo_store import DemoStore
 from kvviz.models import LoadedModel
 from kvviz.safety import SessionFiles
 from kvviz.settings import Settings
@@ -35,6 +36,10 @@ class AppContext:
     components: dict[str, gr.components.Component] = field(default_factory=dict)
     tabs: gr.Tabs | None = None
     stop_flags: dict[str, threading.Event] = field(default_factory=dict)
+    # ready results shared by every session (one store per app, so one per server process), and per
+    # demo button ("nocache.button") how to plan the result a show-me's values will ask it for (returns its key)
+    store: DemoStore = field(default_factory=DemoStore)
+    planners: dict[str, Callable[[dict], Hashable]] = field(default_factory=dict)
     # every file written for a user lives in that session's temp folder
     files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None
