@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
+from kvviz.ui.precompute import live_box, origin
 from kvviz.ui.sessions import job_failed, user_errors
 from kvviz.units import format_bytes, plural
 
@@ -91,6 +93,7 @@ def build(ctx: AppContext):
             with gr.Row():
                 go_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+            fresh = live_box("generate-live")
     status = gr.Markdown(elem_id="gen-status")
     tokens = gr.HighlightedText(label="Tokens (prompt / generated)", elem_id="token-stream",
                                 color_map={"prompt": "#cfe2ff", "generated": "#ffd8a8"}, combine_adjacent=False,
@@ -114,13 +117,54 @@ def build(ctx: AppContext):
                            "generate.example": example, "generate.button": go_btn})
     example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
 
-    def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, request: gr.Request):
+    def gen_key(ids, n_new, sampling) -> tuple:
+        return ctx.lm.name, "generate", tuple(ids), n_new, sampling.temperature, sampling.top_p, sampling.seed
+
+    def plan(values: dict) -> tuple:
+        """A show-me's generation, planned so it is ready before the click (greedy, as the tab opens)."""
+        args = [values.get(f"generate.{k}", c.value) for k, c in
+                (("prompt", prompt), ("chat", chat), ("max_new", max_new))]
+        ids, n_new, sampling = validate_request(ctx, *args, temperature.value, top_p.value, seed.value)
+
+        def compute(report, should_stop):
+            trace = None
+            for trace in capture_iter(ctx.lm, args[0], chat=bool(args[1]), max_new_tokens=n_new, sampling=sampling,
+                                      prompt_ids=ids, verify=True, should_stop=should_stop):
+                report(trace.n_generated / n_new, f"{plural(trace.n_generated, 'token')}")
+            return trace, _export_bytes(trace)
+
+        key = gen_key(ids, n_new, sampling)
+        ctx.store.plan(key, f"generation of {plural(n_new, 'token')}", compute)
+        return key
+
+    ctx.planners["generate.button"] = plan
+
+    def ready(entry, budget_name, request):
+        """Serve a stored generation: wait while it is being prepared, then the final outputs at once."""
+        while entry.state == "running":
+            entry.wait(0.5)
+            yield (gr.skip(), f"Being prepared at start-up: {100 * entry.fraction:.0f} % ({entry.desc})",
+                   *[gr.skip()] * (len(outputs) - 2))
+        if entry.state == "done":
+            trace, files = entry.value
+            yield _outputs(trace, budget_name, final=True, request=request, note=f" · {origin(entry)}", files=files)
+
+    def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, live, request: gr.Request):
         ids, n_new, sampling = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
+        entry = None if live else ctx.store.entry(gen_key(ids, n_new, sampling))
+        if entry is not None and entry.state != "pending":
+            held = ctx.jobs.take(request)
+            if held is not None:
+                held.release()
+            yield from ready(entry, budget_name, request)
+            if entry.state == "done":
+                return
         ticket = ctx.jobs.take(request) or ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2)
         flag = ctx.stop_flag(request)
         flag.clear()
         last = 0.0
         trace = None
+        mine = False
         try:  # a fault, Stop, the time budget or a disconnect ends this job only; the cache goes with it
             for line in ctx.jobs.turns(ticket):
                 if flag.is_set():
@@ -128,9 +172,14 @@ def build(ctx: AppContext):
                            *[gr.skip()] * (len(outputs) - 2))
                     return
                 yield (gr.skip(), line, *[gr.skip()] * (len(outputs) - 2))
+            if entry is not None:  # a planned generation nobody started yet: this run computes it for all
+                entry, mine = ctx.store.claim(entry.key)
+            t0 = time.perf_counter()
             for trace in capture_iter(ctx.lm, prompt_text, chat=bool(use_chat), max_new_tokens=n_new,
                                       sampling=sampling, prompt_ids=ids, verify=True,
                                       should_stop=lambda: flag.is_set() or ticket.expired()):
+                if mine and entry is not None:
+                    entry.report(trace.n_generated / n_new, plural(trace.n_generated, "token"))
                 now = time.perf_counter()
                 if now - last < REFRESH_S and not trace.stop_reason:
                     continue
@@ -138,6 +187,8 @@ def build(ctx: AppContext):
                 final = bool(trace.stop_reason) and trace.colsum is not None
                 if final:  # the model's work is done: free the session's place before the page shows "Done"
                     ticket.release()
+                    if mine and entry is not None and trace.stop_reason != "stopped" and not ticket.timed_out:
+                        ctx.store.fulfil(entry, (trace, _export_bytes(trace)), "a request", now - t0)
                 yield _outputs(trace, budget_name, final=final, request=request, note=ctx.jobs.timeout_note(ticket))
         except gr.Error:
             raise
@@ -146,13 +197,20 @@ def build(ctx: AppContext):
         finally:
             ticket.release()
             ctx.forget_session(request)
+            if mine and entry is not None and entry.state == "running":
+                ctx.store.fail(entry)
 
-    def _outputs(trace, budget_name, final, request=None, note=""):
+    def _outputs(trace, budget_name, final, request=None, note="", files=None):
         msg = (f"{'Done' if final else 'Generating'}: {plural(trace.n_generated, 'token')}, cache "
                f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)")
         if final:
             msg += f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"
-        files = _export(trace, ctx.session_dir(request)) if final else (None, None)
+        if not final:
+            files = (None, None)
+        elif files is not None:  # a stored run: its files written once, copied into this session's folder
+            files = _write_files(files, ctx.session_dir(request))
+        else:
+            files = _export(trace, ctx.session_dir(request))
         return (trace if final else gr.skip(), msg, fig.token_spans(trace), trace.text, fig.cache_growth(trace),
                 fig.memory_gauge(trace.cache_bytes, ctx.info.weight_bytes, GPU_BUDGETS.get(budget_name),
                                  budget_name.split(" (")[0],
@@ -169,7 +227,7 @@ def build(ctx: AppContext):
     # a toast and the previous run's results stay visible; the run step waits its turn at the gate
     event = go_btn.click(check, [prompt, chat, max_new, temperature, top_p, seed], None, api_name=False,
                          concurrency_limit=None, show_progress="hidden").success(
-        gpu(run), [prompt, chat, max_new, temperature, top_p, seed, budget], outputs,
+        gpu(run), [prompt, chat, max_new, temperature, top_p, seed, budget, fresh], outputs,
         api_name=False, concurrency_limit=None)
 
     def stop(request: gr.Request):
@@ -195,6 +253,21 @@ def build(ctx: AppContext):
 
     gr.api(gpu(api_generate), api_name="generate", concurrency_limit=None)
     return event
+
+
+def _export_bytes(trace) -> dict[str, bytes]:
+    """The two export files of a stored run, as bytes (written once; each session gets a copy)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return {Path(p).name: Path(p).read_bytes() for p in _export(trace, Path(tmp))}
+
+
+def _write_files(files: dict[str, bytes], folder: Path) -> tuple[str, str]:
+    """Copy a stored run's export files into this session's folder."""
+    paths = []
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        paths.append(str(folder / name))
+    return paths[0], paths[1]
 
 
 def _export(trace, folder: Path) -> tuple[str, str]:
