@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from kvviz.examples import CHAT_QUESTION, needle_passage, needle_prompt
+from kvviz.lessons.guesses import Guess
 from kvviz.memory.capacity import decode_step
 from kvviz.memory.estimate import cache_layout, estimate
 from kvviz.models import LoadedModel
@@ -58,6 +59,7 @@ class Question:
     chapter_answer: str
     compute: Callable[[LoadedModel | None], Answer]
     needs_model: bool = False
+    guess: Guess | None = None  # asked before the answer is revealed
 
 
 @dataclass(frozen=True)
@@ -207,23 +209,35 @@ def why_kivi(lm: LoadedModel | None) -> Answer:
                    "key_error_per_token": tok.key_error})
 
 
+_SAME, _DIFFERENT = "the same logits", "different logits"
+_KEPT, _EVICTED = "kept: it can answer", "evicted: it cannot"
+_CHANNEL, _TOKEN = "keys per channel", "keys per token"
 QUESTIONS = (
     Question("Llama-3-8B has 32 layers, 8 KV heads and head dimension 128. What is its KV cache per token in BF16 "
              "and in FP8?", "2 × 32 × 8 × 128 × 2 = 131,072 bytes = 128 KiB in BF16; 64 KiB in FP8.",
-             llama3_8b_per_token),
+             llama3_8b_per_token,
+             guess=Guess("Your guess: bytes per token in BF16, in KiB", lambda v: v["bf16_bytes"] / 1024, "KiB")),
     Question("Why do we not need to cache queries?",
              "A query is only used once, by its own token, at the step where that token is produced. Later tokens "
-             "attend to earlier tokens' keys and values, never their queries.", why_no_query_cache, True),
+             "attend to earlier tokens' keys and values, never their queries.", why_no_query_cache, True,
+             Guess("Your guess: does a loop that never stores a query give the same logits as recomputing everything?",
+                   lambda v: _SAME if v["max_abs_logit_diff"] < 1e-3 else _DIFFERENT, choices=(_SAME, _DIFFERENT))),
     Question("Doubling the batch size at fixed context length: what happens to the weight bytes and the KV bytes "
              "read per decode step?", "Weight bytes stay the same (shared by the batch); KV bytes double. So "
-             "batching amortizes weights but not the KV cache.", doubling_the_batch),
+             "batching amortizes weights but not the KV cache.", doubling_the_batch,
+             guess=Guess("Your guess: the KV bytes read per step grow by what factor?", lambda v: v["kv_ratio"], "×")),
     Question("StreamingLLM keeps 4 sink tokens + 1,020 recent tokens. Can the model answer a question about a fact "
              "stated 5,000 tokens earlier?", "No. Evicted tokens' K/V are gone; StreamingLLM gives stable fluency "
-             "over unbounded streams, not long-range memory.", streaming_recall),
+             "over unbounded streams, not long-range memory.", streaming_recall,
+             guess=Guess("Your guess: is the fact still in the cache?", lambda v: _KEPT if v["kept"] else _EVICTED,
+                         choices=(_KEPT, _EVICTED))),
     Question("Why does KIVI quantize keys per channel but values per token?",
              "Keys have outlier channels (a few dimensions consistently large across tokens), so a per-channel scale "
              "isolates them. Values do not show this channel structure, and per-token quantization fits how they "
-             "are combined (each output is a weighted sum of value rows).", why_kivi, True),
+             "are combined (each output is a weighted sum of value rows).", why_kivi, True,
+             Guess("Your guess: at 2 bits, which loses less of the keys?",
+                   lambda v: _CHANNEL if v["key_error_per_channel"] < v["key_error_per_token"] else _TOKEN,
+                   choices=(_CHANNEL, _TOKEN))),
 )
 
 _PIT_MEM = {**_MEM, "memory.context": 131072, "memory.batch": 1}
