@@ -60,6 +60,10 @@ body.kvviz-present .prose, body.kvviz-present .prose p, body.kvviz-present .pros
 body.kvviz-present .prose h2 {font-size: 36px !important}
 body.kvviz-present .prose h3 {font-size: 30px !important}
 body.kvviz-present button[role="tab"] {font-size: 22px !important; font-weight: 600}
+/* a show-me's view and the controls it set: outlined for a few seconds (tab_learn's PRESS_JS) */
+.kvviz-spot {outline: 4px solid #f97316 !important; outline-offset: 4px; border-radius: 6px;
+  animation: kvviz-spot 1s ease-in-out 3}
+@keyframes kvviz-spot {50% {outline-color: rgba(249, 115, 22, 0.25)}}
 body.kvviz-present .caption, body.kvviz-present .learn-note, body.kvviz-present footer {display: none !important}
 """
 

@@ -14,7 +14,9 @@ import json
 import gradio as gr
 
 from kvviz.capture.loop import capture
-from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS, Question, ShowMe, decode_step_view
+from kvviz.lessons.guesses import judge
+from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS, Answer, Question, ShowMe, decode_step_view
+from kvviz.ui import precompute
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.sessions import user_errors
@@ -45,17 +47,27 @@ LOAD_JS = """() => {
   return [];
 }""".replace("__CLS__", PRESENT_CLASS).replace("__STEP__", STEP_CLASS)
 PRESS_JS = """() => {
-  const press = __PRESS__, anchor = __ANCHOR__, t0 = Date.now();
+  const press = __PRESS__, anchor = __ANCHOR__, controls = __CONTROLS__, t0 = Date.now();
+  const shown = (el) => el && el.getClientRects().length > 0;
+  const spot = () => {  // once the view is on screen: scroll it into sight and outline it and its controls
+    const a = anchor ? document.getElementById(anchor) : null;
+    if (!shown(a)) return Date.now() - t0 < 120000 ? setTimeout(spot, 100) : null;
+    a.scrollIntoView({behavior: 'instant', block: 'center'});
+    const marked = [a, ...controls.map((id) => document.getElementById(id)).filter(shown)];
+    for (const el of marked) { el.classList.remove('kvviz-spot'); void el.offsetWidth; el.classList.add('kvviz-spot'); }
+    setTimeout(() => { if (window.scrollY !== undefined) a.scrollIntoView({behavior: 'instant', block: 'center'}); }, 800);
+    setTimeout(() => marked.forEach((el) => el.classList.remove('kvviz-spot')), 4000);
+  };
   const tick = () => {
     const el = press ? document.getElementById(press) : null;
     if (press && !el && Date.now() - t0 < 10000) return setTimeout(tick, 100);
     if (el) (el.tagName === 'BUTTON' ? el : (el.querySelector('button') || el)).click();
-    const a = anchor ? document.getElementById(anchor) : null;
-    if (a) setTimeout(() => a.scrollIntoView({behavior: 'smooth', block: 'start'}), 400);
+    spot();
   };
   setTimeout(tick, 150);
   return [];
 }"""
+READY_POLL_S = 2.0  # how often an open Learn tab refreshes the "ready examples" line until all are ready
 
 
 def _prefix(tab: str) -> str:
@@ -104,15 +116,36 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
 
     event = btn.click(load, None, [c for _, c in targets] + [ctx.tabs, pending], api_name=False, queue=False)
     if available:
-        js = PRESS_JS.replace("__PRESS__", json.dumps(press))
-        event.then(None, None, None, js=js.replace("__ANCHOR__", json.dumps(None if via_generate else sm.anchor)))
+        controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
+        js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))
+        event.then(None, None, None, js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
 
 
-def reveal(q: Question, ctx: AppContext) -> str:
-    """The chapter's answer beside the one kvviz computes now."""
-    with user_errors():
-        answer = q.compute(ctx.lm if q.needs_model else None)
-    return f"**The chapter:** {q.chapter_answer}\n\n**Computed by kvviz now:** {answer.text}"
+def plan_show_mes(ctx: AppContext) -> None:
+    """Plan every show-me's result (and the answers that run the model) in the order a lecture reaches them."""
+    keys = []
+    for sm in [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
+        planner = ctx.planners.get(sm.press or "")
+        if planner is not None:
+            keys.append(planner(sm.values))
+    for i, q in enumerate(QUESTIONS, 1):
+        if q.needs_model:
+            keys.append(_answer_key(ctx, i))
+            ctx.store.plan(keys[-1], f"answer {i}", lambda report, stop, q=q: q.compute(ctx.lm))
+    ctx.store.put_first(keys)
+
+
+def _answer_key(ctx: AppContext, i: int) -> tuple:
+    return ctx.lm.name, "answer", i
+
+
+def reveal(q: Question, ctx: AppContext, guess: object = None, answer: Answer | None = None) -> str:
+    """The student's guess beside the answer kvviz computes, then the chapter's answer."""
+    if answer is None:
+        with user_errors():
+            answer = q.compute(ctx.lm if q.needs_model else None)
+    mine = judge(q.guess, guess, answer.values) + "\n\n" if q.guess is not None else ""
+    return f"{mine}**The chapter:** {q.chapter_answer}\n\n**Computed by kvviz now:** {answer.text}"
 
 
 def walkthrough(trace, step):
@@ -136,6 +169,10 @@ def build(ctx: AppContext) -> None:
         gr.Markdown("## The KV cache, in five objectives\nEach objective has a **Show me** button that loads a ready "
                     "example into the view that demonstrates it. Go through them in order; no typing needed.")
         present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
+    ready = gr.Markdown(precompute.readiness(ctx), elem_id="learn-ready")
+    timer = gr.Timer(READY_POLL_S, active=bool(ctx.store.entries()))
+    timer.tick(lambda: (precompute.readiness(ctx), gr.Timer(active=ctx.store.counts()["done"] < len(ctx.store.entries()))),
+               None, [ready, timer], api_name=False, queue=False, show_progress="hidden")
     present.click(None, None, None, js=TOGGLE_JS, api_name=False, queue=False)
     gr.on(triggers=None, fn=None, inputs=None, outputs=None, js=LOAD_JS)  # on page load: keys and ?present=1
 
@@ -155,12 +192,15 @@ def build(ctx: AppContext) -> None:
                 nxt.click(lambda target=ids[i + 1]: gr.Tabs(selected=target), None, inner, api_name=False,
                           queue=False)
         with gr.Tab("Questions", id=ids[n]):
+            gr.Markdown("Commit to a guess first, then reveal: kvviz puts its computed answer next to yours.")
             for i, q in enumerate(QUESTIONS, 1):
                 gr.Markdown(f"**Q{i}.** {q.question}", elem_classes="learn-question")
+                guess = _guess_input(q, i)
                 btn = gr.Button(f"Reveal answer {i}" + (" (runs the model)" if q.needs_model else ""),
                                 elem_id=f"reveal-{i}", size="lg")
                 out = gr.Markdown(elem_id=f"answer-{i}")
-                btn.click(gpu(_revealer(ctx, q)), None, out, api_name=False, concurrency_limit=None)
+                btn.click(gpu(_revealer(ctx, q, i)), None if guess is None else [guess], out, api_name=False,
+                          concurrency_limit=None)
             to_pitfalls = gr.Button("Common pitfalls ›", elem_id="learn-next-questions", size="lg")
             to_pitfalls.click(lambda: gr.Tabs(selected=ids[n + 1]), None, inner, api_name=False, queue=False)
         with gr.Tab("Pitfalls", id=ids[n + 1]):
@@ -168,16 +208,32 @@ def build(ctx: AppContext) -> None:
                 gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
                 show_me_button(ctx, p.show_me, f"pitfall-{i}", pending)
     ctx.components.update({"learn.tabs": inner, "learn.present": present})
+    plan_show_mes(ctx)
 
 
-def _revealer(ctx: AppContext, q):
-    """The handler of one Reveal button; an answer that runs the model takes its turn at the gate."""
+def _guess_input(q: Question, i: int) -> gr.components.Component | None:
+    """Where the student commits to a guess: a number box or a choice."""
+    if q.guess is None:
+        return None
+    if q.guess.is_number:
+        return gr.Number(None, label=q.guess.prompt, elem_id=f"guess-{i}")
+    return gr.Radio(list(q.guess.choices), value=None, label=q.guess.prompt, elem_id=f"guess-{i}")
 
-    def show(request: gr.Request) -> str:
+
+def _revealer(ctx: AppContext, q: Question, i: int):
+    """The handler of one Reveal button; an answer that runs the model is read from the shared store."""
+
+    def show(request: gr.Request, guess: object = None) -> str:
         if not q.needs_model:
-            return reveal(q, ctx)
-        with ctx.jobs.start(request, "answer", 64, 64):
-            return reveal(q, ctx)
+            return reveal(q, ctx, guess)
+
+        def compute(report, should_stop) -> Answer:
+            with user_errors():
+                return q.compute(ctx.lm)
+
+        answer, _ = precompute.shared(ctx, request, _answer_key(ctx, i), compute, live=False, what="answer",
+                                      cost=(64, 64))
+        return reveal(q, ctx, guess, answer)
 
     return show
 
