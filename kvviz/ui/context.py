@@ -58,9 +58,10 @@ class AppContext:
             self._jobs = Jobs(self.settings, self.info)
         return self._jobs
 
-    def on_trace(self, fn: Callable, inputs: list, outputs: list) -> None:
-        """Run ``fn(*inputs)`` → ``outputs`` after every new trace (inputs usually start with trace_state)."""
-        self.listeners.append((fn, inputs, outputs))
+    def on_trace(self, fn: Callable, inputs: list, outputs: list, first: bool = False) -> None:
+        """Run ``fn(*inputs)`` → ``outputs`` after every new trace (inputs usually start with trace_state);
+        ``first`` puts it before the listeners already registered (a quick one the page should see at once)."""
+        self.listeners.insert(0 if first else len(self.listeners), (fn, inputs, outputs))
 
     def stop_flag(self, request: gr.Request | None) -> threading.Event:
         """The session's Stop flag (keyed by session, never shared between users)."""

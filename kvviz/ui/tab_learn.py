@@ -49,14 +49,23 @@ LOAD_JS = """() => {
 PRESS_JS = """() => {
   const press = __PRESS__, anchor = __ANCHOR__, controls = __CONTROLS__, t0 = Date.now();
   const shown = (el) => el && el.getClientRects().length > 0;
-  const spot = () => {  // once the view is on screen: scroll it into sight and outline it and its controls
+  const spot = () => {  // once the view is on screen: bring it into sight and outline it and its controls
     const a = anchor ? document.getElementById(anchor) : null;
     if (!shown(a)) return Date.now() - t0 < 120000 ? setTimeout(spot, 100) : null;
-    a.scrollIntoView({behavior: 'instant', block: 'center'});
+    let moved = false;
+    for (const ev of ['wheel', 'touchmove', 'mousedown']) addEventListener(ev, () => { moved = true; }, {once: true, passive: true});
+    const centre = () => a.scrollIntoView({behavior: 'instant', block: a.offsetHeight > innerHeight ? 'start' : 'center'});
     const marked = [a, ...controls.map((id) => document.getElementById(id)).filter(shown)];
     for (const el of marked) { el.classList.remove('kvviz-spot'); void el.offsetWidth; el.classList.add('kvviz-spot'); }
-    setTimeout(() => { if (window.scrollY !== undefined) a.scrollIntoView({behavior: 'instant', block: 'center'}); }, 800);
     setTimeout(() => marked.forEach((el) => el.classList.remove('kvviz-spot')), 4000);
+    let last = null;
+    const settle = (since) => {  // results arriving move the layout: keep the view in sight until it settles
+      if (moved || Date.now() - since > 6000) return;
+      const r = a.getBoundingClientRect(), now = `${Math.round(r.top)}:${Math.round(r.height)}`;
+      if (now !== last) { centre(); last = (() => { const q = a.getBoundingClientRect(); return `${Math.round(q.top)}:${Math.round(q.height)}`; })(); }
+      setTimeout(() => settle(since), 150);
+    };
+    settle(Date.now());
   };
   const tick = () => {
     const el = press ? document.getElementById(press) : null;
@@ -169,7 +178,7 @@ def build(ctx: AppContext) -> None:
         gr.Markdown("## The KV cache, in five objectives\nEach objective has a **Show me** button that loads a ready "
                     "example into the view that demonstrates it. Go through them in order; no typing needed.")
         present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
-    ready = gr.Markdown(precompute.readiness(ctx), elem_id="learn-ready")
+    ready = gr.Markdown(lambda: precompute.readiness(ctx), elem_id="learn-ready")  # read on every page load
     timer = gr.Timer(READY_POLL_S, active=bool(ctx.store.entries()))
     timer.tick(lambda: (precompute.readiness(ctx), gr.Timer(active=ctx.store.counts()["done"] < len(ctx.store.entries()))),
                None, [ready, timer], api_name=False, queue=False, show_progress="hidden")
@@ -264,4 +273,6 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
         return trace, slider, spans, md, (gr.Tabs(selected=target) if target else gr.skip()), None
 
     if ctx.trace_state is not None:
-        ctx.on_trace(from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending])
+        # first: a show-me that generated switches to its view at once, while the views redraw behind it
+        ctx.on_trace(from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending],
+                     first=True)
