@@ -57,6 +57,7 @@ class DemoStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[Hashable, Entry] = {}
+        self._shared: dict[int, Any] = {}  # objects inside stored results that views may memoize on (by id)
 
     def plan(self, key: Hashable, label: str, compute: Compute) -> Entry:
         """Register a result the app will need (a second plan of the same key keeps the first)."""
@@ -130,6 +131,14 @@ class DemoStore:
         else:
             self.fulfil(entry, value, source, time.perf_counter() - t0)
         return value
+
+    def share(self, obj: Any) -> None:
+        """Mark an object of a stored result as shared: views drawn from it may be kept and reused."""
+        with self._lock:
+            self._shared[id(obj)] = obj
+
+    def is_shared(self, obj: Any) -> bool:
+        return id(obj) in self._shared and self._shared[id(obj)] is obj
 
     def counts(self) -> dict[str, int]:
         """How many planned results are pending, running and done."""

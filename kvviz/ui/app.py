@@ -6,6 +6,7 @@ import importlib
 
 import gradio as gr
 
+from kvviz.ui import precompute
 from kvviz.ui.context import AppContext
 
 # (tab title, module in kvviz/ui, what it will show if the module is not there yet)
@@ -100,6 +101,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                     result = module.build(ctx)
                     if module_name == "tab_generate":
                         generate_event = result
+        # views of a stored (show-me) trace are drawn once and reused by every session
+        ctx.listeners[:] = [(precompute.memo_listener(ctx, fn), i, o) for fn, i, o in ctx.listeners]
         if generate_event is not None:
             for fn, inputs, outputs in ctx.listeners:
                 generate_event = generate_event.then(fn, inputs, outputs, api_name=False)

@@ -120,6 +120,46 @@ def shared(
         return compute(progress or (lambda f, d: None), ticket.expired), None
 
 
+MEMO_LIMIT = 256  # outputs kept per trace listener (a few per stored trace and setting)
+
+
+def memo_listener(ctx: AppContext, fn: Callable) -> Callable:
+    """A trace listener that keeps its outputs for shared (stored) traces, so every session's show-me reuses
+    them; other traces are drawn each time."""
+    kept: dict[tuple, Any] = {}
+    lock = threading.Lock()
+
+    def listener(*args):
+        trace = args[0] if args else None
+        if trace is None or not ctx.store.is_shared(trace):
+            return fn(*args)
+        key = (id(trace), repr(args[1:]))
+        with lock:
+            if key in kept:
+                return kept[key]
+        out = fn(*args)
+        with lock:
+            if len(kept) >= MEMO_LIMIT:
+                kept.clear()
+            kept[key] = out
+        return out
+
+    listener.__name__ = getattr(fn, "__name__", "listener")
+    return listener
+
+
+def share_trace(ctx: AppContext, trace: Any) -> None:
+    """A stored trace: mark it shared and draw every view of it once, with the views' opening settings."""
+    ctx.store.share(trace)
+    for fn, inputs, _ in ctx.listeners:
+        if not inputs or inputs[0] is not ctx.trace_state:
+            continue
+        try:
+            fn(trace, *[getattr(c, "value", None) for c in inputs[1:]])
+        except Exception:
+            log.exception("drawing a stored trace's view failed")
+
+
 def origin(entry: Entry | None) -> str:
     """Where a shown result came from, for the page: "computed at start-up (20:51 UTC, 18.3 s)", or "computed now"."""
     if entry is None or entry.finished_at is None:

@@ -18,7 +18,7 @@ from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
-from kvviz.ui.precompute import live_box, origin
+from kvviz.ui.precompute import live_box, origin, share_trace
 from kvviz.ui.sessions import job_failed, user_errors
 from kvviz.units import format_bytes, plural
 
@@ -131,6 +131,8 @@ def build(ctx: AppContext):
             for trace in capture_iter(ctx.lm, args[0], chat=bool(args[1]), max_new_tokens=n_new, sampling=sampling,
                                       prompt_ids=ids, verify=True, should_stop=should_stop):
                 report(trace.n_generated / n_new, f"{plural(trace.n_generated, 'token')}")
+            if trace is not None and not should_stop():
+                share_trace(ctx, trace)
             return trace, _export_bytes(trace)
 
         key = gen_key(ids, n_new, sampling)
@@ -188,6 +190,7 @@ def build(ctx: AppContext):
                 if final:  # the model's work is done: free the session's place before the page shows "Done"
                     ticket.release()
                     if mine and entry is not None and trace.stop_reason != "stopped" and not ticket.timed_out:
+                        share_trace(ctx, trace)
                         ctx.store.fulfil(entry, (trace, _export_bytes(trace)), "a request", now - t0)
                 yield _outputs(trace, budget_name, final=final, request=request, note=ctx.jobs.timeout_note(ticket))
         except gr.Error:

@@ -60,3 +60,23 @@ def test_off_means_no_thread():
     ctx.store.plan("k", "k", lambda report, stop: 1)
     assert precompute.start(ctx) is None
     assert "Start-up computing is off" in precompute.readiness(ctx)
+
+
+def test_views_of_a_shared_trace_are_drawn_once_and_others_every_time():
+    ctx, calls = fake_ctx(), []
+    ctx.trace_state = object()
+
+    def view(trace, layer):
+        calls.append((trace, layer))
+        return f"{trace}@{layer}"
+
+    listener = precompute.memo_listener(ctx, view)
+    ctx.listeners = [(listener, [ctx.trace_state, SimpleNamespace(value=3)], [])]
+    stored, own = "stored-trace", "own-trace"
+    precompute.share_trace(ctx, stored)  # drawn once with the view's opening setting
+    assert calls == [(stored, 3)]
+    assert listener(stored, 3) == "stored-trace@3" and calls == [(stored, 3)]  # reused
+    assert listener(stored, 5) == "stored-trace@5" and len(calls) == 2  # another setting: drawn
+    listener(own, 3)
+    listener(own, 3)
+    assert calls[-2:] == [(own, 3), (own, 3)]  # a session's own trace is never kept
