@@ -46,8 +46,8 @@ LOAD_JS = """() => {
   });
   return [];
 }""".replace("__CLS__", PRESENT_CLASS).replace("__STEP__", STEP_CLASS)
-PRESS_JS = """() => {
-  const press = __PRESS__, anchor = __ANCHOR__, controls = __CONTROLS__, t0 = Date.now();
+PRESS_JS = """(mode) => {
+  const press = mode === 'stored' ? null : __PRESS__, anchor = __ANCHOR__, controls = __CONTROLS__, t0 = Date.now();
   const shown = (el) => el && el.getClientRects().length > 0;
   const spot = () => {  // once the view is on screen: bring it into sight and outline it and its controls
     const a = anchor ? document.getElementById(anchor) : null;
@@ -115,19 +115,42 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
     press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
     via_generate = bool(press and press_tab == "generate" and _prefix(sm.tab) != "generate")
     first_tab = "tab_generate" if via_generate else sm.tab
+    # a view drawn from a generation that is already stored loads in this one event, without the Generate detour
+    fast = via_generate and available and "generate.button" in ctx.planners and ctx.trace_state is not None
+    key = ctx.planners["generate.button"](sm.values) if fast else None
+    views = [o for _, _, o in ctx.listeners if ctx.tabs not in o] if fast else []
+    view_outputs = [c for o in views for c in o]
+    mode = gr.Textbox(visible=False) if fast else None
+
+    def stored_views(trace) -> list:
+        """Every trace view of a stored generation (drawn once at start-up, so these calls are quick)."""
+        out: list = []
+        for fn, inputs, outputs in ctx.listeners:
+            if any(outputs is o for o in views):
+                values = fn(trace, *[getattr(c, "value", None) for c in inputs[1:]])
+                out.extend(values if len(outputs) > 1 else [values])
+        return out
 
     def load():
+        values = [sm.values[k] for k, _ in targets]
         if not available:
             gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
             return [gr.skip()] * len(targets) + [gr.skip(), gr.skip()]
-        return [v for _, v in ((k, sm.values[k]) for k, _ in targets)] + [
-            gr.Tabs(selected=first_tab), sm.tab if via_generate else None]
+        if not fast:
+            return [*values, gr.Tabs(selected=first_tab), sm.tab if via_generate else None]
+        entry = ctx.store.entry(key)
+        if entry is not None and entry.state == "done":
+            trace = entry.value[0]
+            return [*values, gr.Tabs(selected=sm.tab), None, "stored", trace, *stored_views(trace)]
+        return [*values, gr.Tabs(selected=first_tab), sm.tab, "press", gr.skip(), *[gr.skip()] * len(view_outputs)]
 
-    event = btn.click(load, None, [c for _, c in targets] + [ctx.tabs, pending], api_name=False, queue=False)
+    extra = [mode, ctx.trace_state, *view_outputs] if fast else []
+    event = btn.click(load, None, [c for _, c in targets] + [ctx.tabs, pending, *extra], api_name=False, queue=False)
     if available:
         controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
         js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))
-        event.then(None, None, None, js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
+        event.then(None, [mode] if mode is not None else None, None,
+                   js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
 
 
 def plan_show_mes(ctx: AppContext) -> None:

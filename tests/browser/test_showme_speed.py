@@ -70,6 +70,9 @@ def click_and_time(page, button_id: str, sm) -> float:
         timeout=60_000,
         polling=50,
     )
+    page.wait_for_function(  # the named view is outlined for a few seconds
+        "id => document.getElementById(id)?.classList.contains('kvviz-spot')", arg=sm.anchor, timeout=60_000, polling=50
+    )
     if ready:
         page.wait_for_function(
             "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
@@ -104,7 +107,6 @@ def test_every_show_me_answers_within_two_seconds(browser_context, ready_server)
             if "not in this build yet" in note:
                 continue
             times[sm.label] = click_and_time(page, button_id, sm)
-            assert page.locator(".kvviz-spot").count() >= 1, f"{sm.label}: the view is not highlighted"
             page.screenshot(path=str(ARTIFACTS / f"{button_id}.png"))
         (ARTIFACTS / "showme_times.json").write_text(json.dumps(times, indent=2))
         print("\nshow-me times (s):")
