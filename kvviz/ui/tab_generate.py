@@ -122,13 +122,13 @@ def build(ctx: AppContext):
 
     def plan(values: dict) -> tuple:
         """A show-me's generation, planned so it is ready before the click (greedy, as the tab opens)."""
-        args = [values.get(f"generate.{k}", c.value) for k, c in
-                (("prompt", prompt), ("chat", chat), ("max_new", max_new))]
-        ids, n_new, sampling = validate_request(ctx, *args, temperature.value, top_p.value, seed.value)
+        text, use_chat = values.get("generate.prompt", prompt.value), values.get("generate.chat", chat.value)
+        ids, n_new, sampling = validate_request(ctx, text, use_chat, values.get("generate.max_new", max_new.value),
+                                                temperature.value, top_p.value, seed.value)
 
         def compute(report, should_stop):
             trace = None
-            for trace in capture_iter(ctx.lm, args[0], chat=bool(args[1]), max_new_tokens=n_new, sampling=sampling,
+            for trace in capture_iter(ctx.lm, text, chat=bool(use_chat), max_new_tokens=n_new, sampling=sampling,
                                       prompt_ids=ids, verify=True, should_stop=should_stop):
                 report(trace.n_generated / n_new, f"{plural(trace.n_generated, 'token')}")
             if trace is not None and not should_stop():

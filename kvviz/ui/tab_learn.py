@@ -10,10 +10,12 @@ large type, high contrast, no captions; ← / → step the visible decode-step s
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import gradio as gr
 
 from kvviz.capture.loop import capture
+from kvviz.demo_store import Compute, Progress
 from kvviz.lessons.guesses import judge
 from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS, Answer, Question, ShowMe, decode_step_view
 from kvviz.ui import precompute
@@ -163,8 +165,18 @@ def plan_show_mes(ctx: AppContext) -> None:
     for i, q in enumerate(QUESTIONS, 1):
         if q.needs_model:
             keys.append(_answer_key(ctx, i))
-            ctx.store.plan(keys[-1], f"answer {i}", lambda report, stop, q=q: q.compute(ctx.lm))
+            ctx.store.plan(keys[-1], f"answer {i}", _answer_job(ctx, q))
     ctx.store.put_first(keys)
+
+
+def _answer_job(ctx: AppContext, q: Question) -> Compute:
+    """An answer that runs the model, as a store computation."""
+
+    def compute(report: Progress, should_stop: Callable[[], bool]) -> Answer:
+        with user_errors():
+            return q.compute(ctx.lm)
+
+    return compute
 
 
 def _answer_key(ctx: AppContext, i: int) -> tuple:
@@ -259,11 +271,7 @@ def _revealer(ctx: AppContext, q: Question, i: int):
         if not q.needs_model:
             return reveal(q, ctx, guess)
 
-        def compute(report, should_stop) -> Answer:
-            with user_errors():
-                return q.compute(ctx.lm)
-
-        answer, _ = precompute.shared(ctx, request, _answer_key(ctx, i), compute, live=False, what="answer",
+        answer, _ = precompute.shared(ctx, request, _answer_key(ctx, i), _answer_job(ctx, q), live=False, what="answer",
                                       cost=(64, 64))
         return reveal(q, ctx, guess, answer)
 

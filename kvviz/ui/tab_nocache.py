@@ -5,6 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.capture.loop import encode_prompt
+from kvviz.demo_store import Compute
 from kvviz.figures import nocache as fig
 from kvviz.lessons.nocache import compare_cache, table_for_prompt
 from kvviz.safety import whole_number
@@ -111,7 +112,7 @@ def build(ctx: AppContext) -> None:
         with ctx.jobs.start_prompt(request, "no-cache table", ctx.lm, p, c, n, runs=2):
             return table(ctx, p, c, n)
 
-    def job(p, c, n: int) -> tuple[tuple, object]:
+    def job(p, c, n: int) -> tuple[tuple, Compute]:
         """The store key and computation of one timing (the prompt checked and tokenized first)."""
         ids = _ids(ctx, p, c)
         n = _whole(n, "N", 1, min(MAX_N, ctx.settings.max_new_tokens))

@@ -245,8 +245,8 @@ def build(ctx: AppContext) -> None:
     ctx.planners["quant.button"] = plan
 
     def run_analyze(request: gr.Request, progress=gr.Progress(), *values):  # Gradio injects both
-        live, *values = values
-        key, compute = analysis_job(values)
+        live, *settings = values
+        key, compute = analysis_job(settings)
         out, _ = shared(ctx, request, key, compute, live=bool(live), what="quantization analysis",
                         cost=(key[2], 0), progress=lambda f, d: progress(f, desc=d))
         return out
