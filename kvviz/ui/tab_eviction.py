@@ -306,7 +306,7 @@ def build(ctx: AppContext) -> None:
                             what="comparison", cost=(len(req["ids"]), req["max_new_tokens"]), runs=len(pols) + 1,
                             progress=lambda f, d: progress(f, desc=d))
         text, *rest = comparison_outputs(cmp)
-        return (f"{text} · *{origin(entry)}*", *rest)
+        return (f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
 
     def plan_compare(names, *args) -> None:
         """The comparison the tab opens with (the needle passage, three policies): ready before a click."""
@@ -339,15 +339,16 @@ def build(ctx: AppContext) -> None:
     plan_needle({})
 
     def run_needle(comp, live, request: gr.Request, progress=gr.Progress()):
-        res, _ = shared(ctx, request, needle_key(comp), needle_job(comp), live=bool(live), what="needle demo",
+        res, entry = shared(ctx, request, needle_key(comp), needle_job(comp), live=bool(live), what="needle demo",
                         cost=(NEEDLE_TOKENS, 16), runs=3, progress=lambda f, d: progress(f, desc=d))
         snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
         run = snap.run
+        text, *rest = comparison_outputs(res.comparison, res.found())
         return (needle_passage(*NEEDLE_FILLER), f"Question: {NEEDLE_QUESTION}", True, "snapkv", "tokens",
                 NEEDLE_BUDGET, run, status_text(run, snap.policy), run.text,
                 gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
                 *views(run, info.layers - 1, 0, 0, snap.policy.score_label),
-                *comparison_outputs(res.comparison, res.found()))
+                f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
 
     needle_btn.click(gpu(run_needle), [compress, demo_live],
                      [prompt, question, chat, policy, mode, budget, run_state, status, answer, step, *view_outputs,
