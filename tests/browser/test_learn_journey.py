@@ -35,11 +35,16 @@ def text_of(page, selector: str) -> str | None:
 
 def open_learn(page, inner: str) -> None:
     top = page.get_by_role("tab", name="Learn", exact=True)
-    if top.count() and top.is_visible():
+    if "Learn" in [t.strip() for t in selected_tabs(page)]:
+        pass
+    elif top.count() and top.is_visible():
         top.click()
     else:  # large type on a narrower screen: another view is selected and Learn sits in the "More tabs" menu
-        page.locator('button[aria-label="More tabs"]:not(#learn-tabs *)').first.click()
-        page.locator(".overflow-dropdown button:not(#learn-tabs *)", has_text="Learn").first.click()
+        learn = page.locator(".overflow-dropdown button:not(#learn-tabs *)", has_text=re.compile(r"^\s*Learn\s*$"))
+        menu = page.locator(".overflow-menu:not(#learn-tabs *)", has=learn).first
+        if not learn.first.is_visible():
+            menu.locator('button[aria-label="More tabs"]').click()
+        learn.first.click()
     page.locator("#learn-tabs").wait_for()
     tab = page.locator("#learn-tabs").get_by_role("tab", name=inner, exact=True)
     if tab.count() and tab.is_visible():
