@@ -69,8 +69,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # SIGTERM (a Space restarting, a test ending) closes the server like Ctrl-C, so temp files are deleted
     signal.signal(signal.SIGTERM, _interrupt)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, root_path=args.root_path,
-                theme=THEME, css=CSS, footer_links=["api"], **launch_options)
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        share=args.share,
+        root_path=args.root_path,
+        theme=THEME,
+        css=CSS,
+        footer_links=["api"],
+        **launch_options,
+    )
     return 0
 
 

@@ -51,7 +51,7 @@ def plain_generate(lm, ids: list[int], n_new: int) -> tuple[float, list[int]]:
     assert lm.model.config._attn_implementation == "sdpa", "the baseline must be plain SDPA"
     with torch.inference_mode(), Clock() as clock:
         out = lm.model.generate(x, attention_mask=torch.ones_like(x), generation_config=cfg)
-    return clock, [int(i) for i in out[0, len(ids):]]
+    return clock, [int(i) for i in out[0, len(ids) :]]
 
 
 def own_loop(lm, ids: list[int], n_new: int) -> tuple[float, list[int]]:
@@ -70,7 +70,7 @@ def captured(lm, ids: list[int], n_new: int) -> tuple[float, list[int], dict]:
     """kvviz's capture (own loop + recorder), greedy, no stop token: its Clock, new ids, the trace timings."""
     with Clock() as clock:
         trace = capture(never_stopping(lm), "", chat=False, prompt_ids=ids, max_new_tokens=n_new)
-    return clock, trace.token_ids[len(ids):], trace.timings
+    return clock, trace.token_ids[len(ids) :], trace.timings
 
 
 def run_case(lm, n_prompt: int, n_new: int, repeats: int) -> dict:
@@ -81,7 +81,7 @@ def run_case(lm, n_prompt: int, n_new: int, repeats: int) -> dict:
     prefill_s = []
     for r in range(repeats):
         names = list(times)
-        for which in names[r % 3:] + names[: r % 3]:
+        for which in names[r % 3 :] + names[: r % 3]:
             if which == "generate":
                 seconds, gen_ids = plain_generate(lm, ids, n_new)
             elif which == "own_loop":
@@ -96,29 +96,41 @@ def run_case(lm, n_prompt: int, n_new: int, repeats: int) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     return {
-        "prompt_tokens": n_prompt, "new_tokens": n_new, "repeats": repeats, "same_tokens": True,
-        "plain_s": times["generate"], "own_loop_s": times["own_loop"], "capture_s": times["capture"],
+        "prompt_tokens": n_prompt,
+        "new_tokens": n_new,
+        "repeats": repeats,
+        "same_tokens": True,
+        "plain_s": times["generate"],
+        "own_loop_s": times["own_loop"],
+        "capture_s": times["capture"],
         "capture_prefill_s": prefill_s,
-        "plain_median_s": med["generate"], "own_loop_median_s": med["own_loop"], "capture_median_s": med["capture"],
+        "plain_median_s": med["generate"],
+        "own_loop_median_s": med["own_loop"],
+        "capture_median_s": med["capture"],
         "ratio_of_medians": med["capture"] / med["generate"],
         "ratio_vs_own_loop": med["capture"] / med["own_loop"],
         "median_pair_ratio": statistics.median(c / p for c, p in zip(times["capture"], times["generate"])),
         "median_pair_ratio_vs_own_loop": statistics.median(c / p for c, p in zip(times["capture"], times["own_loop"])),
-        "cpu_s": cpu, "cpu_ratio_vs_generate": cpu_med["capture"] / cpu_med["generate"],
+        "cpu_s": cpu,
+        "cpu_ratio_vs_generate": cpu_med["capture"] / cpu_med["generate"],
         "cpu_ratio_vs_own_loop": cpu_med["capture"] / cpu_med["own_loop"],
         "target_ratio": TARGET_RATIO,
     }
 
 
 def table(rows: list[dict]) -> str:
-    out = [f"{'case':>12} {'generate (s)':>13} {'own loop (s)':>13} {'capture (s)':>12} {'vs generate':>12} "
-           f"{'vs own loop':>12} {'CPU-time ratios':>16}  target ≤ {TARGET_RATIO}×"]
+    out = [
+        f"{'case':>12} {'generate (s)':>13} {'own loop (s)':>13} {'capture (s)':>12} {'vs generate':>12} "
+        f"{'vs own loop':>12} {'CPU-time ratios':>16}  target ≤ {TARGET_RATIO}×"
+    ]
     for r in rows:
         worst = max(r["ratio_of_medians"], r["ratio_vs_own_loop"])
-        out.append(f"{r['prompt_tokens']:>6}+{r['new_tokens']:<5} {r['plain_median_s']:>13.2f} "
-                   f"{r['own_loop_median_s']:>13.2f} {r['capture_median_s']:>12.2f} {r['ratio_of_medians']:>11.2f}× "
-                   f"{r['ratio_vs_own_loop']:>11.2f}× {r['cpu_ratio_vs_generate']:>7.2f}×/{r['cpu_ratio_vs_own_loop']:.2f}×  "
-                   f"{'met' if worst <= TARGET_RATIO else 'MISSED'}")
+        out.append(
+            f"{r['prompt_tokens']:>6}+{r['new_tokens']:<5} {r['plain_median_s']:>13.2f} "
+            f"{r['own_loop_median_s']:>13.2f} {r['capture_median_s']:>12.2f} {r['ratio_of_medians']:>11.2f}× "
+            f"{r['ratio_vs_own_loop']:>11.2f}× {r['cpu_ratio_vs_generate']:>7.2f}×/{r['cpu_ratio_vs_own_loop']:.2f}×  "
+            f"{'met' if worst <= TARGET_RATIO else 'MISSED'}"
+        )
     return "\n".join(out)
 
 

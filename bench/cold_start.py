@@ -26,8 +26,9 @@ def free_port() -> int:
 def time_start(timeout: float = 300.0) -> float:
     port = free_port()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         while time.perf_counter() - t0 < timeout:
             try:

@@ -45,10 +45,16 @@ def plain_decode(lm, ids: list[int], n_new: int) -> float:
 
 def one_run(lm, ids: list[int], name: str, budget: int, n_new: int) -> dict:
     run = run_policy(lm, ids, make_policy(name), budget=budget, max_new_tokens=n_new, record_history=False)
-    return {"policy": name, "n_kept": run.n_kept, "step_s": run.timings["decode_step_median_s"],
-            "step_cpu_s": run.timings["decode_step_median_cpu_s"],
-            "prefill_s": run.timings["prefill_s"], "cache_bytes_end": run.cache_bytes,
-            "full_cache_bytes_end": run.full_cache_bytes, "generated": len(run.generated_ids)}
+    return {
+        "policy": name,
+        "n_kept": run.n_kept,
+        "step_s": run.timings["decode_step_median_s"],
+        "step_cpu_s": run.timings["decode_step_median_cpu_s"],
+        "prefill_s": run.timings["prefill_s"],
+        "cache_bytes_end": run.cache_bytes,
+        "full_cache_bytes_end": run.full_cache_bytes,
+        "generated": len(run.generated_ids),
+    }
 
 
 def all_policies(lm, ids: list[int], names: list[str], budget: int, n_new: int, repeats: int) -> list[dict]:
@@ -56,14 +62,21 @@ def all_policies(lm, ids: list[int], names: list[str], budget: int, n_new: int, 
     per policy the median over repeats of each run's median decode-step time."""
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             runs[name].append(one_run(lm, ids, name, budget, n_new))
     rows = []
     for name in names:
         step = statistics.median(x["step_s"] for x in runs[name])
         cpu = statistics.median(x["step_cpu_s"] for x in runs[name])
-        rows.append({**runs[name][-1], "step_s": step, "decode_tokens_per_s": 1.0 / step, "step_cpu_s": cpu,
-                     "prefill_s": statistics.median(x["prefill_s"] for x in runs[name])})
+        rows.append(
+            {
+                **runs[name][-1],
+                "step_s": step,
+                "decode_tokens_per_s": 1.0 / step,
+                "step_cpu_s": cpu,
+                "prefill_s": statistics.median(x["prefill_s"] for x in runs[name]),
+            }
+        )
     return rows
 
 
@@ -91,18 +104,29 @@ def main(argv: list[str] | None = None, lm=None) -> dict:
         r["cpu_vs_full"] = full["step_cpu_s"] / r["step_cpu_s"]  # > 1: fewer CPU-seconds per token than full
         r["smaller_cache"] = r["cache_bytes_end"] < r["full_cache_bytes_end"]
         r["slower_than_full"] = bool(r["smaller_cache"] and min(r["vs_full"], r["cpu_vs_full"]) < SLOWER)
-    result = {"prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "budget": args.budget,
-              "repeats": args.repeats, "device": str(lm.device), "threads": torch.get_num_threads(),
-              "plain_dynamic_cache_tokens_per_s": plain_decode(lm, ids, args.new_tokens), "policies": rows}
+    result = {
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "budget": args.budget,
+        "repeats": args.repeats,
+        "device": str(lm.device),
+        "threads": torch.get_num_threads(),
+        "plain_dynamic_cache_tokens_per_s": plain_decode(lm, ids, args.new_tokens),
+        "policies": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    print(f"prompt {args.prompt_tokens} tokens, {args.new_tokens} new, budget {args.budget} "
-          f"(plain DynamicCache loop: {result['plain_dynamic_cache_tokens_per_s']:.1f} tokens/s)")
+    print(
+        f"prompt {args.prompt_tokens} tokens, {args.new_tokens} new, budget {args.budget} "
+        f"(plain DynamicCache loop: {result['plain_dynamic_cache_tokens_per_s']:.1f} tokens/s)"
+    )
     for r in rows:
         flag = "SLOWER" if r["slower_than_full"] else "ok"
-        print(f"  {r['policy']:<14} {r['decode_tokens_per_s']:7.1f} tokens/s  ×{r['vs_full']:.2f} vs full  "
-              f"{1000 * r['step_cpu_s']:7.1f} CPU-ms/token  ×{r['cpu_vs_full']:.2f}  "
-              f"cache {r['cache_bytes_end'] / 2**20:7.1f} MiB  prefill {r['prefill_s']:.1f} s  {flag}")
+        print(
+            f"  {r['policy']:<14} {r['decode_tokens_per_s']:7.1f} tokens/s  ×{r['vs_full']:.2f} vs full  "
+            f"{1000 * r['step_cpu_s']:7.1f} CPU-ms/token  ×{r['cpu_vs_full']:.2f}  "
+            f"cache {r['cache_bytes_end'] / 2**20:7.1f} MiB  prefill {r['prefill_s']:.1f} s  {flag}"
+        )
     return result
 
 

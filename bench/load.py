@@ -31,10 +31,40 @@ from gradio_client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-SUBJECTS = ["the sea", "a red fox", "winter", "an old clock", "the moon", "bread", "a quiet library", "rain",
-            "a mountain", "coffee", "a lost key", "the desert", "a violin", "autumn leaves", "a robot", "fire",
-            "a small boat", "the city at night", "snow", "a garden", "an owl", "thunder", "a train", "honey",
-            "a lighthouse", "the wind", "a cat", "summer", "a bridge", "stars", "a river", "a candle"]
+SUBJECTS = [
+    "the sea",
+    "a red fox",
+    "winter",
+    "an old clock",
+    "the moon",
+    "bread",
+    "a quiet library",
+    "rain",
+    "a mountain",
+    "coffee",
+    "a lost key",
+    "the desert",
+    "a violin",
+    "autumn leaves",
+    "a robot",
+    "fire",
+    "a small boat",
+    "the city at night",
+    "snow",
+    "a garden",
+    "an owl",
+    "thunder",
+    "a train",
+    "honey",
+    "a lighthouse",
+    "the wind",
+    "a cat",
+    "summer",
+    "a bridge",
+    "stars",
+    "a river",
+    "a candle",
+]
 
 
 def prompt_for(i: int) -> str:
@@ -47,11 +77,21 @@ def start_server(env_extra: dict[str, str]) -> tuple[subprocess.Popen, str, Path
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     tmp = Path(tempfile.mkdtemp(prefix="kvviz-load-"))
-    env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp), "TMPDIR": str(tmp), "GRADIO_ANALYTICS_ENABLED": "False",
-           **env_extra}
+    env = {
+        **os.environ,
+        "GRADIO_TEMP_DIR": str(tmp),
+        "TMPDIR": str(tmp),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        **env_extra,
+    }
     with open(tmp / "app.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -106,18 +146,28 @@ def wave(url: str, n: int, new_tokens: int, solo: dict[str, str]) -> dict:
     lat = sorted(r[0] for r in results)
     errors = [r[2] for r in results if r[2]]
     wrong = [i for i, r in enumerate(results) if r[1] is not None and r[1] != solo[prompt_for(i)]]
-    return {"students": n, "wall_s": round(wall, 1), "p50_s": round(statistics.median(lat), 2),
-            "p95_s": round(lat[min(n - 1, int(round(0.95 * (n - 1))))], 2), "max_s": round(lat[-1], 2),
-            "errors": errors, "wrong_answers": wrong}
+    return {
+        "students": n,
+        "wall_s": round(wall, 1),
+        "p50_s": round(statistics.median(lat), 2),
+        "p95_s": round(lat[min(n - 1, int(round(0.95 * (n - 1))))], 2),
+        "max_s": round(lat[-1], 2),
+        "errors": errors,
+        "wrong_answers": wrong,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--students", type=int, nargs="+", default=[8, 32, 32])
     ap.add_argument("--new-tokens", type=int, default=6)
-    ap.add_argument("--settle-s", type=float, default=20.0,
-                    help="idle seconds after each wave before reading RSS (the server notices closed sessions "
-                         "at its next heartbeat, every 15 s)")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=20.0,
+        help="idle seconds after each wave before reading RSS (the server notices closed sessions "
+        "at its next heartbeat, every 15 s)",
+    )
     ap.add_argument("--url", help="load-test a running app instead of starting one (no RSS then)")
     args = ap.parse_args(argv)
 
@@ -141,16 +191,23 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.settle_s)
             w["rss_mib_after"] = None if pid is None else round(rss_mib(pid), 1)
             waves.append(w)
-            print(f"{n:3d} students: wall {w['wall_s']} s, p50 {w['p50_s']} s, p95 {w['p95_s']} s, "
-                  f"errors {len(w['errors'])}, wrong {len(w['wrong_answers'])}, RSS {w['rss_mib_after']} MiB")
+            print(
+                f"{n:3d} students: wall {w['wall_s']} s, p50 {w['p50_s']} s, p95 {w['p95_s']} s, "
+                f"errors {len(w['errors'])}, wrong {len(w['wrong_answers'])}, RSS {w['rss_mib_after']} MiB"
+            )
         with urllib.request.urlopen(url, timeout=10) as r:
             up = r.status == 200
         again = ask(url, prompt_for(0), args.new_tokens)["text"] == solo[prompt_for(0)]
         rss_idle = rss_mib(pid)
         report = {
-            "new_tokens": args.new_tokens, "cpu_cores": os.cpu_count(), "solo_s_per_request": round(solo_s, 2),
-            "distinct_solo_answers": distinct, "rss_mib_before": None if rss0 is None else round(rss0, 1),
-            "waves": waves, "app_up_after": up, "answer_after_matches_solo": again,
+            "new_tokens": args.new_tokens,
+            "cpu_cores": os.cpu_count(),
+            "solo_s_per_request": round(solo_s, 2),
+            "distinct_solo_answers": distinct,
+            "rss_mib_before": None if rss0 is None else round(rss0, 1),
+            "waves": waves,
+            "app_up_after": up,
+            "answer_after_matches_solo": again,
         }
         if rss0 is not None:
             report["rss_mib_after_idle"] = round(rss_idle, 1)

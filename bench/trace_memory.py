@@ -39,19 +39,33 @@ def measure(lm, n_prompt: int, n_new: int, obs_window: int = 64) -> dict:
 
     ids = chapter_prompt_ids(lm.tokenizer, n_prompt)
     t0 = time.perf_counter()
-    trace = capture(never_stopping(lm), "", chat=False, prompt_ids=ids, max_new_tokens=n_new,
-                    cfg=RecorderConfig(obs_window=obs_window))
+    trace = capture(
+        never_stopping(lm),
+        "",
+        chat=False,
+        prompt_ids=ids,
+        max_new_tokens=n_new,
+        cfg=RecorderConfig(obs_window=obs_window),
+    )
     seconds = time.perf_counter() - t0
     arrays = {n: int(getattr(trace, n).nbytes) for n in _ARRAYS if getattr(trace, n) is not None}
     kv = trace.cache_bytes
     return {
-        "model": trace.model.name, "device": trace.model.device, "dtype": trace.model.dtype,
-        "prompt_tokens": trace.n_prompt, "new_tokens": trace.n_generated, "tokens_in_cache": trace.n_fed,
-        "bin_factor": trace.bin_factor, "obs_window": obs_window,
-        "kv_cache_bytes": kv, "trace_bytes": trace.nbytes(), "trace_bytes_by_array": arrays,
+        "model": trace.model.name,
+        "device": trace.model.device,
+        "dtype": trace.model.dtype,
+        "prompt_tokens": trace.n_prompt,
+        "new_tokens": trace.n_generated,
+        "tokens_in_cache": trace.n_fed,
+        "bin_factor": trace.bin_factor,
+        "obs_window": obs_window,
+        "kv_cache_bytes": kv,
+        "trace_bytes": trace.nbytes(),
+        "trace_bytes_by_array": arrays,
         "trace_to_kv_ratio": trace.nbytes() / kv,
         "output_attentions_bytes": output_attentions_bytes(trace.model, trace.n_prompt, trace.n_generated),
-        "capture_seconds": seconds, "target_ratio": TARGET_RATIO,
+        "capture_seconds": seconds,
+        "target_ratio": TARGET_RATIO,
     }
 
 

@@ -85,8 +85,14 @@ class Ticket:
 class Gate:
     """FIFO admission to ``slots`` concurrent model jobs, one per session, with memory and time limits."""
 
-    def __init__(self, slots: int = 1, max_waiting: int = 64, max_seconds: float = 300.0,
-                 max_rss_bytes: int | None = None, rss: Callable[[], int | None] = current_rss):
+    def __init__(
+        self,
+        slots: int = 1,
+        max_waiting: int = 64,
+        max_seconds: float = 300.0,
+        max_rss_bytes: int | None = None,
+        rss: Callable[[], int | None] = current_rss,
+    ):
         if slots < 1 or max_waiting < 0 or max_seconds <= 0:
             raise ValueError("slots ≥ 1, max_waiting ≥ 0 and max_seconds > 0 are required.")
         self.slots, self.max_waiting, self.max_seconds = slots, max_waiting, max_seconds
@@ -104,13 +110,20 @@ class Gate:
         with self._cond:
             mine = self._by_session.get(session)
             if mine is not None:
-                where = ("still running" if mine in self._running else
-                         f"still queued, position {self._waiting.index(mine) + 1} of {len(self._waiting)}")
-                raise Refused(f"Your previous {mine.what} is {where}; wait for it to finish (or press Stop) "
-                              "before starting another.")
+                where = (
+                    "still running"
+                    if mine in self._running
+                    else f"still queued, position {self._waiting.index(mine) + 1} of {len(self._waiting)}"
+                )
+                raise Refused(
+                    f"Your previous {mine.what} is {where}; wait for it to finish (or press Stop) "
+                    "before starting another."
+                )
             if len(self._waiting) >= self.max_waiting:
-                raise Refused(f"The server is busy: {len(self._waiting)} jobs are waiting, the most it queues. "
-                              "Try again in a minute.")
+                raise Refused(
+                    f"The server is busy: {len(self._waiting)} jobs are waiting, the most it queues. "
+                    "Try again in a minute."
+                )
             self.check_memory()
             ticket = Ticket(self, session, what, next(self._numbers), self.max_seconds)
             self._waiting.append(ticket)
@@ -122,9 +135,11 @@ class Gate:
         """:class:`Refused` while the process's resident memory is above the ceiling."""
         rss = self._rss() if self.max_rss_bytes else None
         if rss is not None and rss > self.max_rss_bytes:
-            raise Refused(f"The server is short of memory ({rss / 2**30:.1f} GiB in use, ceiling "
-                          f"{self.max_rss_bytes / 2**30:.1f} GiB, KVVIZ_MAX_RSS_GB); new model jobs are "
-                          "refused until running ones finish. Try again shortly.")
+            raise Refused(
+                f"The server is short of memory ({rss / 2**30:.1f} GiB in use, ceiling "
+                f"{self.max_rss_bytes / 2**30:.1f} GiB, KVVIZ_MAX_RSS_GB); new model jobs are "
+                "refused until running ones finish. Try again shortly."
+            )
 
     def spare_bytes(self) -> int | None:
         """Memory a new job may still use before the ceiling (None when there is no ceiling)."""

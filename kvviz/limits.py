@@ -149,12 +149,15 @@ class JobCost:
 
     def describe(self) -> str:
         runs = f"{self.runs} runs of " if self.runs > 1 else ""
-        return (f"{runs}{self.prompt_tokens:,} prompt + {self.new_tokens:,} new tokens × {self.layers} layers "
-                f"({self.key_reads:.3g} attention key reads, ~{self.bytes / 2**20:,.0f} MiB)")
+        return (
+            f"{runs}{self.prompt_tokens:,} prompt + {self.new_tokens:,} new tokens × {self.layers} layers "
+            f"({self.key_reads:.3g} attention key reads, ~{self.bytes / 2**20:,.0f} MiB)"
+        )
 
 
-def job_cost(prompt_tokens: int, new_tokens: int, layers: int, bytes_per_token: int, runs: int = 1,
-             window: int | None = None) -> JobCost:
+def job_cost(
+    prompt_tokens: int, new_tokens: int, layers: int, bytes_per_token: int, runs: int = 1, window: int | None = None
+) -> JobCost:
     """What ``runs`` generations of ``new_tokens`` after a ``prompt_tokens`` prompt will cost.
 
     ``bytes_per_token`` is the model's KV bytes per token (all layers); the recorder keeps about as
@@ -169,8 +172,9 @@ def job_cost(prompt_tokens: int, new_tokens: int, layers: int, bytes_per_token: 
         decode = _sum_range(prompt_tokens + 1, prompt_tokens + below) + (new_tokens - below) * window
     reads = runs * layers * (prefill + decode)
     held = total if window is None else min(total, window)
-    return JobCost(prompt_tokens, new_tokens, layers, runs, runs * layers * total, reads,
-                   2 * runs * held * bytes_per_token)
+    return JobCost(
+        prompt_tokens, new_tokens, layers, runs, runs * layers * total, reads, 2 * runs * held * bytes_per_token
+    )
 
 
 def _sum_range(lo: int, hi: int) -> int:
@@ -181,8 +185,12 @@ def _sum_range(lo: int, hi: int) -> int:
 def check_cost(cost: JobCost, max_key_reads: int, max_bytes: int | None) -> None:
     """Refuse a job whose cost passes the deployment's limits, saying what to shrink."""
     if cost.key_reads > max_key_reads:
-        raise ValueError(f"This job is too large for this deployment: {cost.describe()}; the limit is "
-                         f"{max_key_reads:.3g} key reads. Use a shorter prompt, fewer new tokens or fewer runs.")
+        raise ValueError(
+            f"This job is too large for this deployment: {cost.describe()}; the limit is "
+            f"{max_key_reads:.3g} key reads. Use a shorter prompt, fewer new tokens or fewer runs."
+        )
     if max_bytes is not None and cost.bytes > max_bytes:
-        raise ValueError(f"This job would need ~{cost.bytes / 2**20:,.0f} MiB for its cache and trace; the server "
-                         f"can spare {max_bytes / 2**20:,.0f} MiB now. Use a shorter prompt or fewer new tokens.")
+        raise ValueError(
+            f"This job would need ~{cost.bytes / 2**20:,.0f} MiB for its cache and trace; the server "
+            f"can spare {max_bytes / 2**20:,.0f} MiB now. Use a shorter prompt or fewer new tokens."
+        )

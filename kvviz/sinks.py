@@ -24,8 +24,10 @@ def check_k(trace: Trace, k: int) -> int:
     except (TypeError, ValueError, OverflowError):
         raise ValueError("k (the number of first tokens counted as sinks) must be a whole number.") from None
     if k_int != k or not 1 <= k_int < trace.n_fed:
-        raise ValueError(f"k must be a whole number from 1 to {trace.n_fed - 1} for this run "
-                         f"({trace.n_fed} tokens went through the model).")
+        raise ValueError(
+            f"k must be a whole number from 1 to {trace.n_fed - 1} for this run "
+            f"({trace.n_fed} tokens went through the model)."
+        )
     if trace.colsum is None:
         raise ValueError("This trace has no attention summaries (the run did not finish).")
     return k_int
@@ -50,7 +52,7 @@ def learned_sink_fraction(trace: Trace, k: int = 4) -> np.ndarray | None:
     k = check_k(trace, k)
     if trace.learned_sink_mass is None:
         return None
-    return np.clip(trace.learned_sink_mass[..., k:trace.n_fed].astype(np.float64).mean(-1), 0.0, 1.0)
+    return np.clip(trace.learned_sink_mass[..., k : trace.n_fed].astype(np.float64).mean(-1), 0.0, 1.0)
 
 
 def uniform_fraction(n_fed: int, k: int) -> float:
@@ -74,10 +76,15 @@ def layer_sink_line(trace: Trace, k: int = 4) -> pd.DataFrame:
     """Per layer: mean, min and max over heads of the sink fraction (0–1), the uniform baseline, and
     for models with learned sinks the mean share on them (``learned``)."""
     frac = sink_fraction(trace, k)
-    df = pd.DataFrame({
-        "layer": np.arange(frac.shape[0]), "mean": frac.mean(1), "min": frac.min(1), "max": frac.max(1),
-        "uniform": uniform_fraction(trace.n_fed, int(k)),
-    })
+    df = pd.DataFrame(
+        {
+            "layer": np.arange(frac.shape[0]),
+            "mean": frac.mean(1),
+            "min": frac.min(1),
+            "max": frac.max(1),
+            "uniform": uniform_fraction(trace.n_fed, int(k)),
+        }
+    )
     learned = learned_sink_fraction(trace, k)
     if learned is not None:
         df["learned"] = learned.mean(1)
@@ -89,8 +96,15 @@ def sink_norms(trace: Trace, k: int = 4) -> pd.DataFrame:
     tokens (averaged over KV heads; tokens a cache no longer holds are left out)."""
     k = check_k(trace, k)
     sink, other = span_norms(trace, 0, k), span_norms(trace, k, trace.n_tokens)
-    return pd.DataFrame({"layer": sink["layer"], "key_sink": sink["key"], "key_other": other["key"],
-                         "value_sink": sink["value"], "value_other": other["value"]})
+    return pd.DataFrame(
+        {
+            "layer": sink["layer"],
+            "key_sink": sink["key"],
+            "key_other": other["key"],
+            "value_sink": sink["value"],
+            "value_other": other["value"],
+        }
+    )
 
 
 def span_norms(trace: Trace, start: int, stop: int) -> pd.DataFrame:
@@ -100,9 +114,13 @@ def span_norms(trace: Trace, start: int, stop: int) -> pd.DataFrame:
         raise ValueError("This trace has no key/value norms.")
     if not 0 <= start < stop <= trace.n_tokens:
         raise ValueError(f"positions must satisfy 0 <= start < stop <= {trace.n_tokens}.")
-    return pd.DataFrame({"layer": np.arange(trace.key_norms.shape[0]),
-                         "key": _nanmean(trace.key_norms[..., start:stop]),
-                         "value": _nanmean(trace.value_norms[..., start:stop])})
+    return pd.DataFrame(
+        {
+            "layer": np.arange(trace.key_norms.shape[0]),
+            "key": _nanmean(trace.key_norms[..., start:stop]),
+            "value": _nanmean(trace.value_norms[..., start:stop]),
+        }
+    )
 
 
 def _nanmean(x: np.ndarray) -> np.ndarray:
@@ -134,9 +152,11 @@ def group_text(info: ModelInfo, head: int) -> str:
     if info.group_size == 1:
         return f"Query head {head} has its own KV head ({info.kv_heads} KV heads: multi-head attention)."
     kind = "multi-query attention: one KV head for all" if info.kv_heads == 1 else "grouped-query attention"
-    return (f"Query head {head} reads KV head {kv}, shared with query heads "
-            f"{', '.join(str(m) for m in members if m != head)} ({kind}; {info.q_heads} query / "
-            f"{info.kv_heads} KV heads).")
+    return (
+        f"Query head {head} reads KV head {kv}, shared with query heads "
+        f"{', '.join(str(m) for m in members if m != head)} ({kind}; {info.q_heads} query / "
+        f"{info.kv_heads} KV heads)."
+    )
 
 
 def top_received(trace: Trace, n: int = 8, layers: slice | None = None) -> pd.DataFrame:
@@ -145,5 +165,4 @@ def top_received(trace: Trace, n: int = 8, layers: slice | None = None) -> pd.Da
     cs = trace.colsum if layers is None else trace.colsum[layers]
     per_query = cs.mean(axis=(0, 1)) / max(trace.n_fed, 1)  # [T] fraction of a query's attention
     order = np.argsort(-per_query)[: max(int(n), 1)]
-    return pd.DataFrame({"position": order, "token": [trace.tokens[i] for i in order],
-                         "share": per_query[order]})
+    return pd.DataFrame({"position": order, "token": [trace.tokens[i] for i in order], "share": per_query[order]})

@@ -84,14 +84,26 @@ def start_app(base: Path, extra_env: dict[str, str] | None = None, args: list[st
     temp_dir = base / "tmp"
     temp_dir.mkdir(parents=True, exist_ok=True)
     log_path = base / "app.log"
-    env = {**os.environ, **SERVER_ENV, "GRADIO_TEMP_DIR": str(temp_dir), "TMPDIR": str(temp_dir),
-           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env = {
+        **os.environ,
+        **SERVER_ENV,
+        "GRADIO_TEMP_DIR": str(temp_dir),
+        "TMPDIR": str(temp_dir),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
     for name in ("SPACE_ID", "KVVIZ_PUBLIC", "KVVIZ_PORT", "KVVIZ_HOST", "KVVIZ_ROOT_PATH"):
         if name not in (extra_env or {}):
             env.pop(name, None)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port), *(args or [])],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port), *(args or [])],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_http_ok(url, proc, log_path)

@@ -17,8 +17,9 @@ def test_eviction_bench_smoke(lm, tmp_path):
     finally:
         sys.path.remove(str(BENCH))
     out = tmp_path / "ev.json"
-    bench.main(["--prompt-tokens", "96", "--new-tokens", "3", "--budget", "72", "--repeats", "1", "--out", str(out)],
-               lm=lm)
+    bench.main(
+        ["--prompt-tokens", "96", "--new-tokens", "3", "--budget", "72", "--repeats", "1", "--out", str(out)], lm=lm
+    )
     saved = json.loads(out.read_text())
     rows = {r["policy"]: r for r in saved["policies"]}
     assert set(rows) == {"full", "streaming_llm", "window", "h2o", "snapkv"}

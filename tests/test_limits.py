@@ -9,25 +9,36 @@ import pytest
 from kvviz.limits import CONFIG_BOUNDS, bounded_int, calculator_number, check_cost, config_int, job_cost
 
 
-@pytest.mark.parametrize("value, message", [
-    (10**9, r"'num_hidden_layers' = 1000000000 is outside the allowed range 1 … 1,024"),
-    (-3, r"outside the allowed range 1 … 1,024"),
-    (0, r"outside the allowed range"),
-    (2.5, r"must be a whole number in 1 … 1,024; got 2.5"),
-    ("32", r"must be a whole number"),
-    (True, r"must be a whole number"),
-    (math.nan, r"must be a whole number"),
-    (math.inf, r"must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (10**9, r"'num_hidden_layers' = 1000000000 is outside the allowed range 1 … 1,024"),
+        (-3, r"outside the allowed range 1 … 1,024"),
+        (0, r"outside the allowed range"),
+        (2.5, r"must be a whole number in 1 … 1,024; got 2.5"),
+        ("32", r"must be a whole number"),
+        (True, r"must be a whole number"),
+        (math.nan, r"must be a whole number"),
+        (math.inf, r"must be a whole number"),
+    ],
+)
 def test_config_numbers_are_refused_outside_their_bounds(value, message):
     with pytest.raises(ValueError, match=message):
         config_int({"num_hidden_layers": value}, "num_hidden_layers")
 
 
 def test_every_bound_admits_real_models():
-    real = {"num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8, "head_dim": 256,
-            "hidden_size": 16384, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "sliding_window": 4096,
-            "max_position_embeddings": 10_485_760}
+    real = {
+        "num_hidden_layers": 126,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 8,
+        "head_dim": 256,
+        "hidden_size": 16384,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "sliding_window": 4096,
+        "max_position_embeddings": 10_485_760,
+    }
     for name, value in real.items():
         assert config_int(real, name) == value
     assert config_int({}, "head_dim", 7) == 7
@@ -38,15 +49,18 @@ def test_whole_floats_are_accepted_as_counts():
     assert bounded_int(32.0, "layers", 1, 64) == 32
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("context", 0, "Context = 0 is outside"),
-    ("context", 1e300, "outside the allowed range"),
-    ("batch", 1.5, "whole number"),
-    ("batch", "lots", "whole number"),
-    ("gpu_mem_gb", -1, "outside the allowed range 0.001"),
-    ("gpu_mem_gb", math.nan, "must be a number"),
-    ("reserve", 0.99, "outside the allowed range 0 … 0.95"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("context", 0, "Context = 0 is outside"),
+        ("context", 1e300, "outside the allowed range"),
+        ("batch", 1.5, "whole number"),
+        ("batch", "lots", "whole number"),
+        ("gpu_mem_gb", -1, "outside the allowed range 0.001"),
+        ("gpu_mem_gb", math.nan, "must be a number"),
+        ("reserve", 0.99, "outside the allowed range 0 … 0.95"),
+    ],
+)
 def test_calculator_inputs(name, value, message):
     with pytest.raises(ValueError, match=message):
         calculator_number(name, value, name.capitalize() if name == "context" else None)

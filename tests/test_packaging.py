@@ -16,13 +16,31 @@ def test_wheel_holds_the_library_and_its_data(tmp_path):
     shutil.copytree(ROOT / "kvviz", src / "kvviz", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "requirements.txt"):
         shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     wheel = next((tmp_path / "dist").glob("kvviz-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kvviz").rglob("*.py")}
-    data = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kvviz").rglob("*")
-            if p.is_file() and p.suffix not in {".py", ".pyc"}}
+    data = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "kvviz").rglob("*")
+        if p.is_file() and p.suffix not in {".py", ".pyc"}
+    }
     assert any(n.endswith(".json") for n in data) and any(n.endswith(".txt") for n in data) and modules
     assert modules <= names, f"missing modules: {sorted(modules - names)}"
     assert data <= names, f"missing data files: {sorted(data - names)}"

@@ -52,11 +52,23 @@ def test_whole_number_accepts(value, expected):
     assert whole_number(value, "N", 1, 10) == expected
 
 
-@pytest.mark.parametrize("value, message", [
-    (0, "between 1 and 10; got 0"), (-5, "between 1 and 10"), (11, "got 11"), (2.5, "whole number"),
-    (math.nan, "whole number"), (math.inf, "whole number"), (-math.inf, "whole number"), (True, "whole number"),
-    (None, "whole number"), ("ten", "not 'ten'"), ([1], "whole number"), (1e300, "got 1e\\+300"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (0, "between 1 and 10; got 0"),
+        (-5, "between 1 and 10"),
+        (11, "got 11"),
+        (2.5, "whole number"),
+        (math.nan, "whole number"),
+        (math.inf, "whole number"),
+        (-math.inf, "whole number"),
+        (True, "whole number"),
+        (None, "whole number"),
+        ("ten", "not 'ten'"),
+        ([1], "whole number"),
+        (1e300, "got 1e\\+300"),
+    ],
+)
 def test_whole_number_refuses(value, message):
     with pytest.raises(ValueError, match=message):
         whole_number(value, "N", 1, 10)
@@ -76,8 +88,10 @@ def test_private_deployment_loads_anything():
     assert check_model_spec(None, public=True, allowed=[]) is None
 
 
-@pytest.mark.parametrize("spec", ["/etc", "/etc/passwd", "~/models/x", "./model", "../x", "C:\\models\\x",
-                                  "folder\\model", str(ROOT / "kvviz")])
+@pytest.mark.parametrize(
+    "spec",
+    ["/etc", "/etc/passwd", "~/models/x", "./model", "../x", "C:\\models\\x", "folder\\model", str(ROOT / "kvviz")],
+)
 def test_public_deployment_refuses_local_paths(spec):
     assert looks_like_path(spec)
     with pytest.raises(ValueError, match="local path"):
@@ -115,13 +129,25 @@ def test_config_json_parses_objects_only():
     assert parse_config_json(b"\xef\xbb\xbf" + json.dumps(cfg).encode(), 4096) == cfg  # BOM from Windows editors
 
 
-@pytest.mark.parametrize("data, message", [
-    ("{not json", "not valid JSON"), ("", "empty"), (None, "No config"), ("[1, 2]", "JSON object"),
-    ('"text"', "JSON object"), ('{"a": NaN}', "NaN"), ('{"a": Infinity}', "Infinity"), (b"\xff\xfe{}", "UTF-8"),
-    ("x" * 5000, "limit is 4,096 bytes"), ("[" * 1500 + "]" * 1500, "nested too deeply|JSON object"),
-    ('{"a":' * 40 + "1" + "}" * 40, "nested too deeply"), (12, "must be JSON text"),
-    ("import os; os.system('x')", "not valid JSON"), (b"\x80\x04\x95pickle", "UTF-8|not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("", "empty"),
+        (None, "No config"),
+        ("[1, 2]", "JSON object"),
+        ('"text"', "JSON object"),
+        ('{"a": NaN}', "NaN"),
+        ('{"a": Infinity}', "Infinity"),
+        (b"\xff\xfe{}", "UTF-8"),
+        ("x" * 5000, "limit is 4,096 bytes"),
+        ("[" * 1500 + "]" * 1500, "nested too deeply|JSON object"),
+        ('{"a":' * 40 + "1" + "}" * 40, "nested too deeply"),
+        (12, "must be JSON text"),
+        ("import os; os.system('x')", "not valid JSON"),
+        (b"\x80\x04\x95pickle", "UTF-8|not valid JSON"),
+    ],
+)
 def test_config_json_refuses(data, message):
     with pytest.raises(ValueError, match=message):
         parse_config_json(data, 4096)
@@ -168,12 +194,23 @@ def test_a_model_that_ships_code_never_runs_it(tmp_path):
     folder = tmp_path / "evil-model"
     folder.mkdir()
     code = f"from pathlib import Path\nPath({str(marker)!r}).write_text('pwned')\n"
-    (folder / "evil.py").write_text(code + "from transformers import PretrainedConfig\n"
-                                    "class EvilConfig(PretrainedConfig):\n    model_type = 'kvviz-evil'\n")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "kvviz-evil", "architectures": ["EvilModel"],
-        "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel",
-                     "AutoTokenizer": ["evil.EvilTokenizer", None]}}))
+    (folder / "evil.py").write_text(
+        code + "from transformers import PretrainedConfig\n"
+        "class EvilConfig(PretrainedConfig):\n    model_type = 'kvviz-evil'\n"
+    )
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "kvviz-evil",
+                "architectures": ["EvilModel"],
+                "auto_map": {
+                    "AutoConfig": "evil.EvilConfig",
+                    "AutoModelForCausalLM": "evil.EvilModel",
+                    "AutoTokenizer": ["evil.EvilTokenizer", None],
+                },
+            }
+        )
+    )
     with pytest.raises(ModelLoadError, match="Could not load model"):
         load_model(str(folder))
     assert not marker.exists(), "the model's own Python code was executed"

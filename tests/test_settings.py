@@ -7,9 +7,19 @@ import pytest
 from kvviz.models import HUB_DEFAULT
 from kvviz.settings import Settings, default_concurrency
 
-VARS = ["KVVIZ_MAX_PROMPT_TOKENS", "KVVIZ_MAX_PROMPT_CHARS", "KVVIZ_MAX_NEW_TOKENS", "KVVIZ_CONCURRENCY",
-        "KVVIZ_QUEUE_SIZE", "KVVIZ_MAX_CONFIG_BYTES", "KVVIZ_SESSION_GRACE_S", "KVVIZ_FILE_MAX_AGE_S",
-        "KVVIZ_PUBLIC", "KVVIZ_ALLOWED_MODELS", "SPACE_ID"]
+VARS = [
+    "KVVIZ_MAX_PROMPT_TOKENS",
+    "KVVIZ_MAX_PROMPT_CHARS",
+    "KVVIZ_MAX_NEW_TOKENS",
+    "KVVIZ_CONCURRENCY",
+    "KVVIZ_QUEUE_SIZE",
+    "KVVIZ_MAX_CONFIG_BYTES",
+    "KVVIZ_SESSION_GRACE_S",
+    "KVVIZ_FILE_MAX_AGE_S",
+    "KVVIZ_PUBLIC",
+    "KVVIZ_ALLOWED_MODELS",
+    "SPACE_ID",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -40,14 +50,24 @@ def test_limits_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("KVVIZ_SESSION_GRACE_S", "0")
     s = Settings.from_env()
     assert (s.max_prompt_tokens, s.max_new_tokens, s.concurrency, s.max_config_bytes, s.session_grace_s) == (
-        1024, 64, 3, 4096, 0)
+        1024,
+        64,
+        3,
+        4096,
+        0,
+    )
 
 
-@pytest.mark.parametrize("name, raw, message", [
-    ("KVVIZ_MAX_NEW_TOKENS", "lots", "must be an integer"), ("KVVIZ_CONCURRENCY", "0", "at least 1"),
-    ("KVVIZ_MAX_PROMPT_TOKENS", "-1", "at least 1"), ("KVVIZ_MAX_CONFIG_BYTES", "10", "at least 1024"),
-    ("KVVIZ_QUEUE_SIZE", "2.5", "must be an integer"),
-])
+@pytest.mark.parametrize(
+    "name, raw, message",
+    [
+        ("KVVIZ_MAX_NEW_TOKENS", "lots", "must be an integer"),
+        ("KVVIZ_CONCURRENCY", "0", "at least 1"),
+        ("KVVIZ_MAX_PROMPT_TOKENS", "-1", "at least 1"),
+        ("KVVIZ_MAX_CONFIG_BYTES", "10", "at least 1024"),
+        ("KVVIZ_QUEUE_SIZE", "2.5", "must be an integer"),
+    ],
+)
 def test_bad_environment_values_are_refused(monkeypatch, name, raw, message):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ValueError, match=f"{name} must be"):

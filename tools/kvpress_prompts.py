@@ -27,8 +27,10 @@ def prompts() -> dict[str, dict]:
     chapter = encode_prompt(lm, chapter_text(), chat=False)[:CHAPTER_TOKENS]
     return {
         "needle_chat": {"source": "kvviz.examples.needle_prompt() through the chat template", "token_ids": needle},
-        "chapter_300": {"source": f"first {CHAPTER_TOKENS} tokens of kvviz.examples.chapter_text(), no template",
-                        "token_ids": chapter},
+        "chapter_300": {
+            "source": f"first {CHAPTER_TOKENS} tokens of kvviz.examples.chapter_text(), no template",
+            "token_ids": chapter,
+        },
     }
 
 

@@ -44,11 +44,17 @@ DEFAULT_MODEL = Path.home() / ".cache" / "kvviz" / "models" / "SmolLM2-135M-Inst
 # few non-default ones; ratio 0.8 on 350 tokens gives int(69.99999999999999) = 69 kept, testing
 # that both sides round n_kept the same way. SnapKV cases keep n_kept >= window_size.
 CASES: list[tuple[str, str, dict]] = [
-    *[(p, "StreamingLLMPress", {"compression_ratio": r, "n_sink": 4})
-      for p, rs in (("needle_chat", (0.5, 0.75, 0.8)), ("chapter_300", (0.5, 0.75))) for r in rs],
+    *[
+        (p, "StreamingLLMPress", {"compression_ratio": r, "n_sink": 4})
+        for p, rs in (("needle_chat", (0.5, 0.75, 0.8)), ("chapter_300", (0.5, 0.75)))
+        for r in rs
+    ],
     ("chapter_300", "StreamingLLMPress", {"compression_ratio": 0.6, "n_sink": 8}),
-    *[(p, "SnapKVPress", {"compression_ratio": r, "window_size": 64, "kernel_size": 5})
-      for p, rs in (("needle_chat", (0.5, 0.75, 0.8)), ("chapter_300", (0.5, 0.75))) for r in rs],
+    *[
+        (p, "SnapKVPress", {"compression_ratio": r, "window_size": 64, "kernel_size": 5})
+        for p, rs in (("needle_chat", (0.5, 0.75, 0.8)), ("chapter_300", (0.5, 0.75)))
+        for r in rs
+    ],
     ("chapter_300", "SnapKVPress", {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 7}),
     ("needle_chat", "SnapKVPress", {"compression_ratio": 0.5, "window_size": 32, "kernel_size": 3}),
 ]
@@ -106,8 +112,11 @@ def run_case(model, ids: torch.Tensor, press_name: str, params: dict) -> dict:
     layers = model.config.num_hidden_layers
     if sorted(kept) != list(range(layers)) or len(n_kept) != 1:
         raise RuntimeError(f"press ran on layers {sorted(kept)} with kept lengths {n_kept}")
-    return {"n_kept": n_kept.pop(), "min_score_gap": min(gaps) if gaps else None,
-            "kept": [[to_ranges(head) for head in kept[i]] for i in range(layers)]}
+    return {
+        "n_kept": n_kept.pop(),
+        "min_score_gap": min(gaps) if gaps else None,
+        "kept": [[to_ranges(head) for head in kept[i]] for i in range(layers)],
+    }
 
 
 def load(folder: Path, attn: str):
@@ -129,16 +138,20 @@ def main() -> None:
             other = run_case(eager, ids, press_name, params)
             if other["kept"] != result["kept"]:
                 raise RuntimeError(f"kvpress SDPA and eager disagree on {prompt} {params}")
-        cases.append({"prompt": prompt, "press": press_name, "params": params,
-                      "n_tokens": ids.shape[1], **result})
-        print(f"{prompt:12s} {press_name:18s} {params} n_kept={result['n_kept']} "
-              f"min_score_gap={result['min_score_gap']}")
+        cases.append({"prompt": prompt, "press": press_name, "params": params, "n_tokens": ids.shape[1], **result})
+        print(
+            f"{prompt:12s} {press_name:18s} {params} n_kept={result['n_kept']} min_score_gap={result['min_score_gap']}"
+        )
     record = {
         "about": "kvpress kept positions per case: kept[layer][kv_head] = half-open [start, stop) runs",
         "kvpress": version("kvpress"),
-        "transformers": transformers.__version__, "torch": torch.__version__,
-        "dtype": "float32", "attn_implementation": "sdpa (SnapKV also checked with eager)",
-        "model": str(args.model.name), "prompts": prompts, "cases": cases,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "dtype": "float32",
+        "attn_implementation": "sdpa (SnapKV also checked with eager)",
+        "model": str(args.model.name),
+        "prompts": prompts,
+        "cases": cases,
     }
     OUT.write_text(json.dumps(record, separators=(",", ":")) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size / 1024:.1f} KiB)")

@@ -20,9 +20,11 @@ import numpy as np
 from kvviz.blocks.hashing import check_block_size
 from kvviz.blocks.table import blocks_for
 
-PAGE_ALIGNED_NOTE = ("Page-aligned policies free more: evicting whole chunks of block-size tokens (the same chunk "
-                     "in every KV head) empties one block per block-size tokens evicted, with nothing to move, "
-                     "while scattered per-head choices leave a survivor in most blocks.")
+PAGE_ALIGNED_NOTE = (
+    "Page-aligned policies free more: evicting whole chunks of block-size tokens (the same chunk "
+    "in every KV head) empties one block per block-size tokens evicted, with nothing to move, "
+    "while scattered per-head choices leave a survivor in most blocks."
+)
 
 
 @dataclass(frozen=True)
@@ -88,17 +90,24 @@ class EvictionPaging:
         return int(self.tokens_evicted.sum()) * self.bytes_per_entry
 
     def to_json(self) -> dict:
-        return {"policy": self.policy, "block_size": self.block_size, "n_tokens": self.n_tokens,
-                "blocks_before": self.blocks_before, "tokens_evicted": self.tokens_evicted.tolist(),
-                "blocks_freed": self.blocks_freed.tolist(),
-                "blocks_freed_all_heads": self.blocks_freed_all_heads.tolist(),
-                "blocks_after_compaction": self.blocks_after_compaction.tolist(),
-                "compaction_bytes_moved": self.compaction_bytes_moved, "freed_bytes": self.freed_bytes,
-                "evicted_bytes": self.evicted_bytes}
+        return {
+            "policy": self.policy,
+            "block_size": self.block_size,
+            "n_tokens": self.n_tokens,
+            "blocks_before": self.blocks_before,
+            "tokens_evicted": self.tokens_evicted.tolist(),
+            "blocks_freed": self.blocks_freed.tolist(),
+            "blocks_freed_all_heads": self.blocks_freed_all_heads.tolist(),
+            "blocks_after_compaction": self.blocks_after_compaction.tolist(),
+            "compaction_bytes_moved": self.compaction_bytes_moved,
+            "freed_bytes": self.freed_bytes,
+            "evicted_bytes": self.evicted_bytes,
+        }
 
 
-def paging_after_eviction(kept: np.ndarray, n_tokens: int, block_size: int, bytes_per_entry: int,
-                          policy: str = "") -> EvictionPaging:
+def paging_after_eviction(
+    kept: np.ndarray, n_tokens: int, block_size: int, bytes_per_entry: int, policy: str = ""
+) -> EvictionPaging:
     """Block occupancy after a policy kept ``kept`` [Lyr, Hkv, k] positions out of ``0 … n_tokens − 1``.
 
     Positions outside that range (or repeated) are an error: they would count survivors twice.

@@ -50,7 +50,7 @@ class BlockHasher:
         out: list[bytes] = []
         b = self.block_size
         for start in range(0, len(token_ids) - b + 1, b):
-            parent = self.hash_block(parent, token_ids[start:start + b])
+            parent = self.hash_block(parent, token_ids[start : start + b])
             out.append(parent)
         return out
 

@@ -35,8 +35,13 @@ def prefill_table(lm: LoadedModel, ids: Sequence[int], block_size: int) -> Block
     return from_cache(cache, info.stored_heads, block_size, seen=len(ids))
 
 
-def share_prompts(lm: LoadedModel, token_lists: Sequence[Sequence[int]], block_size: int,
-                  names: Sequence[str] = (), should_stop: Callable[[], bool] | None = None) -> Sharing:
+def share_prompts(
+    lm: LoadedModel,
+    token_lists: Sequence[Sequence[int]],
+    block_size: int,
+    names: Sequence[str] = (),
+    should_stop: Callable[[], bool] | None = None,
+) -> Sharing:
     """Prefill every prompt on its own (the real cache bytes), then map them onto one shared pool."""
     tables = []
     for ids in token_lists:
@@ -56,8 +61,14 @@ class PolicyPaging:
     paging: EvictionPaging
 
 
-def evict_and_page(lm: LoadedModel, ids: Sequence[int], policies: Sequence, budget: int, block_size: int,
-                   should_stop: Callable[[], bool] | None = None) -> list[PolicyPaging]:
+def evict_and_page(
+    lm: LoadedModel,
+    ids: Sequence[int],
+    policies: Sequence,
+    budget: int,
+    block_size: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[PolicyPaging]:
     """Each policy compresses the prompt's prefill to ``budget`` entries per layer and KV head (no decoding)."""
     from kvviz.eviction.run import run_policy
 

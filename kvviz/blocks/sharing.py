@@ -84,15 +84,25 @@ class Sharing:
         return sum(p.n_tokens for p in self.prompts)
 
     def to_json(self) -> dict:
-        return {"block_size": self.block_size, "shared_blocks": self.shared_blocks,
-                "bytes_per_block": self.bytes_per_block, "bytes_saved": self.bytes_saved,
-                "prefill_tokens_saved": self.prefill_tokens_saved, "prefill_tokens": self.prefill_tokens,
-                "physical_blocks": self.physical_blocks, "logical_blocks": self.logical_blocks,
-                "hit_rate": self.stats.hit_rate}
+        return {
+            "block_size": self.block_size,
+            "shared_blocks": self.shared_blocks,
+            "bytes_per_block": self.bytes_per_block,
+            "bytes_saved": self.bytes_saved,
+            "prefill_tokens_saved": self.prefill_tokens_saved,
+            "prefill_tokens": self.prefill_tokens,
+            "physical_blocks": self.physical_blocks,
+            "logical_blocks": self.logical_blocks,
+            "hit_rate": self.stats.hit_rate,
+        }
 
 
-def share(token_lists: Sequence[Sequence[int]], tables: Sequence[BlockTable], names: Sequence[str] = (),
-          extra: str | None = None) -> Sharing:
+def share(
+    token_lists: Sequence[Sequence[int]],
+    tables: Sequence[BlockTable],
+    names: Sequence[str] = (),
+    extra: str | None = None,
+) -> Sharing:
     """Admit the prompts in order through one prefix cache and map their blocks onto one pool."""
     if len(token_lists) != len(tables) or not tables:
         raise ValueError("give one block table per prompt (at least one prompt).")
@@ -113,7 +123,7 @@ def share(token_lists: Sequence[Sequence[int]], tables: Sequence[BlockTable], na
         reusable = (len(ids) - 1) // b  # the last token is always computed
         held = cache.acquire(hashes[:reusable])
         block_ids = [blk.payload for blk in held]
-        for h in hashes[len(held):]:
+        for h in hashes[len(held) :]:
             if h not in cache:  # a block recomputed although cached (the last one) gets its own copy
                 cache.insert(h, per_block, payload=next_id)
             block_ids.append(next_id)

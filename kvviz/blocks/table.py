@@ -93,14 +93,26 @@ class BlockTable:
         return self.paged_bytes - self.used_bytes
 
     def to_json(self) -> dict:
-        return {"block_size": self.block_size, "tokens": [p.tokens for p in self.layers],
-                "blocks": self.blocks_per_layer, "wasted_slots": self.wasted_slots,
-                "wasted_slots_per_layer": self.wasted_slots_per_layer, "bytes_per_block": self.bytes_per_block,
-                "used_bytes": self.used_bytes, "paged_bytes": self.paged_bytes}
+        return {
+            "block_size": self.block_size,
+            "tokens": [p.tokens for p in self.layers],
+            "blocks": self.blocks_per_layer,
+            "wasted_slots": self.wasted_slots,
+            "wasted_slots_per_layer": self.wasted_slots_per_layer,
+            "bytes_per_block": self.bytes_per_block,
+            "used_bytes": self.used_bytes,
+            "paged_bytes": self.paged_bytes,
+        }
 
 
-def block_table(cache_lens: Sequence[int], layer_bytes: Sequence[int], kv_heads: int, block_size: int,
-                seen: int | None = None, fallback_bytes_per_slot: int = 0) -> BlockTable:
+def block_table(
+    cache_lens: Sequence[int],
+    layer_bytes: Sequence[int],
+    kv_heads: int,
+    block_size: int,
+    seen: int | None = None,
+    fallback_bytes_per_slot: int = 0,
+) -> BlockTable:
     """Blocks of a cache from its per-layer entries held and tensor bytes (as measured after a step).
 
     ``seen`` = tokens that went through the model (default: the longest layer); a layer holding
@@ -175,12 +187,17 @@ def contiguous(table: BlockTable, reserve_tokens: int, scheme: str, windows: Seq
 
 
 def paged(table: BlockTable) -> Allocation:
-    return Allocation(f"paged ({table.block_size}-token blocks)", blocks_for(table.seen, table.block_size)
-                      * table.block_size, table.paged_bytes, table.used_bytes)
+    return Allocation(
+        f"paged ({table.block_size}-token blocks)",
+        blocks_for(table.seen, table.block_size) * table.block_size,
+        table.paged_bytes,
+        table.used_bytes,
+    )
 
 
-def allocations(table: BlockTable, planned_tokens: int, context_length: int,
-                windows: Sequence[int | None] = ()) -> list[Allocation]:
+def allocations(
+    table: BlockTable, planned_tokens: int, context_length: int, windows: Sequence[int | None] = ()
+) -> list[Allocation]:
     """Paged next to the two contiguous reservations: the planned length and the model's context."""
     planned = max(int(planned_tokens), table.seen)
     out = [paged(table), contiguous(table, planned, "contiguous: prompt + max_new_tokens", windows)]

@@ -79,17 +79,29 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
         raise CaptureError(f"{type(module).__name__} has no config naming its attention implementation.")
     out, weights = _implementation(module, impl)(module, query, key, value, attention_mask, *args, **kwargs)
     if recorder is not None:
-        recorder.record(module.layer_idx, query, key, attention_mask, kwargs.get("scaling"), kwargs.get("softcap"),
-                        out, value=value, weights=weights, sinks=_learned_sinks(kwargs, query.shape[1]),
-                        bias=kwargs.get("position_bias"), sliding_window=kwargs.get("sliding_window"))
+        recorder.record(
+            module.layer_idx,
+            query,
+            key,
+            attention_mask,
+            kwargs.get("scaling"),
+            kwargs.get("softcap"),
+            out,
+            value=value,
+            weights=weights,
+            sinks=_learned_sinks(kwargs, query.shape[1]),
+            bias=kwargs.get("position_bias"),
+            sliding_window=kwargs.get("sliding_window"),
+        )
     return out, weights
 
 
 # ---- what can be captured ------------------------------------------------------------------------
 def attention_modules(model) -> list:
     """The model's self-attention layers: modules named ``*Attention*`` that know their ``layer_idx``."""
-    return [m for m in model.modules()
-            if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)]
+    return [
+        m for m in model.modules() if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)
+    ]
 
 
 def uses_interface(model) -> bool:
@@ -112,20 +124,26 @@ def check_capturable(model) -> None:
         raise CaptureError(f"kvviz cannot capture {name}: {exc}") from None
     state = [s.index for s in layout.layers if s.kind.endswith("state")]
     if state:
-        raise CaptureError(f"kvviz cannot capture {name}: layers {', '.join(map(str, state[:6]))} are linear-attention "
-                           "/ state-space layers, which have no attention probabilities to record.")
+        raise CaptureError(
+            f"kvviz cannot capture {name}: layers {', '.join(map(str, state[:6]))} are linear-attention "
+            "/ state-space layers, which have no attention probabilities to record."
+        )
     plain = [s.index for s in layout.layers if s.kind == "none"]
     if plain:
-        raise CaptureError(f"kvviz cannot capture {name}: layers {', '.join(map(str, plain[:6]))} have no attention "
-                           "(no cache entries), which kvviz's per-layer records assume.")
+        raise CaptureError(
+            f"kvviz cannot capture {name}: layers {', '.join(map(str, plain[:6]))} have no attention "
+            "(no cache entries), which kvviz's per-layer records assume."
+        )
     modules = attention_modules(model)
     if not modules:
         raise CaptureError(f"kvviz cannot capture {name}: no attention layer with a layer index was found.")
     if not uses_interface(model):
         params = inspect.signature(type(modules[0]).forward).parameters
         if "output_attentions" not in params:
-            raise CaptureError(f"kvviz cannot capture {name}: its attention bypasses transformers' attention "
-                               "interface and cannot return its probabilities (no output_attentions).")
+            raise CaptureError(
+                f"kvviz cannot capture {name}: its attention bypasses transformers' attention "
+                "interface and cannot return its probabilities (no output_attentions)."
+            )
 
 
 # ---- installing ----------------------------------------------------------------------------------
@@ -158,9 +176,11 @@ def _check_eager_agrees(model, previous: str) -> None:
             model.config._attn_implementation = previous
     diff = (ref - mine).abs().max().item()
     if not diff <= (1e-3 if param.dtype == torch.float32 else 5e-2) * max(1.0, ref.abs().max().item()):
-        raise CaptureError(f"kvviz cannot capture {model.config.model_type} loaded with {previous} attention: its "
-                           f"eager attention, the only path that returns probabilities, gives other outputs (max "
-                           f"|Δ logit| {diff:.2g}); load it with attn_implementation='eager'.")
+        raise CaptureError(
+            f"kvviz cannot capture {model.config.model_type} loaded with {previous} attention: its "
+            f"eager attention, the only path that returns probabilities, gives other outputs (max "
+            f"|Δ logit| {diff:.2g}); load it with attn_implementation='eager'."
+        )
     _eager_agrees[model] = True
 
 

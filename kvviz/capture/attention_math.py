@@ -51,8 +51,9 @@ def mask_window_(s: torch.Tensor, q0: int, k0: int, window: int) -> None:
     s.masked_fill_(kp <= qp - window, float("-inf"))
 
 
-def decode_probs(query, key, mask, scaling, softcap, extras: Extras | None,
-                 qpos: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def decode_probs(
+    query, key, mask, scaling, softcap, extras: Extras | None, qpos: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact attention row of one query per head, [Hq, k] fp32 (keys not repeated), and the learned
     sink's share [Hq] (None without sinks). ``qpos``: the query's absolute position."""
     hq, d = query.shape[1], query.shape[-1]
@@ -84,13 +85,17 @@ def check_output(layer: int, probs: torch.Tensor, value, out) -> None:
     hq, n, k = probs.shape
     hkv, dv = value.shape[1], value.shape[-1]
     if out.dim() != 4 or tuple(out.shape[2:]) != (hq, dv):
-        raise CaptureError(f"Layer {layer}'s attention output has shape {tuple(out.shape)}, not [batch, queries, "
-                           f"{hq} heads, {dv}]: kvviz cannot check what it recorded against it.")
+        raise CaptureError(
+            f"Layer {layer}'s attention output has shape {tuple(out.shape)}, not [batch, queries, "
+            f"{hq} heads, {dv}]: kvviz cannot check what it recorded against it."
+        )
     mine = torch.bmm(probs.reshape(hkv, (hq // hkv) * n, k), value[0, :, :k].float()).view(hq, n, dv)
     ref = out[0, -n:].float().transpose(0, 1)  # [Hq, n, Dv]
     err, size = (mine - ref).abs().max().item(), ref.abs().max().item()
     tol = (1e-3 if out.dtype == torch.float32 else 3e-2) * max(size, 1e-3)
     if not err <= tol:
-        raise CaptureError(f"kvviz cannot capture layer {layer} faithfully: the probabilities it recorded do not "
-                           f"reproduce the layer's own attention output (max error {err:.2g} on outputs up to "
-                           f"{size:.2g}); the model's attention uses a feature kvviz does not model.")
+        raise CaptureError(
+            f"kvviz cannot capture layer {layer} faithfully: the probabilities it recorded do not "
+            f"reproduce the layer's own attention output (max error {err:.2g} on outputs up to "
+            f"{size:.2g}); the model's attention uses a feature kvviz does not model."
+        )

@@ -61,12 +61,24 @@ def model_info(lm: LoadedModel) -> ModelInfo:
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0)
     return ModelInfo(
-        name=lm.name, model_type=cfg.model_type, layers=layers, q_heads=q_heads, kv_heads=kv_heads,
-        head_dim=head_dim, dtype=str(lm.dtype).removeprefix("torch."),
-        bytes_per_element=torch.tensor([], dtype=lm.dtype).element_size(), layer_kinds=kinds,
+        name=lm.name,
+        model_type=cfg.model_type,
+        layers=layers,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=str(lm.dtype).removeprefix("torch."),
+        bytes_per_element=torch.tensor([], dtype=lm.dtype).element_size(),
+        layer_kinds=kinds,
         sliding_window=window,
-        context_length=int(ctx), param_count=int(params), weight_bytes=int(weight_bytes), device=str(lm.device),
-        attention=layout.attention, cache_heads=cache_heads, cache_dims=cache_dims, learned_sinks=sinks,
+        context_length=int(ctx),
+        param_count=int(params),
+        weight_bytes=int(weight_bytes),
+        device=str(lm.device),
+        attention=layout.attention,
+        cache_heads=cache_heads,
+        cache_dims=cache_dims,
+        learned_sinks=sinks,
     )
 
 
@@ -74,8 +86,7 @@ def encode_prompt(lm: LoadedModel, prompt: str, chat: bool) -> list[int]:
     """Token ids of the prompt, through the model's chat template when ``chat``."""
     tok = lm.tokenizer
     if chat and getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                      tokenize=True)
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         return [int(i) for i in ids]
     return [int(i) for i in tok(prompt, add_special_tokens=True)["input_ids"]]
@@ -128,8 +139,9 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> i
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))
 
 
-def forward(lm: LoadedModel, ids: list[int], start: int, cache, recorder: Recorder | None,
-            logits_to_keep: int = 1) -> torch.Tensor:
+def forward(
+    lm: LoadedModel, ids: list[int], start: int, cache, recorder: Recorder | None, logits_to_keep: int = 1
+) -> torch.Tensor:
     """One forward of ``ids`` at absolute positions ``start…``; returns logits [q, vocab] (fp32)."""
     x = torch.tensor([ids], device=lm.device)
     pos = torch.arange(start, start + len(ids), device=lm.device)[None]
@@ -142,10 +154,18 @@ def forward(lm: LoadedModel, ids: list[int], start: int, cache, recorder: Record
 
 
 def capture_iter(
-    lm: LoadedModel, prompt: str, *, chat: bool = True, max_new_tokens: int = 64,
-    sampling: Sampling | None = None, prompt_ids: list[int] | None = None,
-    should_stop: Callable[[], bool] | None = None, cache_factory: Callable | None = None,
-    after_step: Callable | None = None, cfg: RecorderConfig | None = None, verify: bool = False,
+    lm: LoadedModel,
+    prompt: str,
+    *,
+    chat: bool = True,
+    max_new_tokens: int = 64,
+    sampling: Sampling | None = None,
+    prompt_ids: list[int] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    cache_factory: Callable | None = None,
+    after_step: Callable | None = None,
+    cfg: RecorderConfig | None = None,
+    verify: bool = False,
 ) -> Iterator[Trace]:
     """Generate while recording; yields the same (growing) Trace after each step.
 
@@ -163,8 +183,10 @@ def capture_iter(
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1.")
     if len(ids) + max_new_tokens > info.context_length > 0:
-        raise ValueError(f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's "
-                         f"context of {info.context_length} tokens; shorten the prompt or generate fewer tokens.")
+        raise ValueError(
+            f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's "
+            f"context of {info.context_length} tokens; shorten the prompt or generate fewer tokens."
+        )
     cfg = cfg or RecorderConfig()
     n_prompt, t_max = len(ids), len(ids) + max_new_tokens
     cfg.bin_factor = choose_bin_factor(info, n_prompt, t_max) if cfg.bin_factor <= 1 else cfg.bin_factor
@@ -173,10 +195,23 @@ def capture_iter(
     rec.cache = cache
     tok = lm.tokenizer
     texts = TokenTexts(tok)
-    trace = Trace(model=info, prompt=prompt, chat=chat, n_prompt=n_prompt, token_ids=list(ids),
-                  tokens=[texts.push(i) for i in ids], bin_factor=cfg.bin_factor, sink_k=cfg.sink_k,
-                  settings={"max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
-                            "top_p": sampling.top_p, "seed": sampling.seed, "obs_window": cfg.obs_window})
+    trace = Trace(
+        model=info,
+        prompt=prompt,
+        chat=chat,
+        n_prompt=n_prompt,
+        token_ids=list(ids),
+        tokens=[texts.push(i) for i in ids],
+        bin_factor=cfg.bin_factor,
+        sink_k=cfg.sink_k,
+        settings={
+            "max_new_tokens": max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+            "obs_window": cfg.obs_window,
+        },
+    )
     gen = torch.Generator().manual_seed(int(sampling.seed))
     logits_seen: list[torch.Tensor] = []
     t0 = time.perf_counter()
@@ -194,8 +229,17 @@ def capture_iter(
             trace.token_ids.append(nxt)
             trace.tokens.append(texts.push(nxt))
             lens, sizes = cache_layer_bytes(cache)
-            trace.steps.append(Step(index=step, token_id=nxt, token=trace.tokens[-1], position=rec.t_total,
-                                    cache_lens=lens, layer_bytes=sizes, elapsed_s=time.perf_counter() - t0))
+            trace.steps.append(
+                Step(
+                    index=step,
+                    token_id=nxt,
+                    token=trace.tokens[-1],
+                    position=rec.t_total,
+                    cache_lens=lens,
+                    layer_bytes=sizes,
+                    elapsed_s=time.perf_counter() - t0,
+                )
+            )
             if step == 0:
                 trace.timings["prefill_s"] = time.perf_counter() - t0
             if nxt in lm.stop_ids:
@@ -269,8 +313,9 @@ def _kv_stats(trace: Trace, cache) -> None:
     trace.key_channel_absmean, trace.value_channel_absmean = kch, vch
 
 
-def _verify(lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor],
-            cached_outputs: list[torch.Tensor]) -> dict:
+def _verify(
+    lm: LoadedModel, trace: Trace, cached_logits: list[torch.Tensor], cached_outputs: list[torch.Tensor]
+) -> dict:
     """The chapter's check on the real model: cached decoding equals full recomputation."""
     fed = trace.token_ids[: trace.n_fed]
     n = len(cached_logits)
@@ -295,5 +340,7 @@ def _verify_unpatched(lm: LoadedModel, trace: Trace, cached_logits: list[torch.T
     n = len(cached_logits)
     with torch.inference_mode(), unpatched(lm.model) as alone:
         full = forward(lm, fed, 0, DynamicCache(config=lm.config), None, logits_to_keep=n)  # [n, V]
-    return {"max_abs_logit_diff_vs_unpatched": (full - torch.stack(cached_logits)).abs().max().item(),
-            "unpatched_reference": alone}
+    return {
+        "max_abs_logit_diff_vs_unpatched": (full - torch.stack(cached_logits)).abs().max().item(),
+        "unpatched_reference": alone,
+    }

@@ -28,6 +28,7 @@ from kvviz.capture.attention_math import Extras, check_output, decode_probs, mas
 
 PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against the layer's output
 
+
 @dataclass
 class RecorderConfig:
     """What the recorder keeps. ``bin_factor`` positions share one display bin.
@@ -54,8 +55,16 @@ class Recorder:
     layer's ``kv_positions`` ([Hkv, k], for evicting caches) or are the last ``k`` positions.
     """
 
-    def __init__(self, layers: int, q_heads: int, t_max: int, n_prompt: int, cfg: RecorderConfig,
-                 device: torch.device, keep_outputs: bool = False):
+    def __init__(
+        self,
+        layers: int,
+        q_heads: int,
+        t_max: int,
+        n_prompt: int,
+        cfg: RecorderConfig,
+        device: torch.device,
+        keep_outputs: bool = False,
+    ):
         if cfg.bin_factor < 1 or cfg.chunk < 1 or cfg.sink_k < 0 or cfg.obs_window < 1:
             raise ValueError("RecorderConfig needs bin_factor, chunk, obs_window >= 1 and sink_k >= 0.")
         self.cfg, self.layers, self.q_heads = cfg, layers, q_heads
@@ -70,8 +79,9 @@ class Recorder:
         self.sink_mass = torch.zeros(layers, q_heads, t_max, **z)  # per query position
         self.window_rows = torch.zeros(layers, q_heads, w, n_prompt, **z)
         self.prefill_map = torch.zeros(layers, q_heads, nqb, self.nb, **z)
-        self.decode_rows = torch.zeros(max(t_max - n_prompt, 0), layers, q_heads, self.nb,
-                                       device=device, dtype=torch.float16)
+        self.decode_rows = torch.zeros(
+            max(t_max - n_prompt, 0), layers, q_heads, self.nb, device=device, dtype=torch.float16
+        )
         self.phase = "prefill"
         self.t_total = 0
         self.cache = None
@@ -90,8 +100,22 @@ class Recorder:
         self._decode_checked = False  # the first decode step checks every layer's row against its output
 
     # -- called from the attention function ------------------------------------------------
-    def record(self, layer: int, query, key, mask, scaling, softcap, out, *, value=None, weights=None,
-               sinks=None, bias=None, sliding_window=None) -> None:
+    def record(
+        self,
+        layer: int,
+        query,
+        key,
+        mask,
+        scaling,
+        softcap,
+        out,
+        *,
+        value=None,
+        weights=None,
+        sinks=None,
+        bias=None,
+        sliding_window=None,
+    ) -> None:
         """One layer's attention call. ``weights``: the probabilities the implementation returned
         (eager), used as they are; otherwise they are recomputed from the query, keys, mask, scaling,
         soft-cap, learned ``sinks`` ([Hq] logits), additive ``bias`` and ``sliding_window``. ``value``
@@ -133,7 +157,7 @@ class Recorder:
             c0, c1 = max(a0, qpos0) - qpos0, min(a0 + rows, qpos0 + q_len) - qpos0
             p = w[:, c0:c1].float()  # [Hq, C, k]
             if learned_sinks:
-                self._learned(layer, p.device)[:, qpos0 + c0:qpos0 + c1] = 1 - p.sum(-1)
+                self._learned(layer, p.device)[:, qpos0 + c0 : qpos0 + c1] = 1 - p.sum(-1)
             self._reduce_chunk(layer, p, qpos0 + c0, koff, self.n_prompt - self.window_rows.shape[2])
 
     def _learned(self, layer: int, device) -> torch.Tensor:
@@ -148,8 +172,10 @@ class Recorder:
         missing = [i for i, seen in enumerate(self._recorded) if not seen]
         self._recorded = [False] * self.layers
         if missing:
-            raise CaptureError(f"Layers {', '.join(map(str, missing[:8]))} ran without reaching kvviz's capture: "
-                               "their attention bypasses transformers' attention interface.")
+            raise CaptureError(
+                f"Layers {', '.join(map(str, missing[:8]))} ran without reaching kvviz's capture: "
+                "their attention bypasses transformers' attention interface."
+            )
         self._flush_decode()
         if self.phase == "decode":
             self._decode_checked = True
@@ -183,7 +209,7 @@ class Recorder:
             used, n = self._step_used, hq * k_len
             if used + n > self._step_scores.numel():  # longer than planned: a new buffer (earlier views stay valid)
                 self._step_scores, used = torch.empty(max(2 * n, self._step_scores.numel()), device=query.device), 0
-            scores = self._step_scores[used:used + n].view(hkv, hq // hkv, k_len)
+            scores = self._step_scores[used : used + n].view(hkv, hq // hkv, k_len)
             torch.bmm(q, key[0].float().transpose(1, 2), out=scores)
             scores = scores.view(hq, k_len)  # [Hq, k]
             self._step_used = used + n
@@ -212,10 +238,10 @@ class Recorder:
                 probs = torch.stack([sc for _, sc in items])
             probs = torch.softmax(probs.mul_(scale), dim=-1, out=probs)
             start = self.t_total - k_len
-            self.colsum[idx, :, start:self.t_total] += probs
+            self.colsum[idx, :, start : self.t_total] += probs
             self.sink_mass[idx, :, qpos] = probs[..., : max(self.cfg.sink_k - start, 0)].sum(-1)
             b0, binned = _bin(probs, start, f, dim=2)  # [n, Hq, nbins]
-            self.decode_rows[qpos - self.n_prompt, idx, :, b0:b0 + binned.shape[2]] = binned.to(torch.float16)
+            self.decode_rows[qpos - self.n_prompt, idx, :, b0 : b0 + binned.shape[2]] = binned.to(torch.float16)
 
     def _record_decode_row(self, layer: int, probs: torch.Tensor, k_len: int, pos: torch.Tensor | None) -> None:
         """One layer's exact row [Hq, k] into the summaries (masked, soft-capped or evicted caches);
@@ -224,10 +250,10 @@ class Recorder:
         row = self.decode_rows[qpos - self.n_prompt, layer]  # [Hq, nb] fp16
         if pos is None:  # keys are positions start … t_total-1: plain slices, no scatter
             start = self.t_total - k_len
-            self.colsum[layer, :, start:self.t_total] += probs
+            self.colsum[layer, :, start : self.t_total] += probs
             self.sink_mass[layer, :, qpos] = probs[:, : max(self.cfg.sink_k - start, 0)].sum(-1)
             b0, binned = _bin(probs, start, f, dim=1)  # [Hq, nbins]
-            row[:, b0:b0 + binned.shape[1]] = binned
+            row[:, b0 : b0 + binned.shape[1]] = binned
             return
         pos = pos.to(probs.device).repeat_interleave(self.q_heads // pos.shape[0], dim=0)  # [Hq, k]
         self.colsum[layer].scatter_add_(1, pos, probs)
@@ -276,7 +302,7 @@ class Recorder:
             if extras.bias is not None:
                 s.add_(extras.bias[0, :, c0:c1, :kend].float())
             if mask is None:  # causal: only the diagonal block has masked entries
-                s[:, :, kend - n:].masked_fill_(self._tri_block(n, query.device), float("-inf"))
+                s[:, :, kend - n :].masked_fill_(self._tri_block(n, query.device), float("-inf"))
                 if extras.window is not None:
                     mask_window_(s, qpos0 + c0, koff, extras.window)
             elif mask.dtype == torch.bool:
@@ -285,9 +311,9 @@ class Recorder:
                 s.add_(mask[0, :, c0:c1, :kend].float())
             learned = softmax_(s, extras.sinks)  # in place: the CPU/GPU kernels work row by row
             if learned is not None:
-                self._learned(layer, s.device)[:, qpos0 + c0:qpos0 + c1] = learned
+                self._learned(layer, s.device)[:, qpos0 + c0 : qpos0 + c1] = learned
             if c1 == q_len:  # the call's last queries: do these probabilities give the layer's output?
-                check_output(layer, s[:, -min(PROBE_ROWS, n):], value, out)
+                check_output(layer, s[:, -min(PROBE_ROWS, n) :], value, out)
             self._reduce_chunk(layer, s, qpos0 + c0, koff, w0)
 
     def _tri_block(self, n: int, device) -> torch.Tensor:
@@ -299,19 +325,19 @@ class Recorder:
         """Fold one chunk's probabilities p [Hq, C, kend] (queries from absolute position a0, keys
         from koff) into the column sums, sink mass, window rows and the binned map."""
         n, kend, f = p.shape[1], p.shape[2], self.cfg.bin_factor
-        self.sink_mass[layer, :, a0:a0 + n] = p[..., : max(self.cfg.sink_k - koff, 0)].sum(-1)
+        self.sink_mass[layer, :, a0 : a0 + n] = p[..., : max(self.cfg.sink_k - koff, 0)].sum(-1)
         if a0 + n > w0 and a0 < self.n_prompt and koff == 0:
             lo, hi = max(a0, w0), min(a0 + n, self.n_prompt)
-            self.window_rows[layer, :, lo - w0:hi - w0, :kend] = p[:, lo - a0:hi - a0]
+            self.window_rows[layer, :, lo - w0 : hi - w0, :kend] = p[:, lo - a0 : hi - a0]
         qb0, qbinned = _bin(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
         col = qbinned.sum(1)  # [Hq, kend]: every query of the chunk, once
-        self.colsum[layer, :, koff:koff + kend] += col
+        self.colsum[layer, :, koff : koff + kend] += col
         if a0 >= self.n_prompt:
             return
         if a0 + n > self.n_prompt:  # a feed that runs past the prompt: keep only the prompt queries
             qb0, qbinned = _bin(p[:, : self.n_prompt - a0], a0, f, dim=1)
         kb0, binned = _bin(qbinned, koff, f, dim=2)  # [Hq, nqb_chunk, nkb]
-        self.prefill_map[layer, :, qb0:qb0 + binned.shape[1], kb0:kb0 + binned.shape[2]] += binned
+        self.prefill_map[layer, :, qb0 : qb0 + binned.shape[1], kb0 : kb0 + binned.shape[2]] += binned
 
     def finish_prefill_map(self) -> torch.Tensor:
         """Mean row per query bin (each row of the map then sums to 1)."""
@@ -325,8 +351,11 @@ def _adjacent(items: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
     first = items[0][1]
     size = first.numel() * first.element_size()
     for i, (_, sc) in enumerate(items):
-        if sc.shape != first.shape or sc.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() \
-                or sc.data_ptr() != first.data_ptr() + i * size:
+        if (
+            sc.shape != first.shape
+            or sc.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or sc.data_ptr() != first.data_ptr() + i * size
+        ):
             return None
     return first.as_strided((len(items), *first.shape), (first.numel(), *first.stride()))
 

@@ -18,8 +18,17 @@ import pandas as pd
 
 FORMAT_VERSION = 1
 _ARRAYS = (
-    "prefill_colsum", "colsum", "sink_mass", "window_rows", "prefill_map", "decode_rows",
-    "key_norms", "value_norms", "key_channel_absmean", "value_channel_absmean", "learned_sink_mass",
+    "prefill_colsum",
+    "colsum",
+    "sink_mass",
+    "window_rows",
+    "prefill_map",
+    "decode_rows",
+    "key_norms",
+    "value_norms",
+    "key_channel_absmean",
+    "value_channel_absmean",
+    "learned_sink_mass",
 )
 
 
@@ -145,47 +154,74 @@ class Trace:
         """One row per step: what was produced, how long the cache is, how many bytes it holds."""
         rows = []
         for s in self.steps:
-            rows.append({
-                "step": s.index, "phase": "prefill" if s.index == 0 else "decode",
-                "token_id": s.token_id, "token": s.token, "position": s.position,
-                "cache_tokens_max": max(s.cache_lens) if s.cache_lens else 0,
-                "cache_bytes": s.cache_bytes, "elapsed_s": s.elapsed_s,
-            })
+            rows.append(
+                {
+                    "step": s.index,
+                    "phase": "prefill" if s.index == 0 else "decode",
+                    "token_id": s.token_id,
+                    "token": s.token,
+                    "position": s.position,
+                    "cache_tokens_max": max(s.cache_lens) if s.cache_lens else 0,
+                    "cache_bytes": s.cache_bytes,
+                    "elapsed_s": s.elapsed_s,
+                }
+            )
         return pd.DataFrame(rows)
 
     def layer_frame(self) -> pd.DataFrame:
         """Long table: step × layer → cache length (tokens) and bytes."""
         rows = [
             {"step": s.index, "layer": i, "cache_tokens": n, "cache_bytes": b}
-            for s in self.steps for i, (n, b) in enumerate(zip(s.cache_lens, s.layer_bytes))
+            for s in self.steps
+            for i, (n, b) in enumerate(zip(s.cache_lens, s.layer_bytes))
         ]
         return pd.DataFrame(rows)
 
     def token_frame(self) -> pd.DataFrame:
         """One row per token: position, text, prompt or generated, attention received (layer/head mean)."""
         received = self.colsum.mean(axis=(0, 1)) if self.colsum is not None else None
-        return pd.DataFrame({
-            "position": range(self.n_tokens),
-            "token_id": self.token_ids,
-            "token": self.tokens,
-            "source": ["prompt"] * self.n_prompt + ["generated"] * self.n_generated,
-            "attention_received": received if received is not None else np.nan,
-        })
+        return pd.DataFrame(
+            {
+                "position": range(self.n_tokens),
+                "token_id": self.token_ids,
+                "token": self.tokens,
+                "source": ["prompt"] * self.n_prompt + ["generated"] * self.n_generated,
+                "attention_received": received if received is not None else np.nan,
+            }
+        )
 
     def summary(self) -> dict:
         """JSON-able summary (the CLI's and the API's answer)."""
         m = self.model
         out = {
-            "model": {"name": m.name, "layers": m.layers, "q_heads": m.q_heads, "kv_heads": m.kv_heads,
-                      "head_dim": m.head_dim, "dtype": m.dtype, "bytes_per_element": m.bytes_per_element,
-                      "layer_kinds": m.layer_kinds, "sliding_window": m.sliding_window, "attention": m.attention,
-                      "learned_sinks": m.learned_sinks},
+            "model": {
+                "name": m.name,
+                "layers": m.layers,
+                "q_heads": m.q_heads,
+                "kv_heads": m.kv_heads,
+                "head_dim": m.head_dim,
+                "dtype": m.dtype,
+                "bytes_per_element": m.bytes_per_element,
+                "layer_kinds": m.layer_kinds,
+                "sliding_window": m.sliding_window,
+                "attention": m.attention,
+                "learned_sinks": m.learned_sinks,
+            },
             "prompt_tokens": self.n_prompt,
             "generated_tokens": self.n_generated,
             "text": self.text,
             "stop_reason": self.stop_reason,
-            "steps": [{"step": s.index, "token": s.token, "token_id": s.token_id, "position": s.position,
-                       "cache_lens": s.cache_lens, "cache_bytes": s.cache_bytes} for s in self.steps],
+            "steps": [
+                {
+                    "step": s.index,
+                    "token": s.token,
+                    "token_id": s.token_id,
+                    "position": s.position,
+                    "cache_lens": s.cache_lens,
+                    "cache_bytes": s.cache_bytes,
+                }
+                for s in self.steps
+            ],
             "cache_bytes": self.cache_bytes,
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "timings": self.timings,

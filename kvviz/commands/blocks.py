@@ -19,16 +19,23 @@ from kvviz.eviction.policies import POLICIES
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("blocks", help="the cache in fixed-size blocks: waste, prefix sharing, eviction × paging",
-                       description="Prefill each prompt, lay its KV cache into blocks of --block-size tokens, share "
-                                   "full blocks across prompts by chained hash, and (with --policy) count the "
-                                   "blocks an eviction really frees.")
+    p = sub.add_parser(
+        "blocks",
+        help="the cache in fixed-size blocks: waste, prefix sharing, eviction × paging",
+        description="Prefill each prompt, lay its KV cache into blocks of --block-size tokens, share "
+        "full blocks across prompts by chained hash, and (with --policy) count the "
+        "blocks an eviction really frees.",
+    )
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for more)")
     p.add_argument("--prompt-file", action="append", default=[], type=Path, help="a UTF-8 prompt file (repeat)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
-    p.add_argument("--policy", choices=[n for n in POLICIES if n != "full"], default=None,
-                   help="evict each prompt's prefill with this policy (default parameters)")
+    p.add_argument(
+        "--policy",
+        choices=[n for n in POLICIES if n != "full"],
+        default=None,
+        help="evict each prompt's prefill with this policy (default parameters)",
+    )
     p.add_argument("--budget", type=int, default=None, help="with --policy: entries kept per layer and KV head")
     p.add_argument("--model", default=None, help="bundled (default), a local folder, or a Hugging Face id")
     p.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
@@ -52,8 +59,9 @@ def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     return out
 
 
-def result(lm, prompts: list[tuple[str, str]], chat: bool, block_size: int, policy=None,
-           budget: int | None = None) -> dict:
+def result(
+    lm, prompts: list[tuple[str, str]], chat: bool, block_size: int, policy=None, budget: int | None = None
+) -> dict:
     """The command's JSON answer (also what the tests check)."""
     from kvviz.blocks.eviction import PAGE_ALIGNED_NOTE
     from kvviz.blocks.live import evict_and_page, share_prompts
@@ -61,14 +69,27 @@ def result(lm, prompts: list[tuple[str, str]], chat: bool, block_size: int, poli
 
     ids = [encode_prompt(lm, text, chat) for _, text in prompts]
     sharing = share_prompts(lm, ids, block_size, [name for name, _ in prompts])
-    out = {"model": model_info(lm).name, "chat": chat, **sharing.to_json(),
-           "bytes_per_token": sharing.prompts[0].table.bytes_per_token, "prompts": []}
+    out = {
+        "model": model_info(lm).name,
+        "chat": chat,
+        **sharing.to_json(),
+        "bytes_per_token": sharing.prompts[0].table.bytes_per_token,
+        "prompts": [],
+    }
     for p in sharing.prompts:
         t = p.table
-        row = {"name": p.name, "prompt_tokens": p.n_tokens, "token_ids": list(p.token_ids),
-               "blocks": t.blocks_per_layer, "wasted_slots": t.wasted_slots,
-               "wasted_slots_per_layer": t.wasted_slots_per_layer, "cached_blocks": p.cached_blocks,
-               "block_ids": list(p.block_ids), "used_bytes": t.used_bytes, "paged_bytes": t.paged_bytes}
+        row = {
+            "name": p.name,
+            "prompt_tokens": p.n_tokens,
+            "token_ids": list(p.token_ids),
+            "blocks": t.blocks_per_layer,
+            "wasted_slots": t.wasted_slots,
+            "wasted_slots_per_layer": t.wasted_slots_per_layer,
+            "cached_blocks": p.cached_blocks,
+            "block_ids": list(p.block_ids),
+            "used_bytes": t.used_bytes,
+            "paged_bytes": t.paged_bytes,
+        }
         if policy is not None:
             paging = evict_and_page(lm, p.token_ids, [policy], budget, block_size)[0].paging
             row.update({k: v for k, v in paging.to_json().items() if k not in ("policy", "block_size")})
@@ -95,12 +116,18 @@ def run(args: argparse.Namespace) -> int:
     b = out["block_size"]
     print(f"{out['model']}: blocks of {b} tokens, {out['bytes_per_block']:,} bytes per block over every layer")
     for p in out["prompts"]:
-        print(f"{p['name']}: {p['prompt_tokens']} tokens → {p['blocks'][0]} blocks per layer, {p['wasted_slots']} "
-              f"empty slots in the last; {p['cached_blocks']} block(s) found in the prefix cache")
+        print(
+            f"{p['name']}: {p['prompt_tokens']} tokens → {p['blocks'][0]} blocks per layer, {p['wasted_slots']} "
+            f"empty slots in the last; {p['cached_blocks']} block(s) found in the prefix cache"
+        )
         if policy is not None:
-            print(f"  {policy.name} at {args.budget}: evicted {sum(map(sum, p['tokens_evicted'])):,} entries, freed "
-                  f"{sum(map(sum, p['blocks_freed'])):,} blocks (layer × KV head); compaction would move "
-                  f"{p['compaction_bytes_moved']:,} bytes")
-    print(f"shared: {out['shared_blocks']} full block(s) of common prefix; saved {out['bytes_saved']:,} bytes and "
-          f"{out['prefill_tokens_saved']:,} prefill tokens")
+            print(
+                f"  {policy.name} at {args.budget}: evicted {sum(map(sum, p['tokens_evicted'])):,} entries, freed "
+                f"{sum(map(sum, p['blocks_freed'])):,} blocks (layer × KV head); compaction would move "
+                f"{p['compaction_bytes_moved']:,} bytes"
+            )
+    print(
+        f"shared: {out['shared_blocks']} full block(s) of common prefix; saved {out['bytes_saved']:,} bytes and "
+        f"{out['prefill_tokens_saved']:,} prefill tokens"
+    )
     return 0

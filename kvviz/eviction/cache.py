@@ -132,8 +132,10 @@ def _check_full_attention(config) -> int:
     if not kinds:
         kinds = ["sliding_attention" if getattr(cfg, "sliding_window", None) else "full_attention"]
     if any(k != "full_attention" for k in kinds):
-        raise ValueError("Eviction supports models whose layers all use full attention; this model has "
-                         f"{', '.join(sorted(set(kinds)))} layers.")
+        raise ValueError(
+            "Eviction supports models whose layers all use full attention; this model has "
+            f"{', '.join(sorted(set(kinds)))} layers."
+        )
     return int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
 
 
@@ -155,7 +157,9 @@ class EvictingCache(Cache):
         """Absolute positions held, in slot order: [Lyr, Hkv, n] (every layer holds as many entries)."""
         return torch.stack([layer.kv_positions for layer in self.layers])
 
-    def keep(self, positions: torch.Tensor, held: torch.Tensor | None = None, order: torch.Tensor | None = None) -> None:
+    def keep(
+        self, positions: torch.Tensor, held: torch.Tensor | None = None, order: torch.Tensor | None = None
+    ) -> None:
         """Keep the absolute ``positions`` [Lyr, Hkv, k]; anything not held is an error.
 
         One entry fewer per head than held (a decode step of StreamingLLM, the window or H2O) takes
@@ -172,18 +176,23 @@ class EvictingCache(Cache):
         if k == n - 1 and self.rerotator is None and self.reuse_slots:
             evicted = ordered.sum(-1) - positions.sum(-1)  # [Lyr, Hkv]: the one position not kept
             rest = ordered.masked_select(ordered != evicted[..., None])
-            same = rest.numel() == positions.numel() and (torch.equal(rest.view_as(positions), positions) or
-                                                          torch.equal(rest.view_as(positions), positions.sort(-1).values))
+            same = rest.numel() == positions.numel() and (
+                torch.equal(rest.view_as(positions), positions)
+                or torch.equal(rest.view_as(positions), positions.sort(-1).values)
+            )
             if not same:
-                raise ValueError("The selection keeps positions the cache no longer holds (evicted entries never "
-                                 "come back).")
+                raise ValueError(
+                    "The selection keeps positions the cache no longer holds (evicted entries never come back)."
+                )
             slots = (held == evicted[..., None]).int().argmax(-1)  # [Lyr, Hkv]
             for layer, s in zip(self.layers, slots):
                 layer.refill_evicted(s)
             return
         idx = torch.searchsorted(ordered, positions).clamp(max=n - 1)
         if not torch.equal(ordered.gather(-1, idx), positions):
-            raise ValueError("The selection keeps positions the cache no longer holds (evicted entries never come back).")
+            raise ValueError(
+                "The selection keeps positions the cache no longer holds (evicted entries never come back)."
+            )
         slots = order.gather(-1, idx)
         for layer, s in zip(self.layers, slots):
             layer.keep_slots(s, self.rerotator)
@@ -193,5 +202,7 @@ class EvictingCache(Cache):
         total = 0
         for layer in self.layers:
             if layer.keys is not None and layer.keys.numel():
-                total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                total += (
+                    layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                )
         return int(total)

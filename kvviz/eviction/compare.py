@@ -53,11 +53,19 @@ class PolicyResult:
 
     def row(self) -> dict:
         r = self.run
-        return {"policy": self.policy.name, "title": self.policy.title, "params": self.policy.params(),
-                "n_kept": r.n_kept, "answer": r.text, "top1_agreement": self.top1_agreement,
-                "mean_kl_nats": self.mean_kl, "max_kl_nats": float(self.kl.max()) if len(self.kl) else 0.0,
-                "cache_bytes": r.cache_bytes, "full_cache_bytes": r.full_cache_bytes,
-                "decode_tokens_per_s": r.timings.get("decode_tokens_per_s")}
+        return {
+            "policy": self.policy.name,
+            "title": self.policy.title,
+            "params": self.policy.params(),
+            "n_kept": r.n_kept,
+            "answer": r.text,
+            "top1_agreement": self.top1_agreement,
+            "mean_kl_nats": self.mean_kl,
+            "max_kl_nats": float(self.kl.max()) if len(self.kl) else 0.0,
+            "cache_bytes": r.cache_bytes,
+            "full_cache_bytes": r.full_cache_bytes,
+            "decode_tokens_per_s": r.timings.get("decode_tokens_per_s"),
+        }
 
 
 @dataclass
@@ -71,33 +79,70 @@ class Comparison:
         return pd.DataFrame([r.row() for r in self.results])
 
     def summary(self) -> dict:
-        return {"prompt_tokens": self.full.n_prompt, "compressed_tokens": self.full.n_compressed,
-                "full_text": self.full.text, "rows": [r.row() for r in self.results]}
+        return {
+            "prompt_tokens": self.full.n_prompt,
+            "compressed_tokens": self.full.n_compressed,
+            "full_text": self.full.text,
+            "rows": [r.row() for r in self.results],
+        }
 
 
-def compare(lm: LoadedModel, prompt_ids: list[int], policies: list[Policy], *, budget: int | None = None,
-            ratio: float | None = None, n_compress: int | None = None, max_new_tokens: int = 24,
-            progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> Comparison:
+def compare(
+    lm: LoadedModel,
+    prompt_ids: list[int],
+    policies: list[Policy],
+    *,
+    budget: int | None = None,
+    ratio: float | None = None,
+    n_compress: int | None = None,
+    max_new_tokens: int = 24,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Comparison:
     """Run the full cache, then every policy twice at most (teacher-forced, and free if it diverged)."""
     report = progress or (lambda f, d: None)
     report(0.0, "full cache")
-    full = run_policy(lm, prompt_ids, FullCache(), n_compress=n_compress, max_new_tokens=max_new_tokens,
-                      keep_logprobs=True, should_stop=should_stop)
+    full = run_policy(
+        lm,
+        prompt_ids,
+        FullCache(),
+        n_compress=n_compress,
+        max_new_tokens=max_new_tokens,
+        keep_logprobs=True,
+        should_stop=should_stop,
+    )
     out = Comparison(full=full)
     n_full = len(full.generated_ids)
     out.results.append(PolicyResult(FullCache(), full, np.ones(n_full, bool), np.zeros(n_full)))
     todo = [p for p in policies if not isinstance(p, FullCache)]
     for i, policy in enumerate(todo):
         report((i + 0.5) / (len(todo) + 1), f"{policy.title}: teacher-forced")
-        forced = run_policy(lm, prompt_ids, policy, budget=budget, ratio=ratio, n_compress=n_compress,
-                            max_new_tokens=max_new_tokens, forced=full.generated_ids, keep_logprobs=True,
-                            should_stop=should_stop)
+        forced = run_policy(
+            lm,
+            prompt_ids,
+            policy,
+            budget=budget,
+            ratio=ratio,
+            n_compress=n_compress,
+            max_new_tokens=max_new_tokens,
+            forced=full.generated_ids,
+            keep_logprobs=True,
+            should_stop=should_stop,
+        )
         agree, kl = agreement_and_kl(full.logprobs, forced.logprobs)
         free = forced
         if not agree.all():  # it would have written something else: let it
             report((i + 1) / (len(todo) + 1), f"{policy.title}: own answer")
-            free = run_policy(lm, prompt_ids, policy, budget=budget, ratio=ratio, n_compress=n_compress,
-                              max_new_tokens=max_new_tokens, should_stop=should_stop)
+            free = run_policy(
+                lm,
+                prompt_ids,
+                policy,
+                budget=budget,
+                ratio=ratio,
+                n_compress=n_compress,
+                max_new_tokens=max_new_tokens,
+                should_stop=should_stop,
+            )
         else:
             free.stop_reason = full.stop_reason
         out.results.append(PolicyResult(policy, free, agree, kl))

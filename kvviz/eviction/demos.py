@@ -72,14 +72,26 @@ class NeedleResult:
         return {r.policy.name: NEEDLE_ANSWER in r.run.text for r in self.comparison.results}
 
 
-def needle_demo(lm: LoadedModel, *, compress_question: bool = True, budget: int = NEEDLE_BUDGET,
-                policies: tuple[str, ...] = NEEDLE_POLICIES, max_new_tokens: int = 14,
-                progress: Progress | None = None) -> NeedleResult:
+def needle_demo(
+    lm: LoadedModel,
+    *,
+    compress_question: bool = True,
+    budget: int = NEEDLE_BUDGET,
+    policies: tuple[str, ...] = NEEDLE_POLICIES,
+    max_new_tokens: int = 14,
+    progress: Progress | None = None,
+) -> NeedleResult:
     """Full cache vs StreamingLLM vs SnapKV on the needle passage (chat template on)."""
     ids, n_context = split_question(lm, needle_passage(*NEEDLE_FILLER), f"Question: {NEEDLE_QUESTION}", True)
-    cmp = compare(lm, ids, [make_policy(p) for p in policies], budget=budget,
-                  n_compress=None if compress_question else n_context, max_new_tokens=max_new_tokens,
-                  progress=progress)
+    cmp = compare(
+        lm,
+        ids,
+        [make_policy(p) for p in policies],
+        budget=budget,
+        n_compress=None if compress_question else n_context,
+        max_new_tokens=max_new_tokens,
+        progress=progress,
+    )
     return NeedleResult(cmp, compress_question, n_context)
 
 
@@ -89,8 +101,14 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def streaming_nll(lm: LoadedModel, ids: list[int], cache_size: int | None, sinks: int, chunk: int = 128,
-                  progress: Progress | None = None) -> np.ndarray:
+def streaming_nll(
+    lm: LoadedModel,
+    ids: list[int],
+    cache_size: int | None,
+    sinks: int,
+    chunk: int = 128,
+    progress: Progress | None = None,
+) -> np.ndarray:
     """Negative log-likelihood (nats) of ids[1:], each token predicted from a streaming cache.
 
     ``cache_size`` entries are held between steps (``sinks`` first tokens + the latest ones; None =
@@ -111,11 +129,22 @@ def streaming_nll(lm: LoadedModel, ids: list[int], cache_size: int | None, sinks
             if recent is not None:
                 held = cache.positions()[0, 0] if c0 else torch.empty(0, dtype=torch.long, device=dev)
                 kpos = torch.cat([held.to(dev), qpos])  # [n + c] positions of the keys this chunk sees
-                allowed = (kpos[None] <= qpos[:, None]) & ((kpos[None] < sinks) | (kpos[None] >= qpos[:, None] - recent))
+                allowed = (kpos[None] <= qpos[:, None]) & (
+                    (kpos[None] < sinks) | (kpos[None] >= qpos[:, None] - recent)
+                )
                 mask = allowed[None, None]  # [1, 1, c, n + c], True = attend
-            logits = lm.model(input_ids=torch.tensor([ids[c0:c1]], device=dev), position_ids=qpos[None],
-                              attention_mask=mask, use_cache=True, **{kw: cache}).logits[0].float()
-            target = torch.tensor(ids[c0 + 1:c1 + 1], device=dev)
+            logits = (
+                lm.model(
+                    input_ids=torch.tensor([ids[c0:c1]], device=dev),
+                    position_ids=qpos[None],
+                    attention_mask=mask,
+                    use_cache=True,
+                    **{kw: cache},
+                )
+                .logits[0]
+                .float()
+            )
+            target = torch.tensor(ids[c0 + 1 : c1 + 1], device=dev)
             out.append(-(torch.log_softmax(logits, -1).gather(1, target[:, None])[:, 0]).cpu())
             if recent is not None:
                 held = cache.positions()[0, 0]
@@ -135,19 +164,33 @@ class SinksResult:
     sinks: int
 
 
-def sinks_demo(lm: LoadedModel, *, text: str | None = None, n_tokens: int = SINKS_TOKENS,
-               cache_size: int = SINKS_CACHE, sinks: int = 4, progress: Progress | None = None) -> SinksResult:
+def sinks_demo(
+    lm: LoadedModel,
+    *,
+    text: str | None = None,
+    n_tokens: int = SINKS_TOKENS,
+    cache_size: int = SINKS_CACHE,
+    sinks: int = 4,
+    progress: Progress | None = None,
+) -> SinksResult:
     """Perplexity of the first ``n_tokens`` of the chapter: full cache, sinks + window, window only."""
     ids = lm.tokenizer(text if text is not None else chapter_text())["input_ids"][:n_tokens]
     if len(ids) <= cache_size + 1:
-        raise ValueError(f"The text has {len(ids)} tokens; it needs more than the cache ({cache_size}) to show anything.")
-    variants = [("full cache", None, 0), (f"{sinks} sinks + {cache_size - sinks} recent", cache_size, sinks),
-                (f"{cache_size} recent, no sinks", cache_size, 0)]
+        raise ValueError(
+            f"The text has {len(ids)} tokens; it needs more than the cache ({cache_size}) to show anything."
+        )
+    variants = [
+        ("full cache", None, 0),
+        (f"{sinks} sinks + {cache_size - sinks} recent", cache_size, sinks),
+        (f"{cache_size} recent, no sinks", cache_size, 0),
+    ]
     cols = {"position": np.arange(1, len(ids))}
     for i, (name, size, s) in enumerate(variants):
+
         def step(f: float, _d: str, i=i, name=name) -> None:
             if progress is not None:
                 progress((i + f) / len(variants), name)
+
         cols[name] = streaming_nll(lm, ids, size, s, progress=step)
     frame = pd.DataFrame(cols)
     after = frame["position"] > cache_size

@@ -34,8 +34,15 @@ from kvviz.models import LoadedModel
 class Evictor:
     """Applies ``policy`` after every forward and keeps the history of held positions and roles."""
 
-    def __init__(self, lm: LoadedModel, policy: Policy, n_kept: int, n_prompt: int, record_history: bool = True,
-                 feeds_slot_positions: bool = False):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        policy: Policy,
+        n_kept: int,
+        n_prompt: int,
+        record_history: bool = True,
+        feeds_slot_positions: bool = False,
+    ):
         """``feeds_slot_positions``: the caller feeds position ids = cache slots when the policy re-positions
         keys (``run_policy`` does; ``capture_iter`` feeds absolute positions, so it cannot re-position)."""
         info = model_info(lm)
@@ -59,8 +66,10 @@ class Evictor:
         rerotator = None
         if self.policy.position_mode != "original":
             if not self.feeds_slot_positions:
-                raise ValueError("Re-positioning keys needs a loop that feeds cache-slot positions "
-                                 "(kvviz.eviction.run.run_policy); capture_iter feeds original positions.")
+                raise ValueError(
+                    "Re-positioning keys needs a loop that feeds cache-slot positions "
+                    "(kvviz.eviction.run.run_policy); capture_iter feeds original positions."
+                )
             rerotator = KeyRerotator.from_model(lm.model)
         return EvictingCache(lm.config, rerotator)
 
@@ -75,10 +84,15 @@ class Evictor:
         if self.policy.compresses(n, self.n_kept, step):
             held = cache.positions()  # [Lyr, Hkv, n] in slot order; new entries sit in the last slots
             ordered, order = held.sort(dim=-1)
-            state = PolicyState(positions=ordered, n_kept=self.n_kept, n_prompt=self.n_prompt, step=step,
-                                kv_heads=self.kv_heads,
-                                colsum=recorder.colsum if recorder is not None and self.policy.needs_colsum else None,
-                                window_rows=recorder.window_rows if recorder is not None and step == 0 else None)
+            state = PolicyState(
+                positions=ordered,
+                n_kept=self.n_kept,
+                n_prompt=self.n_prompt,
+                step=step,
+                kv_heads=self.kv_heads,
+                colsum=recorder.colsum if recorder is not None and self.policy.needs_colsum else None,
+                window_rows=recorder.window_rows if recorder is not None and step == 0 else None,
+            )
             sel = self.policy.select(state)
             cache.keep(sel.keep, held=held, order=order)
             if track:
@@ -138,11 +152,21 @@ class PolicyRun:
 
     def summary(self) -> dict:
         """The CLI's and the API's JSON answer."""
-        return {"policy": self.policy, "params": self.params, "position_mode": self.position_mode,
-                "prompt_tokens": self.n_prompt, "compressed_tokens": self.n_compressed, "n_kept": self.n_kept,
-                "kept": self.kept_lists(), "text": self.text, "generated_tokens": len(self.generated_ids),
-                "stop_reason": self.stop_reason, "cache_bytes": self.cache_bytes,
-                "full_cache_bytes": self.full_cache_bytes, "timings": self.timings}
+        return {
+            "policy": self.policy,
+            "params": self.params,
+            "position_mode": self.position_mode,
+            "prompt_tokens": self.n_prompt,
+            "compressed_tokens": self.n_compressed,
+            "n_kept": self.n_kept,
+            "kept": self.kept_lists(),
+            "text": self.text,
+            "generated_tokens": len(self.generated_ids),
+            "stop_reason": self.stop_reason,
+            "cache_bytes": self.cache_bytes,
+            "full_cache_bytes": self.full_cache_bytes,
+            "timings": self.timings,
+        }
 
 
 def resolve_budget(policy: Policy, n_compressed: int, budget: int | None, ratio: float | None) -> int:
@@ -154,10 +178,20 @@ def resolve_budget(policy: Policy, n_compressed: int, budget: int | None, ratio:
     return n_kept
 
 
-def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget: int | None = None,
-               ratio: float | None = None, n_compress: int | None = None, max_new_tokens: int = 32,
-               forced: list[int] | None = None, keep_logprobs: bool = False, record_history: bool = True,
-               should_stop: Callable[[], bool] | None = None) -> PolicyRun:
+def run_policy(
+    lm: LoadedModel,
+    prompt_ids: list[int],
+    policy: Policy,
+    *,
+    budget: int | None = None,
+    ratio: float | None = None,
+    n_compress: int | None = None,
+    max_new_tokens: int = 32,
+    forced: list[int] | None = None,
+    keep_logprobs: bool = False,
+    record_history: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+) -> PolicyRun:
     """Greedy generation under ``policy``; see the module docstring.
 
     ``n_compress``: prefill and compress only the first ``n_compress`` prompt tokens (budget computed
@@ -167,16 +201,20 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
     ids = [int(i) for i in prompt_ids]
     info = model_info(lm)
     if info.attention == "MLA":
-        raise ValueError("Eviction keeps or drops entries per KV head, but this model caches MLA's one shared "
-                         "latent per token; kvviz does not evict MLA caches.")
+        raise ValueError(
+            "Eviction keeps or drops entries per KV head, but this model caches MLA's one shared "
+            "latent per token; kvviz does not evict MLA caches."
+        )
     n_c = len(ids) if n_compress is None else int(n_compress)
     if not 1 <= n_c <= len(ids):
         raise ValueError(f"n_compress must be between 1 and the prompt length {len(ids)}, got {n_compress}.")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1.")
     if len(ids) + max_new_tokens > info.context_length > 0:
-        raise ValueError(f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's context "
-                         f"of {info.context_length} tokens.")
+        raise ValueError(
+            f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's context "
+            f"of {info.context_length} tokens."
+        )
     n_kept = resolve_budget(policy, n_c, budget, ratio)
     ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True)
     needs_rec = policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c)
@@ -208,7 +246,7 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
         return logits
 
     t0 = time.perf_counter()
-    with torch.inference_mode(), (installed(lm.model) if rec is not None else nullcontext()):
+    with torch.inference_mode(), installed(lm.model) if rec is not None else nullcontext():
         if rec is not None:
             rec.phase, rec.t_total = "prefill", n_c
         logits = forward(lm, ids[:n_c], 0, cache, rec)[-1]
@@ -245,14 +283,31 @@ def run_policy(lm: LoadedModel, prompt_ids: list[int], policy: Policy, *, budget
             t += 1
         decode_s = time.perf_counter() - t1
     fed = len(generated) - 1
-    timings.update(decode_s=decode_s, decode_tokens_per_s=fed / decode_s if fed > 0 and decode_s > 0 else None,
-                   total_s=time.perf_counter() - t0,
-                   decode_step_median_s=float(np.median(step_s)) if step_s else None,
-                   decode_step_median_cpu_s=float(np.median(step_cpu_s)) if step_cpu_s else None)
+    timings.update(
+        decode_s=decode_s,
+        decode_tokens_per_s=fed / decode_s if fed > 0 and decode_s > 0 else None,
+        total_s=time.perf_counter() - t0,
+        decode_step_median_s=float(np.median(step_s)) if step_s else None,
+        decode_step_median_cpu_s=float(np.median(step_cpu_s)) if step_cpu_s else None,
+    )
     return PolicyRun(
-        policy=policy.name, params=policy.params(), position_mode=policy.position_mode, prompt_ids=ids,
-        tokens=token_texts(lm.tokenizer, ids + generated), n_compressed=n_c, n_kept=n_kept, generated_ids=generated,
-        text=lm.tokenizer.decode(generated, skip_special_tokens=True), kept=ev.kept, kept_roles=ev.kept_roles,
-        prefill_scores=ev.prefill_scores, history=ev.history, history_roles=ev.history_roles,
-        step_bytes=step_bytes, kv_bytes_per_token=info.kv_bytes_per_token, stop_reason=stop_reason,
-        timings=timings, logprobs=torch.stack(logprobs).numpy() if logprobs else None)
+        policy=policy.name,
+        params=policy.params(),
+        position_mode=policy.position_mode,
+        prompt_ids=ids,
+        tokens=token_texts(lm.tokenizer, ids + generated),
+        n_compressed=n_c,
+        n_kept=n_kept,
+        generated_ids=generated,
+        text=lm.tokenizer.decode(generated, skip_special_tokens=True),
+        kept=ev.kept,
+        kept_roles=ev.kept_roles,
+        prefill_scores=ev.prefill_scores,
+        history=ev.history,
+        history_roles=ev.history_roles,
+        step_bytes=step_bytes,
+        kv_bytes_per_token=info.kv_bytes_per_token,
+        stop_reason=stop_reason,
+        timings=timings,
+        logprobs=torch.stack(logprobs).numpy() if logprobs else None,
+    )

@@ -30,21 +30,21 @@ STRIP_MAX = 1200  # tokens shown in the token strip (the middle of a longer run 
 
 CAPTIONS = {
     "heatmap": "Rows are queries (prompt tokens, then each generated token), columns are keys in the cache; "
-               "colour is the share of the query's attention (each row sums to 1, less what a learned sink takes "
-               "in gpt-oss). Look for bright columns at the left (sinks); the blank upper triangle is the causal "
-               "mask, the dashed lines mark where generation began.",
+    "colour is the share of the query's attention (each row sums to 1, less what a learned sink takes "
+    "in gpt-oss). Look for bright columns at the left (sinks); the blank upper triangle is the causal "
+    "mask, the dashed lines mark where generation began.",
     "step": "One decode step: the new token's query reads every cached key, in every head of this layer; each row "
-            "is one head's attention (sums to 1). Scrub the steps to see most heads return to the same few tokens.",
+    "is one head's attention (sums to 1). Scrub the steps to see most heads return to the same few tokens.",
     "sink_map": "Share of attention (percent, averaged over queries) that each layer's heads give the first k "
-                "tokens; click a cell in the table to open that head. Uniform attention would give the "
-                "dashed baseline in the line chart, so anything far above it is a sink.",
+    "tokens; click a cell in the table to open that head. Uniform attention would give the "
+    "dashed baseline in the line chart, so anything far above it is a sink.",
     "sink_line": "Per layer: the mean over heads (line) and the range from the least to the most sink-bound head "
-                 "(band) of attention on the first k tokens, against what uniform attention would give; models "
-                 "with learned sinks (gpt-oss) add the share each head's learned sink logit took.",
+    "(band) of attention on the first k tokens, against what uniform attention would give; models "
+    "with learned sinks (gpt-oss) add the share each head's learned sink logit took.",
     "norms": "The first tokens collect much of the attention, yet their values are small (and so are their keys): a "
-             "sink is a place to park attention that adds little to the output. Norms are L2, per KV head, averaged.",
+    "sink is a place to park attention that adds little to the output. Norms are L2, per KV head, averaged.",
     "tokens": "The first k tokens (sinks) are marked; 'most attended' are the other tokens that received the "
-              "most attention per query, averaged over every layer and head.",
+    "most attention per query, averaged over every layer and head.",
 }
 
 
@@ -97,8 +97,7 @@ def _check(trace: Trace, layer: int, head: int) -> None:
 
 
 # ---- the heatmap -----------------------------------------------------------------------------
-def attention_grid(trace: Trace, layer: int, head: int, group_mean: bool = False,
-                   max_side: int = MAX_SIDE) -> dict:
+def attention_grid(trace: Trace, layer: int, head: int, group_mean: bool = False, max_side: int = MAX_SIDE) -> dict:
     """The downsampled query × key matrix of one head (or its KV group's mean) and its axes.
 
     Returns ``z`` [rows, cols] float32 (NaN where the causal mask hides the key), ``row_spans`` and
@@ -131,8 +130,15 @@ def attention_grid(trace: Trace, layer: int, head: int, group_mean: bool = False
     last_q = np.array([b - 1 for _, b in row_spans])[:, None]
     first_k = np.array([a for a, _ in col_spans])[None, :]
     z[first_k > last_q] = np.nan
-    return {"z": z, "row_spans": row_spans, "col_spans": col_spans, "n_prefill_rows": pre.shape[0],
-            "heads": heads, "positions_per_col": f * rc, "exact": f * rc == 1 and rp == 1 and rd == 1}
+    return {
+        "z": z,
+        "row_spans": row_spans,
+        "col_spans": col_spans,
+        "n_prefill_rows": pre.shape[0],
+        "heads": heads,
+        "positions_per_col": f * rc,
+        "exact": f * rc == 1 and rp == 1 and rd == 1,
+    }
 
 
 def _axis_labels(trace: Trace, spans: list[tuple[int, int]]) -> list[str]:
@@ -150,8 +156,9 @@ def _log_z(z: np.ndarray) -> tuple[np.ndarray, dict]:
     return lz, dict(tickvals=exps, ticktext=[f"1e{e}" if e else "1" for e in exps])
 
 
-def attention_heatmap(trace: Trace, layer: int, head: int, log: bool = False, group_mean: bool = False,
-                      max_side: int = MAX_SIDE) -> go.Figure:
+def attention_heatmap(
+    trace: Trace, layer: int, head: int, log: bool = False, group_mean: bool = False, max_side: int = MAX_SIDE
+) -> go.Figure:
     """Queries × keys for one layer and head (or the mean of its KV group), hover shows the tokens."""
     grid = attention_grid(trace, layer, head, group_mean, max_side)
     z, rows, cols = grid["z"], grid["row_spans"], grid["col_spans"]
@@ -161,11 +168,24 @@ def attention_heatmap(trace: Trace, layer: int, head: int, log: bool = False, gr
         z, ticks = _log_z(z)
         colorbar.update(ticks)
     hover = "query %{y}<br>key %{x}<br>" + ("log10 share %{z:.2f}" if log else "share %{z:.4f}") + "<extra></extra>"
-    fig = go.Figure(go.Heatmap(z=z, x=xlab, y=ylab, colorscale="Viridis", colorbar=colorbar, hovertemplate=hover,
-                               zmin=np.log10(LOG_FLOOR) if log else 0.0, zmax=0.0 if log else None))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=xlab,
+            y=ylab,
+            colorscale="Viridis",
+            colorbar=colorbar,
+            hovertemplate=hover,
+            zmin=np.log10(LOG_FLOOR) if log else 0.0,
+            zmax=0.0 if log else None,
+        )
+    )
     kv = kv_head_of(trace.model, head)
-    who = (f"mean of query heads {grid['heads'][0]}–{grid['heads'][-1]} (KV head {kv})" if group_mean
-           else f"query head {head} (KV head {kv})")
+    who = (
+        f"mean of query heads {grid['heads'][0]}–{grid['heads'][-1]} (KV head {kv})"
+        if group_mean
+        else f"query head {head} (KV head {kv})"
+    )
     res = "exact" if grid["exact"] else f"{grid['positions_per_col']} key positions per column, rows pooled"
     n_pre = grid["n_prefill_rows"]
     if n_pre < len(rows):  # generation started: mark the boundary on both axes
@@ -173,13 +193,24 @@ def attention_heatmap(trace: Trace, layer: int, head: int, log: bool = False, gr
         line = dict(type="line", line=dict(color="white", width=1.5, dash="dash"))
         fig.add_shape(**line, xref="paper", x0=0, x1=1, yref="y", y0=n_pre - 0.5, y1=n_pre - 0.5)
         fig.add_shape(**line, yref="paper", y0=0, y1=1, xref="x", x0=key_col - 0.5, x1=key_col - 0.5)
-    fig.add_annotation(xref="paper", yref="paper", x=0.98, y=0.98, showarrow=False, xanchor="right",
-                       text="future keys: masked", font=dict(color="#555"))
-    fig.update_layout(title=f"Layer {layer}, {who} · {res}", height=560, margin=dict(l=60, r=20, t=50, b=50),
-                      plot_bgcolor="#e9e9e9",
-                      xaxis=dict(title="key position (cached token)", type="category", **_sparse_ticks(xlab, cols)),
-                      yaxis=dict(title="query position", type="category", autorange="reversed",
-                                 **_sparse_ticks(ylab, rows)))
+    fig.add_annotation(
+        xref="paper",
+        yref="paper",
+        x=0.98,
+        y=0.98,
+        showarrow=False,
+        xanchor="right",
+        text="future keys: masked",
+        font=dict(color="#555"),
+    )
+    fig.update_layout(
+        title=f"Layer {layer}, {who} · {res}",
+        height=560,
+        margin=dict(l=60, r=20, t=50, b=50),
+        plot_bgcolor="#e9e9e9",
+        xaxis=dict(title="key position (cached token)", type="category", **_sparse_ticks(xlab, cols)),
+        yaxis=dict(title="query position", type="category", autorange="reversed", **_sparse_ticks(ylab, rows)),
+    )
     return fig
 
 
@@ -216,20 +247,33 @@ def step_chart(trace: Trace, layer: int, step: int, k: int | None = None, max_co
     xlab = _axis_labels(trace, cols)
     info = trace.model
     ylab = [f"q{h} (kv{kv_head_of(info, h)})" for h in range(info.q_heads)]
-    fig = go.Figure(go.Heatmap(z=z, x=xlab, y=ylab, colorscale="Viridis", zmin=0,
-                               colorbar=dict(title="share"),
-                               hovertemplate="%{y}<br>key %{x}<br>share %{z:.4f}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=xlab,
+            y=ylab,
+            colorscale="Viridis",
+            zmin=0,
+            colorbar=dict(title="share"),
+            hovertemplate="%{y}<br>key %{x}<br>share %{z:.4f}<extra></extra>",
+        )
+    )
     made = trace.steps[int(step)].token
     fig.update_layout(
-        title=(f"Layer {layer}, step {step}: query {_tok(trace.tokens[q_pos])!s} at position {q_pos} reads "
-               f"{n_keys:,} cached keys → wrote {_tok(made)}"),
-        height=140 + 26 * info.q_heads, margin=dict(l=80, r=20, t=50, b=50),
+        title=(
+            f"Layer {layer}, step {step}: query {_tok(trace.tokens[q_pos])!s} at position {q_pos} reads "
+            f"{n_keys:,} cached keys → wrote {_tok(made)}"
+        ),
+        height=140 + 26 * info.q_heads,
+        margin=dict(l=80, r=20, t=50, b=50),
         xaxis=dict(title="key position", type="category", **_sparse_ticks(xlab, cols)),
-        yaxis=dict(autorange="reversed"))
+        yaxis=dict(autorange="reversed"),
+    )
     if k:
         k_col = min(-(-int(k) // (f * rc)), len(cols)) - 0.5
-        fig.add_shape(type="rect", xref="x", yref="paper", x0=-0.5, x1=k_col, y0=0, y1=1,
-                      line=dict(color="#ff7f0e", width=2))
+        fig.add_shape(
+            type="rect", xref="x", yref="paper", x0=-0.5, x1=k_col, y0=0, y1=1, line=dict(color="#ff7f0e", width=2)
+        )
     return fig
 
 
@@ -246,16 +290,36 @@ def sink_map(trace: Trace, k: int = 4) -> go.Figure:
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles, shared_yaxes=True, horizontal_spacing=0.04)
     x = [f"q{h}" for h in range(info.q_heads)]
     for col, (name, frac) in enumerate(panels, start=1):
-        fig.add_trace(go.Heatmap(
-            z=frac.astype(np.float32), x=x, y=list(range(info.layers)), zmin=0, zmax=100, colorscale="Magma",
-            text=np.round(frac).astype(int).astype(str), texttemplate="%{text}", textfont=dict(size=9),
-            colorbar=dict(title="% of attention"), showscale=col == 1,
-            hovertemplate="layer %{y}, head %{x}<br>%{z:.1f}% of attention on the " + name + "<extra></extra>"),
-            row=1, col=col)
+        fig.add_trace(
+            go.Heatmap(
+                z=frac.astype(np.float32),
+                x=x,
+                y=list(range(info.layers)),
+                zmin=0,
+                zmax=100,
+                colorscale="Magma",
+                text=np.round(frac).astype(int).astype(str),
+                texttemplate="%{text}",
+                textfont=dict(size=9),
+                colorbar=dict(title="% of attention"),
+                showscale=col == 1,
+                hovertemplate="layer %{y}, head %{x}<br>%{z:.1f}% of attention on the " + name + "<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
         for kv in range(1, info.kv_heads):
             xline = kv * info.group_size - 0.5
-            fig.add_shape(type="line", xref=f"x{col if col > 1 else ''}", yref="paper", x0=xline, x1=xline, y0=0,
-                          y1=1, line=dict(color="white", width=2))
+            fig.add_shape(
+                type="line",
+                xref=f"x{col if col > 1 else ''}",
+                yref="paper",
+                x0=xline,
+                x1=xline,
+                y0=0,
+                y1=1,
+                line=dict(color="white", width=2),
+            )
     title = f"Sink map: % of attention on the first {k} tokens (white lines: KV groups)"
     if learned is not None:
         title = f"Sink map: % of attention on the first {k} tokens and on each head's learned sink"
@@ -269,22 +333,58 @@ def sink_line(trace: Trace, k: int = 4) -> go.Figure:
     """Per-layer sink mass: head mean, min–max band, and the uniform-attention baseline (percent)."""
     df = layer_sink_line(trace, k)
     x = df["layer"].tolist()
-    fig = go.Figure([
-        go.Scatter(x=x, y=(df["max"] * 100).tolist(), mode="lines", line=dict(width=0), showlegend=False,
-                   hoverinfo="skip"),
-        go.Scatter(x=x, y=(df["min"] * 100).tolist(), mode="lines", line=dict(width=0), fill="tonexty",
-                   fillcolor="rgba(255,127,14,0.25)", name="range over heads", hoverinfo="skip"),
-        go.Scatter(x=x, y=(df["mean"] * 100).tolist(), mode="lines+markers", name="mean over heads",
-                   line=dict(color="#ff7f0e"), hovertemplate="layer %{x}: %{y:.1f}%<extra></extra>"),
-        go.Scatter(x=x, y=(df["uniform"] * 100).tolist(), mode="lines", name="uniform attention",
-                   line=dict(color="#555", dash="dash"), hovertemplate="uniform: %{y:.1f}%<extra></extra>"),
-    ])
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=x, y=(df["max"] * 100).tolist(), mode="lines", line=dict(width=0), showlegend=False, hoverinfo="skip"
+            ),
+            go.Scatter(
+                x=x,
+                y=(df["min"] * 100).tolist(),
+                mode="lines",
+                line=dict(width=0),
+                fill="tonexty",
+                fillcolor="rgba(255,127,14,0.25)",
+                name="range over heads",
+                hoverinfo="skip",
+            ),
+            go.Scatter(
+                x=x,
+                y=(df["mean"] * 100).tolist(),
+                mode="lines+markers",
+                name="mean over heads",
+                line=dict(color="#ff7f0e"),
+                hovertemplate="layer %{x}: %{y:.1f}%<extra></extra>",
+            ),
+            go.Scatter(
+                x=x,
+                y=(df["uniform"] * 100).tolist(),
+                mode="lines",
+                name="uniform attention",
+                line=dict(color="#555", dash="dash"),
+                hovertemplate="uniform: %{y:.1f}%<extra></extra>",
+            ),
+        ]
+    )
     if "learned" in df:
-        fig.add_trace(go.Scatter(x=x, y=(df["learned"] * 100).tolist(), mode="lines+markers", name="learned sink",
-                                 line=dict(color="#2f9e44"), hovertemplate="learned sink: %{y:.1f}%<extra></extra>"))
-    fig.update_layout(title=f"Attention on the first {k} tokens, per layer", xaxis_title="layer",
-                      yaxis=dict(title="% of attention", range=[0, 100]), height=360,
-                      margin=dict(l=50, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.2))
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=(df["learned"] * 100).tolist(),
+                mode="lines+markers",
+                name="learned sink",
+                line=dict(color="#2f9e44"),
+                hovertemplate="learned sink: %{y:.1f}%<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=f"Attention on the first {k} tokens, per layer",
+        xaxis_title="layer",
+        yaxis=dict(title="% of attention", range=[0, 100]),
+        height=360,
+        margin=dict(l=50, r=20, t=50, b=40),
+        legend=dict(orientation="h", y=-0.2),
+    )
     return fig
 
 
@@ -294,21 +394,44 @@ def norms_chart(trace: Trace, k: int = 4) -> go.Figure:
     k = check_k(trace, k)
     x = list(range(trace.model.layers))
     kinds = ("key", "value")
-    titles = ("keys", "values") if trace.model.attention != "MLA" else ("latents (MLA caches these, not keys)",
-                                                                        "RoPE keys (MLA's second cached vector)")
+    titles = (
+        ("keys", "values")
+        if trace.model.attention != "MLA"
+        else ("latents (MLA caches these, not keys)", "RoPE keys (MLA's second cached vector)")
+    )
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles)
     lines = [(f"token 0 {_tok(trace.tokens[0])}", span_norms(trace, 0, 1), dict(color="#ff7f0e", width=3))]
     if k > 1:
         lines.append((f"tokens 1–{k - 1}", span_norms(trace, 1, k), dict(color="#9467bd")))
-    lines.append((f"other tokens ({k}–{trace.n_tokens - 1})", span_norms(trace, k, trace.n_tokens),
-                  dict(color="#1f77b4", dash="dot")))
+    lines.append(
+        (
+            f"other tokens ({k}–{trace.n_tokens - 1})",
+            span_norms(trace, k, trace.n_tokens),
+            dict(color="#1f77b4", dash="dot"),
+        )
+    )
     for row, kind in enumerate(kinds, start=1):
         for i, (name, data, style) in enumerate(lines):
-            fig.add_trace(go.Scatter(x=x, y=data[kind].astype(float).tolist(), name=name, legendgroup=name,
-                                     showlegend=row == 1, mode="lines+markers" if i == 0 else "lines", line=style,
-                                     hovertemplate=f"{name}, layer %{{x}}: %{{y:.2f}}<extra></extra>"), row=row, col=1)
-    fig.update_layout(title="Sink tokens have small keys and values", height=460,
-                      margin=dict(l=50, r=20, t=60, b=40), legend=dict(orientation="h", y=-0.12))
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=data[kind].astype(float).tolist(),
+                    name=name,
+                    legendgroup=name,
+                    showlegend=row == 1,
+                    mode="lines+markers" if i == 0 else "lines",
+                    line=style,
+                    hovertemplate=f"{name}, layer %{{x}}: %{{y:.2f}}<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
+    fig.update_layout(
+        title="Sink tokens have small keys and values",
+        height=460,
+        margin=dict(l=50, r=20, t=60, b=40),
+        legend=dict(orientation="h", y=-0.12),
+    )
     fig.update_yaxes(title_text="mean L2 norm", rangemode="tozero")
     fig.update_xaxes(title_text="layer", row=2, col=1)
     return fig

@@ -19,24 +19,30 @@ from kvviz.units import format_bytes
 
 MAX_COLS = 1200
 NOT_SEEN = -1
-ROLE_COLORS = {"evicted": "#d9d9d9", "kept": "#74c476", "sink": "#6a51a3", "window": "#3182bd",
-               "heavy hitter": "#e6550d", "not yet fed": "#ffffff"}
+ROLE_COLORS = {
+    "evicted": "#d9d9d9",
+    "kept": "#74c476",
+    "sink": "#6a51a3",
+    "window": "#3182bd",
+    "heavy hitter": "#e6550d",
+    "not yet fed": "#ffffff",
+}
 CAPTIONS = {
     "strip": "Each prompt (and fed) token coloured by what the chosen layer's KV head holds after the chosen step: "
-             "sinks, the recent/observation window, heavy hitters, other kept entries, and evicted ones.",
+    "sinks, the recent/observation window, heavy hitters, other kept entries, and evicted ones.",
     "map": "For every layer (rows) and position (columns), how many of the KV heads still hold that token after "
-           "the chosen step (0 = evicted everywhere; the maximum = kept by every head).",
+    "the chosen step (0 = evicted everywhere; the maximum = kept by every head).",
     "timeline": "Scrub through time: rows are steps (0 = after the prefill, then one per fed token), columns are "
-                "positions; a policy that evicts while decoding moves its window right and drops entries for good.",
+    "positions; a policy that evicts while decoding moves its window right and drops entries for good.",
     "scores": "The scores behind the prefill decision for the chosen layer and KV head (the policy's own units, "
-              "see the axis); bars in colour were kept, grey ones evicted.",
+    "see the axis); bars in colour were kept, grey ones evicted.",
     "comparison": "Teacher-forced along the full cache's answer: share of steps whose top-1 next token matches the "
-                  "full cache, and the mean KL divergence (nats) of the next-token distributions; bytes are measured "
-                  "from the cache tensors at the end of the policy's own answer.",
+    "full cache, and the mean KL divergence (nats) of the next-token distributions; bytes are measured "
+    "from the cache tensors at the end of the policy's own answer.",
     "bytes": "Cache size at the end of each answer (MiB), measured from the stored key and value tensors.",
     "kl": "KL(full ‖ policy) of the next-token distribution at each answer step (nats; 0 = identical).",
     "sinks": "Perplexity of the chapter token by token (rolling mean over 64 tokens, log scale): once the text "
-             "outgrows the small cache, dropping the first tokens (no sinks) makes the model much worse.",
+    "outgrows the small cache, dropping the first tokens (no sinks) makes the model much worse.",
 }
 
 
@@ -96,12 +102,31 @@ def kept_map(run: PolicyRun, step: int = 0) -> go.Figure:
     z = np.pad(counts, ((0, 0), (0, nb * f - width)), constant_values=np.nan).reshape(lyr, nb, f)
     z = np.nanmean(z, axis=-1)
     x = [i * f for i in range(nb)]
-    hover = "layer %{y}<br>position %{x}" + (f"–+{f - 1}" if f > 1 else "") + "<br>%{z:.2f} of " + f"{hkv} KV heads<extra></extra>"
-    fig = go.Figure(go.Heatmap(z=z, x=x, y=list(range(lyr)), zmin=0, zmax=hkv, colorscale="Greens",
-                               colorbar=dict(title="KV heads"), hovertemplate=hover))
-    fig.update_layout(title=f"Kept per layer after step {step} (budget: {run.n_kept} per KV head)",
-                      xaxis_title="position (token index)", yaxis_title="layer", height=360,
-                      margin=dict(l=50, r=20, t=50, b=40))
+    hover = (
+        "layer %{y}<br>position %{x}"
+        + (f"–+{f - 1}" if f > 1 else "")
+        + "<br>%{z:.2f} of "
+        + f"{hkv} KV heads<extra></extra>"
+    )
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=x,
+            y=list(range(lyr)),
+            zmin=0,
+            zmax=hkv,
+            colorscale="Greens",
+            colorbar=dict(title="KV heads"),
+            hovertemplate=hover,
+        )
+    )
+    fig.update_layout(
+        title=f"Kept per layer after step {step} (budget: {run.n_kept} per KV head)",
+        xaxis_title="position (token index)",
+        yaxis_title="layer",
+        height=360,
+        margin=dict(l=50, r=20, t=50, b=40),
+    )
     return fig
 
 
@@ -129,15 +154,38 @@ def timeline(run: PolicyRun, layer: int, head: int) -> go.Figure:
         index = np.pad(index, ((0, 0), (0, nb * f - width)), constant_values=0).reshape(len(rows), nb, f).max(-1)
     names = np.vectorize(lambda i: _role_name(_ROLE_ORDER[i]))(index)
     n = len(_ROLE_ORDER)
-    fig = go.Figure(go.Heatmap(z=index + 0.5, x=[i * f for i in range(index.shape[1])], y=list(range(len(rows))),
-                               zmin=0, zmax=n, colorscale=_discrete_scale(), showscale=False, customdata=names,
-                               hovertemplate="step %{y}<br>position %{x}<br>%{customdata}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=index + 0.5,
+            x=[i * f for i in range(index.shape[1])],
+            y=list(range(len(rows))),
+            zmin=0,
+            zmax=n,
+            colorscale=_discrete_scale(),
+            showscale=False,
+            customdata=names,
+            hovertemplate="step %{y}<br>position %{x}<br>%{customdata}<extra></extra>",
+        )
+    )
     for code in _ROLE_ORDER[1:]:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=_role_name(code),
-                                 marker=dict(color=ROLE_COLORS[_role_name(code)], size=10, symbol="square")))
-    fig.update_layout(title=f"Held over time — layer {layer}, KV head {head}", xaxis_title="position (token index)",
-                      yaxis_title="step (0 = after prefill)", height=340, margin=dict(l=50, r=20, t=50, b=40),
-                      yaxis_autorange="reversed", legend=dict(orientation="h", y=-0.25))
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=_role_name(code),
+                marker=dict(color=ROLE_COLORS[_role_name(code)], size=10, symbol="square"),
+            )
+        )
+    fig.update_layout(
+        title=f"Held over time — layer {layer}, KV head {head}",
+        xaxis_title="position (token index)",
+        yaxis_title="step (0 = after prefill)",
+        height=340,
+        margin=dict(l=50, r=20, t=50, b=40),
+        yaxis_autorange="reversed",
+        legend=dict(orientation="h", y=-0.25),
+    )
     return fig
 
 
@@ -146,10 +194,15 @@ def scores_figure(run: PolicyRun, layer: int, head: int, score_label: str = "sco
     _check(run, layer, head, 0)
     fig = go.Figure()
     if run.prefill_scores is None:  # a message, not empty axes that look like a broken chart
-        fig.add_annotation(text="This policy keeps entries by position, not by score: there are no scores to show.",
-                           showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
-        fig.update_layout(height=120, margin=dict(l=20, r=20, t=20, b=20), xaxis_visible=False,
-                          yaxis_visible=False)
+        fig.add_annotation(
+            text="This policy keeps entries by position, not by score: there are no scores to show.",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+        )
+        fig.update_layout(height=120, margin=dict(l=20, r=20, t=20, b=20), xaxis_visible=False, yaxis_visible=False)
         return fig
     scores = run.prefill_scores[layer, head]
     pos = run.history[0][layer, head] if run.history else run.kept[layer, head]
@@ -157,11 +210,23 @@ def scores_figure(run: PolicyRun, layer: int, head: int, score_label: str = "sco
     row[pos[pos < len(scores)]] = run.kept_roles[layer, head][pos < len(scores)]
     colors = [ROLE_COLORS[_role_name(c)] for c in row]
     text = [f"{i}: {run.tokens[i]!r} — {_role_name(row[i])}" for i in range(len(scores))]
-    fig.add_trace(go.Bar(x=list(range(len(scores))), y=np.nan_to_num(scores, nan=0.0), marker_color=colors,
-                         hovertext=text, hovertemplate="%{hovertext}<br>score %{y:.4g}<extra></extra>"))
-    fig.update_layout(title=f"Scores behind the prefill decision — layer {layer}, KV head {head}",
-                      xaxis_title="position (token index)", yaxis_title=score_label, height=300,
-                      margin=dict(l=60, r=20, t=50, b=40), bargap=0)
+    fig.add_trace(
+        go.Bar(
+            x=list(range(len(scores))),
+            y=np.nan_to_num(scores, nan=0.0),
+            marker_color=colors,
+            hovertext=text,
+            hovertemplate="%{hovertext}<br>score %{y:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Scores behind the prefill decision — layer {layer}, KV head {head}",
+        xaxis_title="position (token index)",
+        yaxis_title=score_label,
+        height=300,
+        margin=dict(l=60, r=20, t=50, b=40),
+        bargap=0,
+    )
     return fig
 
 
@@ -172,9 +237,15 @@ def slot_table(run: PolicyRun, layer: int, head: int, step: int = 0) -> pd.DataF
     roles = run.history_roles[step][layer, head]
     slots = np.arange(len(pos))
     rope = slots if run.position_mode != "original" else pos
-    return pd.DataFrame({"cache slot": slots, "original position": pos,
-                         "token": [run.tokens[p] for p in pos], "role": [_role_name(r) for r in roles],
-                         "RoPE position": rope})
+    return pd.DataFrame(
+        {
+            "cache slot": slots,
+            "original position": pos,
+            "token": [run.tokens[p] for p in pos],
+            "role": [_role_name(r) for r in roles],
+            "RoPE position": rope,
+        }
+    )
 
 
 def comparison_table(cmp: Comparison) -> pd.DataFrame:
@@ -183,30 +254,63 @@ def comparison_table(cmp: Comparison) -> pd.DataFrame:
     for r in cmp.results:
         d = r.row()
         tps = d["decode_tokens_per_s"]
-        rows.append({"policy": d["title"], "kept per head": d["n_kept"], "answer": d["answer"],
-                     "top-1 agreement": f"{100 * d['top1_agreement']:.0f} %", "mean KL (nats)": round(d["mean_kl_nats"], 4),
-                     "cache": format_bytes(d["cache_bytes"]), "full cache": format_bytes(d["full_cache_bytes"]),
-                     "decode tokens/s": round(tps, 1) if tps else None})
+        rows.append(
+            {
+                "policy": d["title"],
+                "kept per head": d["n_kept"],
+                "answer": d["answer"],
+                "top-1 agreement": f"{100 * d['top1_agreement']:.0f} %",
+                "mean KL (nats)": round(d["mean_kl_nats"], 4),
+                "cache": format_bytes(d["cache_bytes"]),
+                "full cache": format_bytes(d["full_cache_bytes"]),
+                "decode tokens/s": round(tps, 1) if tps else None,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def bytes_figure(cmp: Comparison) -> go.Figure:
     names = [r.policy.title for r in cmp.results]
     mib = [r.run.cache_bytes / 2**20 for r in cmp.results]
-    fig = go.Figure(go.Bar(x=mib, y=names, orientation="h", text=[format_bytes(r.run.cache_bytes) for r in cmp.results],
-                           textposition="outside", cliponaxis=False, marker_color="#d62728"))
-    fig.update_layout(title="KV cache at the end of each answer", xaxis_title="cache size (MiB)", height=260,
-                      margin=dict(l=200, r=60, t=50, b=40), yaxis_autorange="reversed")
+    fig = go.Figure(
+        go.Bar(
+            x=mib,
+            y=names,
+            orientation="h",
+            text=[format_bytes(r.run.cache_bytes) for r in cmp.results],
+            textposition="outside",
+            cliponaxis=False,
+            marker_color="#d62728",
+        )
+    )
+    fig.update_layout(
+        title="KV cache at the end of each answer",
+        xaxis_title="cache size (MiB)",
+        height=260,
+        margin=dict(l=200, r=60, t=50, b=40),
+        yaxis_autorange="reversed",
+    )
     return fig
 
 
 def kl_figure(cmp: Comparison) -> go.Figure:
     fig = go.Figure()
     for r in cmp.results[1:]:
-        fig.add_trace(go.Scatter(y=r.kl, mode="lines+markers", name=r.policy.title,
-                                 hovertemplate="step %{x}<br>KL %{y:.3g} nats<extra></extra>"))
-    fig.update_layout(title="KL(full ‖ policy) along the full cache's answer", xaxis_title="answer step",
-                      yaxis_title="KL divergence (nats)", height=300, margin=dict(l=60, r=20, t=50, b=40))
+        fig.add_trace(
+            go.Scatter(
+                y=r.kl,
+                mode="lines+markers",
+                name=r.policy.title,
+                hovertemplate="step %{x}<br>KL %{y:.3g} nats<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title="KL(full ‖ policy) along the full cache's answer",
+        xaxis_title="answer step",
+        yaxis_title="KL divergence (nats)",
+        height=300,
+        margin=dict(l=60, r=20, t=50, b=40),
+    )
     return fig
 
 
@@ -216,11 +320,17 @@ def sinks_figure(res: SinksResult, smooth: int = 64) -> go.Figure:
     frame = res.frame
     for name in frame.columns[1:]:
         ppl = np.exp(frame[name].rolling(smooth, min_periods=1).mean())
-        fig.add_trace(go.Scatter(x=frame["position"], y=ppl, mode="lines",
-                                 name=f"{name} (ppl {res.perplexity[name]:.1f})"))
+        fig.add_trace(
+            go.Scatter(x=frame["position"], y=ppl, mode="lines", name=f"{name} (ppl {res.perplexity[name]:.1f})")
+        )
     fig.add_vline(x=res.cache_size, line_dash="dot", annotation_text="cache full: eviction starts")
-    fig.update_layout(title=f"Sinks matter: perplexity with a {res.cache_size}-entry cache",
-                      xaxis_title="token position", yaxis_title=f"perplexity (rolling {smooth} tokens)",
-                      height=360, margin=dict(l=60, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(
+        title=f"Sinks matter: perplexity with a {res.cache_size}-entry cache",
+        xaxis_title="token position",
+        yaxis_title=f"perplexity (rolling {smooth} tokens)",
+        height=360,
+        margin=dict(l=60, r=20, t=50, b=40),
+        legend=dict(orientation="h", y=-0.25),
+    )
     fig.update_yaxes(type="log")
     return fig

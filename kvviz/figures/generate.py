@@ -9,11 +9,11 @@ from kvviz.units import format_bytes, format_gb, plural
 
 CAPTIONS = {
     "growth": "Each step appends one key and one value per layer and KV head, so the cache grows by the same "
-              "number of bytes every step (MiB on the y-axis; the first point is the whole prompt's prefill).",
+    "number of bytes every step (MiB on the y-axis; the first point is the whole prompt's prefill).",
     "gauge": "The cache's bytes now, measured from its tensors, next to the model's weights and the GPU budget you "
-             "picked: at long contexts or large batches the cache, not the weights, fills the GPU.",
+    "picked: at long contexts or large batches the cache, not the weights, fills the GPU.",
     "tokens": "Prompt tokens went through the model in one parallel prefill; each generated token cost one "
-              "decode step that read the whole cache.",
+    "decode step that read the whole cache.",
 }
 
 
@@ -23,14 +23,29 @@ def cache_growth(trace: Trace) -> go.Figure:
     x = [s.index for s in steps]
     y = [s.cache_bytes / 2**20 for s in steps]
     hover = [_layer_hover(s.cache_lens, s.layer_bytes) for s in steps]
-    fig = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers", name="KV cache", customdata=hover,
-                               hovertemplate="step %{x}<br>%{y:.3f} MiB<br>%{customdata}<extra></extra>"))
+    fig = go.Figure(
+        go.Scatter(
+            x=x,
+            y=y,
+            mode="lines+markers",
+            name="KV cache",
+            customdata=hover,
+            hovertemplate="step %{x}<br>%{y:.3f} MiB<br>%{customdata}<extra></extra>",
+        )
+    )
     if steps:
-        fig.add_annotation(x=0, y=y[0], text=f"prefill: {plural(trace.n_prompt, 'token')}", showarrow=True, ax=50, ay=25)
+        fig.add_annotation(
+            x=0, y=y[0], text=f"prefill: {plural(trace.n_prompt, 'token')}", showarrow=True, ax=50, ay=25
+        )
     fig.update_xaxes(tickformat="d", rangemode="tozero")
-    fig.update_layout(title="KV cache size per step", xaxis_title="step (0 = prefill)",
-                      yaxis_title="cache size (MiB)", height=320, margin=dict(l=50, r=20, t=50, b=40),
-                      yaxis_rangemode="tozero")
+    fig.update_layout(
+        title="KV cache size per step",
+        xaxis_title="step (0 = prefill)",
+        yaxis_title="cache size (MiB)",
+        height=320,
+        margin=dict(l=50, r=20, t=50, b=40),
+        yaxis_rangemode="tozero",
+    )
     return fig
 
 
@@ -54,8 +69,13 @@ def _ranges(idx: list[int]) -> str:
     return ", ".join(out)
 
 
-def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None = None,
-                 budget_name: str = "GPU", room_tokens: int | None = None) -> go.Figure:
+def memory_gauge(
+    cache_bytes: int,
+    weight_bytes: int,
+    budget_bytes: float | None = None,
+    budget_name: str = "GPU",
+    room_tokens: int | None = None,
+) -> go.Figure:
     """Horizontal bars on a log axis: cache vs weights vs the chosen GPU memory.
 
     ``room_tokens`` (how many cached tokens fit beside the weights) goes in the title.
@@ -70,11 +90,18 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
         labels.append(format_gb(budget_bytes))
         if room_tokens is not None:
             title = f"{budget_name}: room for {room_tokens:,} cached tokens after the weights"
-    fig = go.Figure(go.Bar(x=[max(v, 1) for v in values], y=names, orientation="h", text=labels,
-                           textposition="outside", cliponaxis=False,
-                           marker_color=["#d62728", "#1f77b4", "#7f7f7f"][: len(values)]))
-    fig.update_layout(title=title, xaxis_title="bytes (log scale)", height=240,
-                      margin=dict(l=120, r=60, t=50, b=40))
+    fig = go.Figure(
+        go.Bar(
+            x=[max(v, 1) for v in values],
+            y=names,
+            orientation="h",
+            text=labels,
+            textposition="outside",
+            cliponaxis=False,
+            marker_color=["#d62728", "#1f77b4", "#7f7f7f"][: len(values)],
+        )
+    )
+    fig.update_layout(title=title, xaxis_title="bytes (log scale)", height=240, margin=dict(l=120, r=60, t=50, b=40))
     ticks = [10**e for e in range(3, 13, 3)]
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=["1 kB", "1 MB", "1 GB", "1 TB"])
     return fig
@@ -83,7 +110,7 @@ def memory_gauge(cache_bytes: int, weight_bytes: int, budget_bytes: float | None
 def token_spans(trace: Trace) -> list[tuple[str, str | None]]:
     """(text, label) pairs for a highlighted token strip: prompt vs generated."""
     out = [(t, "prompt") for t in trace.tokens[: trace.n_prompt]]
-    out += [(t, "generated") for t in trace.tokens[trace.n_prompt:]]
+    out += [(t, "generated") for t in trace.tokens[trace.n_prompt :]]
     return out
 
 
@@ -106,11 +133,15 @@ def model_card(info: ModelInfo) -> str:
     ]
     if arch == "MLA":  # the cache holds one latent and one RoPE key per token and layer, not per-head K/V
         (dc, dr), b = info.stored_dims, info.bytes_per_element
-        lines[-1] = (f"KV bytes per token = n_layers × (d_latent + d_rope) × b = {info.layers} × ({dc} + {dr}) × "
-                     f"{b} = **{per_tok:,} bytes = {format_bytes(per_tok)}** (MLA: no factor 2, no heads)")
+        lines[-1] = (
+            f"KV bytes per token = n_layers × (d_latent + d_rope) × b = {info.layers} × ({dc} + {dr}) × "
+            f"{b} = **{per_tok:,} bytes = {format_bytes(per_tok)}** (MLA: no factor 2, no heads)"
+        )
     if kinds != ["full_attention"]:
-        lines.append(f"\nLayer kinds: {', '.join(kinds)}; sliding window {info.sliding_window} tokens "
-                     "(a sliding layer holds at most window − 1 entries between steps).")
+        lines.append(
+            f"\nLayer kinds: {', '.join(kinds)}; sliding window {info.sliding_window} tokens "
+            "(a sliding layer holds at most window − 1 entries between steps)."
+        )
     return "\n".join(lines)
 
 
@@ -121,14 +152,19 @@ def equivalence_text(trace: Trace) -> str:
         return "Cached vs full recompute: not checked for this run."
     ok = eq["max_abs_logit_diff"] < 1e-3
     out_diff = eq.get("max_abs_attn_output_diff")
-    text = (f"**Cached decoding {'equals' if ok else 'DIFFERS FROM'} full recomputation** over "
-            f"{eq['positions_checked']} generated positions: max |Δ logit| = {eq['max_abs_logit_diff']:.2e}"
-            + (f", max |Δ attention output| = {out_diff:.2e}" if out_diff is not None else "")
-            + " (fp rounding only; threshold 1e-3).")
+    text = (
+        f"**Cached decoding {'equals' if ok else 'DIFFERS FROM'} full recomputation** over "
+        f"{eq['positions_checked']} generated positions: max |Δ logit| = {eq['max_abs_logit_diff']:.2e}"
+        + (f", max |Δ attention output| = {out_diff:.2e}" if out_diff is not None else "")
+        + " (fp rounding only; threshold 1e-3)."
+    )
     model_diff = eq.get("max_abs_logit_diff_vs_unpatched")
     if model_diff is not None:
         same = model_diff < 1e-3
-        text += (f" Against the model without kvviz's capture: max |Δ logit| = {model_diff:.2e} — the capture "
-                 f"{'changes nothing' if same else '**CHANGED THE OUTPUT**'}"
-                 + ("" if eq.get("unpatched_reference", True) else " (another run kept the capture installed)") + ".")
+        text += (
+            f" Against the model without kvviz's capture: max |Δ logit| = {model_diff:.2e} — the capture "
+            f"{'changes nothing' if same else '**CHANGED THE OUTPUT**'}"
+            + ("" if eq.get("unpatched_reference", True) else " (another run kept the capture installed)")
+            + "."
+        )
     return text

@@ -29,18 +29,18 @@ DEFAULT_CONTEXTS = [2**k for k in range(7, 18)]  # 128 … 131,072 tokens
 
 CAPTIONS = {
     "formula": "The chapter's formula, 2 × layers × KV heads × head dim × bytes per token, with this model's "
-               "numbers read from its config; windowed layers stop at their window and MLA layers store one "
-               "latent plus a RoPE key instead of per-head keys and values.",
+    "numbers read from its config; windowed layers stop at their window and MLA layers store one "
+    "latent plus a RoPE key instead of per-head keys and values.",
     "table": "The same layers with each attention design: MHA gives every query head its own K/V, GQA shares "
-             "them in groups, MQA keeps one, and MLA caches one compressed latent per token — rows the model "
-             "does not use are hypothetical.",
+    "them in groups, MQA keeps one, and MLA caches one compressed latent per token — rows the model "
+    "does not use are hypothetical.",
     "size": "Cache of one sequence as the context grows: full-attention layers grow linearly, sliding-window "
-            "layers stop at their window, so windowed and hybrid models bend away from their dashed "
-            "all-full-attention counterfactual.",
+    "layers stop at their window, so windowed and hybrid models bend away from their dashed "
+    "all-full-attention counterfactual.",
     "capacity": "How many sequences fit in the KV budget left after the weights and the reserve: capacity falls "
-                "as 1/context, which is why long-context serving costs more per token.",
+    "as 1/context, which is why long-context serving costs more per token.",
     "decode": "Bytes every decode step must read, as time at full memory bandwidth (a lower bound on time per "
-              "output token): the weights cost the same at any context, the batch's KV grows with it.",
+    "output token): the weights cost the same at any context, the batch's KV grows with it.",
     "gauge": "The cache's bytes against the KV budget (GPU memory minus the reserve and the weights).",
 }
 
@@ -54,29 +54,41 @@ def formula_markdown(layout: CacheLayout, est: Estimate) -> str:
     """The formula with this model's numbers substituted, group by group, with units."""
     b = KV_DTYPES[est.kv_dtype] / 8
     groups = layer_groups(layout, est)
-    header = (f"**{layout.name}** — {layout.attention}, {layout.num_layers} layers, "
-              f"{layout.num_attention_heads} query heads / {layout.num_key_value_heads} KV heads, head_dim "
-              f"{layout.head_dim}; KV stored as **{est.kv_dtype}** ({b:g} B per element"
-              + (f", plus an fp16 scale and zero point per {est.group_size} elements" if est.group_size else "")
-              + ")")
-    table = ["| layers | stores per token per layer | tokens held at "
-             f"{_num(est.context)} | bytes per sequence |", "|---|---|---|---|"]
+    header = (
+        f"**{layout.name}** — {layout.attention}, {layout.num_layers} layers, "
+        f"{layout.num_attention_heads} query heads / {layout.num_key_value_heads} KV heads, head_dim "
+        f"{layout.head_dim}; KV stored as **{est.kv_dtype}** ({b:g} B per element"
+        + (f", plus an fp16 scale and zero point per {est.group_size} elements" if est.group_size else "")
+        + ")"
+    )
+    table = [
+        f"| layers | stores per token per layer | tokens held at {_num(est.context)} | bytes per sequence |",
+        "|---|---|---|---|",
+    ]
     for g in groups:
         per_layer = g.bytes_per_token // g.count
-        held = _num(g.tokens_held) + (f" (window {_num(g.window)} − 1)" if g.window and g.tokens_held == g.window - 1
-                                      else "")
+        held = _num(g.tokens_held) + (
+            f" (window {_num(g.window)} − 1)" if g.window and g.tokens_held == g.window - 1 else ""
+        )
         what = f"{g.per_token_expr} = {_num(per_layer)} B" if g.bytes_per_token else g.per_token_expr
-        table.append(f"| {g.count} × {g.kind} | {what} | {held if g.bytes_per_token else '— (fixed size)'} | "
-                     f"{_num(g.bytes)} B = {format_bytes(g.bytes)} |")
+        table.append(
+            f"| {g.count} × {g.kind} | {what} | {held if g.bytes_per_token else '— (fixed size)'} | "
+            f"{_num(g.bytes)} B = {format_bytes(g.bytes)} |"
+        )
     if set(layout.kinds) == {"full"} and not est.group_size:
-        per_token = (f"2 × {layout.num_layers} layers × {layout.num_key_value_heads} KV heads × {layout.head_dim} "
-                     f"× {b:g} B = **{_num(est.bytes_per_token)} B = {format_bytes(est.bytes_per_token)}**")
+        per_token = (
+            f"2 × {layout.num_layers} layers × {layout.num_key_value_heads} KV heads × {layout.head_dim} "
+            f"× {b:g} B = **{_num(est.bytes_per_token)} B = {format_bytes(est.bytes_per_token)}**"
+        )
     else:
-        per_token = (f"{_num(est.bytes_per_token)} B = **{format_bytes(est.bytes_per_token)}** "
-                     "(a token that every layer still holds)")
+        per_token = (
+            f"{_num(est.bytes_per_token)} B = **{format_bytes(est.bytes_per_token)}** "
+            "(a token that every layer still holds)"
+        )
     rep = f" × {est.replication:g} (KV heads replicated over TP = {est.tp})" if est.replication != 1 else ""
     paragraphs = [
-        header, "\n".join(table),
+        header,
+        "\n".join(table),
         f"**Per token**: {per_token}",
         f"**Per sequence** at {_num(est.context)} tokens: **{_num(est.bytes_per_sequence)} B = "
         f"{format_bytes(est.bytes_per_sequence)}**",
@@ -94,16 +106,21 @@ def comparison_table(layout: CacheLayout, context: int = 131_072, kv_dtype: str 
     """MHA / GQA / MQA / MLA over this model's layers: per token and per sequence at ``context``."""
     rows = attention_variants(layout, context, kv_dtype)
     actual = next((v for v in rows if v.actual), rows[0])
-    return pd.DataFrame([{
-        "Attention": v.attention + (" (this model)" if v.actual else " (hypothetical)"),
-        "KV heads": "1 latent" if v.attention == "MLA" else v.kv_heads,
-        "KV per token": format_bytes(v.bytes_per_token),
-        f"{context:,}-token sequence": format_bytes(v.bytes_per_sequence),
-        "vs this model": f"{v.bytes_per_sequence / actual.bytes_per_sequence:.3g}×",
-        "per-token arithmetic": v.detail,
-        "bytes_per_token": v.bytes_per_token,
-        "bytes_per_sequence": v.bytes_per_sequence,
-    } for v in rows])
+    return pd.DataFrame(
+        [
+            {
+                "Attention": v.attention + (" (this model)" if v.actual else " (hypothetical)"),
+                "KV heads": "1 latent" if v.attention == "MLA" else v.kv_heads,
+                "KV per token": format_bytes(v.bytes_per_token),
+                f"{context:,}-token sequence": format_bytes(v.bytes_per_sequence),
+                "vs this model": f"{v.bytes_per_sequence / actual.bytes_per_sequence:.3g}×",
+                "per-token arithmetic": v.detail,
+                "bytes_per_token": v.bytes_per_token,
+                "bytes_per_sequence": v.bytes_per_sequence,
+            }
+            for v in rows
+        ]
+    )
 
 
 # ---- charts ------------------------------------------------------------------------------------------
@@ -111,64 +128,126 @@ def _all_full(layout: CacheLayout) -> CacheLayout:
     return replace(layout, layers=tuple(replace(spec, window=None) for spec in layout.layers))
 
 
-def size_vs_context(layouts: list[CacheLayout], contexts: list[int] | None = None,
-                    kv_dtype: str = "bf16") -> go.Figure:
+def size_vs_context(layouts: list[CacheLayout], contexts: list[int] | None = None, kv_dtype: str = "bf16") -> go.Figure:
     """One sequence's cache (GiB) vs context for each model; dashed: the same model with no windows."""
     contexts = contexts or DEFAULT_CONTEXTS
     fig = go.Figure()
     for layout in layouts:
         y = [estimate(layout, t, kv_dtype=kv_dtype).bytes_per_sequence / GiB for t in contexts]
         kinds = "/".join(sorted(set(layout.kinds)))
-        fig.add_trace(go.Scatter(x=contexts, y=y, mode="lines+markers", name=f"{layout.name} ({kinds})",
-                                 hovertemplate="%{x:,} tokens: %{y:.3g} GiB<extra>" + layout.name + "</extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=contexts,
+                y=y,
+                mode="lines+markers",
+                name=f"{layout.name} ({kinds})",
+                hovertemplate="%{x:,} tokens: %{y:.3g} GiB<extra>" + layout.name + "</extra>",
+            )
+        )
         if layout.windows:
             full = [estimate(_all_full(layout), t, kv_dtype=kv_dtype).bytes_per_sequence / GiB for t in contexts]
-            fig.add_trace(go.Scatter(x=contexts, y=full, mode="lines", line=dict(dash="dash", width=1),
-                                     name=f"{layout.name} if every layer were full attention",
-                                     hovertemplate="%{x:,} tokens: %{y:.3g} GiB<extra>no windows</extra>"))
-    fig.update_layout(title=f"KV cache of one sequence vs context ({kv_dtype})", height=420,
-                      xaxis_title="context (tokens, log scale)", yaxis_title="KV cache (GiB, log scale)",
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(font=dict(size=10)))
+            fig.add_trace(
+                go.Scatter(
+                    x=contexts,
+                    y=full,
+                    mode="lines",
+                    line=dict(dash="dash", width=1),
+                    name=f"{layout.name} if every layer were full attention",
+                    hovertemplate="%{x:,} tokens: %{y:.3g} GiB<extra>no windows</extra>",
+                )
+            )
+    fig.update_layout(
+        title=f"KV cache of one sequence vs context ({kv_dtype})",
+        height=420,
+        xaxis_title="context (tokens, log scale)",
+        yaxis_title="KV cache (GiB, log scale)",
+        margin=dict(l=60, r=20, t=50, b=50),
+        legend=dict(font=dict(size=10)),
+    )
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return fig
 
 
-def capacity_vs_context(layout: CacheLayout, kv_budget_bytes: int, contexts: list[int] | None = None,
-                        kv_dtype: str = "bf16", tp: int = 1, mark: int | None = None) -> go.Figure:
+def capacity_vs_context(
+    layout: CacheLayout,
+    kv_budget_bytes: int,
+    contexts: list[int] | None = None,
+    kv_dtype: str = "bf16",
+    tp: int = 1,
+    mark: int | None = None,
+) -> go.Figure:
     """Most sequences that fit in the KV budget at each context (bars, log y)."""
     contexts = contexts or DEFAULT_CONTEXTS
     counts = [max_sequences(layout, kv_budget_bytes, t, kv_dtype, tp) for t in contexts]
     colors = ["#d62728" if t == mark else "#1f77b4" for t in contexts]
-    fig = go.Figure(go.Bar(x=[f"{t:,}" for t in contexts], y=[max(c, 0.5) for c in counts], text=counts,
-                           textposition="outside", cliponaxis=False, marker_color=colors,
-                           hovertemplate="%{x} tokens: %{text} sequences<extra></extra>"))
-    fig.update_layout(title=f"{layout.name}: sequences that fit in {format_gb(kv_budget_bytes)} "
-                            f"({format_bytes(kv_budget_bytes)}) of KV budget, {kv_dtype}",
-                      xaxis_title="context (tokens)", yaxis_title="sequences (log scale)", height=380,
-                      margin=dict(l=60, r=20, t=50, b=50))
+    fig = go.Figure(
+        go.Bar(
+            x=[f"{t:,}" for t in contexts],
+            y=[max(c, 0.5) for c in counts],
+            text=counts,
+            textposition="outside",
+            cliponaxis=False,
+            marker_color=colors,
+            hovertemplate="%{x} tokens: %{text} sequences<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"{layout.name}: sequences that fit in {format_gb(kv_budget_bytes)} "
+        f"({format_bytes(kv_budget_bytes)}) of KV budget, {kv_dtype}",
+        xaxis_title="context (tokens)",
+        yaxis_title="sequences (log scale)",
+        height=380,
+        margin=dict(l=60, r=20, t=50, b=50),
+    )
     fig.update_yaxes(type="log")
     return fig
 
 
-def decode_time_vs_context(layout: CacheLayout, weight_bytes: int, batch: int, bandwidth_tbps: float,
-                           gpus: int = 1, contexts: list[int] | None = None, kv_dtype: str = "bf16",
-                           tp: int = 1) -> go.Figure:
+def decode_time_vs_context(
+    layout: CacheLayout,
+    weight_bytes: int,
+    batch: int,
+    bandwidth_tbps: float,
+    gpus: int = 1,
+    contexts: list[int] | None = None,
+    kv_dtype: str = "bf16",
+    tp: int = 1,
+) -> go.Figure:
     """Stacked bars: ms to read the weights and ms to read the batch's KV per decode step."""
     contexts = contexts or DEFAULT_CONTEXTS
-    steps = [decode_step(weight_bytes, estimate(layout, t, batch, kv_dtype, tp).total_bytes, bandwidth_tbps, gpus)
-             for t in contexts]
+    steps = [
+        decode_step(weight_bytes, estimate(layout, t, batch, kv_dtype, tp).total_bytes, bandwidth_tbps, gpus)
+        for t in contexts
+    ]
     x = [f"{t:,}" for t in contexts]
-    fig = go.Figure([
-        go.Bar(x=x, y=[s.ms_weights for s in steps], name=f"weights ({format_gb(weight_bytes)})",
-               marker_color="#1f77b4", hovertemplate="%{x} tokens: %{y:.3g} ms<extra>weights</extra>"),
-        go.Bar(x=x, y=[s.ms_kv for s in steps], name=f"KV of {batch:,} sequence{'s' if batch > 1 else ''}",
-               marker_color="#d62728", customdata=[format_bytes(s.kv_bytes) for s in steps],
-               hovertemplate="%{x} tokens: %{y:.3g} ms (%{customdata})<extra>KV cache</extra>"),
-    ])
-    fig.update_layout(barmode="stack", height=380, margin=dict(l=60, r=20, t=50, b=50),
-                      title=f"{layout.name}: bytes read per decode step at {gpus} × {bandwidth_tbps:g} TB/s",
-                      xaxis_title="context (tokens)", yaxis_title="time per step at full bandwidth (ms)")
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=x,
+                y=[s.ms_weights for s in steps],
+                name=f"weights ({format_gb(weight_bytes)})",
+                marker_color="#1f77b4",
+                hovertemplate="%{x} tokens: %{y:.3g} ms<extra>weights</extra>",
+            ),
+            go.Bar(
+                x=x,
+                y=[s.ms_kv for s in steps],
+                name=f"KV of {batch:,} sequence{'s' if batch > 1 else ''}",
+                marker_color="#d62728",
+                customdata=[format_bytes(s.kv_bytes) for s in steps],
+                hovertemplate="%{x} tokens: %{y:.3g} ms (%{customdata})<extra>KV cache</extra>",
+            ),
+        ]
+    )
+    fig.update_layout(
+        barmode="stack",
+        height=380,
+        margin=dict(l=60, r=20, t=50, b=50),
+        title=f"{layout.name}: bytes read per decode step at {gpus} × {bandwidth_tbps:g} TB/s",
+        xaxis_title="context (tokens)",
+        yaxis_title="time per step at full bandwidth (ms)",
+    )
     return fig
 
 
@@ -177,11 +256,21 @@ def budget_gauge(cache_bytes: int, budget_bytes: int, title: str = "KV cache vs 
     if budget_bytes <= 0:
         raise ValueError("The KV budget must be positive.")
     pct = 100 * cache_bytes / budget_bytes
-    fig = go.Figure(go.Indicator(
-        mode="gauge+number", value=pct, number=dict(suffix=" %", valueformat=".3g"),
-        title=dict(text=f"{title}<br><span style='font-size:0.8em'>{format_bytes(cache_bytes)} of "
-                        f"{format_bytes(budget_bytes)}</span>"),
-        gauge=dict(axis=dict(range=[0, max(100, pct * 1.1)]), bar=dict(color="#d62728" if pct > 100 else "#1f77b4"),
-                   threshold=dict(line=dict(color="black", width=3), value=100))))
+    fig = go.Figure(
+        go.Indicator(
+            mode="gauge+number",
+            value=pct,
+            number=dict(suffix=" %", valueformat=".3g"),
+            title=dict(
+                text=f"{title}<br><span style='font-size:0.8em'>{format_bytes(cache_bytes)} of "
+                f"{format_bytes(budget_bytes)}</span>"
+            ),
+            gauge=dict(
+                axis=dict(range=[0, max(100, pct * 1.1)]),
+                bar=dict(color="#d62728" if pct > 100 else "#1f77b4"),
+                threshold=dict(line=dict(color="black", width=3), value=100),
+            ),
+        )
+    )
     fig.update_layout(height=260, margin=dict(l=30, r=30, t=70, b=20))
     return fig

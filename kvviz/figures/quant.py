@@ -11,16 +11,16 @@ from kvviz.quant.model import SchemeResult
 
 CAPTIONS = {
     "keys": "|key| per channel (rows) and token (columns) for one layer and KV head: a few channels are large for "
-            "every token — the outliers a per-token scale must stretch to cover, crushing the small channels.",
+    "every token — the outliers a per-token scale must stretch to cover, crushing the small channels.",
     "values": "|value| for the same layer and head: no channel stands out across tokens, so a scale per token "
-              "fits values well (each output is a weighted sum of value rows).",
+    "fits values well (each output is a weighted sum of value rows).",
     "errors": "Relative error (%) of the stored keys, values and of the attention output recomputed with them for "
-              "the same queries, per scheme, over all layers of this prompt (log scale; lower is better).",
+    "the same queries, per scheme, over all layers of this prompt (log scale; lower is better).",
     "bytes": "Bytes of this prompt's whole cache under each scheme (payload + fp16 scales and zero points + the "
-             "16-bit recent window), against the same cache in 16-bit.",
+    "16-bit recent window), against the same cache in 16-bit.",
     "layers": "Attention-output error (%) per layer for the selected schemes: where in the model quantization hurts.",
     "agreement": "Top-1 agreement (%) of next-token predictions with the full-precision cache, feeding both the "
-                 "full cache's own continuation, and the mean KL divergence (nats) of their distributions.",
+    "full cache's own continuation, and the mean KL divergence (nats) of their distributions.",
 }
 MAX_COLUMNS = 512  # tokens shown in a magnitude map before max-pooling columns
 
@@ -36,22 +36,31 @@ def _pool_columns(x: np.ndarray, tokens: list[str]) -> tuple[np.ndarray, list[st
     return pooled, [f"{i * f}–{min((i + 1) * f, t) - 1}" for i in range(pooled.shape[1])]
 
 
-def magnitude_map(mag: np.ndarray, tokens: list[str], which: str = "keys", layer: int = 0,
-                  head: int = 0) -> go.Figure:
+def magnitude_map(mag: np.ndarray, tokens: list[str], which: str = "keys", layer: int = 0, head: int = 0) -> go.Figure:
     """Heatmap of |x| [D channels, T tokens]; channel means on hover, top channels listed in the title."""
     z, labels = _pool_columns(mag, tokens)
     mean = mag.mean(1)
     top = np.argsort(mean)[::-1][:3]
     ratio = float(mean.max() / max(np.median(mean), 1e-12))
-    fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(z.shape[1])), y=list(range(z.shape[0])), colorscale="Viridis",
-        colorbar=dict(title="|x|"), customdata=np.tile(np.array(labels, dtype=object), (z.shape[0], 1)),
-        hovertemplate="channel %{y}<br>token %{customdata}<br>|x| = %{z:.3f}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(range(z.shape[1])),
+            y=list(range(z.shape[0])),
+            colorscale="Viridis",
+            colorbar=dict(title="|x|"),
+            customdata=np.tile(np.array(labels, dtype=object), (z.shape[0], 1)),
+            hovertemplate="channel %{y}<br>token %{customdata}<br>|x| = %{z:.3f}<extra></extra>",
+        )
+    )
     fig.update_layout(
         title=f"|{which}|, layer {layer}, KV head {head}: top channels {', '.join(map(str, top))} "
-              f"(largest channel mean = {ratio:.1f}× the median)",
+        f"(largest channel mean = {ratio:.1f}× the median)",
         xaxis_title="token position" + (" (max-pooled)" if z.shape[1] < mag.shape[1] else ""),
-        yaxis_title="channel", height=360, margin=dict(l=60, r=20, t=50, b=40))
+        yaxis_title="channel",
+        height=360,
+        margin=dict(l=60, r=20, t=50, b=40),
+    )
     return fig
 
 
@@ -59,14 +68,28 @@ def error_bars(results: list[SchemeResult]) -> go.Figure:
     """Grouped bars per scheme: K error, V error, attention-output error (%), log y."""
     names = [r.scheme.name for r in results]
     fig = go.Figure()
-    for label, attr, color in (("keys", "key_error", "#1f77b4"), ("values", "value_error", "#2ca02c"),
-                               ("attention output", "output_error", "#d62728")):
+    for label, attr, color in (
+        ("keys", "key_error", "#1f77b4"),
+        ("values", "value_error", "#2ca02c"),
+        ("attention output", "output_error", "#d62728"),
+    ):
         vals = [100 * getattr(r, attr) for r in results]
-        fig.add_bar(name=label, x=names, y=vals, marker_color=color,
-                    hovertemplate="%{x}<br>" + label + ": %{y:.3f} %<extra></extra>")
-    fig.update_layout(barmode="group", title="Reconstruction and attention-output error per scheme",
-                      yaxis_type="log", yaxis_title="relative error (%)", height=420,
-                      margin=dict(l=60, r=20, t=50, b=140), legend=dict(orientation="h", y=1.08))
+        fig.add_bar(
+            name=label,
+            x=names,
+            y=vals,
+            marker_color=color,
+            hovertemplate="%{x}<br>" + label + ": %{y:.3f} %<extra></extra>",
+        )
+    fig.update_layout(
+        barmode="group",
+        title="Reconstruction and attention-output error per scheme",
+        yaxis_type="log",
+        yaxis_title="relative error (%)",
+        height=420,
+        margin=dict(l=60, r=20, t=50, b=140),
+        legend=dict(orientation="h", y=1.08),
+    )
     fig.update_xaxes(tickangle=-30)
     return fig
 
@@ -76,13 +99,29 @@ def bytes_bars(results: list[SchemeResult]) -> go.Figure:
     names = [r.scheme.name for r in results]
     kib = [r.total_bytes / 1024 for r in results]
     text = [f"{r.compression:.2f}× smaller" for r in results]
-    fig = go.Figure(go.Bar(x=names, y=kib, text=text, textposition="outside", marker_color="#ff7f0e",
-                           hovertemplate="%{x}<br>%{y:,.1f} KiB<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=names,
+            y=kib,
+            text=text,
+            textposition="outside",
+            marker_color="#ff7f0e",
+            hovertemplate="%{x}<br>%{y:,.1f} KiB<extra></extra>",
+        )
+    )
     if results:
-        fig.add_hline(y=results[0].baseline_bytes / 1024, line_dash="dash",
-                      annotation_text="16-bit cache", annotation_position="top left")
-    fig.update_layout(title="Cache size per scheme (this prompt, all layers)", yaxis_title="cache size (KiB)",
-                      height=400, margin=dict(l=60, r=20, t=50, b=140))
+        fig.add_hline(
+            y=results[0].baseline_bytes / 1024,
+            line_dash="dash",
+            annotation_text="16-bit cache",
+            annotation_position="top left",
+        )
+    fig.update_layout(
+        title="Cache size per scheme (this prompt, all layers)",
+        yaxis_title="cache size (KiB)",
+        height=400,
+        margin=dict(l=60, r=20, t=50, b=140),
+    )
     fig.update_xaxes(tickangle=-30)
     return fig
 
@@ -91,25 +130,45 @@ def layer_errors(results: list[SchemeResult]) -> go.Figure:
     """Attention-output error (%) per layer, one line per scheme."""
     fig = go.Figure()
     for r in results:
-        fig.add_scatter(x=list(range(len(r.layer_output_error))), y=[100 * e for e in r.layer_output_error],
-                        mode="lines+markers", name=r.scheme.name,
-                        hovertemplate="layer %{x}<br>%{y:.2f} %<extra></extra>")
-    fig.update_layout(title="Attention-output error per layer", xaxis_title="layer",
-                      yaxis_title="relative error (%)", yaxis_type="log", height=360,
-                      margin=dict(l=60, r=20, t=50, b=40))
+        fig.add_scatter(
+            x=list(range(len(r.layer_output_error))),
+            y=[100 * e for e in r.layer_output_error],
+            mode="lines+markers",
+            name=r.scheme.name,
+            hovertemplate="layer %{x}<br>%{y:.2f} %<extra></extra>",
+        )
+    fig.update_layout(
+        title="Attention-output error per layer",
+        xaxis_title="layer",
+        yaxis_title="relative error (%)",
+        yaxis_type="log",
+        height=360,
+        margin=dict(l=60, r=20, t=50, b=40),
+    )
     return fig
 
 
 def agreement_bars(comparisons: list[GenerationComparison]) -> go.Figure:
     """Top-1 agreement (%) per scheme, KL in the hover."""
-    fig = go.Figure(go.Bar(
-        x=[c.scheme.name for c in comparisons], y=[100 * c.agreement for c in comparisons],
-        customdata=[[c.mean_kl, c.steps] for c in comparisons], marker_color="#9467bd",
-        text=[f"{100 * c.agreement:.0f} %" for c in comparisons], textposition="outside",
-        hovertemplate="%{x}<br>agreement %{y:.1f} % over %{customdata[1]} steps<br>mean KL %{customdata[0]:.4f} nats"
-                      "<extra></extra>"))
-    fig.update_layout(title="Next-token agreement with the full-precision cache", yaxis_range=[0, 110],
-                      yaxis_title="top-1 agreement (%)", height=360, margin=dict(l=60, r=20, t=50, b=120))
+    fig = go.Figure(
+        go.Bar(
+            x=[c.scheme.name for c in comparisons],
+            y=[100 * c.agreement for c in comparisons],
+            customdata=[[c.mean_kl, c.steps] for c in comparisons],
+            marker_color="#9467bd",
+            text=[f"{100 * c.agreement:.0f} %" for c in comparisons],
+            textposition="outside",
+            hovertemplate="%{x}<br>agreement %{y:.1f} % over %{customdata[1]} steps<br>mean KL %{customdata[0]:.4f} nats"
+            "<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title="Next-token agreement with the full-precision cache",
+        yaxis_range=[0, 110],
+        yaxis_title="top-1 agreement (%)",
+        height=360,
+        margin=dict(l=60, r=20, t=50, b=120),
+    )
     return fig
 
 

@@ -54,8 +54,7 @@ def _check(ids: list[int], new_tokens: int) -> None:
         raise ValueError(f"new_tokens must be a positive integer, got {new_tokens!r}.")
 
 
-def generate_without_cache(lm: LoadedModel, ids: list[int], new_tokens: int,
-                           progress: Progress | None = None) -> Run:
+def generate_without_cache(lm: LoadedModel, ids: list[int], new_tokens: int, progress: Progress | None = None) -> Run:
     """Greedy, re-running the whole sequence at every step (``use_cache=False``: nothing is kept)."""
     _check(ids, new_tokens)
     seq, out, secs, passes = list(ids), [], [], []
@@ -70,12 +69,14 @@ def generate_without_cache(lm: LoadedModel, ids: list[int], new_tokens: int,
             out.append(nxt)
             seq.append(nxt)
             if progress is not None:
-                progress((step + 1) / new_tokens, f"Without a cache: step {step + 1}/{new_tokens} re-ran {len(seq) - 1} tokens")
+                progress(
+                    (step + 1) / new_tokens,
+                    f"Without a cache: step {step + 1}/{new_tokens} re-ran {len(seq) - 1} tokens",
+                )
     return Run(False, out, secs, passes)
 
 
-def generate_with_cache(lm: LoadedModel, ids: list[int], new_tokens: int,
-                        progress: Progress | None = None) -> Run:
+def generate_with_cache(lm: LoadedModel, ids: list[int], new_tokens: int, progress: Progress | None = None) -> Run:
     """Greedy with a DynamicCache: the prompt once (prefill), then one token per step."""
     _check(ids, new_tokens)
     cache = DynamicCache(config=lm.config)
@@ -115,19 +116,27 @@ class CacheComparison:
         """One row per N (tokens generated so far): measured seconds and passes, and the formula's passes."""
         n = np.arange(1, self.new_tokens + 1)
         fp = [forward_passes(self.prompt_tokens, int(k)) for k in n]
-        return pd.DataFrame({
-            "N (tokens generated)": n,
-            "time with cache (s)": self.cached.cumulative_seconds,
-            "time without cache (s)": self.uncached.cumulative_seconds,
-            "passes with cache": self.cached.cumulative_passes,
-            "passes without cache": self.uncached.cumulative_passes,
-            "formula with cache (L + N − 1)": [f.with_cache for f in fp],
-            "formula without cache (NL + N(N−1)/2)": [f.without_cache for f in fp],
-        })
+        return pd.DataFrame(
+            {
+                "N (tokens generated)": n,
+                "time with cache (s)": self.cached.cumulative_seconds,
+                "time without cache (s)": self.uncached.cumulative_seconds,
+                "passes with cache": self.cached.cumulative_passes,
+                "passes without cache": self.uncached.cumulative_passes,
+                "formula with cache (L + N − 1)": [f.with_cache for f in fp],
+                "formula without cache (NL + N(N−1)/2)": [f.without_cache for f in fp],
+            }
+        )
 
 
-def compare_cache(lm: LoadedModel, prompt: str, new_tokens: int = 32, chat: bool = False,
-                  ids: list[int] | None = None, progress: Progress | None = None) -> CacheComparison:
+def compare_cache(
+    lm: LoadedModel,
+    prompt: str,
+    new_tokens: int = 32,
+    chat: bool = False,
+    ids: list[int] | None = None,
+    progress: Progress | None = None,
+) -> CacheComparison:
     """Generate ``new_tokens`` greedily with and without the cache (no early stop, so both make N tokens)."""
     ids = list(ids) if ids is not None else encode_prompt(lm, prompt, chat)
     _check(ids, new_tokens)
@@ -155,15 +164,17 @@ def redundant_work_table(tokens: list[str], n_prompt: int, steps: int | None = N
     rows = []
     for s in range(1, steps + 1):
         n = n_prompt + s - 1
-        rows.append({
-            "Step": s,
-            "Input sequence": "".join(tokens[:n]).strip(),
-            "Keys and Values computed": f"K/V for tokens 1–{n}",
-            "Redundant work": "None" if s == 1 else f"Tokens 1–{n - 1}",
-            "With a KV cache": f"K/V for tokens 1–{n}" if s == 1 else f"K/V for token {n} only",
-            "K/V computed (tokens)": n,
-            "redundant (tokens)": 0 if s == 1 else n - 1,
-        })
+        rows.append(
+            {
+                "Step": s,
+                "Input sequence": "".join(tokens[:n]).strip(),
+                "Keys and Values computed": f"K/V for tokens 1–{n}",
+                "Redundant work": "None" if s == 1 else f"Tokens 1–{n - 1}",
+                "With a KV cache": f"K/V for tokens 1–{n}" if s == 1 else f"K/V for token {n} only",
+                "K/V computed (tokens)": n,
+                "redundant (tokens)": 0 if s == 1 else n - 1,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -181,7 +192,13 @@ def table_for_prompt(lm: LoadedModel, prompt: str, steps: int = 4, chat: bool = 
 def chapter_example(prompt_tokens: int = 1000, new_tokens: int = 1000) -> dict:
     """The chapter's 1,000 + 1,000 arithmetic (≈ 1.5 million vs ≈ 2,000 passes, ≈ 750×), from kvviz.lessons.waste."""
     fp = forward_passes(prompt_tokens, new_tokens)
-    return {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-            "with_cache": fp.chapter_with_cache, "without_cache": fp.chapter_without_cache,
-            "ratio": fp.chapter_ratio, "exact_with_cache": fp.with_cache,
-            "exact_without_cache": fp.without_cache, "exact_ratio": fp.ratio}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "with_cache": fp.chapter_with_cache,
+        "without_cache": fp.chapter_without_cache,
+        "ratio": fp.chapter_ratio,
+        "exact_with_cache": fp.with_cache,
+        "exact_without_cache": fp.without_cache,
+        "exact_ratio": fp.ratio,
+    }

@@ -71,69 +71,146 @@ class Pitfall:
 
 # ---- ready examples -------------------------------------------------------------------------------
 _MEM = {"memory.source": "Preset", "memory.kv_dtype": "bf16", "memory.gpu": H100, "memory.gpus": 8, "memory.tp": 0}
-EQUIVALENCE = ShowMe("Generate and check cached = recomputed", "tab_generate",
-                     {"generate.prompt": CHAT_QUESTION, "generate.chat": True, "generate.max_new": 24},
-                     "generate.button", "equivalence",
-                     "After the last token, the largest logit difference between cached decoding and full "
-                     "recomputation (fp32) is far below 1e-3.")
-NOCACHE = ShowMe("Time both loops (cache vs no cache)", "tab_nocache",
-                 {"nocache.prompt": needle_passage(), "nocache.chat": False, "nocache.new_tokens": 24},
-                 "nocache.button", "nocache-passes",
-                 "With a ~300-token prompt the loop without a cache is several times slower: passes grow as a "
-                 "line with the cache and as a parabola without; the tokens are identical. (A few-token prompt "
-                 "hides this: each forward's fixed overhead outweighs the tokens it re-runs.)")
-WASTE = ShowMe("Count the waste of a real run", "tab_generate",
-               {"generate.prompt": "Once upon a time", "generate.chat": False, "generate.max_new": 16},
-               "generate.button", "waste", "Token-forward passes with and without the cache for this run.")
-LLAMA70 = ShowMe("Calculator on Llama-3-70B", "tab_memory",
-                 {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 131072, "memory.batch": 1},
-                 "memory.button", "memory-formula",
-                 "2 × 80 layers × 8 KV heads × 128 × 2 B = 320 KiB per token; 40 GiB at 128K tokens.")
-CAPACITY = ShowMe("Batch capacity on 8 × H100", "tab_memory",
-                  {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 8192, "memory.batch": 162},
-                  "memory.button", "memory-capacity",
-                  "About 162 sequences fit at 8K tokens but only 10 at 128K; the KV budget, not compute, sets it.")
-DECODE = ShowMe("Decode time: weights vs KV", "tab_memory",
-                {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 8192, "memory.batch": 162},
-                "memory.button", "memory-decode", "≈ 5.2 ms to read the weights, ≈ 16 ms to read 162 × 8K of KV.")
-SINKS = ShowMe("Sink map of the real model", "tab_attention",
-               {"generate.prompt": needle_prompt(), "generate.chat": True, "generate.max_new": 16},
-               "generate.button", "attn-sink-map",
-               "Later layers put most of their attention on the first few tokens, whatever they say.")
-NEEDLE = ShowMe("Needle demo under eviction", "tab_eviction", {"eviction.compress": "with the question (it votes)"},
-                "eviction.needle", "evict-verdict",
-                "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it.")
-SINKS_MATTER = ShowMe("Perplexity with and without the sink tokens", "tab_eviction", {}, "eviction.sinks",
-                      "evict-sinks-plot", "With a small cache, dropping the first 4 tokens makes perplexity explode "
-                      "(a minute on a CPU).")
-KIVI = ShowMe("KIVI: outlier key channels, 2-bit", "tab_quant",
-              {"quant.prompt": needle_prompt(), "quant.chat": True, "quant.layer": 15, "quant.head": 0,
-               "quant.format": "int2", "quant.key_axis": "channel", "quant.value_axis": "token", "quant.group": 32,
-               "quant.window": 32}, "quant.button", "quant-keys",
-              "A few key channels are bright across every token; at 2 bits keys per channel beat keys per token.")
+EQUIVALENCE = ShowMe(
+    "Generate and check cached = recomputed",
+    "tab_generate",
+    {"generate.prompt": CHAT_QUESTION, "generate.chat": True, "generate.max_new": 24},
+    "generate.button",
+    "equivalence",
+    "After the last token, the largest logit difference between cached decoding and full "
+    "recomputation (fp32) is far below 1e-3.",
+)
+NOCACHE = ShowMe(
+    "Time both loops (cache vs no cache)",
+    "tab_nocache",
+    {"nocache.prompt": needle_passage(), "nocache.chat": False, "nocache.new_tokens": 24},
+    "nocache.button",
+    "nocache-passes",
+    "With a ~300-token prompt the loop without a cache is several times slower: passes grow as a "
+    "line with the cache and as a parabola without; the tokens are identical. (A few-token prompt "
+    "hides this: each forward's fixed overhead outweighs the tokens it re-runs.)",
+)
+WASTE = ShowMe(
+    "Count the waste of a real run",
+    "tab_generate",
+    {"generate.prompt": "Once upon a time", "generate.chat": False, "generate.max_new": 16},
+    "generate.button",
+    "waste",
+    "Token-forward passes with and without the cache for this run.",
+)
+LLAMA70 = ShowMe(
+    "Calculator on Llama-3-70B",
+    "tab_memory",
+    {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 131072, "memory.batch": 1},
+    "memory.button",
+    "memory-formula",
+    "2 × 80 layers × 8 KV heads × 128 × 2 B = 320 KiB per token; 40 GiB at 128K tokens.",
+)
+CAPACITY = ShowMe(
+    "Batch capacity on 8 × H100",
+    "tab_memory",
+    {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 8192, "memory.batch": 162},
+    "memory.button",
+    "memory-capacity",
+    "About 162 sequences fit at 8K tokens but only 10 at 128K; the KV budget, not compute, sets it.",
+)
+DECODE = ShowMe(
+    "Decode time: weights vs KV",
+    "tab_memory",
+    {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 8192, "memory.batch": 162},
+    "memory.button",
+    "memory-decode",
+    "≈ 5.2 ms to read the weights, ≈ 16 ms to read 162 × 8K of KV.",
+)
+SINKS = ShowMe(
+    "Sink map of the real model",
+    "tab_attention",
+    {"generate.prompt": needle_prompt(), "generate.chat": True, "generate.max_new": 16},
+    "generate.button",
+    "attn-sink-map",
+    "Later layers put most of their attention on the first few tokens, whatever they say.",
+)
+NEEDLE = ShowMe(
+    "Needle demo under eviction",
+    "tab_eviction",
+    {"eviction.compress": "with the question (it votes)"},
+    "eviction.needle",
+    "evict-verdict",
+    "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it.",
+)
+SINKS_MATTER = ShowMe(
+    "Perplexity with and without the sink tokens",
+    "tab_eviction",
+    {},
+    "eviction.sinks",
+    "evict-sinks-plot",
+    "With a small cache, dropping the first 4 tokens makes perplexity explode (a minute on a CPU).",
+)
+KIVI = ShowMe(
+    "KIVI: outlier key channels, 2-bit",
+    "tab_quant",
+    {
+        "quant.prompt": needle_prompt(),
+        "quant.chat": True,
+        "quant.layer": 15,
+        "quant.head": 0,
+        "quant.format": "int2",
+        "quant.key_axis": "channel",
+        "quant.value_axis": "token",
+        "quant.group": 32,
+        "quant.window": 32,
+    },
+    "quant.button",
+    "quant-keys",
+    "A few key channels are bright across every token; at 2 bits keys per channel beat keys per token.",
+)
 
 OBJECTIVES = (
-    Objective(1, "Why a cache", "Why generating without a cache wastes quadratic work, and exactly what the KV cache stores.",
-              "A causal model never revises a past token, so re-running the whole sequence at every step redoes "
-              "work whose result is already known. Only each past token's key and value vectors — in every layer "
-              "and KV head — are needed again; that is all the cache holds.", (NOCACHE, WASTE)),
-    Objective(2, "Decode step", "Implement a decode step that appends to a KV cache and verify it matches full recomputation.",
-              "A decode step computes q, k, v for the one new token, appends k and v to the cache and attends over "
-              "it. kvviz runs this loop on a real model and re-runs the whole sequence at the end to prove the "
-              "logits match.", (EQUIVALENCE,)),
-    Objective(3, "Size formula", "Derive the KV-cache size formula and apply it to Llama-3-70B (8K and 128K contexts) and to MHA "
-                 "vs GQA vs MQA vs MLA.",
-              "Per token: 2 (K and V) × layers × KV heads × head dim × bytes. The number of KV heads — not query "
-              "heads — is what GQA, MQA and MLA shrink.", (LLAMA70,)),
-    Objective(4, "Batch & speed", "Explain how KV memory — not compute — caps batch size, and why long contexts make decode slower.",
-              "What the weights leave of GPU memory is the KV budget; divide by one sequence's cache to get the "
-              "batch. Every decode step also reads every sequence's whole cache, so at long context that read, "
-              "not the weights, sets the time per token.", (CAPACITY, DECODE)),
-    Objective(5, "Shrinking it", "Describe at intuition level the main ways to shrink the cache: quantization, eviction "
-                 "(StreamingLLM, H2O, SnapKV), and architectural changes.",
-              "Store fewer bits (FP8; 2-bit with KIVI's per-channel keys), store fewer tokens (keep the attention "
-              "sinks and what the question needs — lossy), or change the architecture so there is less to store.",
-              (SINKS, NEEDLE, KIVI)),
+    Objective(
+        1,
+        "Why a cache",
+        "Why generating without a cache wastes quadratic work, and exactly what the KV cache stores.",
+        "A causal model never revises a past token, so re-running the whole sequence at every step redoes "
+        "work whose result is already known. Only each past token's key and value vectors — in every layer "
+        "and KV head — are needed again; that is all the cache holds.",
+        (NOCACHE, WASTE),
+    ),
+    Objective(
+        2,
+        "Decode step",
+        "Implement a decode step that appends to a KV cache and verify it matches full recomputation.",
+        "A decode step computes q, k, v for the one new token, appends k and v to the cache and attends over "
+        "it. kvviz runs this loop on a real model and re-runs the whole sequence at the end to prove the "
+        "logits match.",
+        (EQUIVALENCE,),
+    ),
+    Objective(
+        3,
+        "Size formula",
+        "Derive the KV-cache size formula and apply it to Llama-3-70B (8K and 128K contexts) and to MHA "
+        "vs GQA vs MQA vs MLA.",
+        "Per token: 2 (K and V) × layers × KV heads × head dim × bytes. The number of KV heads — not query "
+        "heads — is what GQA, MQA and MLA shrink.",
+        (LLAMA70,),
+    ),
+    Objective(
+        4,
+        "Batch & speed",
+        "Explain how KV memory — not compute — caps batch size, and why long contexts make decode slower.",
+        "What the weights leave of GPU memory is the KV budget; divide by one sequence's cache to get the "
+        "batch. Every decode step also reads every sequence's whole cache, so at long context that read, "
+        "not the weights, sets the time per token.",
+        (CAPACITY, DECODE),
+    ),
+    Objective(
+        5,
+        "Shrinking it",
+        "Describe at intuition level the main ways to shrink the cache: quantization, eviction "
+        "(StreamingLLM, H2O, SnapKV), and architectural changes.",
+        "Store fewer bits (FP8; 2-bit with KIVI's per-channel keys), store fewer tokens (keep the attention "
+        "sinks and what the question needs — lossy), or change the architecture so there is less to store.",
+        (SINKS, NEEDLE, KIVI),
+    ),
 )
 
 
@@ -142,10 +219,13 @@ def llama3_8b_per_token(lm: LoadedModel | None = None) -> Answer:
     layout = cache_layout("Llama-3-8B")
     bf16 = estimate(layout, context=1, kv_dtype="bf16").bytes_per_token
     fp8 = estimate(layout, context=1, kv_dtype="fp8").bytes_per_token
-    return Answer(f"From the Llama-3-8B preset ({layout.num_layers} layers, {layout.num_key_value_heads} KV heads, "
-                  f"head dim {layout.head_dim}): 2 × {layout.num_layers} × {layout.num_key_value_heads} × "
-                  f"{layout.head_dim} × 2 B = **{bf16:,} bytes = {format_bytes(bf16)}** per token in BF16, "
-                  f"**{format_bytes(fp8)}** ({fp8:,} bytes) in FP8.", {"bf16_bytes": bf16, "fp8_bytes": fp8})
+    return Answer(
+        f"From the Llama-3-8B preset ({layout.num_layers} layers, {layout.num_key_value_heads} KV heads, "
+        f"head dim {layout.head_dim}): 2 × {layout.num_layers} × {layout.num_key_value_heads} × "
+        f"{layout.head_dim} × 2 B = **{bf16:,} bytes = {format_bytes(bf16)}** per token in BF16, "
+        f"**{format_bytes(fp8)}** ({fp8:,} bytes) in FP8.",
+        {"bf16_bytes": bf16, "fp8_bytes": fp8},
+    )
 
 
 def why_no_query_cache(lm: LoadedModel | None) -> Answer:
@@ -155,11 +235,13 @@ def why_no_query_cache(lm: LoadedModel | None) -> Answer:
 
     trace = capture(lm, "Once upon a time", chat=False, max_new_tokens=8, verify=True)
     eq = trace.equivalence
-    return Answer(f"kvviz just generated {trace.n_generated} tokens keeping only keys and values — no query was "
-                  f"ever stored — and a full recomputation agrees: largest logit difference "
-                  f"**{eq['max_abs_logit_diff']:.1e}** over {eq['positions_checked']} positions. Each step computes "
-                  "one query per head for the new token and uses it once.",
-                  {"max_abs_logit_diff": eq["max_abs_logit_diff"], "positions": eq["positions_checked"]})
+    return Answer(
+        f"kvviz just generated {trace.n_generated} tokens keeping only keys and values — no query was "
+        f"ever stored — and a full recomputation agrees: largest logit difference "
+        f"**{eq['max_abs_logit_diff']:.1e}** over {eq['positions_checked']} positions. Each step computes "
+        "one query per head for the new token and uses it once.",
+        {"max_abs_logit_diff": eq["max_abs_logit_diff"], "positions": eq["positions_checked"]},
+    )
 
 
 def doubling_the_batch(lm: LoadedModel | None = None, batch: int = 162, context: int = 8192) -> Answer:
@@ -167,12 +249,17 @@ def doubling_the_batch(lm: LoadedModel | None = None, batch: int = 162, context:
     weights = 140 * 10**9
     one = decode_step(weights, estimate(layout, context, batch).total_bytes, 3.35, gpus=8)
     two = decode_step(weights, estimate(layout, context, 2 * batch).total_bytes, 3.35, gpus=8)
-    return Answer(f"Llama-3-70B on 8 × H100 at {context:,} tokens: batch {batch} → {2 * batch} reads the same "
-                  f"**{weights / 1e9:.0f} GB of weights** ({one.ms_weights:.1f} ms both times) but "
-                  f"**{format_bytes(one.kv_bytes)} → {format_bytes(two.kv_bytes)}** of KV "
-                  f"({one.ms_kv:.1f} → {two.ms_kv:.1f} ms per step).",
-                  {"weight_bytes": (one.weight_bytes, two.weight_bytes), "kv_bytes": (one.kv_bytes, two.kv_bytes),
-                   "kv_ratio": two.kv_bytes / one.kv_bytes})
+    return Answer(
+        f"Llama-3-70B on 8 × H100 at {context:,} tokens: batch {batch} → {2 * batch} reads the same "
+        f"**{weights / 1e9:.0f} GB of weights** ({one.ms_weights:.1f} ms both times) but "
+        f"**{format_bytes(one.kv_bytes)} → {format_bytes(two.kv_bytes)}** of KV "
+        f"({one.ms_kv:.1f} → {two.ms_kv:.1f} ms per step).",
+        {
+            "weight_bytes": (one.weight_bytes, two.weight_bytes),
+            "kv_bytes": (one.kv_bytes, two.kv_bytes),
+            "kv_ratio": two.kv_bytes / one.kv_bytes,
+        },
+    )
 
 
 def streaming_recall(lm: LoadedModel | None = None, sinks: int = 4, recent: int = 1020, back: int = 5000) -> Answer:
@@ -180,14 +267,17 @@ def streaming_recall(lm: LoadedModel | None = None, sinks: int = 4, recent: int 
 
     seen = sinks + recent + back  # tokens so far; the fact sits `back` tokens before the newest
     fact = seen - back
-    state = PolicyState(positions=torch.arange(seen)[None, None], n_kept=sinks + recent, n_prompt=seen, step=0,
-                        kv_heads=1)
+    state = PolicyState(
+        positions=torch.arange(seen)[None, None], n_kept=sinks + recent, n_prompt=seen, step=0, kv_heads=1
+    )
     keep = StreamingLLM(sinks=sinks).select(state).keep[0, 0]
     kept = bool((keep == fact).any())
-    return Answer(f"kvviz's StreamingLLM policy after {seen:,} tokens keeps positions 0–{sinks - 1} and "
-                  f"{int(keep[sinks])}–{int(keep[-1])}: the fact at position {fact:,} is "
-                  f"**{'kept' if kept else 'evicted'}**, so the model cannot answer from it.",
-                  {"kept": kept, "n_kept": int(keep.numel()), "fact_position": fact})
+    return Answer(
+        f"kvviz's StreamingLLM policy after {seen:,} tokens keeps positions 0–{sinks - 1} and "
+        f"{int(keep[sinks])}–{int(keep[-1])}: the fact at position {fact:,} is "
+        f"**{'kept' if kept else 'evicted'}**, so the model cannot answer from it.",
+        {"kept": kept, "n_kept": int(keep.numel()), "fact_position": fact},
+    )
 
 
 def why_kivi(lm: LoadedModel | None) -> Answer:
@@ -202,66 +292,140 @@ def why_kivi(lm: LoadedModel | None) -> Answer:
     vals = QuantSpec("int2", "token", 32)
     ch = evaluate(qkv, Scheme("K per channel", QuantSpec("int2", "channel", 32), vals))
     tok = evaluate(qkv, Scheme("K per token", QuantSpec("int2", "token", 32), vals))
-    return Answer(f"On {lm.name} ({qkv.n_tokens} tokens): the largest key channel averages **{k:.1f}×** the median "
-                  f"channel, the largest value channel only **{v:.1f}×** (median over layers and heads). At 2 bits, "
-                  f"keys per channel lose **{100 * ch.key_error:.1f} %** vs **{100 * tok.key_error:.1f} %** per token.",
-                  {"key_outlier_ratio": k, "value_outlier_ratio": v, "key_error_per_channel": ch.key_error,
-                   "key_error_per_token": tok.key_error})
+    return Answer(
+        f"On {lm.name} ({qkv.n_tokens} tokens): the largest key channel averages **{k:.1f}×** the median "
+        f"channel, the largest value channel only **{v:.1f}×** (median over layers and heads). At 2 bits, "
+        f"keys per channel lose **{100 * ch.key_error:.1f} %** vs **{100 * tok.key_error:.1f} %** per token.",
+        {
+            "key_outlier_ratio": k,
+            "value_outlier_ratio": v,
+            "key_error_per_channel": ch.key_error,
+            "key_error_per_token": tok.key_error,
+        },
+    )
 
 
 _SAME, _DIFFERENT = "the same logits", "different logits"
 _KEPT, _EVICTED = "kept: it can answer", "evicted: it cannot"
 _CHANNEL, _TOKEN = "keys per channel", "keys per token"
 QUESTIONS = (
-    Question("Llama-3-8B has 32 layers, 8 KV heads and head dimension 128. What is its KV cache per token in BF16 "
-             "and in FP8?", "2 × 32 × 8 × 128 × 2 = 131,072 bytes = 128 KiB in BF16; 64 KiB in FP8.",
-             llama3_8b_per_token,
-             guess=Guess("Your guess: bytes per token in BF16, in KiB", lambda v: v["bf16_bytes"] / 1024, "KiB")),
-    Question("Why do we not need to cache queries?",
-             "A query is only used once, by its own token, at the step where that token is produced. Later tokens "
-             "attend to earlier tokens' keys and values, never their queries.", why_no_query_cache, True,
-             Guess("Your guess: does a loop that never stores a query give the same logits as recomputing everything?",
-                   lambda v: _SAME if v["max_abs_logit_diff"] < 1e-3 else _DIFFERENT, choices=(_SAME, _DIFFERENT))),
-    Question("Doubling the batch size at fixed context length: what happens to the weight bytes and the KV bytes "
-             "read per decode step?", "Weight bytes stay the same (shared by the batch); KV bytes double. So "
-             "batching amortizes weights but not the KV cache.", doubling_the_batch,
-             guess=Guess("Your guess: the KV bytes read per step grow by what factor?", lambda v: v["kv_ratio"], "×")),
-    Question("StreamingLLM keeps 4 sink tokens + 1,020 recent tokens. Can the model answer a question about a fact "
-             "stated 5,000 tokens earlier?", "No. Evicted tokens' K/V are gone; StreamingLLM gives stable fluency "
-             "over unbounded streams, not long-range memory.", streaming_recall,
-             guess=Guess("Your guess: is the fact still in the cache?", lambda v: _KEPT if v["kept"] else _EVICTED,
-                         choices=(_KEPT, _EVICTED))),
-    Question("Why does KIVI quantize keys per channel but values per token?",
-             "Keys have outlier channels (a few dimensions consistently large across tokens), so a per-channel scale "
-             "isolates them. Values do not show this channel structure, and per-token quantization fits how they "
-             "are combined (each output is a weighted sum of value rows).", why_kivi, True,
-             Guess("Your guess: at 2 bits, which loses less of the keys?",
-                   lambda v: _CHANNEL if v["key_error_per_channel"] < v["key_error_per_token"] else _TOKEN,
-                   choices=(_CHANNEL, _TOKEN))),
+    Question(
+        "Llama-3-8B has 32 layers, 8 KV heads and head dimension 128. What is its KV cache per token in BF16 "
+        "and in FP8?",
+        "2 × 32 × 8 × 128 × 2 = 131,072 bytes = 128 KiB in BF16; 64 KiB in FP8.",
+        llama3_8b_per_token,
+        guess=Guess("Your guess: bytes per token in BF16, in KiB", lambda v: v["bf16_bytes"] / 1024, "KiB"),
+    ),
+    Question(
+        "Why do we not need to cache queries?",
+        "A query is only used once, by its own token, at the step where that token is produced. Later tokens "
+        "attend to earlier tokens' keys and values, never their queries.",
+        why_no_query_cache,
+        True,
+        Guess(
+            "Your guess: does a loop that never stores a query give the same logits as recomputing everything?",
+            lambda v: _SAME if v["max_abs_logit_diff"] < 1e-3 else _DIFFERENT,
+            choices=(_SAME, _DIFFERENT),
+        ),
+    ),
+    Question(
+        "Doubling the batch size at fixed context length: what happens to the weight bytes and the KV bytes "
+        "read per decode step?",
+        "Weight bytes stay the same (shared by the batch); KV bytes double. So "
+        "batching amortizes weights but not the KV cache.",
+        doubling_the_batch,
+        guess=Guess("Your guess: the KV bytes read per step grow by what factor?", lambda v: v["kv_ratio"], "×"),
+    ),
+    Question(
+        "StreamingLLM keeps 4 sink tokens + 1,020 recent tokens. Can the model answer a question about a fact "
+        "stated 5,000 tokens earlier?",
+        "No. Evicted tokens' K/V are gone; StreamingLLM gives stable fluency "
+        "over unbounded streams, not long-range memory.",
+        streaming_recall,
+        guess=Guess(
+            "Your guess: is the fact still in the cache?",
+            lambda v: _KEPT if v["kept"] else _EVICTED,
+            choices=(_KEPT, _EVICTED),
+        ),
+    ),
+    Question(
+        "Why does KIVI quantize keys per channel but values per token?",
+        "Keys have outlier channels (a few dimensions consistently large across tokens), so a per-channel scale "
+        "isolates them. Values do not show this channel structure, and per-token quantization fits how they "
+        "are combined (each output is a weighted sum of value rows).",
+        why_kivi,
+        True,
+        Guess(
+            "Your guess: at 2 bits, which loses less of the keys?",
+            lambda v: _CHANNEL if v["key_error_per_channel"] < v["key_error_per_token"] else _TOKEN,
+            choices=(_CHANNEL, _TOKEN),
+        ),
+    ),
 )
 
 _PIT_MEM = {**_MEM, "memory.context": 131072, "memory.batch": 1}
 PITFALLS = (
-    Pitfall("Forgetting the factor 2", "The cache holds a key *and* a value per token, layer and KV head.",
-            ShowMe("The formula, with numbers", "tab_memory", {**_PIT_MEM, "memory.preset": "Llama-3-70B"},
-                   "memory.button", "memory-formula", "The leading 2 × in the formula.")),
-    Pitfall("Query heads instead of KV heads", "Llama-3-70B has 64 query heads but stores only 8 KV heads: using 64 "
-            "overstates its cache 8× (that is MHA's row in the table).",
-            ShowMe("MHA / GQA / MQA / MLA table", "tab_memory", {**_PIT_MEM, "memory.preset": "Llama-3-70B"},
-                   "memory.button", "memory-table", "2.5 MiB (MHA) vs 320 KiB (GQA) per token.")),
-    Pitfall("MLA's shape", "MLA stores one latent plus a small RoPE key per token and layer: no factor 2, no head count.",
-            ShowMe("DeepSeek-V3 in the calculator", "tab_memory", {**_PIT_MEM, "memory.preset": "DeepSeek-V3"},
-                   "memory.button", "memory-formula", "(512 + 64) × 61 layers × 2 B = 70,272 bytes per token.")),
-    Pitfall("Assuming tensor parallelism shrinks total KV", "TP splits KV heads across GPUs; with fewer KV heads "
-            "than GPUs the heads are replicated and the total grows.",
-            ShowMe("Llama-3-70B at TP = 16", "tab_memory",
-                   {**_PIT_MEM, "memory.preset": "Llama-3-70B", "memory.gpus": 16, "memory.tp": 16},
-                   "memory.button", "memory-summary", "8 KV heads on 16 GPUs: every head stored twice.")),
-    Pitfall("Ignoring KV reads in latency", "Every decode step reads every sequence's cache; at long context that "
-            "costs more time than reading the weights.", DECODE),
+    Pitfall(
+        "Forgetting the factor 2",
+        "The cache holds a key *and* a value per token, layer and KV head.",
+        ShowMe(
+            "The formula, with numbers",
+            "tab_memory",
+            {**_PIT_MEM, "memory.preset": "Llama-3-70B"},
+            "memory.button",
+            "memory-formula",
+            "The leading 2 × in the formula.",
+        ),
+    ),
+    Pitfall(
+        "Query heads instead of KV heads",
+        "Llama-3-70B has 64 query heads but stores only 8 KV heads: using 64 "
+        "overstates its cache 8× (that is MHA's row in the table).",
+        ShowMe(
+            "MHA / GQA / MQA / MLA table",
+            "tab_memory",
+            {**_PIT_MEM, "memory.preset": "Llama-3-70B"},
+            "memory.button",
+            "memory-table",
+            "2.5 MiB (MHA) vs 320 KiB (GQA) per token.",
+        ),
+    ),
+    Pitfall(
+        "MLA's shape",
+        "MLA stores one latent plus a small RoPE key per token and layer: no factor 2, no head count.",
+        ShowMe(
+            "DeepSeek-V3 in the calculator",
+            "tab_memory",
+            {**_PIT_MEM, "memory.preset": "DeepSeek-V3"},
+            "memory.button",
+            "memory-formula",
+            "(512 + 64) × 61 layers × 2 B = 70,272 bytes per token.",
+        ),
+    ),
+    Pitfall(
+        "Assuming tensor parallelism shrinks total KV",
+        "TP splits KV heads across GPUs; with fewer KV heads than GPUs the heads are replicated and the total grows.",
+        ShowMe(
+            "Llama-3-70B at TP = 16",
+            "tab_memory",
+            {**_PIT_MEM, "memory.preset": "Llama-3-70B", "memory.gpus": 16, "memory.tp": 16},
+            "memory.button",
+            "memory-summary",
+            "8 KV heads on 16 GPUs: every head stored twice.",
+        ),
+    ),
+    Pitfall(
+        "Ignoring KV reads in latency",
+        "Every decode step reads every sequence's cache; at long context that "
+        "costs more time than reading the weights.",
+        DECODE,
+    ),
     Pitfall("Treating eviction as free", "Evicted entries are gone: a question about them cannot be answered.", NEEDLE),
-    Pitfall("Dropping attention sinks", "The first tokens soak up attention in most heads; a window that lets them "
-            "go breaks the model.", SINKS_MATTER),
+    Pitfall(
+        "Dropping attention sinks",
+        "The first tokens soak up attention in most heads; a window that lets them go breaks the model.",
+        SINKS_MATTER,
+    ),
 )
 
 
@@ -279,7 +443,9 @@ def decode_step_view(trace, step: int) -> tuple[list[tuple[str, str | None]], st
     spans.append((s.token, "predicted next"))
     new = fed_end - fed_start
     fed = f"fed {new} tokens, computed their K and V" if new > 1 else "fed 1 token, computed its K and V"
-    md = (f"**Step {step}{' (prefill)' if step == 0 else ''}:** {fed} and appended them; the cache now holds **{s.cache_lens[0]} tokens per layer = "
-          f"{format_bytes(s.cache_bytes)}**. Without a cache this step would recompute K/V for all {fed_end} tokens "
-          f"({fed_end - new} of them redundant). Predicted next: **{s.token!r}**.")
+    md = (
+        f"**Step {step}{' (prefill)' if step == 0 else ''}:** {fed} and appended them; the cache now holds **{s.cache_lens[0]} tokens per layer = "
+        f"{format_bytes(s.cache_bytes)}**. Without a cache this step would recompute K/V for all {fed_end} tokens "
+        f"({fed_end - new} of them redundant). Predicted next: **{s.token!r}**."
+    )
     return spans, md

@@ -90,8 +90,14 @@ def build(config: dict, name: str | None = None, seed: int = 0, attn_implementat
         model.config._attn_implementation = "eager"
     model.eval().requires_grad_(False)
     check_capturable(model)
-    return LoadedModel(model=model, tokenizer=ByteTokenizer(), name=name or f"tiny-{model_type}",
-                       device=torch.device("cpu"), dtype=torch.float32, stop_ids=set())
+    return LoadedModel(
+        model=model,
+        tokenizer=ByteTokenizer(),
+        name=name or f"tiny-{model_type}",
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        stop_ids=set(),
+    )
 
 
 @cache
@@ -187,8 +193,16 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
     for spec, layer in zip(layout.layers, caches[0].layers):
         held.append(int(layer.keys.shape[-2]))
         for name, t in zip(names, (layer.keys, layer.values)):
-            tensors.append(CacheTensor(spec.index, spec.kind, name, tuple(t.shape), str(t.dtype).removeprefix("torch."),
-                                       t.numel() * t.element_size()))
+            tensors.append(
+                CacheTensor(
+                    spec.index,
+                    spec.kind,
+                    name,
+                    tuple(t.shape),
+                    str(t.dtype).removeprefix("torch."),
+                    t.numel() * t.element_size(),
+                )
+            )
     measured = tuple(sum(t.bytes for t in tensors if t.layer == i) for i in range(layout.num_layers))
     seen = trace.n_fed
     formula = live_cache_bytes_formula(layout, seen, 4)
@@ -198,12 +212,20 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
     else:
         per_head = 2 * layout.num_key_value_heads * layout.head_dim
     return LiveCache(
-        kind=kind, model_type=layout.model_type, attention=layout.attention, tokens_seen=seen, text=trace.text,
-        tensors=tuple(tensors), tokens_held=tuple(held), layer_bytes=measured,
+        kind=kind,
+        model_type=layout.model_type,
+        attention=layout.attention,
+        tokens_seen=seen,
+        text=trace.text,
+        tensors=tuple(tensors),
+        tokens_held=tuple(held),
+        layer_bytes=measured,
         formula_layer_bytes=tuple(formula["layer_bytes"]),
-        bytes_per_token=sum(b // n for b, n in zip(measured, held) if n), formula_bytes_per_token=est.bytes_per_token,
+        bytes_per_token=sum(b // n for b, n in zip(measured, held) if n),
+        formula_bytes_per_token=est.bytes_per_token,
         formula=" + ".join(_term(g) for g in layer_groups(layout, est)),
         per_head_bytes_per_token=per_head * 4 * layout.num_layers,
-        max_abs_logit_diff_vs_unpatched=trace.equivalence["max_abs_logit_diff_vs_unpatched"], elapsed_s=elapsed,
+        max_abs_logit_diff_vs_unpatched=trace.equivalence["max_abs_logit_diff_vs_unpatched"],
+        elapsed_s=elapsed,
         learned_sink_share=None if trace.learned_sink_mass is None else float(trace.learned_sink_mass.mean()),
     )

@@ -46,7 +46,8 @@ def find_gpu(name: str) -> GPU:
     key = name.strip().lower()
     gpus = gpu_presets()
     hits = [g for n, g in gpus.items() if n.lower() == key] or [
-        g for n, g in gpus.items() if n.lower().startswith(key) or n.lower().replace(" ", "").startswith(key)]
+        g for n, g in gpus.items() if n.lower().startswith(key) or n.lower().replace(" ", "").startswith(key)
+    ]
     if len(hits) != 1:
         raise ValueError(f"Unknown GPU {name!r}; choose one of: {', '.join(gpus)}.")
     return hits[0]
@@ -91,21 +92,25 @@ def kv_budget(gpus: int, gpu_mem_gb: float, weight_bytes: int, reserve: float = 
     usable = round(total * (1 - reserve))
     budget = usable - int(weight_bytes)
     if budget <= 0:
-        raise ValueError(f"The weights ({weight_bytes / 1e9:,.1f} GB) do not fit in the {usable / 1e9:,.1f} GB "
-                         f"left after the {reserve:.0%} reserve on {gpus} × {gpu_mem_gb:g} GB: add GPUs or "
-                         "quantize the weights.")
+        raise ValueError(
+            f"The weights ({weight_bytes / 1e9:,.1f} GB) do not fit in the {usable / 1e9:,.1f} GB "
+            f"left after the {reserve:.0%} reserve on {gpus} × {gpu_mem_gb:g} GB: add GPUs or "
+            "quantize the weights."
+        )
     return Budget(gpus, per_gpu, total, reserve, usable, int(weight_bytes), budget)
 
 
-def max_sequences(layout: CacheLayout, budget_bytes: int, context: int, kv_dtype: str | KVDtype = "bf16",
-                  tp: int = 1, **kw) -> int:
+def max_sequences(
+    layout: CacheLayout, budget_bytes: int, context: int, kv_dtype: str | KVDtype = "bf16", tp: int = 1, **kw
+) -> int:
     """Most sequences of ``context`` tokens whose cache fits in the budget."""
     per_seq = estimate(layout, context, 1, kv_dtype, tp, **kw).total_bytes
     return int(budget_bytes // per_seq) if per_seq else 0
 
 
-def max_context(layout: CacheLayout, budget_bytes: int, batch: int = 1, kv_dtype: str | KVDtype = "bf16",
-                tp: int = 1, **kw) -> int | None:
+def max_context(
+    layout: CacheLayout, budget_bytes: int, batch: int = 1, kv_dtype: str | KVDtype = "bf16", tp: int = 1, **kw
+) -> int | None:
     """Longest context at which ``batch`` sequences fit; ``None`` when windows cap the cache below it."""
 
     def total(t: int) -> int:
@@ -152,10 +157,20 @@ def decode_step(weight_bytes: int, kv_bytes: int, bandwidth_tbps: float, gpus: i
 
 
 # ---- the CLI / API report ----------------------------------------------------------------------
-def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "bf16", tp: int | None = None,
-           group_size: int | None = None, gpus: int | None = None, gpu_mem_gb: float | None = None,
-           reserve: float = 0.1, weights_gb: float | None = None, weight_dtype: str = "bf16",
-           bandwidth_tbps: float | None = None) -> dict:
+def report(
+    layout: CacheLayout,
+    context: int,
+    batch: int = 1,
+    kv_dtype: str = "bf16",
+    tp: int | None = None,
+    group_size: int | None = None,
+    gpus: int | None = None,
+    gpu_mem_gb: float | None = None,
+    reserve: float = 0.1,
+    weights_gb: float | None = None,
+    weight_dtype: str = "bf16",
+    bandwidth_tbps: float | None = None,
+) -> dict:
     """Everything ``python -m kvviz memory --json`` prints, in bytes (see the issue's JSON contract).
 
     Capacity fields appear when ``gpu_mem_gb`` is given, decode-time fields when ``bandwidth_tbps``
@@ -166,13 +181,24 @@ def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "b
     dtype = resolve_kv_dtype(kv_dtype, group_size)
     est = estimate(layout, context, batch, dtype, tp)
     out = {
-        "model": layout.name, "model_type": layout.model_type, "attention": est.attention,
-        "kv_dtype": dtype.name, "group_size": dtype.group_size, "context": context, "batch": batch, "tp": tp,
-        "num_layers": layout.num_layers, "num_key_value_heads": layout.num_key_value_heads,
-        "head_dim": layout.head_dim, "max_position_embeddings": layout.max_position_embeddings,
+        "model": layout.name,
+        "model_type": layout.model_type,
+        "attention": est.attention,
+        "kv_dtype": dtype.name,
+        "group_size": dtype.group_size,
+        "context": context,
+        "batch": batch,
+        "tp": tp,
+        "num_layers": layout.num_layers,
+        "num_key_value_heads": layout.num_key_value_heads,
+        "head_dim": layout.head_dim,
+        "max_position_embeddings": layout.max_position_embeddings,
         "bytes_per_token": est.bytes_per_token,
-        "bytes_per_sequence": est.bytes_per_sequence, "total_bytes": est.total_bytes,
-        "per_gpu_bytes": est.per_gpu_bytes, "replication": est.replication, "layers": est.layers_json(),
+        "bytes_per_sequence": est.bytes_per_sequence,
+        "total_bytes": est.total_bytes,
+        "per_gpu_bytes": est.per_gpu_bytes,
+        "replication": est.replication,
+        "layers": est.layers_json(),
     }
     if gpu_mem_gb is None and bandwidth_tbps is None:
         return out
@@ -193,6 +219,12 @@ def report(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str = "b
         out["fits"] = est.total_bytes <= b.kv_budget_bytes
     if bandwidth_tbps is not None:
         step = decode_step(w, est.total_bytes, bandwidth_tbps, gpus_n)
-        out.update({"bandwidth_bytes_per_s": step.bandwidth_bytes_per_s, "decode_ms_weights": step.ms_weights,
-                    "decode_ms_kv": step.ms_kv, "decode_ms_total": step.ms_total})
+        out.update(
+            {
+                "bandwidth_bytes_per_s": step.bandwidth_bytes_per_s,
+                "decode_ms_weights": step.ms_weights,
+                "decode_ms_kv": step.ms_kv,
+                "decode_ms_total": step.ms_total,
+            }
+        )
     return out

@@ -37,9 +37,11 @@ from kvviz.units import format_bytes
 
 GiB = 2**30
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's scheduler default for an online server (it varies by version/GPU)
-ADVICE = ("Fewer than one request of max_model_len tokens fits, so vLLM would refuse to start: lower "
-          "--max-model-len (to at most {fit:,} here), store the KV cache in fp8, shrink the reserve (raise "
-          "gpu_memory_utilization), shard over more GPUs (higher tensor parallelism) or quantize the weights.")
+ADVICE = (
+    "Fewer than one request of max_model_len tokens fits, so vLLM would refuse to start: lower "
+    "--max-model-len (to at most {fit:,} here), store the KV cache in fp8, shrink the reserve (raise "
+    "gpu_memory_utilization), shard over more GPUs (higher tensor parallelism) or quantize the weights."
+)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -120,10 +122,12 @@ class EngineStartup:
 
     @property
     def log_lines(self) -> list[str]:
-        return [f"Available KV cache memory: {self.kv_bytes_per_gpu / GiB:.2f} GiB",
-                f"# GPU blocks: {self.num_blocks}",
-                f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
-                f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"]
+        return [
+            f"Available KV cache memory: {self.kv_bytes_per_gpu / GiB:.2f} GiB",
+            f"# GPU blocks: {self.num_blocks}",
+            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x",
+        ]
 
     @property
     def log(self) -> str:
@@ -132,38 +136,66 @@ class EngineStartup:
     def formulas(self) -> list[tuple[str, str]]:
         """(number in the log, the formula that gives it with this config's values), one per log line."""
         b = self.budget
-        mem = (f"{b.gpus} × {b.gpu_mem_bytes / 1e9:g} GB × (1 − {b.reserve:g} reserve) − {b.weight_bytes / 1e9:,.2f} GB "
-               f"weights = {b.kv_budget_bytes / 1e9:,.2f} GB over {b.gpus} GPU{'s' if b.gpus > 1 else ''} → "
-               f"{self.kv_bytes_per_gpu:,} B per GPU = {self.kv_bytes_per_gpu / GiB:.2f} GiB")
+        mem = (
+            f"{b.gpus} × {b.gpu_mem_bytes / 1e9:g} GB × (1 − {b.reserve:g} reserve) − {b.weight_bytes / 1e9:,.2f} GB "
+            f"weights = {b.kv_budget_bytes / 1e9:,.2f} GB over {b.gpus} GPU{'s' if b.gpus > 1 else ''} → "
+            f"{self.kv_bytes_per_gpu:,} B per GPU = {self.kv_bytes_per_gpu / GiB:.2f} GiB"
+        )
         per_layer = self.layers_per_group_per_gpu
-        block = (f"⌊{self.kv_bytes_per_gpu:,} B / {self.bytes_per_block_per_gpu:,} B per block⌋ = "
-                 f"{self.num_blocks:,} blocks, where one block = {self.page_expr} per layer × {per_layer} "
-                 f"layer{'s' if per_layer > 1 else ''} per group"
-                 + (f" on each of {self.pp} pipeline stages" if self.pp > 1 else "")
-                 + f" = {self.bytes_per_block_per_gpu:,} B ({format_bytes(self.bytes_per_block_per_gpu)})")
+        block = (
+            f"⌊{self.kv_bytes_per_gpu:,} B / {self.bytes_per_block_per_gpu:,} B per block⌋ = "
+            f"{self.num_blocks:,} blocks, where one block = {self.page_expr} per layer × {per_layer} "
+            f"layer{'s' if per_layer > 1 else ''} per group"
+            + (f" on each of {self.pp} pipeline stages" if self.pp > 1 else "")
+            + f" = {self.bytes_per_block_per_gpu:,} B ({format_bytes(self.bytes_per_block_per_gpu)})"
+        )
         g = self.num_groups
-        tokens = (f"⌊{self.num_blocks:,} blocks / {g} group{'s' if g > 1 else ''}⌋ × {self.block_size} tokens = "
-                  f"{self.kv_cache_tokens:,} tokens")
+        tokens = (
+            f"⌊{self.num_blocks:,} blocks / {g} group{'s' if g > 1 else ''}⌋ × {self.block_size} tokens = "
+            f"{self.kv_cache_tokens:,} tokens"
+        )
         per_req = " + ".join(f"{k.groups} × {k.request_expr}" if k.groups > 1 else k.request_expr for k in self.kinds)
-        conc = (f"{self.num_blocks:,} blocks / {self.blocks_per_request:,} blocks per request ({per_req}) = "
-                f"{self.max_concurrency:.2f}")
+        conc = (
+            f"{self.num_blocks:,} blocks / {self.blocks_per_request:,} blocks per request ({per_req}) = "
+            f"{self.max_concurrency:.2f}"
+        )
         return list(zip(self.log_lines, [mem, block, tokens, conc]))
 
     def to_json(self) -> dict:
-        return {"block_size": self.block_size, "max_model_len": self.max_model_len,
-                "max_num_batched_tokens": self.max_num_batched_tokens, "tp": self.tp, "pp": self.pp,
-                "kv_bytes_per_gpu": self.kv_bytes_per_gpu, "bytes_per_block_per_gpu": self.bytes_per_block_per_gpu,
-                "num_blocks": self.num_blocks, "kv_cache_groups": self.num_groups,
-                "layers_per_group": self.layers_per_group, "kv_cache_tokens": self.kv_cache_tokens,
-                "blocks_per_request": self.blocks_per_request, "max_concurrency": self.max_concurrency,
-                "groups": [{"kind": k.kind, "window": k.window, "layers": k.layers, "groups": k.groups,
-                            "page_bytes": k.page_bytes, "blocks_per_request": k.blocks_per_request} for k in self.kinds],
-                "log": self.log, "advice": self.advice}
+        return {
+            "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "tp": self.tp,
+            "pp": self.pp,
+            "kv_bytes_per_gpu": self.kv_bytes_per_gpu,
+            "bytes_per_block_per_gpu": self.bytes_per_block_per_gpu,
+            "num_blocks": self.num_blocks,
+            "kv_cache_groups": self.num_groups,
+            "layers_per_group": self.layers_per_group,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "blocks_per_request": self.blocks_per_request,
+            "max_concurrency": self.max_concurrency,
+            "groups": [
+                {
+                    "kind": k.kind,
+                    "window": k.window,
+                    "layers": k.layers,
+                    "groups": k.groups,
+                    "page_bytes": k.page_bytes,
+                    "blocks_per_request": k.blocks_per_request,
+                }
+                for k in self.kinds
+            ],
+            "log": self.log,
+            "advice": self.advice,
+        }
 
 
 def _request_blocks(s: EngineStartup, model_len: int) -> int:
-    return sum(k.groups * _blocks_needed(k.kind, k.window, model_len, s.block_size, s.max_num_batched_tokens)
-               for k in s.kinds)
+    return sum(
+        k.groups * _blocks_needed(k.kind, k.window, model_len, s.block_size, s.max_num_batched_tokens) for k in s.kinds
+    )
 
 
 def _blocks_needed(kind: str, window: int | None, model_len: int, b: int, batched: int) -> int:
@@ -183,10 +215,20 @@ def _request_expr(kind: str, window: int | None, model_len: int, b: int, batched
     return f"⌈{model_len:,} / {b}⌉ = {n:,}"
 
 
-def startup(layout: CacheLayout, *, gpus: int, gpu_mem_gb: float, weight_bytes: int, reserve: float = 0.1,
-            tp: int | None = None, kv_dtype: str | KVDtype = "bf16", group_size: int | None = None,
-            block_size: int = 16, max_model_len: int | None = None,
-            max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> EngineStartup:
+def startup(
+    layout: CacheLayout,
+    *,
+    gpus: int,
+    gpu_mem_gb: float,
+    weight_bytes: int,
+    reserve: float = 0.1,
+    tp: int | None = None,
+    kv_dtype: str | KVDtype = "bf16",
+    group_size: int | None = None,
+    block_size: int = 16,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> EngineStartup:
     """The start-up numbers of a paged engine serving ``layout`` (see the module docstring)."""
     b = bounded_int(block_size, "block size", 1, 4096)
     model_len = layout.max_position_embeddings if max_model_len is None else max_model_len
@@ -197,8 +239,10 @@ def startup(layout: CacheLayout, *, gpus: int, gpu_mem_gb: float, weight_bytes: 
     tp = gpus if tp is None else tp
     tp = bounded_int(tp, "tensor parallelism", 1, 1024)
     if gpus % tp:
-        raise ValueError(f"{gpus} GPUs cannot run TP={tp}: the number of GPUs must be a multiple of the TP degree "
-                         "(the rest is pipeline parallelism).")
+        raise ValueError(
+            f"{gpus} GPUs cannot run TP={tp}: the number of GPUs must be a multiple of the TP degree "
+            "(the rest is pipeline parallelism)."
+        )
     pp = gpus // tp
     dtype = resolve_kv_dtype(kv_dtype, group_size)
     budget = kv_budget(gpus, gpu_mem_gb, int(weight_bytes), reserve)
@@ -206,19 +250,36 @@ def startup(layout: CacheLayout, *, gpus: int, gpu_mem_gb: float, weight_bytes: 
     if pp > per_group:
         raise ValueError(f"{pp} pipeline stages for {per_group} layers per group: use fewer GPUs or a higher TP.")
     per_gpu_layers = cdiv(per_group, pp)
-    return EngineStartup(layout.name, b, model_len, batched, dtype.name, gpus, tp, pp, budget,
-                         budget.kv_budget_bytes // gpus, tuple(kinds), per_group, per_gpu_layers,
-                         kinds[0].page_bytes * per_gpu_layers, page_expr)
+    return EngineStartup(
+        layout.name,
+        b,
+        model_len,
+        batched,
+        dtype.name,
+        gpus,
+        tp,
+        pp,
+        budget,
+        budget.kv_budget_bytes // gpus,
+        tuple(kinds),
+        per_group,
+        per_gpu_layers,
+        kinds[0].page_bytes * per_gpu_layers,
+        page_expr,
+    )
 
 
-def _kinds(layout: CacheLayout, dtype: KVDtype, tp: int, b: int, model_len: int,
-           batched: int) -> tuple[list[KindGroup], int, str]:
+def _kinds(
+    layout: CacheLayout, dtype: KVDtype, tp: int, b: int, model_len: int, batched: int
+) -> tuple[list[KindGroup], int, str]:
     """The model's layers by attention kind, split into vLLM's equal-size KV-cache groups."""
     specs: dict[tuple, list] = {}
     for layer in layout.layers:
         if layer.state_elements:
-            raise ValueError(f"Layer {layer.index} keeps a fixed state ({layer.kind}): vLLM pages Mamba/linear "
-                             "states with rules of their own, which kvviz does not model.")
+            raise ValueError(
+                f"Layer {layer.index} keeps a fixed state ({layer.kind}): vLLM pages Mamba/linear "
+                "states with rules of their own, which kvviz does not model."
+            )
         if not layer.vectors:
             continue  # no cache at all
         per_token = layer_bytes_per_token(layer, dtype) // layer.kv_heads * _tp_heads_per_gpu(layer.kv_heads, tp)
@@ -229,40 +290,75 @@ def _kinds(layout: CacheLayout, dtype: KVDtype, tp: int, b: int, model_len: int,
     pages = {per_token * b for items in specs.values() for _, per_token in items}
     first, per_token0 = next(iter(specs.values()))[0]
     heads = _tp_heads_per_gpu(first.kv_heads, tp)
-    dims = (" + ".join(str(length) for length, _ in first.vectors) if first.kind == "mla" or len(first.vectors) > 1
-            else f"2 × {first.vectors[0][0]}")
+    dims = (
+        " + ".join(str(length) for length, _ in first.vectors)
+        if first.kind == "mla" or len(first.vectors) > 1
+        else f"2 × {first.vectors[0][0]}"
+    )
     what = "latent (replicated)" if first.kind == "mla" else f"KV head{'s' if heads > 1 else ''}"
     page_expr = f"{b} tokens × {heads} {what} per GPU × ({dims}) × {dtype.bits / 8:g} B = {per_token0 * b:,} B"
     if len(specs) == 1:  # one kind: one group of every layer, each layer its own page size if they differ
         (kind, window), items = next(iter(specs.items()))
         page = sum(pt for _, pt in items) * b
         uniform = len(pages) == 1  # else one page spans every layer (vLLM's UniformTypeKVCacheSpecs)
-        group = KindGroup(kind, window, len(items), 1, page // len(items) if uniform else page,
-                          _blocks_needed(kind, window, model_len, b, batched),
-                          _request_expr(kind, window, model_len, b, batched))
+        group = KindGroup(
+            kind,
+            window,
+            len(items),
+            1,
+            page // len(items) if uniform else page,
+            _blocks_needed(kind, window, model_len, b, batched),
+            _request_expr(kind, window, model_len, b, batched),
+        )
         if uniform:
             return [group], len(items), page_expr
         return [group], 1, f"{b} tokens × the per-token bytes of every layer = {page:,} B"
     if len(pages) > 1:
-        raise ValueError("Hybrid layers with different page sizes: vLLM enlarges the smaller pages' block size to "
-                         "match, which kvviz does not model.")
+        raise ValueError(
+            "Hybrid layers with different page sizes: vLLM enlarges the smaller pages' block size to "
+            "match, which kvviz does not model."
+        )
     counts = [len(items) for items in specs.values()]
     lo, hi = min(counts), max(counts)
     size = hi if hi < lo * 1.5 else lo
-    kinds = [KindGroup(kind, window, len(items), cdiv(len(items), size), next(iter(pages)),
-                       _blocks_needed(kind, window, model_len, b, batched),
-                       _request_expr(kind, window, model_len, b, batched))
-             for (kind, window), items in specs.items()]
+    kinds = [
+        KindGroup(
+            kind,
+            window,
+            len(items),
+            cdiv(len(items), size),
+            next(iter(pages)),
+            _blocks_needed(kind, window, model_len, b, batched),
+            _request_expr(kind, window, model_len, b, batched),
+        )
+        for (kind, window), items in specs.items()
+    ]
     return kinds, size, page_expr
 
 
-def from_report(layout: CacheLayout, report: dict, block_size: int = 16, max_model_len: int | None = None,
-                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> EngineStartup:
+def from_report(
+    layout: CacheLayout,
+    report: dict,
+    block_size: int = 16,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> EngineStartup:
     """The start-up numbers for the GPUs, weights, reserve, TP and KV dtype of a :func:`capacity.report`."""
     if "kv_budget_bytes" not in report:
-        raise ValueError("The engine's start-up numbers need the GPU memory: give --gpu or --gpu-mem-gb "
-                         "(and the weights, unless the preset knows its parameter count).")
-    return startup(layout, gpus=report["gpus"], gpu_mem_gb=report["gpu_mem_bytes"] / 1e9,
-                   weight_bytes=report["weight_bytes"], reserve=report["reserve"], tp=report["tp"],
-                   kv_dtype=report["kv_dtype"], group_size=report["group_size"], block_size=block_size,
-                   max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)
+        raise ValueError(
+            "The engine's start-up numbers need the GPU memory: give --gpu or --gpu-mem-gb "
+            "(and the weights, unless the preset knows its parameter count)."
+        )
+    return startup(
+        layout,
+        gpus=report["gpus"],
+        gpu_mem_gb=report["gpu_mem_bytes"] / 1e9,
+        weight_bytes=report["weight_bytes"],
+        reserve=report["reserve"],
+        tp=report["tp"],
+        kv_dtype=report["kv_dtype"],
+        group_size=report["group_size"],
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )

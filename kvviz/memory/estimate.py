@@ -27,15 +27,43 @@ from kvviz.memory.layout import (  # noqa: F401  (re-exported: one import for ca
 from kvviz.units import format_bytes, format_gb  # format_bytes re-exported for the memory views
 
 __all__ = [
-    "KV_DTYPES", "CacheLayout", "Estimate", "ForwardPasses", "KVDtype", "LayerBytes", "LayerSpec", "Variant",
-    "LayerGroup", "attention_variants", "layer_groups",
-    "cache_layout", "estimate", "forward_passes", "format_bytes", "format_gb", "resolve_kv_dtype",
-    "live_cache_bytes_formula", "load_config", "load_preset", "preset_names", "tokens_held",
+    "KV_DTYPES",
+    "CacheLayout",
+    "Estimate",
+    "ForwardPasses",
+    "KVDtype",
+    "LayerBytes",
+    "LayerSpec",
+    "Variant",
+    "LayerGroup",
+    "attention_variants",
+    "layer_groups",
+    "cache_layout",
+    "estimate",
+    "forward_passes",
+    "format_bytes",
+    "format_gb",
+    "resolve_kv_dtype",
+    "live_cache_bytes_formula",
+    "load_config",
+    "load_preset",
+    "preset_names",
+    "tokens_held",
 ]
 
 KV_DTYPES = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "int2": 2}
-_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-            "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+}
 _FLOATS = ("fp32", "bf16", "fp16")
 
 
@@ -136,8 +164,10 @@ def _tp_heads_per_gpu(kv_heads: int, tp: int) -> int:
     if tp % kv_heads == 0:
         return 1
     valid = sorted({d for d in range(1, kv_heads + 1) if kv_heads % d == 0} | {kv_heads * m for m in (2, 4, 8)})
-    raise ValueError(f"Tensor parallelism {tp} cannot split {kv_heads} KV heads: one must divide the other "
-                     f"(e.g. TP = {', '.join(map(str, valid))}).")
+    raise ValueError(
+        f"Tensor parallelism {tp} cannot split {kv_heads} KV heads: one must divide the other "
+        f"(e.g. TP = {', '.join(map(str, valid))})."
+    )
 
 
 @dataclass(frozen=True)
@@ -173,9 +203,16 @@ def _check_count(value, what: str, minimum: int = 0) -> int:
     return value
 
 
-def estimate(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str | KVDtype = "bf16", tp: int = 1,
-             group_size: int | None = None, keep: str = "transformers",
-             state_dtype: str | KVDtype | None = None) -> Estimate:
+def estimate(
+    layout: CacheLayout,
+    context: int,
+    batch: int = 1,
+    kv_dtype: str | KVDtype = "bf16",
+    tp: int = 1,
+    group_size: int | None = None,
+    keep: str = "transformers",
+    state_dtype: str | KVDtype | None = None,
+) -> Estimate:
     """Bytes of the cache for ``batch`` sequences that have each seen ``context`` tokens.
 
     With tensor parallelism each GPU stores ``kv_heads / tp`` heads of every layer; when there are
@@ -200,15 +237,25 @@ def estimate(layout: CacheLayout, context: int, batch: int = 1, kv_dtype: str | 
             gpu_kv = batch * tp * _tp_heads_per_gpu(layer.kv_heads, tp) * (kv // layer.kv_heads) if kv else 0
             groups[key] = (per_token, held, state, gpu_kv + batch * state)
         per_token, held, state, layer_total = groups[key]
-        rows.append(LayerBytes(layer.index, layer.kind, layer.layer_type, held, held * per_token + state,
-                               per_token, state))
+        rows.append(
+            LayerBytes(layer.index, layer.kind, layer.layer_type, held, held * per_token + state, per_token, state)
+        )
         total += layer_total
     per_seq = sum(r.bytes for r in rows)
     return Estimate(
-        name=layout.name, attention=layout.attention, kv_dtype=dtype.name, group_size=dtype.group_size,
-        context=context, batch=batch, tp=tp,
-        bytes_per_token=sum(r.bytes_per_token for r in rows), bytes_per_sequence=per_seq, total_bytes=total,
-        per_gpu_bytes=-(-total // tp), replication=total / (batch * per_seq) if per_seq else 1.0, layers=tuple(rows),
+        name=layout.name,
+        attention=layout.attention,
+        kv_dtype=dtype.name,
+        group_size=dtype.group_size,
+        context=context,
+        batch=batch,
+        tp=tp,
+        bytes_per_token=sum(r.bytes_per_token for r in rows),
+        bytes_per_sequence=per_seq,
+        total_bytes=total,
+        per_gpu_bytes=-(-total // tp),
+        replication=total / (batch * per_seq) if per_seq else 1.0,
+        layers=tuple(rows),
     )
 
 
@@ -223,8 +270,12 @@ def live_cache_bytes_formula(config, seq_len: int, dtype_bytes: int | str = 2, b
     dtype = resolve_kv_dtype(dtype_bytes)
     est = estimate(layout, context=seq_len, batch=batch, kv_dtype=dtype, state_dtype=dtype)
     layer_bytes = [batch * lb.tokens_held * lb.bytes_per_token for lb in est.layers]
-    return {"tokens_held": [lb.tokens_held for lb in est.layers], "layer_bytes": layer_bytes,
-            "state_bytes": [batch * lb.state_bytes for lb in est.layers], "total": sum(layer_bytes)}
+    return {
+        "tokens_held": [lb.tokens_held for lb in est.layers],
+        "layer_bytes": layer_bytes,
+        "state_bytes": [batch * lb.state_bytes for lb in est.layers],
+        "total": sum(layer_bytes),
+    }
 
 
 # ---- the chapter's architecture table, for any shape -------------------------------------------
@@ -240,8 +291,9 @@ class Variant:
     detail: str  # the per-token arithmetic, e.g. "2 × 80 layers × 8 heads × 128 × 2 B"
 
 
-def attention_variants(layout: CacheLayout, context: int, kv_dtype: str | KVDtype = "bf16",
-                       latent: tuple[int, int] | None = None) -> list[Variant]:
+def attention_variants(
+    layout: CacheLayout, context: int, kv_dtype: str | KVDtype = "bf16", latent: tuple[int, int] | None = None
+) -> list[Variant]:
     """MHA / GQA / MQA / MLA on this model's layers (windows and states kept as they are).
 
     Key and value head sizes come from the model (for MLA models: ``qk_nope + qk_rope`` for keys and
@@ -255,8 +307,9 @@ def attention_variants(layout: CacheLayout, context: int, kv_dtype: str | KVDtyp
     dk = layout.head_dim
     dv = layout.mla["v_head_dim"] if layout.mla else dk
     n_attn = sum(1 for layer in layout.layers if layer.vectors)
-    rank, rope = (layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]) if layout.mla else (
-        latent or (4 * dk, dk // 2))
+    rank, rope = (
+        (layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]) if layout.mla else (latent or (4 * dk, dk // 2))
+    )
     actual = layout.attention
     rows = [("MHA", q)]
     if actual == "GQA":
@@ -272,15 +325,27 @@ def attention_variants(layout: CacheLayout, context: int, kv_dtype: str | KVDtyp
         else:
             vectors, heads = (((dk, 2 * kv),) if dk == dv else ((dk, kv), (dv, kv))), kv
             h = f"{kv} head{'s' if kv > 1 else ''}"
-            detail = (f"2 × {n_attn} layers × {h} × {dk} × {b:g} B" if dk == dv else
-                      f"{h} × ({dk} + {dv}) × {n_attn} layers × {b:g} B")
+            detail = (
+                f"2 × {n_attn} layers × {h} × {dk} × {b:g} B"
+                if dk == dv
+                else f"{h} × ({dk} + {dv}) × {n_attn} layers × {b:g} B"
+            )
         if dtype.group_size:
             detail += f" + scales/zeros per {dtype.group_size}"
-        layers = tuple(replace(layer, vectors=vectors, kv_heads=heads) if layer.vectors else layer
-                       for layer in layout.layers)
+        layers = tuple(
+            replace(layer, vectors=vectors, kv_heads=heads) if layer.vectors else layer for layer in layout.layers
+        )
         est = estimate(replace(layout, layers=layers), context, kv_dtype=dtype)
-        out.append(Variant(name, kv, est.bytes_per_token, est.bytes_per_sequence, name == actual and
-                           (name != "GQA" or kv == layout.num_key_value_heads), detail))
+        out.append(
+            Variant(
+                name,
+                kv,
+                est.bytes_per_token,
+                est.bytes_per_sequence,
+                name == actual and (name != "GQA" or kv == layout.num_key_value_heads),
+                detail,
+            )
+        )
     return out
 
 
@@ -316,6 +381,15 @@ def layer_groups(layout: CacheLayout, est: Estimate) -> list[LayerGroup]:
             expr = f"fixed state of {state:,} elements" if state else "no cache"
         if est.group_size and vectors:
             expr += f" + fp16 scale & zero per {est.group_size}"
-        out.append(LayerGroup(kind, len(items), window, lb.tokens_held, expr,
-                              sum(x.bytes_per_token for _, x in items), sum(x.bytes for _, x in items)))
+        out.append(
+            LayerGroup(
+                kind,
+                len(items),
+                window,
+                lb.tokens_held,
+                expr,
+                sum(x.bytes_per_token for _, x in items),
+                sum(x.bytes for _, x in items),
+            )
+        )
     return out

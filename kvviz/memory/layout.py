@@ -130,10 +130,12 @@ def head_dim_note(layout: CacheLayout) -> str | None:
         return None
     derived = layout.hidden_size // heads
     ratio = layout.head_dim / derived
-    return (f"This config states head_dim = {layout.head_dim}, not hidden_size / heads = {layout.hidden_size:,} / "
-            f"{heads} = {derived}: the cache follows the stated {layout.head_dim}, so it is {ratio:g}× what "
-            f"hidden / heads would predict (sources that derive head_dim from hidden / heads quote {1 / ratio:g}× "
-            "these sizes).")
+    return (
+        f"This config states head_dim = {layout.head_dim}, not hidden_size / heads = {layout.hidden_size:,} / "
+        f"{heads} = {derived}: the cache follows the stated {layout.head_dim}, so it is {ratio:g}× what "
+        f"hidden / heads would predict (sources that derive head_dim from hidden / heads quote {1 / ratio:g}× "
+        "these sizes)."
+    )
 
 
 def parse_config_json(text: str, where: str = "The config") -> dict:
@@ -237,8 +239,10 @@ def _layer_types(cfg: dict, n_layers: int, model_type: str, notes: list[str]) ->
         window = None  # Qwen2/Qwen3 configs state a window they do not use
     if model_type in _ALTERNATING and window:
         every = config_int(cfg, "sliding_window_pattern") or _ALTERNATING[model_type]
-        notes.append(f"{model_type}: layers i with (i+1) % {every} != 0 are sliding-window (window {window}), "
-                     "the others global, as transformers' config class derives them")
+        notes.append(
+            f"{model_type}: layers i with (i+1) % {every} != 0 are sliding-window (window {window}), "
+            "the others global, as transformers' config class derives them"
+        )
         return ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
     if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and window:
         first = config_int(cfg, "max_window_layers", n_layers)
@@ -280,8 +284,10 @@ def _attention_shape(cfg: dict, notes: list[str]) -> tuple[int, int, int, dict |
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim") or 0
     if cfg.get("kv_lora_rank") is not None:  # MLA: num_key_value_heads plays no part in the cache
         mla = {k: config_int(cfg, k, 0) for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
-        notes.append(f"MLA: each token caches a {mla['kv_lora_rank']}-dim latent plus a "
-                     f"{mla['qk_rope_head_dim']}-dim RoPE key per layer (no factor 2, no heads)")
+        notes.append(
+            f"MLA: each token caches a {mla['kv_lora_rank']}-dim latent plus a "
+            f"{mla['qk_rope_head_dim']}-dim RoPE key per layer (no factor 2, no heads)"
+        )
         return q_heads, q_heads, mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], mla
     kv_heads = _kv_heads(cfg, q_heads, notes)
     if q_heads % kv_heads:
@@ -289,8 +295,10 @@ def _attention_shape(cfg: dict, notes: list[str]) -> tuple[int, int, int, dict |
     if cfg.get("head_dim") is not None:
         head_dim = config_int(cfg, "head_dim")
         if hidden and head_dim * q_heads != hidden:
-            notes.append(f"head_dim {head_dim} is stated in the config; hidden_size / heads would give "
-                         f"{hidden} / {q_heads} = {hidden / q_heads:g}")
+            notes.append(
+                f"head_dim {head_dim} is stated in the config; hidden_size / heads would give "
+                f"{hidden} / {q_heads} = {hidden / q_heads:g}"
+            )
         return q_heads, kv_heads, head_dim, None
     if not hidden:
         raise ValueError("The config states neither head_dim nor hidden_size.")
@@ -314,8 +322,10 @@ def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) ->
     types = _layer_types(cfg, n_layers, model_type, notes)
     unknown = [(i, t) for i, t in enumerate(types) if t not in _LAYER_KINDS]
     if unknown:
-        raise ValueError(f"Layer {unknown[0][0]} has layer type {unknown[0][1]!r}, which kvviz cannot size "
-                         f"(known: {', '.join(sorted(_LAYER_KINDS))}).")
+        raise ValueError(
+            f"Layer {unknown[0][0]} has layer type {unknown[0][1]!r}, which kvviz cannot size "
+            f"(known: {', '.join(sorted(_LAYER_KINDS))})."
+        )
     kinds = [_LAYER_KINDS[t] for t in types]
     attends = [k not in ("state", "none") for k in kinds]
     q_heads, kv_heads, head_dim, mla = _attention_shape(cfg, notes) if any(attends) else (0, 0, 0, None)
@@ -342,8 +352,14 @@ def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) ->
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
     return CacheLayout(
         name=name or str(cfg.get("_name") or cfg.get("_name_or_path") or cfg.get("name_or_path") or model_type)[:120],
-        model_type=model_type, layers=tuple(layers), num_attention_heads=q_heads, num_key_value_heads=kv_heads,
-        head_dim=head_dim, hidden_size=int(hidden or 0), num_parameters=_parameters(cfg),
+        model_type=model_type,
+        layers=tuple(layers),
+        num_attention_heads=q_heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=int(hidden or 0),
+        num_parameters=_parameters(cfg),
         max_position_embeddings=_first(cfg, "max_position_embeddings", "n_positions", "max_seq_len"),
-        mla=mla, notes=tuple(notes),
+        mla=mla,
+        notes=tuple(notes),
     )

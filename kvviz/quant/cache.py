@@ -36,8 +36,10 @@ class QuantizedLayer(DynamicLayer):
     def __init__(self, scheme: Scheme):
         for spec in (scheme.key, scheme.value):
             if spec.axis == "tensor":
-                raise ValueError("A per-tensor scale needs the whole tensor up front; in a cache that grows "
-                                 "use per-token or per-channel groups.")
+                raise ValueError(
+                    "A per-tensor scale needs the whole tensor up front; in a cache that grows "
+                    "use per-token or per-channel groups."
+                )
             if spec.axis == "channel" and not spec.group_size:
                 raise ValueError("Per-channel quantization in a growing cache needs a group size (tokens per group).")
         super().__init__()
@@ -75,8 +77,9 @@ class QuantizedKVCache(DynamicCache):
     def __init__(self, config, scheme: Scheme):
         super().__init__(config=config)
         if any(getattr(layer, "is_sliding", False) for layer in self.layers):
-            raise ValueError("The quantized cache supports full-attention models only (this one has "
-                             "sliding-window layers).")
+            raise ValueError(
+                "The quantized cache supports full-attention models only (this one has sliding-window layers)."
+            )
         self.scheme = scheme
         self.layers = [QuantizedLayer(scheme) for _ in self.layers]
 
@@ -142,8 +145,14 @@ def teacher_forced(lm: LoadedModel, ids: list[int], continuation: list[int], sch
     return sum(agree) / n, sum(kls) / n
 
 
-def compare_generation(lm: LoadedModel, prompt: str, scheme: Scheme, max_new_tokens: int = 24, chat: bool = True,
-                       ids: list[int] | None = None) -> GenerationComparison:
+def compare_generation(
+    lm: LoadedModel,
+    prompt: str,
+    scheme: Scheme,
+    max_new_tokens: int = 24,
+    chat: bool = True,
+    ids: list[int] | None = None,
+) -> GenerationComparison:
     """Generate with the full cache and with the quantized one (both through ``capture``), then score."""
     ids = list(ids) if ids is not None else encode_prompt(lm, prompt, chat)
     cache_holder: list[QuantizedKVCache] = []
@@ -154,12 +163,24 @@ def compare_generation(lm: LoadedModel, prompt: str, scheme: Scheme, max_new_tok
 
     full = capture(lm, prompt, chat=chat, max_new_tokens=max_new_tokens, prompt_ids=ids)
     quant = capture(lm, prompt, chat=chat, max_new_tokens=max_new_tokens, prompt_ids=ids, cache_factory=factory)
-    full_ids, quant_ids = full.token_ids[full.n_prompt:], quant.token_ids[quant.n_prompt:]
+    full_ids, quant_ids = full.token_ids[full.n_prompt :], quant.token_ids[quant.n_prompt :]
     agreement, kl = teacher_forced(lm, ids, full_ids, scheme)
-    diverge = next((i for i, (a, b) in enumerate(zip(full_ids, quant_ids)) if a != b),
-                   None if len(full_ids) == len(quant_ids) else min(len(full_ids), len(quant_ids)))
+    diverge = next(
+        (i for i, (a, b) in enumerate(zip(full_ids, quant_ids)) if a != b),
+        None if len(full_ids) == len(quant_ids) else min(len(full_ids), len(quant_ids)),
+    )
     last = full.steps[-1]
     full16 = sum(last.layer_bytes) * 2 // full.model.bytes_per_element
-    return GenerationComparison(scheme, full.text, quant.text, full.tokens[full.n_prompt:],
-                                quant.tokens[quant.n_prompt:], agreement, kl, len(full_ids), diverge, full16,
-                                cache_holder[-1].packed_bytes())
+    return GenerationComparison(
+        scheme,
+        full.text,
+        quant.text,
+        full.tokens[full.n_prompt :],
+        quant.tokens[quant.n_prompt :],
+        agreement,
+        kl,
+        len(full_ids),
+        diverge,
+        full16,
+        cache_holder[-1].packed_bytes(),
+    )

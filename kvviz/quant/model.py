@@ -74,8 +74,13 @@ class QKV:
 
     def crop(self, n_tokens: int) -> QKV:
         """The first ``n_tokens`` positions (causal: the same numbers a shorter prompt gives)."""
-        return QKV(self.tokens[:n_tokens], self.q[:, :, :n_tokens], self.k[:, :, :n_tokens],
-                   self.v[:, :, :n_tokens], self.scaling)
+        return QKV(
+            self.tokens[:n_tokens],
+            self.q[:, :, :n_tokens],
+            self.k[:, :, :n_tokens],
+            self.v[:, :, :n_tokens],
+            self.scaling,
+        )
 
 
 class _QueryCollector:
@@ -100,8 +105,13 @@ class _QueryCollector:
         pass
 
 
-def collect_qkv(lm: LoadedModel, prompt: str | None = None, chat: bool = False,
-                ids: list[int] | None = None, keep_outputs: bool = False) -> QKV:
+def collect_qkv(
+    lm: LoadedModel,
+    prompt: str | None = None,
+    chat: bool = False,
+    ids: list[int] | None = None,
+    keep_outputs: bool = False,
+) -> QKV:
     """Run one prefill of the prompt and return every layer's Q, K, V (and the model's outputs if asked)."""
     ids = list(ids) if ids is not None else encode_prompt(lm, prompt or "", chat)
     if len(ids) < 2:
@@ -112,17 +122,23 @@ def collect_qkv(lm: LoadedModel, prompt: str | None = None, chat: bool = False,
         forward(lm, ids, 0, cache, collector)
     lens = {layer.keys.shape[-2] for layer in cache.layers}
     if lens != {len(ids)}:
-        raise ValueError("This model has sliding-window layers whose cache drops tokens; the quantization "
-                         "view needs every layer to hold the whole prompt (shorten the prompt).")
+        raise ValueError(
+            "This model has sliding-window layers whose cache drops tokens; the quantization "
+            "view needs every layer to hold the whole prompt (shorten the prompt)."
+        )
     k = torch.stack([layer.keys[0] for layer in cache.layers]).float()  # [Lyr, Hkv, T, D]
     v = torch.stack([layer.values[0] for layer in cache.layers]).float()
     if any(q is None for q in collector.queries):
-        raise ValueError("This model's attention bypasses transformers' attention interface, so its queries "
-                         "cannot be read for the quantization view.")
+        raise ValueError(
+            "This model's attention bypasses transformers' attention interface, so its queries "
+            "cannot be read for the quantization view."
+        )
     q = torch.stack(collector.queries)  # [Lyr, Hq, T, D]
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError("This model caches MLA's latent and RoPE key, not per-head keys and values; the "
-                         "quantization view needs per-head keys.")
+        raise ValueError(
+            "This model caches MLA's latent and RoPE key, not per-head keys and values; the "
+            "quantization view needs per-head keys."
+        )
     tok = lm.tokenizer
     outputs = torch.stack(collector.outputs) if keep_outputs else None
     return QKV(token_texts(tok, ids), q, k, v, float(collector.scaling), outputs)
@@ -181,9 +197,21 @@ def evaluate(qkv: QKV, scheme: Scheme) -> SchemeResult:
         return [float(np.sqrt(e / n)) if n else 0.0 for e, n in errs]
 
     t = qkv.n_tokens
-    return SchemeResult(scheme, _pooled(kerr), _pooled(verr), _pooled(oerr), kb, vb,
-                        2 * int(np.prod(shape)) * FULL_BYTES, per_layer(kerr), per_layer(verr), per_layer(oerr),
-                        t, quantized_prefix(t, scheme.key), quantized_prefix(t, scheme.value))
+    return SchemeResult(
+        scheme,
+        _pooled(kerr),
+        _pooled(verr),
+        _pooled(oerr),
+        kb,
+        vb,
+        2 * int(np.prod(shape)) * FULL_BYTES,
+        per_layer(kerr),
+        per_layer(verr),
+        per_layer(oerr),
+        t,
+        quantized_prefix(t, scheme.key),
+        quantized_prefix(t, scheme.value),
+    )
 
 
 def compare(qkv: QKV, schemes: list[Scheme], progress=None) -> tuple[pd.DataFrame, list[SchemeResult]]:
@@ -198,17 +226,22 @@ def compare(qkv: QKV, schemes: list[Scheme], progress=None) -> tuple[pd.DataFram
 
 def results_frame(results: list[SchemeResult]) -> pd.DataFrame:
     """One row per scheme; errors in percent, the cache in KiB/MiB, compression vs a 16-bit cache."""
-    return pd.DataFrame([{
-        "scheme": r.scheme.name,
-        "keys": r.scheme.key.label,
-        "values": r.scheme.value.label,
-        "K error (%)": round(100 * r.key_error, 3),
-        "V error (%)": round(100 * r.value_error, 3),
-        "attention output error (%)": round(100 * r.output_error, 3),
-        "tokens quantized (K / V)": f"{r.key_quantized} / {r.value_quantized} of {r.n_tokens}",
-        "cache": format_bytes(r.total_bytes),
-        "vs 16-bit": f"{r.compression:.2f}× smaller",
-    } for r in results])
+    return pd.DataFrame(
+        [
+            {
+                "scheme": r.scheme.name,
+                "keys": r.scheme.key.label,
+                "values": r.scheme.value.label,
+                "K error (%)": round(100 * r.key_error, 3),
+                "V error (%)": round(100 * r.value_error, 3),
+                "attention output error (%)": round(100 * r.output_error, 3),
+                "tokens quantized (K / V)": f"{r.key_quantized} / {r.value_quantized} of {r.n_tokens}",
+                "cache": format_bytes(r.total_bytes),
+                "vs 16-bit": f"{r.compression:.2f}× smaller",
+            }
+            for r in results
+        ]
+    )
 
 
 # ---- what the magnitude maps show ----------------------------------------------------------------

@@ -77,9 +77,12 @@ class Scheme:
 def kivi(bits: int = 2, group_size: int = 32, residual: int = 32) -> Scheme:
     """KIVI (Liu et al. 2024): keys per channel, values per token, a recent window in full precision."""
     fmt = f"int{bits}"
-    return Scheme(f"KIVI-{bits} (K per channel, V per token, window {residual})",
-                  QuantSpec(fmt, "channel", group_size, residual), QuantSpec(fmt, "token", group_size, residual),
-                  note="Liu et al. 2024")
+    return Scheme(
+        f"KIVI-{bits} (K per channel, V per token, window {residual})",
+        QuantSpec(fmt, "channel", group_size, residual),
+        QuantSpec(fmt, "token", group_size, residual),
+        note="Liu et al. 2024",
+    )
 
 
 def preset_schemes(group_size: int = 32, residual: int = 32) -> list[Scheme]:
@@ -137,7 +140,7 @@ def round_trip(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
         scale = xg.abs().amax(-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
         y = (xg / scale).to(torch.float8_e4m3fn).float() * scale
     else:  # asymmetric min-max with a zero point, as KIVI stores it
-        levels = 2 ** spec.bits - 1
+        levels = 2**spec.bits - 1
         lo, hi = xg.amin(-1, keepdim=True), xg.amax(-1, keepdim=True)
         scale = (hi - lo) / levels
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
@@ -206,5 +209,4 @@ def attention_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling:
     group = q.shape[0] // k.shape[0]
     k = k.repeat_interleave(group, dim=0)  # [Hq, T, D]
     v = v.repeat_interleave(group, dim=0)
-    return torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
-                                                            scale=scaling)[0]
+    return torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scaling)[0]

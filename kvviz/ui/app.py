@@ -76,8 +76,7 @@ def serve(demo: gr.Blocks, settings) -> dict:
     queue), so each job that waits at the gate holds a worker: there must be one for every job the
     gate may queue, plus some for the quick events (checks, redraws) that must never wait behind them.
     """
-    demo.queue(max_size=settings.queue_size + settings.concurrency + 16,
-               default_concurrency_limit=settings.concurrency)
+    demo.queue(max_size=settings.queue_size + settings.concurrency + 16, default_concurrency_limit=settings.concurrency)
     return {"max_threads": settings.queue_size + settings.concurrency + 32}
 
 
@@ -85,8 +84,10 @@ def build_app(ctx: AppContext) -> gr.Blocks:
     """The whole page. Tabs are built in order; the Generate event then refreshes the others."""
     with gr.Blocks(title="kvviz — see the KV cache") as demo:
         ctx.trace_state = gr.State(None)
-        gr.Markdown("# kvviz — see a transformer's KV cache\n"
-                    "A real model generates while every layer's keys, values and attention are captured.")
+        gr.Markdown(
+            "# kvviz — see a transformer's KV cache\n"
+            "A real model generates while every layer's keys, values and attention are captured."
+        )
         generate_event = None
         with gr.Tabs() as ctx.tabs:
             for title, module_name, coming in TABS:

@@ -45,26 +45,40 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
     """The section, inside the Blocks tab (``block_size`` is the tab's block-size control)."""
     from kvviz.ui.tab_blocks import block_size_of, check_prompt
 
-    gr.Markdown("### Eviction meets paging\nStreamingLLM, H2O and SnapKV each compress the prompt's prefill to the "
-                "same budget per layer and KV head. A paged engine gets memory back only for a block whose **every** "
-                "slot was evicted; moving the survivors together (compaction) frees the rest but copies bytes. "
-                "SnapKV's observation window is set to half the budget (at most 64).")
+    gr.Markdown(
+        "### Eviction meets paging\nStreamingLLM, H2O and SnapKV each compress the prompt's prefill to the "
+        "same budget per layer and KV head. A paged engine gets memory back only for a block whose **every** "
+        "slot was evicted; moving the survivors together (compaction) frees the rest but copies bytes. "
+        "SnapKV's observation window is set to half the budget (at most 64)."
+    )
     with gr.Row():
         with gr.Column(scale=3):
             prompt = gr.Textbox(needle_prompt(6, 6), label="Prompt", lines=4, elem_id="evblocks-prompt")
             chat = gr.Checkbox(True, label="Use the chat template", elem_id="evblocks-chat")
         with gr.Column(scale=2):
-            budget = gr.Number(DEFAULT_BUDGET, precision=0, label="Budget: entries kept per layer and KV head",
-                               elem_id="evblocks-budget")
-            chosen = gr.CheckboxGroup([(POLICIES[n].title, n) for n in CHOICES], value=CHOICES, label="Policies",
-                                      elem_id="evblocks-policies")
+            budget = gr.Number(
+                DEFAULT_BUDGET,
+                precision=0,
+                label="Budget: entries kept per layer and KV head",
+                elem_id="evblocks-budget",
+            )
+            chosen = gr.CheckboxGroup(
+                [(POLICIES[n].title, n) for n in CHOICES], value=CHOICES, label="Policies", elem_id="evblocks-policies"
+            )
             button = gr.Button("Evict and count blocks", variant="primary", elem_id="evblocks-run")
     note = gr.Markdown(elem_id="evblocks-note")
     bars = captioned_plot("Tokens evicted vs blocks freed", "evblocks-bars", fig.CAPTIONS["freed"])
-    table = gr.Dataframe(waiting_table("Press Evict and count blocks to see each policy's freed blocks"), label="Per policy", interactive=False, elem_id="evblocks-table", wrap=True)
+    table = gr.Dataframe(
+        waiting_table("Press Evict and count blocks to see each policy's freed blocks"),
+        label="Per policy",
+        interactive=False,
+        elem_id="evblocks-table",
+        wrap=True,
+    )
     gr.Markdown(fig.CAPTIONS["evict_table"], elem_classes="caption")
-    pick = gr.Dropdown([(POLICIES[n].title, n) for n in CHOICES], value="h2o", label="Survivors of",
-                       elem_id="evblocks-pick")
+    pick = gr.Dropdown(
+        [(POLICIES[n].title, n) for n in CHOICES], value="h2o", label="Survivors of", elem_id="evblocks-pick"
+    )
     grid = captioned_plot("Survivors per block", "evblocks-grid", fig.CAPTIONS["survivors"])
     runs_state = gr.State(None)
     ctx.components.update({"blocks.evict_run": button, "blocks.evict_budget": budget})
@@ -86,11 +100,12 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
     def run(text, use_chat, b, names, size, shown, request: gr.Request):
         text, n, kept, policies, size = request_of(text, use_chat, b, names, size)
         ids = encode_prompt(ctx.lm, text, bool(use_chat))
-        with ctx.jobs.start(request, "eviction × paging", n, 1, runs=len(policies)) as ticket, \
-                user_errors("Eviction × paging"):
+        with (
+            ctx.jobs.start(request, "eviction × paging", n, 1, runs=len(policies)) as ticket,
+            user_errors("Eviction × paging"),
+        ):
             runs = evict_and_page(ctx.lm, ids, policies, kept, size, should_stop=ticket.expired)
-        return (runs, fig.eviction_note(runs), fig.freed_bars(runs), fig.eviction_table(runs),
-                survivors(runs, shown))
+        return (runs, fig.eviction_note(runs), fig.freed_bars(runs), fig.eviction_table(runs), survivors(runs, shown))
 
     def survivors(runs, name):
         if not runs:
@@ -99,5 +114,6 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
 
     inputs = [prompt, chat, budget, chosen, block_size]
     button.click(check, inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
-        gpu(run), [*inputs, pick], [runs_state, note, bars, table, grid], api_name=False, concurrency_limit=None)
+        gpu(run), [*inputs, pick], [runs_state, note, bars, table, grid], api_name=False, concurrency_limit=None
+    )
     pick.change(survivors, [runs_state, pick], grid, api_name=False, show_progress="hidden")

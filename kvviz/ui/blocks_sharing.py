@@ -18,11 +18,16 @@ from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, waiting_table
 
 MAX_PROMPTS = 4
-COURSE = ("You are the teaching assistant of the KV-cache lecture. Answer in two sentences, with the lecture's "
-          "words: the cache stores each past token's keys and values in every layer, so a decode step processes "
-          "only the new token. ")
-DEFAULTS = [COURSE + "Student 1 asks: why does the cache grow with every token?",
-            COURSE + "Student 2 asks: what does a paged engine store in one block?", ""]
+COURSE = (
+    "You are the teaching assistant of the KV-cache lecture. Answer in two sentences, with the lecture's "
+    "words: the cache stores each past token's keys and values in every layer, so a decode step processes "
+    "only the new token. "
+)
+DEFAULTS = [
+    COURSE + "Student 1 asks: why does the cache grow with every token?",
+    COURSE + "Student 2 asks: what does a paged engine store in one block?",
+    "",
+]
 
 
 def check_prompts(ctx: AppContext, prompts) -> list[str]:
@@ -55,19 +60,31 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
     """The section, inside the Blocks tab (``block_size`` is the tab's block-size control)."""
     from kvviz.ui.tab_blocks import block_size_of
 
-    gr.Markdown("### Prefix sharing\nTwo students send chat requests that start the same way. A paged engine with "
-                "a prefix cache hashes each full block together with the hash of the block before it (vLLM's "
-                "chained hash), finds the leading blocks an earlier request already computed, and reuses them: "
-                "drawn once below, shared by both block tables.")
-    boxes = [gr.Textbox(text, label=f"Prompt {i + 1}" + (" (optional)" if i >= 2 else ""), lines=2,
-                        elem_id=f"share-prompt-{i + 1}") for i, text in enumerate(DEFAULTS)]
+    gr.Markdown(
+        "### Prefix sharing\nTwo students send chat requests that start the same way. A paged engine with "
+        "a prefix cache hashes each full block together with the hash of the block before it (vLLM's "
+        "chained hash), finds the leading blocks an earlier request already computed, and reuses them: "
+        "drawn once below, shared by both block tables."
+    )
+    boxes = [
+        gr.Textbox(
+            text, label=f"Prompt {i + 1}" + (" (optional)" if i >= 2 else ""), lines=2, elem_id=f"share-prompt-{i + 1}"
+        )
+        for i, text in enumerate(DEFAULTS)
+    ]
     with gr.Row():
-        chat = gr.Checkbox(True, label="Use the chat template (its system prompt is a shared prefix too)",
-                           elem_id="share-chat")
+        chat = gr.Checkbox(
+            True, label="Use the chat template (its system prompt is a shared prefix too)", elem_id="share-chat"
+        )
         button = gr.Button("Share blocks", variant="primary", elem_id="share-run")
     summary = gr.Markdown(elem_id="share-summary")
     figure = captioned_plot("Block tables over one pool", "share-figure", fig.CAPTIONS["sharing"])
-    table = gr.Dataframe(waiting_table("Press Share blocks to see what each prompt reuses"), label="Per prompt", interactive=False, elem_id="share-table")
+    table = gr.Dataframe(
+        waiting_table("Press Share blocks to see what each prompt reuses"),
+        label="Per prompt",
+        interactive=False,
+        elem_id="share-table",
+    )
     gr.Markdown(fig.CAPTIONS["sharing_table"], elem_classes="caption")
     ctx.components.update({"blocks.share_run": button})
 
@@ -83,11 +100,14 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
     def run(b, use_chat, first, second, third, request: gr.Request):
         size, prompts, ids = request_of(b, use_chat, first, second, third)
         names = [f"prompt {i + 1}" for i in range(len(ids))]
-        with ctx.jobs.start(request, "prefix sharing", max(map(len, ids)), 1, runs=len(ids)) as ticket, \
-                user_errors("Prefix sharing"):
+        with (
+            ctx.jobs.start(request, "prefix sharing", max(map(len, ids)), 1, runs=len(ids)) as ticket,
+            user_errors("Prefix sharing"),
+        ):
             s = share_prompts(ctx.lm, ids, size, names, should_stop=ticket.expired)
         return fig.sharing_summary(s), fig.sharing_figure(s), fig.sharing_table(s)
 
     inputs = [block_size, chat, *boxes]
     button.click(check, inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
-        gpu(run), inputs, [summary, figure, table], api_name=False, concurrency_limit=None)
+        gpu(run), inputs, [summary, figure, table], api_name=False, concurrency_limit=None
+    )

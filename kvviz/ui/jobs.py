@@ -49,12 +49,17 @@ class Jobs:
 
     def __init__(self, settings: Settings, info: ModelInfo):
         self.settings, self.info = settings, info
-        self.gate = Gate(slots=settings.concurrency, max_waiting=settings.queue_size,
-                         max_seconds=settings.max_job_seconds, max_rss_bytes=int(settings.max_rss_gb * 2**30))
+        self.gate = Gate(
+            slots=settings.concurrency,
+            max_waiting=settings.queue_size,
+            max_seconds=settings.max_job_seconds,
+            max_rss_bytes=int(settings.max_rss_gb * 2**30),
+        )
         # by default the largest job is four runs at the longest prompt and generation allowed (a comparison of
         # three policies with the full cache); the time budget bounds it too
-        ceiling = job_cost(settings.max_prompt_tokens, settings.max_new_tokens, info.layers, info.kv_bytes_per_token,
-                           runs=4)
+        ceiling = job_cost(
+            settings.max_prompt_tokens, settings.max_new_tokens, info.layers, info.kv_bytes_per_token, runs=4
+        )
         self.max_key_reads = settings.max_key_reads or ceiling.key_reads
         self._held: dict[str, Ticket] = {}
 
@@ -72,8 +77,15 @@ class Jobs:
         if ticket is not None:
             ticket.release()
 
-    def admit(self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int,
-              runs: int = 1, window: int | None = None) -> Ticket:
+    def admit(
+        self,
+        request: gr.Request | None,
+        what: str,
+        prompt_tokens: int,
+        new_tokens: int,
+        runs: int = 1,
+        window: int | None = None,
+    ) -> Ticket:
         """A place in line for this session's job, or :class:`UserError` at once (see :func:`job_cost`)."""
         cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
         try:
@@ -83,8 +95,15 @@ class Jobs:
         except (Refused, ValueError) as exc:
             raise UserError(str(exc)) from None
 
-    def start(self, request: gr.Request | None, what: str, prompt_tokens: int, new_tokens: int,
-              runs: int = 1, window: int | None = None) -> Ticket:
+    def start(
+        self,
+        request: gr.Request | None,
+        what: str,
+        prompt_tokens: int,
+        new_tokens: int,
+        runs: int = 1,
+        window: int | None = None,
+    ) -> Ticket:
         """The session's held ticket (or a new one), once it is this job's turn: use it as ``with``."""
         ticket = self.take(request) or self.admit(request, what, prompt_tokens, new_tokens, runs, window)
         try:
@@ -94,8 +113,9 @@ class Jobs:
             raise
         return ticket
 
-    def start_prompt(self, request: gr.Request | None, what: str, lm, prompt, chat: bool, new_tokens: int,
-                     runs: int = 1) -> Ticket:
+    def start_prompt(
+        self, request: gr.Request | None, what: str, lm, prompt, chat: bool, new_tokens: int, runs: int = 1
+    ) -> Ticket:
         """:meth:`start` for a job on a raw prompt: checked and counted in tokens first."""
         try:
             text = clean_prompt(prompt, self.settings.max_prompt_chars)
@@ -117,5 +137,7 @@ class Jobs:
         """What to tell the user when a run ended on its time budget (else "")."""
         if not ticket.timed_out:
             return ""
-        return (f" · stopped at the time budget of {ticket.max_seconds:g} s (KVVIZ_MAX_JOB_SECONDS): "
-                "what was done so far is shown")
+        return (
+            f" · stopped at the time budget of {ticket.max_seconds:g} s (KVVIZ_MAX_JOB_SECONDS): "
+            "what was done so far is shown"
+        )

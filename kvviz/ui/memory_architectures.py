@@ -31,19 +31,35 @@ def show_architecture(kind, prompt):
 
 def build(ctx: AppContext) -> None:
     """The section, inside the Memory tab."""
-    gr.Markdown("### The cache of every architecture, live\nA tiny random-weight model of the architecture you "
-                "pick (config shipped with kvviz, nothing downloaded) reads your prompt byte by byte; below are "
-                "the tensors transformers really keeps in its cache, next to the formula.")
+    gr.Markdown(
+        "### The cache of every architecture, live\nA tiny random-weight model of the architecture you "
+        "pick (config shipped with kvviz, nothing downloaded) reads your prompt byte by byte; below are "
+        "the tensors transformers really keeps in its cache, next to the formula."
+    )
     with gr.Row():
         kind = gr.Radio(kinds(), value="MLA", label="Architecture", elem_id="arch-kind")
-        prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt (UTF-8 bytes are the tokens)", max_lines=1,
-                            elem_id="arch-prompt")
+        prompt = gr.Textbox(
+            DEFAULT_PROMPT, label="Prompt (UTF-8 bytes are the tokens)", max_lines=1, elem_id="arch-prompt"
+        )
         button = gr.Button("Run the tiny model", elem_id="arch-run")
-    summary = gr.Markdown("Press **Run the tiny model** (or pick an architecture) to read its cache.",
-                          elem_id="arch-summary")
-    table = gr.Dataframe(waiting_table("Press Run the tiny model to see its cache tensors, layer by layer"), label="Cache tensors per layer", interactive=False, elem_id="arch-table")
+    summary = gr.Markdown(
+        "Press **Run the tiny model** (or pick an architecture) to read its cache.", elem_id="arch-summary"
+    )
+    table = gr.Dataframe(
+        waiting_table("Press Run the tiny model to see its cache tensors, layer by layer"),
+        label="Cache tensors per layer",
+        interactive=False,
+        elem_id="arch-table",
+    )
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     chart = captioned_plot("Bytes per layer", "arch-chart", fig.CAPTIONS["chart"])
     ctx.components.update({"memory.arch_kind": kind, "memory.arch_run": button})
-    gr.on([button.click, kind.change, prompt.submit], show_architecture, [kind, prompt], [summary, table, chart],
-          api_name=False, concurrency_id="tiny", concurrency_limit=ctx.settings.concurrency)
+    gr.on(
+        [button.click, kind.change, prompt.submit],
+        show_architecture,
+        [kind, prompt],
+        [summary, table, chart],
+        api_name=False,
+        concurrency_id="tiny",
+        concurrency_limit=ctx.settings.concurrency,
+    )

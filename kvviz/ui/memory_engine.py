@@ -39,8 +39,20 @@ def _whole_or_default(value, label: str):
         return int(calculator_number("context", value, label))  # the context bound: 1 … 134M tokens
 
 
-def startup_view(ctx: AppContext, model, gpu_name, gpus, gpu_mem_gb, tp, kv_dtype, block_size, max_model_len,
-                 batched, reserve, weights_gb):
+def startup_view(
+    ctx: AppContext,
+    model,
+    gpu_name,
+    gpus,
+    gpu_mem_gb,
+    tp,
+    kv_dtype,
+    block_size,
+    max_model_len,
+    batched,
+    reserve,
+    weights_gb,
+):
     """(log with formulas, layer-group table, concurrency chart) — or a ⚠ line when the engine cannot start."""
     with user_errors():
         if model == LOADED:
@@ -70,9 +82,18 @@ def startup_view(ctx: AppContext, model, gpu_name, gpus, gpu_mem_gb, tp, kv_dtyp
             wbytes = ctx.info.weight_bytes
         else:
             wbytes = weight_bytes(layout.num_parameters, "bf16")
-        s = startup(layout, gpus=n_gpus, gpu_mem_gb=mem, weight_bytes=wbytes, reserve=keep, tp=tp_n,
-                    kv_dtype=kv_dtype, block_size=block_size, max_model_len=model_len,
-                    max_num_batched_tokens=tokens)
+        s = startup(
+            layout,
+            gpus=n_gpus,
+            gpu_mem_gb=mem,
+            weight_bytes=wbytes,
+            reserve=keep,
+            tp=tp_n,
+            kv_dtype=kv_dtype,
+            block_size=block_size,
+            max_model_len=model_len,
+            max_num_batched_tokens=tokens,
+        )
     except ValueError as exc:
         return f"⚠ {exc}", None, None
     return fig.startup_markdown(s), fig.groups_table(s), fig.concurrency_chart(s)
@@ -82,10 +103,12 @@ def build(ctx: AppContext) -> None:
     """The section, at the end of the Memory tab."""
     gpus_by_name = gpu_presets()
     first = next(iter(gpus_by_name))
-    gr.Markdown("### The engine's start-up log, explained\nA paged engine such as vLLM allocates the KV cache as one "
-                "pool of blocks when it starts and prints how much fits — the chapter: *\"The startup log tells you "
-                "how many tokens fit — read it.\"* Below are the lines it would print for your setup, each number "
-                "with the formula behind it; hybrid models (sliding + full layers) are counted per layer group.")
+    gr.Markdown(
+        "### The engine's start-up log, explained\nA paged engine such as vLLM allocates the KV cache as one "
+        'pool of blocks when it starts and prints how much fits — the chapter: *"The startup log tells you '
+        'how many tokens fit — read it."* Below are the lines it would print for your setup, each number '
+        "with the formula behind it; hybrid models (sliding + full layers) are counted per layer group."
+    )
     with gr.Row():
         with gr.Column():
             model = gr.Dropdown([LOADED, *preset_names()], value="Llama-3-70B", label="Model", elem_id="engine-model")
@@ -97,22 +120,46 @@ def build(ctx: AppContext) -> None:
             mem = gr.Number(gpus_by_name[first].memory_gb, label="Memory per GPU (GB)", elem_id="engine-mem")
             tp = gr.Number(0, precision=0, label="Tensor parallelism (0 = all the GPUs)", elem_id="engine-tp")
         with gr.Column():
-            model_len = gr.Number(8192, precision=0, label="max_model_len (tokens; 0 = the config's context)",
-                                  elem_id="engine-max-len")
-            batched = gr.Number(DEFAULT_MAX_NUM_BATCHED_TOKENS, precision=0,
-                                label="max_num_batched_tokens (sliding layers' extra blocks)", elem_id="engine-batched")
-            reserve = gr.Slider(0.0, 0.5, value=0.1, step=0.01, label="Reserve (1 − gpu_memory_utilization, "
-                                "activations)", elem_id="engine-reserve")
+            model_len = gr.Number(
+                8192, precision=0, label="max_model_len (tokens; 0 = the config's context)", elem_id="engine-max-len"
+            )
+            batched = gr.Number(
+                DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                precision=0,
+                label="max_num_batched_tokens (sliding layers' extra blocks)",
+                elem_id="engine-batched",
+            )
+            reserve = gr.Slider(
+                0.0,
+                0.5,
+                value=0.1,
+                step=0.01,
+                label="Reserve (1 − gpu_memory_utilization, activations)",
+                elem_id="engine-reserve",
+            )
             weights = gr.Number(140, label="Weights (GB; 0 = parameters × 2 B)", elem_id="engine-weights")
     inputs = [model, gpu, gpus, mem, tp, kv_dtype, block, model_len, batched, reserve, weights]
-    first_view = startup_view(ctx, "Llama-3-70B", first, 8, gpus_by_name[first].memory_gb, 0, "bf16", 16, 8192,
-                              DEFAULT_MAX_NUM_BATCHED_TOKENS, 0.1, 140)  # the chapter's 8 × H100 example
+    first_view = startup_view(
+        ctx,
+        "Llama-3-70B",
+        first,
+        8,
+        gpus_by_name[first].memory_gb,
+        0,
+        "bf16",
+        16,
+        8192,
+        DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        0.1,
+        140,
+    )  # the chapter's 8 × H100 example
     log = gr.Markdown(first_view[0], elem_id="engine-log")
     gr.Markdown(fig.CAPTIONS["log"], elem_classes="caption")
     groups = gr.Dataframe(first_view[1], label="Layer groups", interactive=False, elem_id="engine-groups", wrap=True)
     gr.Markdown(fig.CAPTIONS["groups"], elem_classes="caption")
-    chart = captioned_plot("Maximum concurrency vs max_model_len", "engine-concurrency", fig.CAPTIONS["concurrency"],
-                           first_view[2])
+    chart = captioned_plot(
+        "Maximum concurrency vs max_model_len", "engine-concurrency", fig.CAPTIONS["concurrency"], first_view[2]
+    )
     ctx.components.update({"memory.engine_model": model, "memory.engine_block": block})
 
     def pick_gpu(name):
@@ -127,5 +174,21 @@ def build(ctx: AppContext) -> None:
     outputs = [log, groups, chart]
     gpu.change(pick_gpu, gpu, mem, queue=False, api_name=False).then(show, inputs, outputs, api_name=False)
     model.change(pick_model, model, weights, queue=False, api_name=False).then(show, inputs, outputs, api_name=False)
-    gr.on([kv_dtype.change, block.change, reserve.change, gpus.submit, tp.submit, mem.submit, model_len.submit,
-           batched.submit, weights.submit], show, inputs, outputs, api_name=False, concurrency_limit=None)
+    gr.on(
+        [
+            kv_dtype.change,
+            block.change,
+            reserve.change,
+            gpus.submit,
+            tp.submit,
+            mem.submit,
+            model_len.submit,
+            batched.submit,
+            weights.submit,
+        ],
+        show,
+        inputs,
+        outputs,
+        api_name=False,
+        concurrency_limit=None,
+    )

@@ -30,8 +30,10 @@ def job_failed(exc: Exception, what: str = "Generation") -> str:
     """
     log.error("%s failed:\n%s", what, "".join(traceback.format_exception(exc)))
     traceback.clear_frames(exc.__traceback__)
-    return (f"{what} failed: {type(exc).__name__}: {str(exc)[:200]}. The job was ended and its memory "
-            "freed; your earlier results are unchanged. Try again, perhaps with a shorter prompt.")
+    return (
+        f"{what} failed: {type(exc).__name__}: {str(exc)[:200]}. The job was ended and its memory "
+        "freed; your earlier results are unchanged. Try again, perhaps with a shorter prompt."
+    )
 
 
 @contextmanager

@@ -32,8 +32,12 @@ def _ready(trace) -> bool:
 def _selection(trace, layer, head, step=0, k=4) -> tuple[int, int, int, int]:
     """Checked layer, head, step and k for this trace (gr.Error says what to fix)."""
     m = trace.model
-    return (_whole(layer, "Layer", 0, m.layers - 1), _whole(head, "Head", 0, m.q_heads - 1),
-            _whole(step, "Step", 0, len(trace.steps) - 1), _whole(k, "k", 1, max(trace.n_fed - 1, 1)))
+    return (
+        _whole(layer, "Layer", 0, m.layers - 1),
+        _whole(head, "Head", 0, m.q_heads - 1),
+        _whole(step, "Step", 0, len(trace.steps) - 1),
+        _whole(k, "k", 1, max(trace.n_fed - 1, 1)),
+    )
 
 
 def _call(fn, *args):
@@ -78,8 +82,13 @@ def sink_views(trace, k_v):
     if not _ready(trace):
         return (gr.skip(),) * 5
     kk = _selection(trace, 0, 0, 0, k_v)[3]
-    return (_call(fig.token_spans, trace, kk), _call(fig.sink_map, trace, kk), _call(fig.sink_line, trace, kk),
-            _styled_sinks(trace, kk), _call(fig.norms_chart, trace, kk))
+    return (
+        _call(fig.token_spans, trace, kk),
+        _call(fig.sink_map, trace, kk),
+        _call(fig.sink_line, trace, kk),
+        _styled_sinks(trace, kk),
+        _call(fig.norms_chart, trace, kk),
+    )
 
 
 def refresh(info, trace, layer_v, head_v, view_v, log_v, step_v, k_v):
@@ -89,13 +98,19 @@ def refresh(info, trace, layer_v, head_v, view_v, log_v, step_v, k_v):
     n_steps = len(trace.steps)
     st = max(0, min(int(step_v or 0), n_steps - 1))
     kk = max(1, min(int(k_v or 4), trace.n_fed - 1))
-    msg = (f"Run of **{trace.n_prompt:,} prompt + {trace.n_generated} generated tokens**; "
-           + ("maps are exact (one cell per token)." if trace.bin_factor == 1 else
-              f"maps are binned by {trace.bin_factor} positions (column sums and sink shares stay exact)."))
-    return (msg, gr.Slider(minimum=0, maximum=max(1, n_steps - 1), value=st),
-            gr.Slider(minimum=1, maximum=max(1, min(K_MAX, trace.n_fed - 1)), value=kk),
-            *head_view(info, trace, layer_v, head_v, view_v, log_v), step_view(trace, layer_v, st, kk),
-            *sink_views(trace, kk))
+    msg = f"Run of **{trace.n_prompt:,} prompt + {trace.n_generated} generated tokens**; " + (
+        "maps are exact (one cell per token)."
+        if trace.bin_factor == 1
+        else f"maps are binned by {trace.bin_factor} positions (column sums and sink shares stay exact)."
+    )
+    return (
+        msg,
+        gr.Slider(minimum=0, maximum=max(1, n_steps - 1), value=st),
+        gr.Slider(minimum=1, maximum=max(1, min(K_MAX, trace.n_fed - 1)), value=kk),
+        *head_view(info, trace, layer_v, head_v, view_v, log_v),
+        step_view(trace, layer_v, st, kk),
+        *sink_views(trace, kk),
+    )
 
 
 def pick(index) -> tuple:
@@ -108,20 +123,37 @@ def pick(index) -> tuple:
 def build(ctx: AppContext) -> None:
     """Build the tab inside the caller's ``gr.Tab``."""
     info = ctx.info
-    gr.Markdown("What each head reads. Every layer and head of the last run, for the prompt and every generated "
-                "token; the sink map shows at a glance which heads park their attention on the first tokens.")
+    gr.Markdown(
+        "What each head reads. Every layer and head of the last run, for the prompt and every generated "
+        "token; the sink map shows at a glance which heads park their attention on the first tokens."
+    )
     status = gr.Markdown(EMPTY, elem_id="attn-status")
-    strip = gr.HighlightedText(label="Tokens: sinks (first k) and the most attended", elem_id="attn-tokens",
-                               color_map=fig.TOKEN_COLORS, combine_adjacent=False, show_legend=True,
-                               show_inline_category=False)
+    strip = gr.HighlightedText(
+        label="Tokens: sinks (first k) and the most attended",
+        elem_id="attn-tokens",
+        color_map=fig.TOKEN_COLORS,
+        combine_adjacent=False,
+        show_legend=True,
+        show_inline_category=False,
+    )
     gr.Markdown(fig.CAPTIONS["tokens"], elem_classes="caption")
 
     gr.Markdown("### One head: queries × keys")
     with gr.Row():
-        layer = gr.Slider(0, info.layers - 1, value=min(info.layers - 1, info.layers * 2 // 3), step=1,
-                          label="Layer", elem_id="attn-layer")
-        head = gr.Dropdown([(f"q{h} (KV head {h // info.group_size})", h) for h in range(info.q_heads)], value=0,
-                           label="Query head", elem_id="attn-head")
+        layer = gr.Slider(
+            0,
+            info.layers - 1,
+            value=min(info.layers - 1, info.layers * 2 // 3),
+            step=1,
+            label="Layer",
+            elem_id="attn-layer",
+        )
+        head = gr.Dropdown(
+            [(f"q{h} (KV head {h // info.group_size})", h) for h in range(info.q_heads)],
+            value=0,
+            label="Query head",
+            elem_id="attn-head",
+        )
         view = gr.Radio(VIEWS, value=VIEWS[0], label="Show", elem_id="attn-view")
         log = gr.Checkbox(False, label="Log colour scale", elem_id="attn-log")
     group = gr.Markdown(group_text(info, 0), elem_id="attn-group")
@@ -129,8 +161,14 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["heatmap"], elem_classes="caption")
 
     gr.Markdown("### Step scrubber: what one new query reads")
-    step = gr.Slider(0, 1, value=0, step=1, label="Step (0 = the prefill's last query; then one per generated token)",
-                     elem_id="attn-step")
+    step = gr.Slider(
+        0,
+        1,
+        value=0,
+        step=1,
+        label="Step (0 = the prefill's last query; then one per generated token)",
+        elem_id="attn-step",
+    )
     step_plot = gr.Plot(label="All heads of the layer at this step", elem_id="attn-step-chart")
     gr.Markdown(fig.CAPTIONS["step"], elem_classes="caption")
 
@@ -141,14 +179,27 @@ def build(ctx: AppContext) -> None:
             sink_plot = gr.Plot(label="Sink map", elem_id="attn-sink-map")
         line_plot = captioned_plot("Sink mass per layer", "attn-sink-line", fig.CAPTIONS["sink_line"])
     gr.Markdown(fig.CAPTIONS["sink_map"], elem_classes="caption")
-    table = gr.Dataframe(waiting_table("Press Generate to see the sink map of every layer and head"), label="Sink map (% on the first k tokens): click a cell to open that layer and head",
-                         interactive=False, elem_id="attn-sink-table", max_height=420)
+    table = gr.Dataframe(
+        waiting_table("Press Generate to see the sink map of every layer and head"),
+        label="Sink map (% on the first k tokens): click a cell to open that layer and head",
+        interactive=False,
+        elem_id="attn-sink-table",
+        max_height=420,
+    )
     norms_plot = gr.Plot(label="Keys and values of the sinks", elem_id="attn-norms")
     gr.Markdown(fig.CAPTIONS["norms"], elem_classes="caption")
 
-    ctx.components.update({"attention.layer": layer, "attention.head": head, "attention.view": view,
-                           "attention.log": log, "attention.step": step, "attention.k": k,
-                           "attention.sink_table": table})
+    ctx.components.update(
+        {
+            "attention.layer": layer,
+            "attention.head": head,
+            "attention.view": view,
+            "attention.log": log,
+            "attention.step": step,
+            "attention.k": k,
+            "attention.sink_table": table,
+        }
+    )
 
     state = ctx.trace_state
     head_inputs = [state, layer, head, view, log]
@@ -157,11 +208,15 @@ def build(ctx: AppContext) -> None:
     for comp in (layer, step):
         comp.change(step_view, [state, layer, step, k], step_plot, api_name=False)
     k.change(sink_views, [state, k], [strip, sink_plot, line_plot, table, norms_plot], api_name=False).then(
-        step_view, [state, layer, step, k], step_plot, api_name=False)
+        step_view, [state, layer, step, k], step_plot, api_name=False
+    )
+
     def on_pick(evt: gr.SelectData):
         return pick(evt.index)
 
     table.select(on_pick, None, [layer, head], api_name=False)
-    ctx.on_trace(lambda *a: refresh(info, *a), [state, layer, head, view, log, step, k],
-                 [status, step, k, group, heatmap, step_plot, strip, sink_plot, line_plot, table, norms_plot])
-
+    ctx.on_trace(
+        lambda *a: refresh(info, *a),
+        [state, layer, head, view, log, step, k],
+        [status, step, k, group, heatmap, step_plot, strip, sink_plot, line_plot, table, norms_plot],
+    )

@@ -47,12 +47,17 @@ def views(trace, block_size, step, layer):
     table = from_trace(trace, b, s)
     m = trace.model
     windows = [m.sliding_window if k == "sliding_attention" else None for k in m.layer_kinds]
-    allocs = allocations(table, trace.n_prompt + int(trace.settings.get("max_new_tokens", 0)), m.context_length,
-                         windows)
+    allocs = allocations(
+        table, trace.n_prompt + int(trace.settings.get("max_new_tokens", 0)), m.context_length, windows
+    )
     what = "after the prefill" if s == 0 else f"after decode step {s}"
-    return (fig.table_summary(table, allocs, f"{m.name}, {what}"), fig.block_grid(table),
-            fig.block_slots(table, trace.tokens, trace.n_prompt, lyr), fig.allocation_bars(allocs),
-            fig.layer_table(table))
+    return (
+        fig.table_summary(table, allocs, f"{m.name}, {what}"),
+        fig.block_grid(table),
+        fig.block_slots(table, trace.tokens, trace.n_prompt, lyr),
+        fig.allocation_bars(allocs),
+        fig.layer_table(table),
+    )
 
 
 def check_prompt(ctx: AppContext, prompt, chat, max_new) -> tuple[str, int, int]:
@@ -63,24 +68,30 @@ def check_prompt(ctx: AppContext, prompt, chat, max_new) -> tuple[str, int, int]
         n = len(encode_prompt(ctx.lm, text, bool(chat)))
         limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
         if n + n_new > limit:
-            raise ValueError(f"The prompt is {n:,} tokens; with {n_new} new tokens that exceeds the limit of "
-                             f"{limit:,} tokens. Shorten it or generate fewer tokens.")
+            raise ValueError(
+                f"The prompt is {n:,} tokens; with {n_new} new tokens that exceeds the limit of "
+                f"{limit:,} tokens. Shorten it or generate fewer tokens."
+            )
     return text, n, n_new
 
 
 def run_prompt(ctx: AppContext, prompt, chat, max_new, request: gr.Request | None):
     """Generate through the gate and return the finished trace (greedy; the cache is what is shown)."""
     text, _, n_new = check_prompt(ctx, prompt, chat, max_new)
-    with ctx.jobs.start_prompt(request, "block view", ctx.lm, text, bool(chat), n_new) as ticket, \
-            user_errors("Block view run"):
+    with (
+        ctx.jobs.start_prompt(request, "block view", ctx.lm, text, bool(chat), n_new) as ticket,
+        user_errors("Block view run"),
+    ):
         return capture(ctx.lm, text, chat=bool(chat), max_new_tokens=n_new, should_stop=ticket.expired)
 
 
 def status(trace, source: str) -> str:
     if trace is None:
         return EMPTY
-    return (f"Showing the cache of **{source}**: {trace.n_prompt} prompt + {trace.n_generated} generated tokens "
-            f"({len(trace.steps)} steps; step 0 is the prefill).")
+    return (
+        f"Showing the cache of **{source}**: {trace.n_prompt} prompt + {trace.n_generated} generated tokens "
+        f"({len(trace.steps)} steps; step 0 is the prefill)."
+    )
 
 
 def build(ctx: AppContext) -> None:
@@ -89,40 +100,64 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(
         f"A paged engine (vLLM, SGLang) stores the KV cache in **fixed-size blocks** and gives a sequence a new "
         f"block only when its last one is full. Below is **{info.name}**'s real cache for one run laid out that way: "
-        f"{info.layers} layers × {info.kv_heads} KV heads, {info.dtype}. The chapter: engines \"carve [GPU memory] "
-        "into blocks\" and \"prefix caching … avoid[s] recomputing the same prefill\".")
+        f'{info.layers} layers × {info.kv_heads} KV heads, {info.dtype}. The chapter: engines "carve [GPU memory] '
+        'into blocks" and "prefix caching … avoid[s] recomputing the same prefill".'
+    )
     with gr.Row():
         with gr.Column(scale=3):
-            prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt (or generate on the Generate tab)", lines=2,
-                                elem_id="blocks-prompt")
+            prompt = gr.Textbox(
+                DEFAULT_PROMPT, label="Prompt (or generate on the Generate tab)", lines=2, elem_id="blocks-prompt"
+            )
             chat = gr.Checkbox(True, label="Use the chat template", elem_id="blocks-chat")
         with gr.Column(scale=2):
-            block_size = gr.Radio(BLOCK_SIZES, value=16, label="Block size (tokens per block)",
-                                  elem_id="blocks-size")
-            max_new = gr.Slider(1, min(64, ctx.settings.max_new_tokens), value=24, step=1, label="Tokens to generate",
-                                elem_id="blocks-max-new")
+            block_size = gr.Radio(BLOCK_SIZES, value=16, label="Block size (tokens per block)", elem_id="blocks-size")
+            max_new = gr.Slider(
+                1,
+                min(64, ctx.settings.max_new_tokens),
+                value=24,
+                step=1,
+                label="Tokens to generate",
+                elem_id="blocks-max-new",
+            )
             run_btn = gr.Button("Run", variant="primary", elem_id="blocks-run")
     state = gr.State(None)
     source = gr.Markdown(EMPTY, elem_id="blocks-status")
     with gr.Row():
-        step = gr.Slider(0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per generated token)",
-                         elem_id="blocks-step")
+        step = gr.Slider(
+            0,
+            1,
+            value=0,
+            step=1,
+            label="Step (0 = after the prefill, then one per generated token)",
+            elem_id="blocks-step",
+        )
         layer = gr.Slider(0, info.layers - 1, value=0, step=1, label="Layer (slot view)", elem_id="blocks-layer")
     summary = gr.Markdown(elem_id="blocks-summary")
     grid = captioned_plot("Blocks per layer and KV head", "blocks-grid", fig.CAPTIONS["grid"])
     slots = captioned_plot("One layer, slot by slot", "blocks-slots", fig.CAPTIONS["slots"])
     alloc = captioned_plot("Paged vs contiguous", "blocks-alloc", fig.CAPTIONS["alloc"])
-    table = gr.Dataframe(waiting_table("Press Run to see the blocks of every layer"), label="Per layer", interactive=False, elem_id="blocks-table", max_height=300)
+    table = gr.Dataframe(
+        waiting_table("Press Run to see the blocks of every layer"),
+        label="Per layer",
+        interactive=False,
+        elem_id="blocks-table",
+        max_height=300,
+    )
     gr.Markdown(fig.CAPTIONS["layers"], elem_classes="caption")
 
-    ctx.components.update({"blocks.prompt": prompt, "blocks.block_size": block_size, "blocks.run": run_btn,
-                           "blocks.step": step})
+    ctx.components.update(
+        {"blocks.prompt": prompt, "blocks.block_size": block_size, "blocks.run": run_btn, "blocks.step": step}
+    )
     view_outputs = [summary, grid, slots, alloc, table]
 
     def shown(trace, src, b):
         last = len(trace.steps) - 1
-        return (trace, status(trace, src), gr.Slider(minimum=0, maximum=max(1, last), value=last),
-                *views(trace, b, last, 0))
+        return (
+            trace,
+            status(trace, src),
+            gr.Slider(minimum=0, maximum=max(1, last), value=last),
+            *views(trace, b, last, 0),
+        )
 
     def check(prompt_text, use_chat, n_new, request: gr.Request):
         _, n, n_new = check_prompt(ctx, prompt_text, use_chat, n_new)
@@ -132,13 +167,18 @@ def build(ctx: AppContext) -> None:
         block_size_of(b)
         return shown(run_prompt(ctx, prompt_text, use_chat, n_new, request), "this prompt", b)
 
-    run_btn.click(check, [prompt, chat, max_new], None, api_name=False, show_progress="hidden",
-                  concurrency_limit=None).success(
-        gpu(run), [prompt, chat, max_new, block_size], [state, source, step, *view_outputs], api_name=False,
-        concurrency_limit=None)
+    run_btn.click(
+        check, [prompt, chat, max_new], None, api_name=False, show_progress="hidden", concurrency_limit=None
+    ).success(
+        gpu(run),
+        [prompt, chat, max_new, block_size],
+        [state, source, step, *view_outputs],
+        api_name=False,
+        concurrency_limit=None,
+    )
     for control in (block_size, step, layer):
-        control.change(views, [state, block_size, step, layer], view_outputs, api_name=False,
-                       show_progress="hidden")
+        control.change(views, [state, block_size, step, layer], view_outputs, api_name=False, show_progress="hidden")
+
     def from_generate(trace, b):
         if trace is None or not trace.steps:
             return (gr.skip(),) * (3 + len(view_outputs))
@@ -150,16 +190,29 @@ def build(ctx: AppContext) -> None:
     blocks_sharing.build(ctx, block_size)
     blocks_eviction.build(ctx, block_size)
 
-    def blocks(prompts: list[str], chat: bool = True, block_size: int = 16, policy: str | None = None,
-               budget: int | None = None, request: gr.Request = None) -> dict:
+    def blocks(
+        prompts: list[str],
+        chat: bool = True,
+        block_size: int = 16,
+        policy: str | None = None,
+        budget: int | None = None,
+        request: gr.Request = None,
+    ) -> dict:
         """Blocks, prefix sharing and eviction × paging: the JSON of ``python -m kvviz blocks --json``."""
         return api_blocks(ctx, prompts, chat, block_size, policy, budget, request)
 
     gr.api(gpu(blocks), api_name="blocks", concurrency_limit=None)
 
 
-def api_blocks(ctx: AppContext, prompts, chat: bool = True, block_size: int = 16, policy: str | None = None,
-               budget: int | None = None, request: gr.Request | None = None) -> dict:
+def api_blocks(
+    ctx: AppContext,
+    prompts,
+    chat: bool = True,
+    block_size: int = 16,
+    policy: str | None = None,
+    budget: int | None = None,
+    request: gr.Request | None = None,
+) -> dict:
     """The CLI's JSON for one to four prompts (and optionally a policy and budget), through the gate."""
     from kvviz.commands.blocks import result
 
@@ -169,5 +222,11 @@ def api_blocks(ctx: AppContext, prompts, chat: bool = True, block_size: int = 16
     ids = blocks_sharing.token_ids(ctx, texts, chat)
     runs = len(texts) * (2 if pol is not None else 1)
     with ctx.jobs.start(request, "block view", max(map(len, ids)), 1, runs=runs), user_errors("Block view"):
-        return result(ctx.lm, [(f"prompt {i + 1}", t) for i, t in enumerate(texts)], bool(chat), b, pol,
-                      None if pol is None else int(budget))
+        return result(
+            ctx.lm,
+            [(f"prompt {i + 1}", t) for i, t in enumerate(texts)],
+            bool(chat),
+            b,
+            pol,
+            None if pol is None else int(budget),
+        )

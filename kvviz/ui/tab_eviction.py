@@ -66,8 +66,9 @@ def policy_params(name: str, values: dict) -> dict:
     return out
 
 
-def check_request(ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new,
-                  params: dict, compress) -> dict:
+def check_request(
+    ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new, params: dict, compress
+) -> dict:
     """Everything a run needs, checked (gr.Error with what to fix before any model work)."""
     with user_errors():
         if policy_name not in POLICIES:
@@ -86,29 +87,41 @@ def check_request(ctx: AppContext, context, question, chat, policy_name, mode, b
         ids, n_context = split_question(ctx.lm, text, q, bool(chat))
         limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
         if len(ids) + n_new > limit:
-            raise ValueError(f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit "
-                             f"of {limit:,} tokens. Shorten it or generate fewer tokens.")
+            raise ValueError(
+                f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit "
+                f"of {limit:,} tokens. Shorten it or generate fewer tokens."
+            )
         n_c = n_context if context_only else len(ids)
         try:  # validates the policy against the budget, no model work
             resolve_budget(policy, n_c, b, r)
         except ValueError as exc:
             if r is None:
                 raise
-            raise ValueError(f"Compression ratio {r:g} evicts too much of the {n_c:,} compressed tokens: {exc} "
-                             "Lower the compression ratio.") from None
+            raise ValueError(
+                f"Compression ratio {r:g} evicts too much of the {n_c:,} compressed tokens: {exc} "
+                "Lower the compression ratio."
+            ) from None
     return {"ids": ids, "policy": policy, "budget": b, "ratio": r, "n_compress": n_c, "max_new_tokens": n_new}
 
 
 def status_text(run, policy) -> str:
-    mode = ("**Positions:** kept keys keep their original RoPE positions (a kept entry's cache slot differs "
-            "from its position)." if run.position_mode == "original" else
-            "**Positions:** re-positioned as in the StreamingLLM paper: kept keys are re-rotated so their RoPE "
-            "position is their cache slot, and new tokens are fed at the slot position.")
-    compressed = (f"the first {run.n_compressed} of {run.n_prompt} prompt tokens (the rest was fed afterwards)"
-                  if run.n_compressed < run.n_prompt else f"all {run.n_prompt} prompt tokens")
-    return (f"**{policy.title}** compressed {compressed} to **n_kept = {run.n_kept}** entries per layer and KV "
-            f"head. Cache now **{format_bytes(run.cache_bytes)}** (measured from the tensors) vs "
-            f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}")
+    mode = (
+        "**Positions:** kept keys keep their original RoPE positions (a kept entry's cache slot differs "
+        "from its position)."
+        if run.position_mode == "original"
+        else "**Positions:** re-positioned as in the StreamingLLM paper: kept keys are re-rotated so their RoPE "
+        "position is their cache slot, and new tokens are fed at the slot position."
+    )
+    compressed = (
+        f"the first {run.n_compressed} of {run.n_prompt} prompt tokens (the rest was fed afterwards)"
+        if run.n_compressed < run.n_prompt
+        else f"all {run.n_prompt} prompt tokens"
+    )
+    return (
+        f"**{policy.title}** compressed {compressed} to **n_kept = {run.n_kept}** entries per layer and KV "
+        f"head. Cache now **{format_bytes(run.cache_bytes)}** (measured from the tensors) vs "
+        f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}"
+    )
 
 
 def views(run, layer, head, step, score_label=""):
@@ -117,8 +130,13 @@ def views(run, layer, head, step, score_label=""):
         return (gr.skip(),) * 5
     step = min(int(step or 0), len(run.history) - 1)
     layer, head = int(layer or 0), int(head or 0)
-    return (fig.token_strip(run, layer, head, step), fig.kept_map(run, step), fig.timeline(run, layer, head),
-            fig.scores_figure(run, layer, head, score_label), fig.slot_table(run, layer, head, step))
+    return (
+        fig.token_strip(run, layer, head, step),
+        fig.kept_map(run, step),
+        fig.timeline(run, layer, head),
+        fig.scores_figure(run, layer, head, score_label),
+        fig.slot_table(run, layer, head, step),
+    )
 
 
 def build(ctx: AppContext) -> None:
@@ -128,27 +146,44 @@ def build(ctx: AppContext) -> None:
         "Which cache entries each policy keeps, per layer and KV head, and what dropping the rest does to the "
         f"answer. The cache is stored per KV head ({info.kv_heads} per layer here, each shared by "
         f"{info.group_size} query heads), so score-based policies **average their scores over the query heads of "
-        "each KV group**. The generation below really drops the entries: the cache tensors shrink.")
+        "each KV group**. The generation below really drops the entries: the cache tensors shrink."
+    )
     with gr.Row():
         with gr.Column(scale=3):
-            prompt = gr.Textbox(label="Context (compressed)", lines=6, elem_id="evict-prompt",
-                                value=needle_passage(*NEEDLE_FILLER))
-            question = gr.Textbox(label="Question (appended after a blank line; optional)", lines=1,
-                                  elem_id="evict-question", value=f"Question: {NEEDLE_QUESTION}")
+            prompt = gr.Textbox(
+                label="Context (compressed)", lines=6, elem_id="evict-prompt", value=needle_passage(*NEEDLE_FILLER)
+            )
+            question = gr.Textbox(
+                label="Question (appended after a blank line; optional)",
+                lines=1,
+                elem_id="evict-question",
+                value=f"Question: {NEEDLE_QUESTION}",
+            )
             chat = gr.Checkbox(True, label="Use the chat template", elem_id="evict-chat")
-            compress = gr.Radio(COMPRESS, value=COMPRESS[0], label="What is compressed after the prefill",
-                                elem_id="evict-compress")
+            compress = gr.Radio(
+                COMPRESS, value=COMPRESS[0], label="What is compressed after the prefill", elem_id="evict-compress"
+            )
         with gr.Column(scale=2):
-            policy = gr.Dropdown([(cls.title, name) for name, cls in POLICIES.items()], value="snapkv",
-                                 label="Policy", elem_id="evict-policy")
+            policy = gr.Dropdown(
+                [(cls.title, name) for name, cls in POLICIES.items()],
+                value="snapkv",
+                label="Policy",
+                elem_id="evict-policy",
+            )
             mode = gr.Radio(BUDGET_MODES, value="tokens", label="Budget as", elem_id="evict-mode")
-            budget = gr.Number(NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head",
-                               elem_id="evict-budget")
+            budget = gr.Number(
+                NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head", elem_id="evict-budget"
+            )
             # plain number boxes: a slider would clamp −0.2 to 0 silently; the handler refuses it by name
-            ratio = gr.Number(0.5, label="Compression ratio r (fraction evicted, 0 to 0.99)", elem_id="evict-ratio",
-                              visible=False)
-            max_new = gr.Number(16, precision=0, label=f"Max new tokens (1 to {min(128, ctx.settings.max_new_tokens)})",
-                                elem_id="evict-max-new")
+            ratio = gr.Number(
+                0.5, label="Compression ratio r (fraction evicted, 0 to 0.99)", elem_id="evict-ratio", visible=False
+            )
+            max_new = gr.Number(
+                16,
+                precision=0,
+                label=f"Max new tokens (1 to {min(128, ctx.settings.max_new_tokens)})",
+                elem_id="evict-max-new",
+            )
             param_boxes, groups = {}, {}
             for name, cls in POLICIES.items():
                 specs = field_specs(cls)
@@ -165,20 +200,34 @@ def build(ctx: AppContext) -> None:
                         elif s["type"] == "float":
                             param_boxes[key] = gr.Slider(s["min"], s["max"], value=s["default"], step=0.05, label=label)
                         else:
-                            param_boxes[key] = gr.Number(s["default"], precision=0, label=label,
-                                                         minimum=s["min"], maximum=s["max"])
+                            param_boxes[key] = gr.Number(
+                                s["default"], precision=0, label=label, minimum=s["min"], maximum=s["max"]
+                            )
             run_btn = gr.Button("Run policy", variant="primary", elem_id="evict-run")
     status = gr.Markdown(EMPTY, elem_id="evict-status")
     answer = gr.Textbox(label="Answer under the policy", lines=2, elem_id="evict-answer")
     with gr.Row():
         layer = gr.Slider(0, info.layers - 1, value=info.layers - 1, step=1, label="Layer", elem_id="evict-layer")
-        head = gr.Dropdown([(f"KV head {h} (query heads {h * info.group_size}–{(h + 1) * info.group_size - 1})", h)
-                            for h in range(info.kv_heads)], value=0, label="KV head", elem_id="evict-head")
-        step = gr.Slider(0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)",
-                         elem_id="evict-step")
-    strip = gr.HighlightedText(label="Tokens: kept / evicted / sink / window / heavy hitter", elem_id="evict-strip",
-                               color_map=fig.ROLE_COLORS, combine_adjacent=False, show_legend=True,
-                               show_inline_category=False)
+        head = gr.Dropdown(
+            [
+                (f"KV head {h} (query heads {h * info.group_size}–{(h + 1) * info.group_size - 1})", h)
+                for h in range(info.kv_heads)
+            ],
+            value=0,
+            label="KV head",
+            elem_id="evict-head",
+        )
+        step = gr.Slider(
+            0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)", elem_id="evict-step"
+        )
+    strip = gr.HighlightedText(
+        label="Tokens: kept / evicted / sink / window / heavy hitter",
+        elem_id="evict-strip",
+        color_map=fig.ROLE_COLORS,
+        combine_adjacent=False,
+        show_legend=True,
+        show_inline_category=False,
+    )
     gr.Markdown(fig.CAPTIONS["strip"], elem_classes="caption")
     kept_plot = gr.Plot(label="Layers × positions", elem_id="evict-map")
     gr.Markdown(fig.CAPTIONS["map"], elem_classes="caption")
@@ -186,22 +235,36 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
     score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
     gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
-    slots = gr.Dataframe(waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"), label="The chosen KV head's cache: slot, original position, RoPE position",
-                         elem_id="evict-slots", max_height=260)
-    gr.Markdown("Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
-                "position its key is rotated with (the status line above says which mode is in force).",
-                elem_classes="caption")
+    slots = gr.Dataframe(
+        waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"),
+        label="The chosen KV head's cache: slot, original position, RoPE position",
+        elem_id="evict-slots",
+        max_height=260,
+    )
+    gr.Markdown(
+        "Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
+        "position its key is rotated with (the status line above says which mode is in force).",
+        elem_classes="caption",
+    )
 
     gr.Markdown("### Side by side: full cache vs policies (same prompt, same budget)")
     with gr.Row():
-        chosen = gr.CheckboxGroup([(cls.title, n) for n, cls in POLICIES.items() if n != "full"],
-                                  value=["streaming_llm", "h2o", "snapkv"], label="Policies to compare (default "
-                                  "parameters; the selected policy uses yours)", elem_id="evict-compare-policies")
+        chosen = gr.CheckboxGroup(
+            [(cls.title, n) for n, cls in POLICIES.items() if n != "full"],
+            value=["streaming_llm", "h2o", "snapkv"],
+            label="Policies to compare (default parameters; the selected policy uses yours)",
+            elem_id="evict-compare-policies",
+        )
         with gr.Column(scale=0, min_width=260):
             compare_btn = gr.Button("Compare", elem_id="evict-compare")
             compare_live = live_box("evict-compare-live")
     verdict = gr.Markdown(elem_id="evict-verdict")
-    table = gr.Dataframe(waiting_table("Press Compare to see each policy's answer next to the full cache's"), label="Answers and agreement with the full cache", elem_id="evict-table", wrap=True)
+    table = gr.Dataframe(
+        waiting_table("Press Compare to see each policy's answer next to the full cache's"),
+        label="Answers and agreement with the full cache",
+        elem_id="evict-table",
+        wrap=True,
+    )
     gr.Markdown(fig.CAPTIONS["comparison"], elem_classes="caption")
     with gr.Row():
         bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
@@ -212,22 +275,39 @@ def build(ctx: AppContext) -> None:
         needle_btn = gr.Button(f"Needle: who keeps the code {NEEDLE_ANSWER}?", elem_id="evict-needle")
         sinks_btn = gr.Button("Sinks matter: perplexity with and without the first 4 tokens", elem_id="evict-sinks")
     demo_live = live_box("evict-demo-live")
-    gr.Markdown(f"**Needle** compares the full cache, StreamingLLM and SnapKV at {NEEDLE_BUDGET} kept tokens on a "
-                "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
-                f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
-                f"{SINKS_CACHE}-entry cache. Both are computed once when the server starts; tick *Recompute live* to run "
-                "them again now (a minute on a CPU).", elem_classes="caption")
+    gr.Markdown(
+        f"**Needle** compares the full cache, StreamingLLM and SnapKV at {NEEDLE_BUDGET} kept tokens on a "
+        "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
+        f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
+        f"{SINKS_CACHE}-entry cache. Both are computed once when the server starts; tick *Recompute live* to run "
+        "them again now (a minute on a CPU).",
+        elem_classes="caption",
+    )
     sinks_md = gr.Markdown(elem_id="evict-sinks-result")
     sinks_plot = gr.Plot(label="Sinks matter", elem_id="evict-sinks-plot")
     gr.Markdown(fig.CAPTIONS["sinks"], elem_classes="caption")
 
     run_state = gr.State(None)
-    ctx.components.update({"eviction.prompt": prompt, "eviction.question": question, "eviction.chat": chat,
-                           "eviction.policy": policy, "eviction.mode": mode, "eviction.budget": budget,
-                           "eviction.ratio": ratio, "eviction.compress": compress, "eviction.max_new": max_new,
-                           "eviction.run": run_btn, "eviction.needle": needle_btn, "eviction.sinks": sinks_btn,
-                           "eviction.compare": compare_btn,
-                           "eviction.layer": layer, "eviction.head": head, "eviction.step": step})
+    ctx.components.update(
+        {
+            "eviction.prompt": prompt,
+            "eviction.question": question,
+            "eviction.chat": chat,
+            "eviction.policy": policy,
+            "eviction.mode": mode,
+            "eviction.budget": budget,
+            "eviction.ratio": ratio,
+            "eviction.compress": compress,
+            "eviction.max_new": max_new,
+            "eviction.run": run_btn,
+            "eviction.needle": needle_btn,
+            "eviction.sinks": sinks_btn,
+            "eviction.compare": compare_btn,
+            "eviction.layer": layer,
+            "eviction.head": head,
+            "eviction.step": step,
+        }
+    )
     keys = list(param_boxes)
     main_inputs = [prompt, question, chat, policy, mode, budget, ratio, max_new, compress, *param_boxes.values()]
     view_outputs = [strip, kept_plot, time_plot, score_plot, slots]
@@ -243,18 +323,33 @@ def build(ctx: AppContext) -> None:
     def run(request: gr.Request, *args):
         req = gather(*args)
         with ctx.jobs.start(request, "eviction run", len(req["ids"]), req["max_new_tokens"]) as ticket:
-            result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
-                                              ratio=req["ratio"], n_compress=req["n_compress"],
-                                              max_new_tokens=req["max_new_tokens"], should_stop=ticket.expired))
-        return (result, status_text(result, req["policy"]), result.text,
-                gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
-                *views(result, info.layers - 1, 0, 0, req["policy"].score_label))
+            result = _user(
+                lambda: run_policy(
+                    ctx.lm,
+                    req["ids"],
+                    req["policy"],
+                    budget=req["budget"],
+                    ratio=req["ratio"],
+                    n_compress=req["n_compress"],
+                    max_new_tokens=req["max_new_tokens"],
+                    should_stop=ticket.expired,
+                )
+            )
+        return (
+            result,
+            status_text(result, req["policy"]),
+            result.text,
+            gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
+            *views(result, info.layers - 1, 0, 0, req["policy"].score_label),
+        )
 
     run_outputs = [run_state, status, answer, step, *view_outputs]
     checked = run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None)
     clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
-    clear_on_refusal(checked.success(gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None),
-                     [status, run_state, answer, *view_outputs])
+    clear_on_refusal(
+        checked.success(gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None),
+        [status, run_state, answer, *view_outputs],
+    )
 
     def redraw(result, lyr, hd, st):
         label = POLICIES[result.policy].score_label if result is not None else ""
@@ -262,16 +357,27 @@ def build(ctx: AppContext) -> None:
 
     for control in (layer, head, step):
         control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
-    policy.change(lambda n: [gr.Group(visible=n == name) for name in groups], policy, list(groups.values()),
-                  api_name=False, queue=False)
-    mode.change(lambda m: (gr.Number(visible=m == "tokens"), gr.Number(visible=m == "ratio")), mode,
-                [budget, ratio], api_name=False, queue=False)
+    policy.change(
+        lambda n: [gr.Group(visible=n == name) for name in groups],
+        policy,
+        list(groups.values()),
+        api_name=False,
+        queue=False,
+    )
+    mode.change(
+        lambda m: (gr.Number(visible=m == "tokens"), gr.Number(visible=m == "ratio")),
+        mode,
+        [budget, ratio],
+        api_name=False,
+        queue=False,
+    )
 
     def comparison_outputs(cmp, found: dict | None = None):
         text = f"Full cache answered: *{cmp.full.text.strip()}*"
         if found is not None:
-            text = " · ".join(f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}"
-                              for n, ok in found.items())
+            text = " · ".join(
+                f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}" for n, ok in found.items()
+            )
         return text, fig.comparison_table(cmp), fig.bytes_figure(cmp), fig.kl_figure(cmp)
 
     def compare_request(names, *args):
@@ -285,26 +391,55 @@ def build(ctx: AppContext) -> None:
 
     def check_compare(request: gr.Request, names, *args):
         req, pols = compare_request(names, *args)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "comparison", len(req["ids"]), req["max_new_tokens"],
-                                              runs=len(pols) + 1))
+        ctx.jobs.hold(
+            request, ctx.jobs.admit(request, "comparison", len(req["ids"]), req["max_new_tokens"], runs=len(pols) + 1)
+        )
 
     def compare_key(req, pols) -> tuple:
-        return (ctx.lm.name, "compare", tuple(req["ids"]), tuple(repr(p) for p in pols), req["budget"],
-                req["ratio"], req["n_compress"], req["max_new_tokens"])
+        return (
+            ctx.lm.name,
+            "compare",
+            tuple(req["ids"]),
+            tuple(repr(p) for p in pols),
+            req["budget"],
+            req["ratio"],
+            req["n_compress"],
+            req["max_new_tokens"],
+        )
 
     def compare_job(req, pols):
         def compute(report, should_stop):
-            return _user(lambda: compare(ctx.lm, req["ids"], pols, budget=req["budget"], ratio=req["ratio"],
-                                         n_compress=req["n_compress"], max_new_tokens=req["max_new_tokens"],
-                                         progress=report, should_stop=should_stop), what="Comparison")
+            return _user(
+                lambda: compare(
+                    ctx.lm,
+                    req["ids"],
+                    pols,
+                    budget=req["budget"],
+                    ratio=req["ratio"],
+                    n_compress=req["n_compress"],
+                    max_new_tokens=req["max_new_tokens"],
+                    progress=report,
+                    should_stop=should_stop,
+                ),
+                what="Comparison",
+            )
+
         return compute
 
     def run_compare(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
         live, *args = args
         req, pols = compare_request(*args)
-        cmp, entry = shared(ctx, request, compare_key(req, pols), compare_job(req, pols), live=bool(live),
-                            what="comparison", cost=(len(req["ids"]), req["max_new_tokens"]), runs=len(pols) + 1,
-                            progress=lambda f, d: progress(f, desc=d))
+        cmp, entry = shared(
+            ctx,
+            request,
+            compare_key(req, pols),
+            compare_job(req, pols),
+            live=bool(live),
+            what="comparison",
+            cost=(len(req["ids"]), req["max_new_tokens"]),
+            runs=len(pols) + 1,
+            progress=lambda f, d: progress(f, desc=d),
+        )
         text, *rest = comparison_outputs(cmp)
         return (f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
 
@@ -313,12 +448,20 @@ def build(ctx: AppContext) -> None:
         req, pols = compare_request(names, *args)
         ctx.store.plan(compare_key(req, pols), "eviction comparison", compare_job(req, pols))
 
-    compared = compare_btn.click(check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden",
-                                 concurrency_limit=None)
+    compared = compare_btn.click(
+        check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden", concurrency_limit=None
+    )
     clear_on_refusal(compared, [verdict, table, bytes_plot, kl_plot])
-    clear_on_refusal(compared.success(gpu(run_compare), [compare_live, chosen, *main_inputs],
-                                      [verdict, table, bytes_plot, kl_plot], api_name=False, concurrency_limit=None),
-                     [verdict, table, bytes_plot, kl_plot])
+    clear_on_refusal(
+        compared.success(
+            gpu(run_compare),
+            [compare_live, chosen, *main_inputs],
+            [verdict, table, bytes_plot, kl_plot],
+            api_name=False,
+            concurrency_limit=None,
+        ),
+        [verdict, table, bytes_plot, kl_plot],
+    )
     plan_compare(chosen.value, *[c.value for c in main_inputs])
 
     def needle_key(comp) -> tuple:
@@ -326,8 +469,10 @@ def build(ctx: AppContext) -> None:
 
     def needle_job(comp):
         def compute(report, should_stop):
-            return _user(lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS[1], progress=report),
-                         what="Needle demo")
+            return _user(
+                lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS[1], progress=report), what="Needle demo"
+            )
+
         return compute
 
     def plan_needle(values: dict) -> tuple:
@@ -339,20 +484,59 @@ def build(ctx: AppContext) -> None:
     plan_needle({})
 
     def run_needle(comp, live, request: gr.Request, progress=gr.Progress()):
-        res, entry = shared(ctx, request, needle_key(comp), needle_job(comp), live=bool(live), what="needle demo",
-                        cost=(NEEDLE_TOKENS, 16), runs=3, progress=lambda f, d: progress(f, desc=d))
+        res, entry = shared(
+            ctx,
+            request,
+            needle_key(comp),
+            needle_job(comp),
+            live=bool(live),
+            what="needle demo",
+            cost=(NEEDLE_TOKENS, 16),
+            runs=3,
+            progress=lambda f, d: progress(f, desc=d),
+        )
         snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
         run = snap.run
         text, *rest = comparison_outputs(res.comparison, res.found())
-        return (needle_passage(*NEEDLE_FILLER), f"Question: {NEEDLE_QUESTION}", True, "snapkv", "tokens",
-                NEEDLE_BUDGET, run, status_text(run, snap.policy), run.text,
-                gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
-                *views(run, info.layers - 1, 0, 0, snap.policy.score_label),
-                f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
+        return (
+            needle_passage(*NEEDLE_FILLER),
+            f"Question: {NEEDLE_QUESTION}",
+            True,
+            "snapkv",
+            "tokens",
+            NEEDLE_BUDGET,
+            run,
+            status_text(run, snap.policy),
+            run.text,
+            gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
+            *views(run, info.layers - 1, 0, 0, snap.policy.score_label),
+            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*",
+            *rest,
+        )
 
-    needle_btn.click(gpu(run_needle), [compress, demo_live],
-                     [prompt, question, chat, policy, mode, budget, run_state, status, answer, step, *view_outputs,
-                      verdict, table, bytes_plot, kl_plot], api_name=False, concurrency_limit=None)
+    needle_btn.click(
+        gpu(run_needle),
+        [compress, demo_live],
+        [
+            prompt,
+            question,
+            chat,
+            policy,
+            mode,
+            budget,
+            run_state,
+            status,
+            answer,
+            step,
+            *view_outputs,
+            verdict,
+            table,
+            bytes_plot,
+            kl_plot,
+        ],
+        api_name=False,
+        concurrency_limit=None,
+    )
 
     def sinks_job(report, should_stop):
         return _user(lambda: sinks_demo(ctx.lm, progress=report), what="Sinks demo")
@@ -361,38 +545,86 @@ def build(ctx: AppContext) -> None:
     ctx.planners["eviction.sinks"] = lambda values: (ctx.lm.name, "sinks")
 
     def run_sinks(live, request: gr.Request, progress=gr.Progress()):
-        res, entry = shared(ctx, request, (ctx.lm.name, "sinks"), sinks_job, live=bool(live), what="sinks demo",
-                            cost=(SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE), runs=3, window=SINKS_CACHE,
-                            progress=lambda f, d: progress(f, desc=d))
+        res, entry = shared(
+            ctx,
+            request,
+            (ctx.lm.name, "sinks"),
+            sinks_job,
+            live=bool(live),
+            what="sinks demo",
+            cost=(SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE),
+            runs=3,
+            window=SINKS_CACHE,
+            progress=lambda f, d: progress(f, desc=d),
+        )
         ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
-        return (f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} · *{origin(entry)}*",
-                fig.sinks_figure(res))
+        return (
+            f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} · *{origin(entry)}*",
+            fig.sinks_figure(res),
+        )
 
     sinks_btn.click(gpu(run_sinks), [demo_live], [sinks_md, sinks_plot], api_name=False, concurrency_limit=None)
 
-    def api_evict(prompt_text: str, policy_name: str = "snapkv", budget: int | None = None,
-                  ratio: float | None = None, chat: bool = True, max_new_tokens: int = 32, sinks: int | None = None,
-                  window_size: int | None = None, kernel_size: int | None = None, pooling: str | None = None,
-                  heavy_fraction: float | None = None, question: str = "",
-                  compress_context_only: bool = False, request: gr.Request = None) -> dict:
+    def api_evict(
+        prompt_text: str,
+        policy_name: str = "snapkv",
+        budget: int | None = None,
+        ratio: float | None = None,
+        chat: bool = True,
+        max_new_tokens: int = 32,
+        sinks: int | None = None,
+        window_size: int | None = None,
+        kernel_size: int | None = None,
+        pooling: str | None = None,
+        heavy_fraction: float | None = None,
+        question: str = "",
+        compress_context_only: bool = False,
+        request: gr.Request = None,
+    ) -> dict:
         """Generate under an eviction policy; returns the same JSON as ``python -m kvviz evict --json``."""
         if (budget is None) == (ratio is None):
             raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
-        given = {"sinks": sinks, "window_size": window_size, "kernel_size": kernel_size, "pooling": pooling,
-                 "heavy_fraction": heavy_fraction}
+        given = {
+            "sinks": sinks,
+            "window_size": window_size,
+            "kernel_size": kernel_size,
+            "pooling": pooling,
+            "heavy_fraction": heavy_fraction,
+        }
         own = {f["name"] for f in field_specs(POLICIES[policy_name])} if policy_name in POLICIES else set()
         extra = [k for k, v in given.items() if v is not None and k not in own]
         if extra:
-            raise UserError(f"{extra[0]} does not apply to policy {policy_name!r}; its parameters: "
-                           f"{', '.join(sorted(own)) or 'none'}.")
-        req = check_request(ctx, prompt_text, question, chat, policy_name, "tokens" if budget is not None else "ratio",
-                            budget, ratio, max_new_tokens, given,
-                            COMPRESS[1] if compress_context_only else COMPRESS[0])
+            raise UserError(
+                f"{extra[0]} does not apply to policy {policy_name!r}; its parameters: "
+                f"{', '.join(sorted(own)) or 'none'}."
+            )
+        req = check_request(
+            ctx,
+            prompt_text,
+            question,
+            chat,
+            policy_name,
+            "tokens" if budget is not None else "ratio",
+            budget,
+            ratio,
+            max_new_tokens,
+            given,
+            COMPRESS[1] if compress_context_only else COMPRESS[0],
+        )
         with ctx.jobs.start(request, "eviction run", len(req["ids"]), req["max_new_tokens"]) as ticket:
-            result = _user(lambda: run_policy(ctx.lm, req["ids"], req["policy"], budget=req["budget"],
-                                              ratio=req["ratio"], n_compress=req["n_compress"],
-                                              max_new_tokens=req["max_new_tokens"], record_history=False,
-                                              should_stop=ticket.expired))
+            result = _user(
+                lambda: run_policy(
+                    ctx.lm,
+                    req["ids"],
+                    req["policy"],
+                    budget=req["budget"],
+                    ratio=req["ratio"],
+                    n_compress=req["n_compress"],
+                    max_new_tokens=req["max_new_tokens"],
+                    record_history=False,
+                    should_stop=ticket.expired,
+                )
+            )
         out = result.summary()
         if ticket.timed_out:
             out["note"] = ctx.jobs.timeout_note(ticket).lstrip(" ·")

@@ -106,8 +106,9 @@ def resolve(ctx: AppContext, sm: ShowMe) -> tuple[list[tuple[str, object]], list
 def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State) -> None:
     """A button that loads ``sm`` into its view; a note lists what this build lacks."""
     targets, missing, press, available = resolve(ctx, sm)
-    btn = gr.Button(f"▶ Show me: {sm.label}", elem_id=elem_id, variant="primary" if available else "secondary",
-                    size="lg")
+    btn = gr.Button(
+        f"▶ Show me: {sm.label}", elem_id=elem_id, variant="primary" if available else "secondary", size="lg"
+    )
     note = f"*Look for:* {sm.look_for}"
     if not available:
         note += f" *(The {_prefix(sm.tab).capitalize()} view is not in this build yet.)*"
@@ -151,8 +152,7 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
     if available:
         controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
         js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))
-        event.then(None, [mode] if mode is not None else None, None,
-                   js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
+        event.then(None, [mode] if mode is not None else None, None, js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
 
 
 def plan_show_mes(ctx: AppContext) -> None:
@@ -210,13 +210,21 @@ def build(ctx: AppContext) -> None:
     pending = gr.State(None)  # a view to open once a generation started by "show me" has finished
     walk_trace = gr.State(None)
     with gr.Row():
-        gr.Markdown("## The KV cache, in five objectives\nEach objective has a **Show me** button that loads a ready "
-                    "example into the view that demonstrates it. Go through them in order; no typing needed.")
+        gr.Markdown(
+            "## The KV cache, in five objectives\nEach objective has a **Show me** button that loads a ready "
+            "example into the view that demonstrates it. Go through them in order; no typing needed."
+        )
         present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
     ready = gr.Markdown(lambda: precompute.readiness(ctx), elem_id="learn-ready")  # read on every page load
     timer = gr.Timer(READY_POLL_S, active=bool(ctx.store.entries()))
-    timer.tick(lambda: (precompute.readiness(ctx), gr.Timer(active=ctx.store.counts()["done"] < len(ctx.store.entries()))),
-               None, [ready, timer], api_name=False, queue=False, show_progress="hidden")
+    timer.tick(
+        lambda: (precompute.readiness(ctx), gr.Timer(active=ctx.store.counts()["done"] < len(ctx.store.entries()))),
+        None,
+        [ready, timer],
+        api_name=False,
+        queue=False,
+        show_progress="hidden",
+    )
     present.click(None, None, None, js=TOGGLE_JS, api_name=False, queue=False)
     gr.on(triggers=None, fn=None, inputs=None, outputs=None, js=LOAD_JS)  # on page load: keys and ?present=1
 
@@ -225,26 +233,38 @@ def build(ctx: AppContext) -> None:
     with gr.Tabs(elem_id="learn-tabs") as inner:
         for i, obj in enumerate(OBJECTIVES):
             with gr.Tab(f"{obj.number} {obj.title}", id=ids[i]):
-                gr.Markdown(f"### Objective {obj.number} of {n}\n> {obj.chapter}\n\n{obj.explanation}",
-                            elem_classes="learn-objective")
+                gr.Markdown(
+                    f"### Objective {obj.number} of {n}\n> {obj.chapter}\n\n{obj.explanation}",
+                    elem_classes="learn-objective",
+                )
                 for j, sm in enumerate(obj.show_me):
                     show_me_button(ctx, sm, f"showme-{obj.number}-{j + 1}", pending)
                 if obj.number == 2:
                     _walkthrough(ctx, walk_trace, pending)
-                nxt = gr.Button("Next objective ›" if i + 1 < n else "Check your understanding ›",
-                                elem_id=f"learn-next-{obj.number}", size="lg")
-                nxt.click(lambda target=ids[i + 1]: gr.Tabs(selected=target), None, inner, api_name=False,
-                          queue=False)
+                nxt = gr.Button(
+                    "Next objective ›" if i + 1 < n else "Check your understanding ›",
+                    elem_id=f"learn-next-{obj.number}",
+                    size="lg",
+                )
+                nxt.click(lambda target=ids[i + 1]: gr.Tabs(selected=target), None, inner, api_name=False, queue=False)
         with gr.Tab("Questions", id=ids[n]):
             gr.Markdown("Commit to a guess first, then reveal: kvviz puts its computed answer next to yours.")
             for i, q in enumerate(QUESTIONS, 1):
                 gr.Markdown(f"**Q{i}.** {q.question}", elem_classes="learn-question")
                 guess = _guess_input(q, i)
-                btn = gr.Button(f"Reveal answer {i}" + (" (runs the model)" if q.needs_model else ""),
-                                elem_id=f"reveal-{i}", size="lg")
+                btn = gr.Button(
+                    f"Reveal answer {i}" + (" (runs the model)" if q.needs_model else ""),
+                    elem_id=f"reveal-{i}",
+                    size="lg",
+                )
                 out = gr.Markdown(elem_id=f"answer-{i}")
-                btn.click(gpu(_revealer(ctx, q, i)), None if guess is None else [guess], out, api_name=False,
-                          concurrency_limit=None)
+                btn.click(
+                    gpu(_revealer(ctx, q, i)),
+                    None if guess is None else [guess],
+                    out,
+                    api_name=False,
+                    concurrency_limit=None,
+                )
             to_pitfalls = gr.Button("Common pitfalls ›", elem_id="learn-next-questions", size="lg")
             to_pitfalls.click(lambda: gr.Tabs(selected=ids[n + 1]), None, inner, api_name=False, queue=False)
         with gr.Tab("Pitfalls", id=ids[n + 1]):
@@ -271,8 +291,9 @@ def _revealer(ctx: AppContext, q: Question, i: int):
         if not q.needs_model:
             return reveal(q, ctx, guess)
 
-        answer, _ = precompute.shared(ctx, request, _answer_key(ctx, i), _answer_job(ctx, q), live=False, what="answer",
-                                      cost=(64, 64))
+        answer, _ = precompute.shared(
+            ctx, request, _answer_key(ctx, i), _answer_job(ctx, q), live=False, what="answer", cost=(64, 64)
+        )
         return reveal(q, ctx, guess, answer)
 
     return show
@@ -282,11 +303,16 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
     """Step through a real generation's decode steps (← / → in presentation mode)."""
     gr.Markdown("#### Decode, step by step\nEach step feeds only the new token; its K and V join the cache.")
     load = gr.Button("Load the example (“Once upon a time”, 12 tokens)", elem_id="learn-load-example")
-    step = gr.Slider(0, 1, value=0, step=1, label="Decode step (0 = prefill)", elem_id="learn-step",
-                     elem_classes=[STEP_CLASS])
-    strip = gr.HighlightedText(label="Tokens", elem_id="learn-strip", show_legend=True, combine_adjacent=False,
-                               color_map={"in cache": "#cfe2ff", "computed this step": "#ffd8a8",
-                                          "predicted next": "#b2f2bb"})
+    step = gr.Slider(
+        0, 1, value=0, step=1, label="Decode step (0 = prefill)", elem_id="learn-step", elem_classes=[STEP_CLASS]
+    )
+    strip = gr.HighlightedText(
+        label="Tokens",
+        elem_id="learn-strip",
+        show_legend=True,
+        combine_adjacent=False,
+        color_map={"in cache": "#cfe2ff", "computed this step": "#ffd8a8", "predicted next": "#b2f2bb"},
+    )
     text = gr.Markdown(elem_id="learn-step-text")
 
     def run_example(request: gr.Request):
@@ -305,5 +331,6 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
 
     if ctx.trace_state is not None:
         # first: a show-me that generated switches to its view at once, while the views redraw behind it
-        ctx.on_trace(from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending],
-                     first=True)
+        ctx.on_trace(
+            from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending], first=True
+        )

@@ -100,33 +100,62 @@ def _contexts(context: int, lo: int = 128) -> list[int]:
 
 
 def _summary(r: dict) -> str:
-    copies = (f"; each KV head is stored on {r['replication']:g} GPUs, so × {r['replication']:g}"
-              if r["replication"] != 1 else "")
-    lines = [f"**Per token** (every layer): {r['bytes_per_token']:,} B = **{format_bytes(r['bytes_per_token'])}/token** · "
-             f"**per sequence** at {r['context']:,} tokens: {r['bytes_per_sequence']:,} B = "
-             f"**{format_bytes(r['bytes_per_sequence'])}/sequence** · **all GPUs together** for a batch of "
-             f"{r['batch']:,} at TP {r['tp']}{copies}: {r['total_bytes']:,} B = **{format_bytes(r['total_bytes'])} "
-             f"in total** ({format_bytes(r['per_gpu_bytes'])} per GPU)"]
+    copies = (
+        f"; each KV head is stored on {r['replication']:g} GPUs, so × {r['replication']:g}"
+        if r["replication"] != 1
+        else ""
+    )
+    lines = [
+        f"**Per token** (every layer): {r['bytes_per_token']:,} B = **{format_bytes(r['bytes_per_token'])}/token** · "
+        f"**per sequence** at {r['context']:,} tokens: {r['bytes_per_sequence']:,} B = "
+        f"**{format_bytes(r['bytes_per_sequence'])}/sequence** · **all GPUs together** for a batch of "
+        f"{r['batch']:,} at TP {r['tp']}{copies}: {r['total_bytes']:,} B = **{format_bytes(r['total_bytes'])} "
+        f"in total** ({format_bytes(r['per_gpu_bytes'])} per GPU)"
+    ]
     if "kv_budget_bytes" in r:
         mc = r["max_context"]
-        lines.append(f"**Capacity**: {r['gpus']} × {format_gb(r['gpu_mem_bytes'])} = {format_gb(r['total_mem_bytes'])}, "
-                     f"{r['reserve']:.0%} reserve → {format_gb(r['usable_bytes'])}, minus weights "
-                     f"{format_gb(r['weight_bytes'])} → **KV budget {format_gb(r['kv_budget_bytes'])} = "
-                     f"{format_bytes(r['kv_budget_bytes'])}** → **{r['max_sequences']:,} sequences** at "
-                     f"{r['context']:,} tokens; {r['batch']:,} sequence(s) fit up to "
-                     + ("any context (windows cap the cache)" if mc is None else f"**{mc:,} tokens**")
-                     + (f" (the model itself is configured for {r['max_position_embeddings']:,})"
-                        if mc and r.get("max_position_embeddings") and mc > r["max_position_embeddings"] else "")
-                     + ("" if r["fits"] else " — **the requested batch does not fit**"))
+        lines.append(
+            f"**Capacity**: {r['gpus']} × {format_gb(r['gpu_mem_bytes'])} = {format_gb(r['total_mem_bytes'])}, "
+            f"{r['reserve']:.0%} reserve → {format_gb(r['usable_bytes'])}, minus weights "
+            f"{format_gb(r['weight_bytes'])} → **KV budget {format_gb(r['kv_budget_bytes'])} = "
+            f"{format_bytes(r['kv_budget_bytes'])}** → **{r['max_sequences']:,} sequences** at "
+            f"{r['context']:,} tokens; {r['batch']:,} sequence(s) fit up to "
+            + ("any context (windows cap the cache)" if mc is None else f"**{mc:,} tokens**")
+            + (
+                f" (the model itself is configured for {r['max_position_embeddings']:,})"
+                if mc and r.get("max_position_embeddings") and mc > r["max_position_embeddings"]
+                else ""
+            )
+            + ("" if r["fits"] else " — **the requested batch does not fit**")
+        )
     if "decode_ms_kv" in r:
-        lines.append(f"**Decode step** at {r['bandwidth_bytes_per_s'] / 1e12:g} TB/s: weights "
-                     f"{r['decode_ms_weights']:.2f} ms + KV {r['decode_ms_kv']:.2f} ms = "
-                     f"**{r['decode_ms_total']:.2f} ms** (lower bound on time per output token)")
+        lines.append(
+            f"**Decode step** at {r['bandwidth_bytes_per_s'] / 1e12:g} TB/s: weights "
+            f"{r['decode_ms_weights']:.2f} ms + KV {r['decode_ms_kv']:.2f} ms = "
+            f"**{r['decode_ms_total']:.2f} ms** (lower bound on time per output token)"
+        )
     return "\n\n".join(lines)
 
 
-def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu_name,
-              gpus, gpu_mem_gb, bandwidth_tbps, reserve, weights_gb, compare):
+def calculate(
+    ctx: AppContext,
+    source,
+    preset,
+    pasted,
+    upload,
+    context,
+    batch,
+    kv_dtype,
+    group_size,
+    tp,
+    gpu_name,
+    gpus,
+    gpu_mem_gb,
+    bandwidth_tbps,
+    reserve,
+    weights_gb,
+    compare,
+):
     """Every output of the tab for one set of inputs: summary, formula, table and four figures."""
     layout = resolve_layout(ctx, source, preset, pasted, upload)
     context = _number("context", context, "Context", blank=8192)
@@ -142,7 +171,9 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
         weights = ctx.info.weight_bytes / 1e9
     elif source == "Preset" and weights is None and stated_weights_gb(preset) is not None:
         weights = stated_weights_gb(preset)
-        counted = f" (parameters × 2 B would give {layout.num_parameters * 2 / 1e9:.1f} GB)" if layout.num_parameters else ""
+        counted = (
+            f" (parameters × 2 B would give {layout.num_parameters * 2 / 1e9:.1f} GB)" if layout.num_parameters else ""
+        )
         notes.append(f"Weights: {weights:g} GB, the figure the source uses{counted}; type a number to override.")
     with user_errors():  # sizes first: bad input here is the user's to fix
         r = report(layout, context, batch, kv_dtype, tp, group or None)
@@ -156,8 +187,20 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
         note = "Give the weights in GB to see capacity and decode time (this config has no parameter count)."
     elif mem is not None or bw is not None:
         try:  # capacity may legitimately not exist (weights larger than the GPUs): say so, keep the sizes
-            r = report(layout, context, batch, kv_dtype, tp, group or None, gpus, mem,
-                       _number("reserve", reserve, "Reserve", blank=0.1), weights, "bf16", bw)
+            r = report(
+                layout,
+                context,
+                batch,
+                kv_dtype,
+                tp,
+                group or None,
+                gpus,
+                mem,
+                _number("reserve", reserve, "Reserve", blank=0.1),
+                weights,
+                "bf16",
+                bw,
+            )
         except ValueError as exc:
             note = str(exc)
     cap = dec = gauge = None
@@ -165,8 +208,9 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
         cap = fig.capacity_vs_context(layout, r["kv_budget_bytes"], _contexts(context, 1024), kv_dtype, tp, context)
         gauge = fig.budget_gauge(r["total_bytes"], r["kv_budget_bytes"])
     if "decode_ms_kv" in r:
-        dec = fig.decode_time_vs_context(layout, r["weight_bytes"], batch, bw, gpus, _contexts(context, 1024),
-                                         kv_dtype, tp)
+        dec = fig.decode_time_vs_context(
+            layout, r["weight_bytes"], batch, bw, gpus, _contexts(context, 1024), kv_dtype, tp
+        )
     summary = _summary(r) + "".join(f"\n\nℹ {n}" for n in notes) + (f"\n\n⚠ {note}" if note else "")
     return summary, formula, table, size, cap, dec, gauge
 
@@ -174,23 +218,37 @@ def calculate(ctx: AppContext, source, preset, pasted, upload, context, batch, k
 def live_comparison(ctx: AppContext, trace) -> str:
     """The loaded model's measured cache bytes (latest Generate run) next to the formula's."""
     if trace is None or not trace.steps:
-        return (f"**Live cache of {ctx.info.name}**: run **Generate** first; its cache's measured bytes will "
-                "appear here next to the formula's.")
+        return (
+            f"**Live cache of {ctx.info.name}**: run **Generate** first; its cache's measured bytes will "
+            "appear here next to the formula's."
+        )
     last = trace.steps[-1]
     seen = trace.n_fed
     f = live_cache_bytes_formula(ctx.lm.config, seen, trace.model.bytes_per_element)
     ok = f["layer_bytes"] == list(last.layer_bytes)
     verdict = "they agree, layer by layer ✓" if ok else "**they differ** ✗ (please report this)"
-    return (f"**Live cache of {ctx.info.name}** after the last Generate run ({seen:,} tokens fed, "
-            f"{trace.model.dtype}): measured from the tensors **{last.cache_bytes:,} B = "
-            f"{format_bytes(last.cache_bytes)}**; the formula gives **{f['total']:,} B = "
-            f"{format_bytes(f['total'])}** — {verdict}.")
+    return (
+        f"**Live cache of {ctx.info.name}** after the last Generate run ({seen:,} tokens fed, "
+        f"{trace.model.dtype}): measured from the tensors **{last.cache_bytes:,} B = "
+        f"{format_bytes(last.cache_bytes)}**; the formula gives **{f['total']:,} B = "
+        f"{format_bytes(f['total'])}** — {verdict}."
+    )
 
 
-def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1, kv_dtype: str = "bf16",
-               tp: int | None = None, gpus: int = 1, gpu_mem_gb: float | None = None, reserve: float = 0.1,
-               weights_gb: float | None = None, bandwidth_tbps: float | None = None,
-               group_size: int | None = None) -> dict:
+def api_memory(
+    ctx: AppContext,
+    config: str,
+    context: int = 8192,
+    batch: int = 1,
+    kv_dtype: str = "bf16",
+    tp: int | None = None,
+    gpus: int = 1,
+    gpu_mem_gb: float | None = None,
+    reserve: float = 0.1,
+    weights_gb: float | None = None,
+    bandwidth_tbps: float | None = None,
+    group_size: int | None = None,
+) -> dict:
     """The CLI's JSON for a preset name, ``"loaded"`` (the served model) or config JSON text."""
     text = (config or "").strip()
     if text.startswith("{"):
@@ -204,25 +262,40 @@ def api_memory(ctx: AppContext, config: str, context: int = 8192, batch: int = 1
     if weights_gb is None and text.lower() == "loaded":
         weights_gb = ctx.info.weight_bytes / 1e9
     with user_errors():
-        return report(layout, _number("context", context, blank=8192), _number("batch", batch, blank=1),
-                      kv_dtype, _number("tp", tp), None if group_size in (0, None) else _number("group_size", group_size),
-                      _number("gpus", gpus, blank=1), _number("gpu_mem_gb", gpu_mem_gb),
-                      _number("reserve", reserve, blank=0.1), _number("weights_gb", weights_gb),
-                      "bf16", _number("bandwidth_tbps", bandwidth_tbps))
+        return report(
+            layout,
+            _number("context", context, blank=8192),
+            _number("batch", batch, blank=1),
+            kv_dtype,
+            _number("tp", tp),
+            None if group_size in (0, None) else _number("group_size", group_size),
+            _number("gpus", gpus, blank=1),
+            _number("gpu_mem_gb", gpu_mem_gb),
+            _number("reserve", reserve, blank=0.1),
+            _number("weights_gb", weights_gb),
+            "bf16",
+            _number("bandwidth_tbps", bandwidth_tbps),
+        )
 
 
 # ---- the page ----------------------------------------------------------------------------------------
 def build(ctx: AppContext) -> None:
     """Build the Memory tab inside the caller's ``gr.Tab``."""
     gpus_by_name = gpu_presets()
-    gr.Markdown("Size the KV cache of any model from its config: per token, per sequence and per batch, how many "
-                "sequences fit on your GPUs, and how long each decode step must take to read it all.")
+    gr.Markdown(
+        "Size the KV cache of any model from its config: per token, per sequence and per batch, how many "
+        "sequences fit on your GPUs, and how long each decode step must take to read it all."
+    )
     with gr.Row():
         with gr.Column(scale=2):
             source = gr.Radio(SOURCES, value="Preset", label="Model")
             preset = gr.Dropdown(preset_names(), value="Llama-3-70B", label="Preset")
-            pasted = gr.Textbox(label="config.json (JSON only)", lines=8, visible=False,
-                                placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}')
+            pasted = gr.Textbox(
+                label="config.json (JSON only)",
+                lines=8,
+                visible=False,
+                placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}',
+            )
             upload = gr.File(label="config.json", file_types=[".json"], type="filepath", visible=False)
         with gr.Column(scale=2):
             context = gr.Number(value=8192, precision=0, label="Context (tokens per sequence)")
@@ -240,15 +313,35 @@ def build(ctx: AppContext) -> None:
             weights = gr.Number(value=0, label="Weights (GB; 0 = the preset's stated figure, else parameters × 2 B)")
     compare = gr.CheckboxGroup(preset_names(), value=COMPARE_DEFAULT, label="Compare with (size vs context chart)")
     button = gr.Button("Calculate", variant="primary", elem_id="memory-calc")
-    first_values = calculate(ctx, "Preset", "Llama-3-70B", "", None, 8192, 1, "bf16", 0, 0, first, 8,
-                             gpus_by_name[first].memory_gb, gpus_by_name[first].bandwidth_tbps, 0.1, None,
-                             COMPARE_DEFAULT)  # the chapter's 8 × H100 example
+    first_values = calculate(
+        ctx,
+        "Preset",
+        "Llama-3-70B",
+        "",
+        None,
+        8192,
+        1,
+        "bf16",
+        0,
+        0,
+        first,
+        8,
+        gpus_by_name[first].memory_gb,
+        gpus_by_name[first].bandwidth_tbps,
+        0.1,
+        None,
+        COMPARE_DEFAULT,
+    )  # the chapter's 8 × H100 example
     summary = gr.Markdown(first_values[0], elem_id="memory-summary")
     live = gr.Markdown(live_comparison(ctx, None), elem_id="memory-live")
     formula = gr.Markdown(first_values[1], elem_id="memory-formula")
     gr.Markdown(fig.CAPTIONS["formula"], elem_classes="caption")
-    table = gr.Dataframe(first_values[2], label="MHA / GQA / MQA / MLA for this model's layers", interactive=False,
-                         elem_id="memory-table")
+    table = gr.Dataframe(
+        first_values[2],
+        label="MHA / GQA / MQA / MLA for this model's layers",
+        interactive=False,
+        elem_id="memory-table",
+    )
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     size = gr.Plot(first_values[3], label="KV cache vs context", elem_id="memory-size")
     gr.Markdown(fig.CAPTIONS["size"], elem_classes="caption")
@@ -258,13 +351,26 @@ def build(ctx: AppContext) -> None:
     gauge = gr.Plot(first_values[6], label="KV budget", elem_id="memory-gauge-budget")
     gr.Markdown(fig.CAPTIONS["gauge"], elem_classes="caption")
 
-    ctx.components.update({"memory.source": source, "memory.preset": preset, "memory.context": context,
-                           "memory.batch": batch, "memory.kv_dtype": kv_dtype, "memory.tp": tp, "memory.gpu": gpu,
-                           "memory.gpus": gpus, "memory.button": button})
+    ctx.components.update(
+        {
+            "memory.source": source,
+            "memory.preset": preset,
+            "memory.context": context,
+            "memory.batch": batch,
+            "memory.kv_dtype": kv_dtype,
+            "memory.tp": tp,
+            "memory.gpu": gpu,
+            "memory.gpus": gpus,
+            "memory.button": button,
+        }
+    )
 
     def show_source(choice):
-        return (gr.update(visible=choice == "Preset"), gr.update(visible=choice == "Paste JSON"),
-                gr.update(visible=choice == "Upload config.json"))
+        return (
+            gr.update(visible=choice == "Preset"),
+            gr.update(visible=choice == "Paste JSON"),
+            gr.update(visible=choice == "Upload config.json"),
+        )
 
     def pick_gpu(name):
         if name in gpus_by_name:
@@ -274,27 +380,70 @@ def build(ctx: AppContext) -> None:
     source.change(show_source, source, [preset, pasted, upload], queue=False, api_name=False)
     gpu.change(pick_gpu, gpu, [gpu_mem, bandwidth], queue=False, api_name=False)
 
-    inputs = [source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu, gpus, gpu_mem,
-              bandwidth, reserve, weights, compare]
+    inputs = [
+        source,
+        preset,
+        pasted,
+        upload,
+        context,
+        batch,
+        kv_dtype,
+        group_size,
+        tp,
+        gpu,
+        gpus,
+        gpu_mem,
+        bandwidth,
+        reserve,
+        weights,
+        compare,
+    ]
     outputs = [summary, formula, table, size, capacity, decode, gauge]
 
     def recalculate(*values):
         return calculate(ctx, *values)
 
     # arithmetic on bounded inputs (kvviz.limits): quick, so it never waits in a queue
-    calculated = gr.on([button.click, source.change, preset.change, kv_dtype.change, gpu.change, compare.change,
-                        context.submit, batch.submit, tp.submit, gpus.submit], recalculate, inputs, outputs,
-                       api_name=False, concurrency_limit=None)
+    calculated = gr.on(
+        [
+            button.click,
+            source.change,
+            preset.change,
+            kv_dtype.change,
+            gpu.change,
+            compare.change,
+            context.submit,
+            batch.submit,
+            tp.submit,
+            gpus.submit,
+        ],
+        recalculate,
+        inputs,
+        outputs,
+        api_name=False,
+        concurrency_limit=None,
+    )
     clear_on_refusal(calculated, outputs)
     if ctx.trace_state is not None:
         ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
 
-    def memory(config: str, context: int = 8192, batch: int = 1, kv_dtype: str = "bf16", tp: int | None = None,
-               gpus: int = 1, gpu_mem_gb: float | None = None, reserve: float = 0.1, weights_gb: float | None = None,
-               bandwidth_tbps: float | None = None, group_size: int | None = None) -> dict:
+    def memory(
+        config: str,
+        context: int = 8192,
+        batch: int = 1,
+        kv_dtype: str = "bf16",
+        tp: int | None = None,
+        gpus: int = 1,
+        gpu_mem_gb: float | None = None,
+        reserve: float = 0.1,
+        weights_gb: float | None = None,
+        bandwidth_tbps: float | None = None,
+        group_size: int | None = None,
+    ) -> dict:
         """KV-cache size, capacity and decode time: the JSON of ``python -m kvviz memory --json``."""
-        return api_memory(ctx, config, context, batch, kv_dtype, tp, gpus, gpu_mem_gb, reserve, weights_gb,
-                          bandwidth_tbps, group_size)
+        return api_memory(
+            ctx, config, context, batch, kv_dtype, tp, gpus, gpu_mem_gb, reserve, weights_gb, bandwidth_tbps, group_size
+        )
 
     gr.api(memory, api_name="memory", concurrency_limit=None)
     memory_architectures.build(ctx)

@@ -14,8 +14,10 @@ def captioned_plot(label: str, elem_id: str, caption: str, value=None) -> gr.Plo
     return plot
 
 
-REFUSED = ("⚠ **This request was refused** (see the message). The results that were here came from an earlier "
-           "request, so they were cleared rather than shown under the new settings.")
+REFUSED = (
+    "⚠ **This request was refused** (see the message). The results that were here came from an earlier "
+    "request, so they were cleared rather than shown under the new settings."
+)
 
 
 def stale_values(count: int, note_at: int = 0) -> tuple:
@@ -25,8 +27,9 @@ def stale_values(count: int, note_at: int = 0) -> tuple:
 
 def clear_on_refusal(event, outputs: list, note_at: int = 0) -> None:
     """When ``event`` raises (bad input, a full queue), empty ``outputs`` so old results never look current."""
-    event.failure(lambda: stale_values(len(outputs), note_at), None, outputs, queue=False, api_name=False,
-                  show_progress="hidden")
+    event.failure(
+        lambda: stale_values(len(outputs), note_at), None, outputs, queue=False, api_name=False, show_progress="hidden"
+    )
 
 
 def waiting_table(hint: str) -> pd.DataFrame:

@@ -51,8 +51,15 @@ CASES: list[Case] = [
     Case("gen-single-token", "generate", {GEN: "Hi", "chat": False, NEW: 2}, ok=True),
     Case("gen-emoji", "generate", {GEN: "🙂🚀🧠 what do these mean?", "chat": False, NEW: 2}, ok=True),
     Case("gen-rtl", "generate", {GEN: "ما هي عاصمة فرنسا؟", "chat": False, NEW: 2}, ok=True),
-    Case("gen-bidi-override", "generate", {GEN: "\u202eabc\u202c \u200bzero\u200dwidth", "chat": False, NEW: 2}, ok=True),
-    Case("gen-embedded-controls", "generate", {GEN: "What is\x00 the capital\x07 of France?", "chat": False, NEW: 2}, ok=True),
+    Case(
+        "gen-bidi-override", "generate", {GEN: "\u202eabc\u202c \u200bzero\u200dwidth", "chat": False, NEW: 2}, ok=True
+    ),
+    Case(
+        "gen-embedded-controls",
+        "generate",
+        {GEN: "What is\x00 the capital\x07 of France?", "chat": False, NEW: 2},
+        ok=True,
+    ),
     # --- generate: numbers
     Case("gen-new-zero", "generate", {NEW: 0}, r"between 1 and"),
     Case("gen-new-negative", "generate", {NEW: -5}, r"between 1 and"),
@@ -74,11 +81,16 @@ CASES: list[Case] = [
     Case("gen-seed-huge", "generate", {"seed": 1e30}, r"seed"),
     # --- memory (the calculator): configs, sizes, model ids, paths
     Case("mem-malformed-json", "memory", {"config_json|config|config_text": "{not json"}, r"json"),
-    Case("mem-oversized-json", "memory", {"config_json|config|config_text": _oversized_config()},
-         r"limit|larger|too (big|large)|bytes"),
+    Case(
+        "mem-oversized-json",
+        "memory",
+        {"config_json|config|config_text": _oversized_config()},
+        r"limit|larger|too (big|large)|bytes",
+    ),
     Case("mem-json-array", "memory", {"config_json|config|config_text": "[1, 2, 3]"}, r"object|json"),
-    Case("mem-json-nan", "memory", {"config_json|config|config_text": '{"num_hidden_layers": NaN}'},
-         r"json|nan|number"),
+    Case(
+        "mem-json-nan", "memory", {"config_json|config|config_text": '{"num_hidden_layers": NaN}'}, r"json|nan|number"
+    ),
     Case("mem-context-zero", "memory", {"context": 0}, r"context"),
     Case("mem-context-negative", "memory", {"context": -8192}, r"context"),
     Case("mem-context-fraction", "memory", {"context": 100.5}, r"context|whole"),
@@ -86,10 +98,18 @@ CASES: list[Case] = [
     Case("mem-batch-zero", "memory", {"batch": 0}, r"batch"),
     Case("mem-batch-nan", "memory", {"batch": NAN}, r"batch|whole|number", raw=True),
     Case("mem-unknown-dtype", "memory", {"kv_dtype|dtype": "fp7"}, r"dtype|fp7"),
-    Case("mem-unknown-model", "memory", {"model|model_id|preset|source|config": "no-such-org/no-such-model-kvviz"},
-         r"no-such|not found|unknown|could not|neither|must be a preset"),
-    Case("mem-local-path", "memory", {"model|model_id|preset|source|config": "/etc/passwd"},
-         r"path|not allowed|neither|config"),
+    Case(
+        "mem-unknown-model",
+        "memory",
+        {"model|model_id|preset|source|config": "no-such-org/no-such-model-kvviz"},
+        r"no-such|not found|unknown|could not|neither|must be a preset",
+    ),
+    Case(
+        "mem-local-path",
+        "memory",
+        {"model|model_id|preset|source|config": "/etc/passwd"},
+        r"path|not allowed|neither|config",
+    ),
     # --- evict (generate under a policy)
     Case("evict-unknown-policy", "evict", {"policy|policy_name": "lru"}, r"policy|lru"),
     Case("evict-budget-zero", "evict", {"budget": 0}, r"budget"),
@@ -117,8 +137,10 @@ def resolve(case: Case, params: list[dict]) -> list:
     for key, value in case.inputs.items():
         hit = next((n for n in key.split("|") if n in names), None)
         if hit is None:
-            raise AssertionError(f"case {case.id}: /{case.endpoint} has none of the parameters {key!r}; "
-                                 f"it has {names}. Update tests/api/bad_inputs.py.")
+            raise AssertionError(
+                f"case {case.id}: /{case.endpoint} has none of the parameters {key!r}; "
+                f"it has {names}. Update tests/api/bad_inputs.py."
+            )
         chosen[hit] = value
     values = []
     for p in params:
@@ -135,8 +157,11 @@ def resolve(case: Case, params: list[dict]) -> list:
 # a valid request per endpoint that each case then breaks in one place (quick: few new tokens)
 BASELINE = {"evict": {"budget": 16, "max_new_tokens": 2}}
 # valid values for required parameters the cases do not set (the generic "example_input" may be invalid)
-VALID_EXAMPLES = {"prompt_text": "What is the capital of France?", "prompt": "What is the capital of France?",
-                  "config": "loaded"}
+VALID_EXAMPLES = {
+    "prompt_text": "What is the capital of France?",
+    "prompt": "What is the capital of France?",
+    "config": "loaded",
+}
 
 
 def call_raw(base_url: str, endpoint: str, values: list, timeout: float = 120.0) -> tuple[str, object]:

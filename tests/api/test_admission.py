@@ -10,8 +10,13 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-BOMB = {"model_type": "llama", "num_hidden_layers": 1_000_000_000, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "hidden_size": 4096}
+BOMB = {
+    "model_type": "llama",
+    "num_hidden_layers": 1_000_000_000,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+}
 
 
 def _error_of(job) -> str | None:
@@ -38,8 +43,10 @@ def test_full_line_bad_input_is_answered_at_once_and_one_client_gets_one_job(inp
     queued = []
     try:
         clients = [Client(url, verbose=False) for _ in range(23)]
-        queued = [c.submit(f"Question {i}: the capital of France is", 1, False, 0.0, 1.0, 0, api_name="/generate")
-                  for i, c in enumerate(clients)]
+        queued = [
+            c.submit(f"Question {i}: the capital of France is", 1, False, 0.0, 1.0, 0, api_name="/generate")
+            for i, c in enumerate(clients)
+        ]
         deadline = time.monotonic() + 60
         while gate.snapshot()["waiting"] < 23 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -79,7 +86,8 @@ def test_a_job_past_its_time_budget_ends_with_what_it_has(inprocess_app):
     old, gate.max_seconds = gate.max_seconds, 1.0
     try:
         out = Client(inprocess_app.url, verbose=False).predict(
-            "Once upon a time", 256, False, 0.0, 1.0, 0, api_name="/generate")
+            "Once upon a time", 256, False, 0.0, 1.0, 0, api_name="/generate"
+        )
     finally:
         gate.max_seconds = old
     assert 1 <= out["generated_tokens"] < 256 and out["stop_reason"] == "stopped"
@@ -96,11 +104,19 @@ def test_memory_ceiling_refuses_model_jobs_with_a_message(inprocess_app):
         gate.max_rss_bytes = old
 
 
-@pytest.mark.parametrize("field, value", [
-    ("num_hidden_layers", 1_000_000_000), ("num_attention_heads", 10**12), ("num_key_value_heads", -8),
-    ("hidden_size", 4096.5), ("head_dim", 10**15), ("max_position_embeddings", 10**18),
-    ("sliding_window", -1), ("layer_types", ["full_attention"] * 10_000),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_hidden_layers", 1_000_000_000),
+        ("num_attention_heads", 10**12),
+        ("num_key_value_heads", -8),
+        ("hidden_size", 4096.5),
+        ("head_dim", 10**15),
+        ("max_position_embeddings", 10**18),
+        ("sliding_window", -1),
+        ("layer_types", ["full_attention"] * 10_000),
+    ],
+)
 def test_config_bombs_cost_nothing_and_the_server_lives(client, app_server_process, field, value):
     cfg = {**BOMB, "num_hidden_layers": 32, field: value}
     before, log_start = app_server_process.rss(), len(app_server_process.log())

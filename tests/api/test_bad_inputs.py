@@ -35,7 +35,9 @@ def test_required_endpoints_exist(api):
 
 def test_source_scan_matches_the_running_app(api):
     # the corpus is collected from a scan of kvviz/ui; the running app must agree with it
-    assert {f"/{n}" for n in PRESENT if n in REQUIRED_ENDPOINTS} == {e for e in api if e.strip("/") in REQUIRED_ENDPOINTS}
+    assert {f"/{n}" for n in PRESENT if n in REQUIRED_ENDPOINTS} == {
+        e for e in api if e.strip("/") in REQUIRED_ENDPOINTS
+    }
 
 
 @pytest.mark.parametrize("case", ACTIVE, ids=[c.id for c in ACTIVE])

@@ -10,11 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gradio_client import Client
 
-PROMPTS = [f"{start}" for start in (
-    "The capital of France is", "My favourite fruit is the", "Water boils at a temperature of",
-    "The largest planet in our solar system is", "In 1492, Columbus", "A triangle has three",
-    "The chemical symbol for gold is", "Monday comes before",
-)]
+PROMPTS = [
+    f"{start}"
+    for start in (
+        "The capital of France is",
+        "My favourite fruit is the",
+        "Water boils at a temperature of",
+        "The largest planet in our solar system is",
+        "In 1492, Columbus",
+        "A triangle has three",
+        "The chemical symbol for gold is",
+        "Monday comes before",
+    )
+]
 NEW_TOKENS = 3
 
 
@@ -30,7 +38,10 @@ def test_eight_sessions_each_get_their_solo_answer(app_server, app_server_proces
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         together = list(pool.map(lambda p: _ask(app_server, p), PROMPTS))
     for prompt, a, b in zip(PROMPTS, solo, together):
-        assert (b["text"], b["generated_tokens"], b["cache_bytes"]) == (a["text"], a["generated_tokens"],
-                                                                        a["cache_bytes"]), prompt
+        assert (b["text"], b["generated_tokens"], b["cache_bytes"]) == (
+            a["text"],
+            a["generated_tokens"],
+            a["cache_bytes"],
+        ), prompt
         assert b["max_abs_logit_diff_vs_recompute"] < 1e-3
     assert app_server_process.alive()

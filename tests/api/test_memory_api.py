@@ -20,8 +20,14 @@ def test_memory_endpoint_chapter_example(client):
 
 
 def test_memory_endpoint_config_json_and_loaded_model(client):
-    cfg = {"model_type": "mistral", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-           "hidden_size": 4096, "sliding_window": 4096}
+    cfg = {
+        "model_type": "mistral",
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_size": 4096,
+        "sliding_window": 4096,
+    }
     out = client.predict(json.dumps(cfg), 131_072, api_name="/memory")
     assert {layer["tokens_held"] for layer in out["layers"]} == {4095}
     loaded = client.predict("loaded", 100, api_name="/memory")
@@ -29,12 +35,15 @@ def test_memory_endpoint_config_json_and_loaded_model(client):
     assert "kv_budget_bytes" not in loaded
 
 
-@pytest.mark.parametrize("args, message", [
-    (("/etc/passwd",), "config must be a preset"),
-    (("Llama-3-70B", 8192, 1, "fp6"), "Unknown KV dtype"),
-    (("Llama-3-70B", 8192, 1, "bf16", 3), "cannot split"),
-    (("{not json",), "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("/etc/passwd",), "config must be a preset"),
+        (("Llama-3-70B", 8192, 1, "fp6"), "Unknown KV dtype"),
+        (("Llama-3-70B", 8192, 1, "bf16", 3), "cannot split"),
+        (("{not json",), "not valid JSON"),
+    ],
+)
 def test_memory_endpoint_rejects_bad_input_with_a_message(client, args, message):
     with pytest.raises(AppError, match=message):
         client.predict(*args, api_name="/memory")

@@ -34,9 +34,14 @@ def test_the_shared_model_is_never_changed_by_any_endpoint(inprocess_app):
     for name, params in api.items():
         if name == "/generate":
             continue
-        values = [QUICK[p["parameter_name"]] if p["parameter_name"] in QUICK
-                  else p["parameter_default"] if p.get("parameter_has_default")
-                  else VALID_EXAMPLES.get(p["parameter_name"], p.get("example_input")) for p in params["parameters"]]
+        values = [
+            QUICK[p["parameter_name"]]
+            if p["parameter_name"] in QUICK
+            else p["parameter_default"]
+            if p.get("parameter_has_default")
+            else VALID_EXAMPLES.get(p["parameter_name"], p.get("example_input"))
+            for p in params["parameters"]
+        ]
         with contextlib.suppress(Exception):  # this test is about the model, not about these inputs
             client.predict(*values, api_name=name)
     assert fingerprint(lm.model) == before
@@ -48,8 +53,19 @@ def test_model_handlers_wait_at_the_gate_not_in_a_gradio_group(inprocess_app):
     """The gate (kvviz/ui/jobs.py) is the model's one queue: a Gradio limit on a model handler would make its
     checks and refusals wait behind running jobs, and too few workers would stall the whole queue."""
     demo, settings = inprocess_app.demo, inprocess_app.ctx.settings
-    model_handlers = {"run", "api_generate", "api_evict", "run_compare", "run_needle", "run_sinks", "run_table",
-                      "run_measure", "run_analyze", "run_generate", "run_example"}
+    model_handlers = {
+        "run",
+        "api_generate",
+        "api_evict",
+        "run_compare",
+        "run_needle",
+        "run_sinks",
+        "run_table",
+        "run_measure",
+        "run_analyze",
+        "run_generate",
+        "run_example",
+    }
     fns = {f.name: f for f in demo.fns.values() if f.name in model_handlers}
     assert set(fns) == model_handlers
     limited = [name for name, f in fns.items() if f.concurrency_limit is not None]

@@ -59,8 +59,7 @@ def test_hand_computed_case():
 def test_streaming_llm_frees_the_blocks_between_sinks_and_window(lm):
     ids = encode_prompt(lm, "The cache stores keys and values for every past token. " * 6, False)
     n, b = len(ids), 8
-    run = run_policy(lm, ids, make_policy("streaming_llm", sinks=4), budget=20, max_new_tokens=1,
-                     record_history=False)
+    run = run_policy(lm, ids, make_policy("streaming_llm", sinks=4), budget=20, max_new_tokens=1, record_history=False)
     p = from_run(run, b)
     # kept: 0–3 and the last 16; block 0 holds the sinks, blocks entirely inside [4, n − 16) are freed
     expected = (n - 16) // b - 1
@@ -70,8 +69,7 @@ def test_streaming_llm_frees_the_blocks_between_sinks_and_window(lm):
 
 def test_scattered_policies_free_no_more_than_page_aligned_eviction(lm):
     ids = encode_prompt(lm, "Paged attention stores the cache in blocks of sixteen tokens each. " * 5, True)
-    runs = evict_and_page(lm, ids, [make_policy("h2o"), make_policy("snapkv", window_size=8)], budget=24,
-                          block_size=8)
+    runs = evict_and_page(lm, ids, [make_policy("h2o"), make_policy("snapkv", window_size=8)], budget=24, block_size=8)
     assert [r.name for r in runs] == ["h2o", "snapkv"] and all(r.budget == 24 for r in runs)
     for r in runs:
         p = r.paging

@@ -53,8 +53,10 @@ def test_three_prompts_reuse_what_any_earlier_one_computed():
 
 
 def test_two_students_on_the_bundled_model(lm):
-    texts = ["Student 1 asks: why does the KV cache grow with every token?",
-             "Student 2 asks: what is a paged KV cache and why does vLLM use blocks?"]
+    texts = [
+        "Student 1 asks: why does the KV cache grow with every token?",
+        "Student 2 asks: what is a paged KV cache and why does vLLM use blocks?",
+    ]
     ids = [encode_prompt(lm, t, True) for t in texts]
     common = common_prefix(ids)  # the chat template's system prompt and the shared words
     s = share_prompts(lm, ids, block_size=8)

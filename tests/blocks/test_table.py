@@ -62,4 +62,3 @@ def test_generate_trace_blocks_fill_as_tokens_arrive(lm):
         assert t.wasted_slots == -(-held // 16) * 16 - held
     last = from_trace(trace, 16)
     assert last.used_bytes == trace.cache_bytes
-

@@ -14,8 +14,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("KVVIZ_SCREENSHOTS", ROOT / "tmp" / "screenshots"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def chromium_path() -> str:
@@ -23,8 +31,11 @@ def chromium_path() -> str:
     wanted = os.environ.get("KVVIZ_CHROMIUM") or "/usr/bin/chromium"
     found = wanted if os.path.isfile(wanted) and os.access(wanted, os.X_OK) else shutil.which(wanted)
     if not found:
-        pytest.fail(f"Chromium not found at {wanted!r}: install it with `sudo apt-get install -y chromium` "
-                    "(as .ci/run does) or point KVVIZ_CHROMIUM at a Chromium binary.", pytrace=False)
+        pytest.fail(
+            f"Chromium not found at {wanted!r}: install it with `sudo apt-get install -y chromium` "
+            "(as .ci/run does) or point KVVIZ_CHROMIUM at a Chromium binary.",
+            pytrace=False,
+        )
     return found
 
 
@@ -38,8 +49,12 @@ def browser_context(tmp_path_factory):
     with sync_playwright() as pw:
         # Playwright passes the profile as --user-data-dir itself (it refuses the flag in args)
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=executable, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000})
+            str(profile),
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
         try:
             yield context
         finally:

@@ -17,7 +17,9 @@ def wait_title(page, elem_id: str, pattern: str, timeout_ms: int = 60_000) -> No
     page.wait_for_function(
         """([id, pat]) => { const t = document.querySelector('#' + id + ' .gtitle');
                             return t && new RegExp(pat).test(t.textContent); }""",
-        arg=[elem_id, pattern], timeout=timeout_ms)
+        arg=[elem_id, pattern],
+        timeout=timeout_ms,
+    )
 
 
 def set_number(page, elem_id: str, value: int) -> None:

@@ -16,7 +16,9 @@ def _title(page, elem_id: str, pattern: str, timeout_ms: int = 60_000) -> None:
     page.wait_for_function(
         """([id, pat]) => { const t = document.querySelector('#' + id + ' .gtitle');
                             return t && new RegExp(pat).test(t.textContent); }""",
-        arg=[elem_id, pattern], timeout=timeout_ms)
+        arg=[elem_id, pattern],
+        timeout=timeout_ms,
+    )
 
 
 def test_blocks_journey(page, screenshot):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
-CONTEXT = ("The museum opens at nine. The code for the staff room is 5512. Visitors enjoy the garden, the cafe "
-           "and the old paintings in the east gallery.")
+CONTEXT = (
+    "The museum opens at nine. The code for the staff room is 5512. Visitors enjoy the garden, the cafe "
+    "and the old paintings in the east gallery."
+)
 QUESTION = "Question: What is the code for the staff room?"
 
 

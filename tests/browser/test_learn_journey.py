@@ -15,8 +15,14 @@ READY = {
     "tab_attention": ("#attn-status", r"\S"),
     "tab_eviction": ("#evict-verdict", r"\S"),
 }
-TAB_TITLES = {"tab_generate": "Generate", "tab_attention": "Attention", "tab_eviction": "Eviction",
-              "tab_memory": "Memory", "tab_quant": "Quantization", "tab_nocache": "Cache vs no cache"}
+TAB_TITLES = {
+    "tab_generate": "Generate",
+    "tab_attention": "Attention",
+    "tab_eviction": "Eviction",
+    "tab_memory": "Memory",
+    "tab_quant": "Quantization",
+    "tab_nocache": "Cache vs no cache",
+}
 LONG = 180_000  # ms: a show-me may start a generation on a busy CPU
 
 
@@ -65,18 +71,27 @@ def show_me(page, button_id: str, sm, must_change: bool = True) -> None:
         assert "Learn" in selected_tabs(page)  # stays put
         return
     title = TAB_TITLES[sm.tab]
-    page.wait_for_function("t => [...document.querySelectorAll('button[role=tab][aria-selected=true]')]"
-                           ".some(b => b.innerText.trim() === t)", arg=title, timeout=LONG)
+    page.wait_for_function(
+        "t => [...document.querySelectorAll('button[role=tab][aria-selected=true]')]"
+        ".some(b => b.innerText.trim() === t)",
+        arg=title,
+        timeout=LONG,
+    )
     if ready:
         sel, pattern = ready
         page.wait_for_function(
             "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
             " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
-            arg=[sel, pattern, old, must_change and sm.tab != "tab_attention"], timeout=LONG)
+            arg=[sel, pattern, old, must_change and sm.tab != "tab_attention"],
+            timeout=LONG,
+        )
     # the session has one model job at a time: the next show-me starts once this one's outputs settle
-    page.wait_for_function("() => ![...document.querySelectorAll('[data-testid=status-tracker]:not(.hide)')].some("
-                           "e => e.classList.contains('generating') || e.querySelector('.eta-bar, .progress-level,"
-                           " .loading'))", timeout=LONG)
+    page.wait_for_function(
+        "() => ![...document.querySelectorAll('[data-testid=status-tracker]:not(.hide)')].some("
+        "e => e.classList.contains('generating') || e.querySelector('.eta-bar, .progress-level,"
+        " .loading'))",
+        timeout=LONG,
+    )
 
 
 def assert_clean(page, errors) -> None:
@@ -98,8 +113,9 @@ def test_learn_journey_in_presentation_mode(page, screenshot):
     assert page.evaluate("document.body.classList.contains('kvviz-present')")
     assert page.evaluate(state) == '": on"'
     big = float(body_text.evaluate("e => parseFloat(getComputedStyle(e).fontSize)"))
-    tab_font = float(page.get_by_role("tab", name="Learn", exact=True)
-                     .evaluate("e => parseFloat(getComputedStyle(e).fontSize)"))
+    tab_font = float(
+        page.get_by_role("tab", name="Learn", exact=True).evaluate("e => parseFloat(getComputedStyle(e).fontSize)")
+    )
     assert big >= 22 and big >= 1.3 * normal, (normal, big)  # large type for the back row
     assert tab_font >= 20
     assert page.locator(".learn-note").first.evaluate("e => getComputedStyle(e).display") == "none"  # no clutter

@@ -64,8 +64,9 @@ def start_generation(tab, prompt: str, new_tokens: int) -> None:
 
 def sessions_with_traces(demo) -> int:
     """How many sessions the server still holds a Trace for (in gr.State)."""
-    return sum(any(isinstance(v, Trace) for v in s.state_data.values())
-               for s in list(demo.state_holder.session_data.values()))
+    return sum(
+        any(isinstance(v, Trace) for v in s.state_data.values()) for s in list(demo.state_holder.session_data.values())
+    )
 
 
 @pytest.fixture
@@ -108,7 +109,9 @@ def test_queue_stop_bad_input_and_closing_free_the_session(open_page, inprocess_
     # Stop ends the first job early; the waiting one then runs to the end
     tab.bring_to_front()  # the first student is back on their own page
     tab.locator("#stop-btn").click(timeout=60_000)
-    status.get_by_text(re.compile(r"stop: stopped")).wait_for(timeout=180_000)  # the stopped run still verifies and exports
+    status.get_by_text(re.compile(r"stop: stopped")).wait_for(
+        timeout=180_000
+    )  # the stopped run still verifies and exports
     n_done = int(re.search(r"Done: (\d+) tokens", status.inner_text()).group(1))
     assert 1 <= n_done < LONG_RUN
     other.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=90_000)
@@ -136,8 +139,7 @@ def test_queue_stop_bad_input_and_closing_free_the_session(open_page, inprocess_
     assert not ctx.stop_flags
 
 
-def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(open_page, inprocess_app,
-                                                                       tracked_capture):
+def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(open_page, inprocess_app, tracked_capture):
     ctx = inprocess_app.ctx
     tab = open_page(inprocess_app.url)
     start_generation(tab, LONG_PROMPT, LONG_RUN)
@@ -150,7 +152,7 @@ def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(open_pa
     assert not is_installed(ctx.lm.model)
     wait_until(lambda: not ctx.stop_flags and not ctx.files.sessions(), what="the session to be forgotten")
 
-    out = Client(inprocess_app.url, verbose=False).predict("The capital of France is", 3, False, 0.0, 1.0, 0,
-                                                            api_name="/generate")
+    out = Client(inprocess_app.url, verbose=False).predict(
+        "The capital of France is", 3, False, 0.0, 1.0, 0, api_name="/generate"
+    )
     assert out["generated_tokens"] == 3 and "Paris" in out["text"]
-

@@ -18,8 +18,17 @@ from tests.tiny_models import CONFIG_NAMES, tiny_model
 
 PROMPT = list(range(100, 120))  # 20 tokens, longer than the sliding windows and chunks of 8
 NEW = 6
-ATTENTION = {"gpt2": "MHA", "gpt_neox": "MHA", "bloom": "MHA", "falcon": "MQA", "falcon_alibi": "MQA",
-             "llama_mqa": "MQA", "gpt_bigcode": "MQA", "deepseek_v2": "MLA", "deepseek_v3": "MLA"}
+ATTENTION = {
+    "gpt2": "MHA",
+    "gpt_neox": "MHA",
+    "bloom": "MHA",
+    "falcon": "MQA",
+    "falcon_alibi": "MQA",
+    "llama_mqa": "MQA",
+    "gpt_bigcode": "MQA",
+    "deepseek_v2": "MLA",
+    "deepseek_v3": "MLA",
+}
 
 
 class Run:
@@ -88,7 +97,8 @@ def test_cache_bytes_equal_the_formula_at_every_step(run):
     m = t.model
     assert m.attention == ATTENTION.get(run.name, "GQA"), run.name
     assert t.steps[0].cache_bytes == len(PROMPT) * m.kv_bytes_per_token or any(
-        k != "full_attention" for k in m.layer_kinds), run.name
+        k != "full_attention" for k in m.layer_kinds
+    ), run.name
 
 
 def test_mla_caches_one_latent_and_one_rope_key():

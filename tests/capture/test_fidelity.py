@@ -74,8 +74,9 @@ def test_legacy_attention_whose_eager_path_differs_is_refused():
     config = tiny_config("falcon_alibi")
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config.pop("model_type"), **config),
-                                             attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(config.pop("model_type"), **config), attn_implementation="sdpa"
+    ).eval()
     lm = build(tiny_config("falcon_alibi"))
     lm.model = model
     with pytest.raises(CaptureError, match="loaded with sdpa attention.*attn_implementation='eager'"):
@@ -83,14 +84,32 @@ def test_legacy_attention_whose_eager_path_differs_is_refused():
     assert model.config._attn_implementation == "sdpa" and not is_installed(model)
 
 
-@pytest.mark.parametrize("config, feature", [
-    (dict(model_type="qwen3_next", **{**COMMON, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=16,
-          linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
-     "linear-attention / state-space layers"),
-    (dict(model_type="mamba", vocab_size=256, hidden_size=64, num_hidden_layers=2, state_size=8),
-     "linear-attention / state-space layers"),
-])
+@pytest.mark.parametrize(
+    "config, feature",
+    [
+        (
+            dict(
+                model_type="qwen3_next",
+                **{**COMMON, "num_hidden_layers": 4},
+                num_key_value_heads=2,
+                head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+            ),
+            "linear-attention / state-space layers",
+        ),
+        (
+            dict(model_type="mamba", vocab_size=256, hidden_size=64, num_hidden_layers=2, state_size=8),
+            "linear-attention / state-space layers",
+        ),
+    ],
+)
 def test_architectures_kvviz_cannot_capture_say_which_feature(config, feature):
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -80,8 +80,9 @@ def test_streams_after_prefill_and_every_step(lm):
 
 def test_stop_request_ends_the_run(lm):
     calls = []
-    trace = capture(lm, "Count: 1, 2, 3,", chat=False, max_new_tokens=50,
-                    should_stop=lambda: calls.append(1) or len(calls) >= 3)
+    trace = capture(
+        lm, "Count: 1, 2, 3,", chat=False, max_new_tokens=50, should_stop=lambda: calls.append(1) or len(calls) >= 3
+    )
     assert trace.stop_reason == "stopped" and trace.n_generated == 3
 
 

@@ -76,18 +76,25 @@ def reference(spy: SpyRecorder, trace) -> dict[str, np.ndarray]:
         n, kl = p.shape[1:]
         kpos = np.arange(t_total - kl, t_total)
         colsum[layer][:, kpos] += p.sum(1)
-        sink[layer][:, t_total - n:t_total] = p[..., kpos < k_sink].sum(-1)
+        sink[layer][:, t_total - n : t_total] = p[..., kpos < k_sink].sum(-1)
         binned = np.zeros((m.q_heads, n, nb))
         np.add.at(binned, (slice(None), slice(None), kpos // f), p)
         if n > 1:  # the prefill
-            window[layer] = p[:, n_prompt - w:, :]
+            window[layer] = p[:, n_prompt - w :, :]
             prefill_colsum[layer] = p.sum(1)
             counts = np.bincount(np.arange(n_prompt) // f)
             for b, c in enumerate(counts):
-                pmap[layer][:, b] = binned[:, b * f:b * f + c].sum(1) / c
+                pmap[layer][:, b] = binned[:, b * f : b * f + c].sum(1) / c
         else:
             drows[t_total - 1 - n_prompt, layer] = binned[:, 0]
-    return dict(colsum=colsum, prefill_colsum=prefill_colsum, sink_mass=sink, window_rows=window, prefill_map=pmap, decode_rows=drows)
+    return dict(
+        colsum=colsum,
+        prefill_colsum=prefill_colsum,
+        sink_mass=sink,
+        window_rows=window,
+        prefill_map=pmap,
+        decode_rows=drows,
+    )
 
 
 def spied_capture(monkeypatch, model, ids, cfg):

@@ -18,9 +18,26 @@ def test_json_contract_two_prompts_with_a_policy(tmp_path):
     for name, text in (("a.txt", A), ("b.txt", B)):
         files += ["--prompt-file", str(tmp_path / name)]
         (tmp_path / name).write_text(text, encoding="utf-8")
-    res = subprocess.run([sys.executable, "-m", "kvviz", "blocks", *files, "--chat", "--block-size", "8",
-                          "--policy", "streaming_llm", "--budget", "20", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvviz",
+            "blocks",
+            *files,
+            "--chat",
+            "--block-size",
+            "8",
+            "--policy",
+            "streaming_llm",
+            "--budget",
+            "20",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     a, b = data["prompts"]

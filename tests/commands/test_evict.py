@@ -12,13 +12,24 @@ PROMPT = "Write one sentence about the sea."
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvviz", "evict", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "kvviz", "evict", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_json_contract_streaming(lm):
-    res = _run("--prompt", PROMPT, "--chat", "--policy", "streaming_llm", "--budget", "12", "--sinks", "2",
-               "--max-new-tokens", "4", "--json")
+    res = _run(
+        "--prompt",
+        PROMPT,
+        "--chat",
+        "--policy",
+        "streaming_llm",
+        "--budget",
+        "12",
+        "--sinks",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert {"policy", "prompt_tokens", "n_kept", "kept", "text", "cache_bytes", "full_cache_bytes"} <= set(data)
@@ -36,8 +47,21 @@ def test_json_contract_streaming(lm):
 def test_json_contract_snapkv_ratio(lm, tmp_path):
     prompt = tmp_path / "p.txt"
     prompt.write_text("The meeting moved to Thursday at noon in room B. " * 6, encoding="utf-8")
-    res = _run("--prompt-file", str(prompt), "--policy", "snapkv", "--ratio", "0.5", "--window-size", "8",
-               "--kernel-size", "3", "--max-new-tokens", "3", "--json")
+    res = _run(
+        "--prompt-file",
+        str(prompt),
+        "--policy",
+        "snapkv",
+        "--ratio",
+        "0.5",
+        "--window-size",
+        "8",
+        "--kernel-size",
+        "3",
+        "--max-new-tokens",
+        "3",
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     n = data["prompt_tokens"]
@@ -69,7 +93,9 @@ def test_budget_and_ratio_are_exclusive(capsys):
 
 
 def test_snapkv_budget_below_its_window_says_what_to_do(lm, capsys):
-    code, err = _main(capsys, "--prompt", "word " * 100, "--policy", "snapkv", "--budget", "16", "--max-new-tokens", "1")
+    code, err = _main(
+        capsys, "--prompt", "word " * 100, "--policy", "snapkv", "--budget", "16", "--max-new-tokens", "1"
+    )
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("error: SnapKV") and "window_size" in last
 

@@ -14,8 +14,9 @@ GiB = 2**30
 
 
 def kvviz(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvviz", "memory", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "kvviz", "memory", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def as_json(*args: str) -> dict:
@@ -36,8 +37,24 @@ def test_json_contract_basic():
 
 
 def test_json_contract_chapter_serving_example():
-    r = as_json("--preset", "Llama-3-70B", "--context", "8192", "--batch", "162", "--gpus", "8",
-                "--gpu-mem-gb", "80", "--reserve", "0.1", "--weights-gb", "140", "--bandwidth-tbps", "3.35")
+    r = as_json(
+        "--preset",
+        "Llama-3-70B",
+        "--context",
+        "8192",
+        "--batch",
+        "162",
+        "--gpus",
+        "8",
+        "--gpu-mem-gb",
+        "80",
+        "--reserve",
+        "0.1",
+        "--weights-gb",
+        "140",
+        "--bandwidth-tbps",
+        "3.35",
+    )
     assert r["kv_budget_bytes"] == 436 * 10**9
     assert r["max_sequences"] == 162
     assert r["total_bytes"] == 162 * 8192 * 327_680
@@ -46,8 +63,9 @@ def test_json_contract_chapter_serving_example():
 
 
 def test_json_128k_fits_ten():
-    r = as_json("--preset", "Llama-3-70B", "--context", "131072", "--gpus", "8", "--gpu-mem-gb", "80",
-                "--weights-gb", "140")
+    r = as_json(
+        "--preset", "Llama-3-70B", "--context", "131072", "--gpus", "8", "--gpu-mem-gb", "80", "--weights-gb", "140"
+    )
     assert r["max_sequences"] == 10
 
 
@@ -66,8 +84,14 @@ def test_json_sliding_layers_report_their_window():
 
 
 def test_config_file(tmp_path):
-    cfg = {"model_type": "qwen3", "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-           "head_dim": 64, "hidden_size": 1024}
+    cfg = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "hidden_size": 1024,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     r = as_json("--config", str(path), "--context", "32768")
@@ -81,12 +105,34 @@ def test_gpu_preset_fills_memory_and_bandwidth():
 
 
 def test_human_output_has_units():
-    out = kvviz("--preset", "Llama-3-70B", "--context", "8192", "--batch", "162", "--gpus", "8", "--gpu-mem-gb", "80",
-                "--weights-gb", "140", "--bandwidth-tbps", "3.35")
+    out = kvviz(
+        "--preset",
+        "Llama-3-70B",
+        "--context",
+        "8192",
+        "--batch",
+        "162",
+        "--gpus",
+        "8",
+        "--gpu-mem-gb",
+        "80",
+        "--weights-gb",
+        "140",
+        "--bandwidth-tbps",
+        "3.35",
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for piece in ("320 KiB", "2.5 GiB", "436 GB", "406.1 GiB", "162 sequences", "5.22 ms", "16.23 ms",
-                  "2 × 8 KV heads × 128 × 2 B"):
+    for piece in (
+        "320 KiB",
+        "2.5 GiB",
+        "436 GB",
+        "406.1 GiB",
+        "162 sequences",
+        "5.22 ms",
+        "16.23 ms",
+        "2 × 8 KV heads × 128 × 2 B",
+    ):
         assert piece in text, piece
 
 
@@ -95,20 +141,23 @@ def test_list():
     assert out.returncode == 0 and "Llama-3-70B" in out.stdout and "H100" in out.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--preset", "Llama-9"], "Unknown preset"),
-    (["--config", "/no/such/config.json"], "no such file"),
-    (["--preset", "Llama-3-8B", "--kv-dtype", "fp6"], "Unknown KV dtype"),
-    (["--preset", "Llama-3-8B", "--context", "-5"], "context"),
-    (["--preset", "Llama-3-8B", "--batch", "0"], "batch"),
-    (["--preset", "Llama-3-70B", "--tp", "3"], "cannot split"),
-    (["--preset", "Llama-3-70B", "--gpu-mem-gb", "24"], "do not fit"),
-    (["--preset", "Llama-3-8B", "--gpu-mem-gb", "80", "--reserve", "1.5"], "reserve"),
-    (["--preset", "Llama-3-8B", "--gpus", "2"], "need --gpu-mem-gb"),
-    (["--preset", "Llama-3-8B", "--gpu", "V100"], "Unknown GPU"),
-    (["--preset", "Llama-3-8B", "--context", "lots"], "invalid int"),
-    ([], "required"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--preset", "Llama-9"], "Unknown preset"),
+        (["--config", "/no/such/config.json"], "no such file"),
+        (["--preset", "Llama-3-8B", "--kv-dtype", "fp6"], "Unknown KV dtype"),
+        (["--preset", "Llama-3-8B", "--context", "-5"], "context"),
+        (["--preset", "Llama-3-8B", "--batch", "0"], "batch"),
+        (["--preset", "Llama-3-70B", "--tp", "3"], "cannot split"),
+        (["--preset", "Llama-3-70B", "--gpu-mem-gb", "24"], "do not fit"),
+        (["--preset", "Llama-3-8B", "--gpu-mem-gb", "80", "--reserve", "1.5"], "reserve"),
+        (["--preset", "Llama-3-8B", "--gpus", "2"], "need --gpu-mem-gb"),
+        (["--preset", "Llama-3-8B", "--gpu", "V100"], "Unknown GPU"),
+        (["--preset", "Llama-3-8B", "--context", "lots"], "invalid int"),
+        ([], "required"),
+    ],
+)
 def test_bad_input_exits_non_zero_with_a_message(args, message):
     out = kvviz(*args)
     assert out.returncode != 0

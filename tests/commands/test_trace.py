@@ -8,18 +8,26 @@ import sys
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvviz", "trace", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "kvviz", "trace", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_json_contract(tmp_path, lm):
     out = tmp_path / "t.npz"
-    res = _run("--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "12", "--json",
-               "--out", str(out))
+    res = _run(
+        "--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "12", "--json", "--out", str(out)
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
-    assert data["model"] == {**data["model"], "name": "SmolLM2-135M-Instruct", "layers": 30, "q_heads": 9,
-                             "kv_heads": 3, "head_dim": 64, "dtype": "float32", "bytes_per_element": 4}
+    assert data["model"] == {
+        **data["model"],
+        "name": "SmolLM2-135M-Instruct",
+        "layers": 30,
+        "q_heads": 9,
+        "kv_heads": 3,
+        "head_dim": 64,
+        "dtype": "float32",
+        "bytes_per_element": 4,
+    }
     assert "Paris" in data["text"]
     assert data["generated_tokens"] == len(data["steps"])
     assert data["steps"][0]["cache_lens"] == [data["prompt_tokens"]] * 30

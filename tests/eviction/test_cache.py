@@ -52,7 +52,7 @@ def test_cache_holds_n_kept_plus_generated_and_bytes_follow(lm, ids, name):
 def test_full_policy_equals_plain_generation(lm, ids):
     plain = capture(lm, PROMPT, chat=True, max_new_tokens=8)
     ours = run_policy(lm, ids, make_policy("full"), max_new_tokens=8)
-    assert ours.generated_ids == plain.token_ids[plain.n_prompt:]
+    assert ours.generated_ids == plain.token_ids[plain.n_prompt :]
     assert ours.text == plain.text
 
 
@@ -64,8 +64,9 @@ def test_per_head_kept_sets_are_gathered_from_the_original_tensors(lm, ids):
     bytes_before = cache.nbytes()
     n = len(ids)
     g = torch.Generator().manual_seed(0)
-    keep = torch.stack([torch.stack([torch.randperm(n, generator=g)[:7].sort().values for _ in range(3)])
-                        for _ in range(30)])  # [30, 3, 7]: a different set per layer and KV head
+    keep = torch.stack(
+        [torch.stack([torch.randperm(n, generator=g)[:7].sort().values for _ in range(3)]) for _ in range(30)]
+    )  # [30, 3, 7]: a different set per layer and KV head
     cache.keep(keep)
     assert torch.equal(cache.positions(), keep)
     for li, layer in enumerate(cache.layers):
@@ -86,8 +87,15 @@ def test_slot_reuse_while_decoding_equals_gathering_new_tensors(lm, ids, name):
     results = []
     for reuse in (True, False):
         ev = Evictor(lm, policy, 14, len(ids))
-        trace = capture(lm, PROMPT, chat=True, max_new_tokens=N_NEW, cfg=ev.recorder_config(), after_step=ev.after_step,
-                        cache_factory=lambda lm, reuse=reuse: EvictingCache(lm.config, reuse_slots=reuse))
+        trace = capture(
+            lm,
+            PROMPT,
+            chat=True,
+            max_new_tokens=N_NEW,
+            cfg=ev.recorder_config(),
+            after_step=ev.after_step,
+            cache_factory=lambda lm, reuse=reuse: EvictingCache(lm.config, reuse_slots=reuse),
+        )
         results.append((trace.token_ids, [np.sort(h, axis=-1) for h in ev.history], ev.history[-1]))
     (tok_a, held_a, slots_a), (tok_b, held_b, slots_b) = results
     assert tok_a == tok_b
@@ -108,10 +116,17 @@ def test_capture_iter_hooks_give_the_same_answer_as_run_policy(lm, ids):
     """Plugging the Evictor into capture_iter (cache_factory + after_step) evicts exactly like run_policy."""
     policy = make_policy("snapkv", window_size=8)
     ev = Evictor(lm, policy, 16, len(ids))
-    trace = capture(lm, PROMPT, chat=True, max_new_tokens=N_NEW, cache_factory=ev.cache_factory,
-                    after_step=ev.after_step, cfg=ev.recorder_config())
+    trace = capture(
+        lm,
+        PROMPT,
+        chat=True,
+        max_new_tokens=N_NEW,
+        cache_factory=ev.cache_factory,
+        after_step=ev.after_step,
+        cfg=ev.recorder_config(),
+    )
     ours = run_policy(lm, ids, policy, budget=16, max_new_tokens=N_NEW)
-    assert trace.token_ids[trace.n_prompt:] == ours.generated_ids
+    assert trace.token_ids[trace.n_prompt :] == ours.generated_ids
     assert [s.cache_lens[0] for s in trace.steps] == [16 + i for i in range(len(trace.steps))]
     assert np.array_equal(ev.kept, ours.kept)
     assert np.isnan(trace.key_norms[:, :, : len(ids) - 8]).any(), "evicted keys are absent from the final cache"
@@ -145,11 +160,24 @@ def test_streaming_with_repositioning_runs_and_matches_full_when_nothing_is_evic
         Evictor(lm, policy, 12, len(ids)).cache_factory(lm)  # capture_iter's absolute positions cannot re-position
 
 
-@pytest.mark.parametrize("config", [
-    MistralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, sliding_window=8),
-    Gemma2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
-], ids=["mistral-sliding", "gemma2-hybrid"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        MistralConfig(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, sliding_window=8
+        ),
+        Gemma2Config(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ],
+    ids=["mistral-sliding", "gemma2-hybrid"],
+)
 def test_sliding_window_models_are_refused(config):
     with pytest.raises(ValueError, match="full attention"):
         EvictingCache(config)

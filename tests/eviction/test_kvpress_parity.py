@@ -33,8 +33,10 @@ def to_policy(press: str, params: dict):
     if press == "StreamingLLMPress":
         return make_policy("streaming_llm", sinks=params["n_sink"]), params["compression_ratio"]
     if press == "SnapKVPress":
-        return (make_policy("snapkv", window_size=params["window_size"], kernel_size=params["kernel_size"],
-                            pooling="avg"), params["compression_ratio"])
+        return (
+            make_policy("snapkv", window_size=params["window_size"], kernel_size=params["kernel_size"], pooling="avg"),
+            params["compression_ratio"],
+        )
     raise AssertionError(f"no kvviz policy mapped to {press}")
 
 
@@ -46,9 +48,12 @@ def expand(runs: list[list[int]]) -> list[int]:
 def diff_heads(ours: list[list[list[int]]], theirs: list[list[list[int]]]) -> list[tuple]:
     """(layer, KV head, positions only kvviz keeps, positions only kvpress keeps) where they differ."""
     assert len(ours) == len(theirs) and all(len(a) == len(b) for a, b in zip(ours, theirs))
-    return [(layer, head, sorted(set(a) - set(b)), sorted(set(b) - set(a)))
-            for layer, (la, lb) in enumerate(zip(ours, theirs))
-            for head, (a, b) in enumerate(zip(la, lb)) if a != b]
+    return [
+        (layer, head, sorted(set(a) - set(b)), sorted(set(b) - set(a)))
+        for layer, (la, lb) in enumerate(zip(ours, theirs))
+        for head, (a, b) in enumerate(zip(la, lb))
+        if a != b
+    ]
 
 
 def reference_kept(case: dict) -> list[list[list[int]]]:
@@ -66,10 +71,18 @@ def prefills(lm):
     out = {}
     for name, prompt in REFERENCE["prompts"].items():
         ids = prompt["token_ids"]
-        window = max([c["params"]["window_size"] for c in CASES
-                      if c["prompt"] == name and c["press"] == "SnapKVPress"], default=1)
-        rec = Recorder(info.layers, info.q_heads, len(ids), len(ids),
-                       RecorderConfig(obs_window=window, bin_factor=len(ids)), lm.device)
+        window = max(
+            [c["params"]["window_size"] for c in CASES if c["prompt"] == name and c["press"] == "SnapKVPress"],
+            default=1,
+        )
+        rec = Recorder(
+            info.layers,
+            info.q_heads,
+            len(ids),
+            len(ids),
+            RecorderConfig(obs_window=window, bin_factor=len(ids)),
+            lm.device,
+        )
         rec.cache = DynamicCache(config=lm.config)
         rec.phase, rec.t_total = "prefill", len(ids)
         with torch.inference_mode(), installed(lm.model):
@@ -86,7 +99,9 @@ def case_id(case: dict) -> str:
 def test_reference_uses_the_committed_prompts():
     """The reference was recorded on exactly the token ids in kvpress_prompts.json (rebuild both together)."""
     prompts = json.loads((DATA / "kvpress_prompts.json").read_text())["prompts"]
-    assert {k: v["token_ids"] for k, v in REFERENCE["prompts"].items()} == {k: v["token_ids"] for k, v in prompts.items()}
+    assert {k: v["token_ids"] for k, v in REFERENCE["prompts"].items()} == {
+        k: v["token_ids"] for k, v in prompts.items()
+    }
     assert {c["press"] for c in CASES} == {"StreamingLLMPress", "SnapKVPress"}
 
 
@@ -99,13 +114,21 @@ def test_kept_sets_equal_kvpress(prefills, case):
     assert n_kept == case["n_kept"], "n_kept = max(1, int(L × (1 − r))) differs from kvpress's"
     policy.validate(n_kept, n)
     layers, kv_heads = len(case["kept"]), len(case["kept"][0])
-    state = PolicyState(positions=torch.arange(n).expand(layers, kv_heads, n), n_kept=n_kept, n_prompt=n,
-                        step=0, kv_heads=kv_heads, window_rows=window_rows)
+    state = PolicyState(
+        positions=torch.arange(n).expand(layers, kv_heads, n),
+        n_kept=n_kept,
+        n_prompt=n,
+        step=0,
+        kv_heads=kv_heads,
+        window_rows=window_rows,
+    )
     assert policy.wants_compression(state)
     keep = policy.select(state).keep  # [Lyr, Hkv, n_kept]
     diffs = diff_heads(keep.tolist(), reference_kept(case))
-    assert not diffs, (f"{len(diffs)} (layer, KV head) kept sets differ from kvpress "
-                       f"(layer, head, only kvviz keeps, only kvpress keeps): {diffs[:5]}")
+    assert not diffs, (
+        f"{len(diffs)} (layer, KV head) kept sets differ from kvpress "
+        f"(layer, head, only kvviz keeps, only kvpress keeps): {diffs[:5]}"
+    )
 
 
 @pytest.mark.parametrize("case", END_TO_END, ids=[case_id(c) for c in END_TO_END])

@@ -41,11 +41,17 @@ def fake_state(n: int, n_kept: int, seed: int = 0, step: int = 0, w: int = 8) ->
     """Right after a prefill of n tokens: random attention summaries of the right shapes."""
     g = torch.Generator().manual_seed(seed)
     rows = torch.rand(LYR, HQ, w, n, generator=g)
-    rows = rows * torch.tril(torch.ones(n, n))[n - w:]  # causal: window query i sees keys ≤ its position
+    rows = rows * torch.tril(torch.ones(n, n))[n - w :]  # causal: window query i sees keys ≤ its position
     rows = rows / rows.sum(-1, keepdim=True)
-    return PolicyState(positions=torch.arange(n).expand(LYR, HKV, n).contiguous(), n_kept=n_kept, n_prompt=n,
-                       step=step, kv_heads=HKV, colsum=torch.rand(LYR, HQ, n + 16, generator=g) * 10,
-                       window_rows=rows)
+    return PolicyState(
+        positions=torch.arange(n).expand(LYR, HKV, n).contiguous(),
+        n_kept=n_kept,
+        n_prompt=n,
+        step=step,
+        kv_heads=HKV,
+        colsum=torch.rand(LYR, HQ, n + 16, generator=g) * 10,
+        window_rows=rows,
+    )
 
 
 def small(name: str) -> Policy:
@@ -71,18 +77,28 @@ def test_make_policy_refuses_unknown_names_and_parameters():
 
 
 # ---- budget arithmetic -------------------------------------------------------------------------
-@pytest.mark.parametrize(("n", "budget", "ratio", "expected"), [
-    (100, None, 0.3, 70), (10, None, 0.7, 3), (350, None, 0.5, 175), (7, None, 0.99, 1), (5, None, 0.0, 5),
-    (100, 64, None, 64), (100, 100, None, 100), (100, 500, None, 500),
-])
+@pytest.mark.parametrize(
+    ("n", "budget", "ratio", "expected"),
+    [
+        (100, None, 0.3, 70),
+        (10, None, 0.7, 3),
+        (350, None, 0.5, 175),
+        (7, None, 0.99, 1),
+        (5, None, 0.0, 5),
+        (100, 64, None, 64),
+        (100, 100, None, 100),
+        (100, 500, None, 500),
+    ],
+)
 def test_n_kept_formula(n, budget, ratio, expected):
     assert n_kept_for(n, budget, ratio) == expected
     if ratio is not None:
         assert expected == max(1, int(n * (1 - ratio)))
 
 
-@pytest.mark.parametrize(("budget", "ratio"), [(None, None), (10, 0.5), (0, None), (2.5, None), (None, 1.0),
-                                               (None, -0.1), (True, None)])
+@pytest.mark.parametrize(
+    ("budget", "ratio"), [(None, None), (10, 0.5), (0, None), (2.5, None), (None, 1.0), (None, -0.1), (True, None)]
+)
 def test_bad_budgets_are_value_errors(budget, ratio):
     with pytest.raises(ValueError):
         n_kept_for(50, budget, ratio)
@@ -195,8 +211,14 @@ def eager_attentions(lm, ids: list[int]) -> torch.Tensor:
 def test_snapkv_on_the_model_keeps_its_window_and_the_top_pooled_votes(lm, pooling):
     ids = encode_prompt(lm, needle_prompt(2, 3), True)
     n, w, k, n_kept = len(ids), 16, 5, 48
-    run = run_policy(lm, ids, make_policy("snapkv", window_size=w, kernel_size=k, pooling=pooling), budget=n_kept,
-                     max_new_tokens=1, record_history=False)
+    run = run_policy(
+        lm,
+        ids,
+        make_policy("snapkv", window_size=w, kernel_size=k, pooling=pooling),
+        budget=n_kept,
+        max_new_tokens=1,
+        record_history=False,
+    )
     # independent votes: eager rows of the last w queries, mean, 1-D pooling, mean over each KV group
     att = eager_attentions(lm, ids)[:, :, -w:, : n - w].mean(2)  # [Lyr, Hq, L-w]
     pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
@@ -254,7 +276,7 @@ def test_h2o_evolves_step_by_step_as_specified():
             for li in range(LYR):
                 for h in range(HKV):
                     cols = held[li, h]
-                    bump[li, h * 3:(h + 1) * 3, cols] = torch.rand(3, len(cols), generator=g) / len(cols)
+                    bump[li, h * 3 : (h + 1) * 3, cols] = torch.rand(3, len(cols), generator=g) / len(cols)
             colsum += bump
             for li in range(LYR):
                 for h in range(HKV):
@@ -301,5 +323,6 @@ def test_h2o_on_the_model_never_evicts_its_recent_window(lm):
                     assert not now & evicted[li][h]
                     evicted[li][h] |= set(prev[li, h].tolist()) - now
         prev = held
-    assert len({tuple(run.kept[li, h]) for li in range(run.kept.shape[0]) for h in range(run.kept.shape[1])}) > 1, \
+    assert len({tuple(run.kept[li, h]) for li in range(run.kept.shape[0]) for h in range(run.kept.shape[1])}) > 1, (
         "H2O chooses per layer and KV head"
+    )

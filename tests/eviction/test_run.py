@@ -33,8 +33,9 @@ def test_needle_full_and_snapkv_with_the_question_answer_streaming_does_not(need
 
 
 def test_needle_snapkv_loses_the_fact_when_only_the_context_is_compressed(lm, needle):
-    ids, n_context = split_question(lm, needle_passage(8, 16), "Question: What is the secret code for the storage "
-                                    "room?", True)
+    ids, n_context = split_question(
+        lm, needle_passage(8, 16), "Question: What is the secret code for the storage room?", True
+    )
     assert n_context == needle.n_context and ids == needle.comparison.full.prompt_ids
     run = run_policy(lm, ids, make_policy("snapkv"), budget=NEEDLE_BUDGET, n_compress=n_context, max_new_tokens=14)
     assert NEEDLE_ANSWER not in run.text
@@ -70,8 +71,9 @@ def test_agreement_and_kl_by_hand():
 
 def test_a_budget_above_the_prompt_matches_the_full_cache(lm):
     ids = encode_prompt(lm, "Name the planets of the solar system.", True)
-    cmp = compare(lm, ids, [make_policy("streaming_llm"), make_policy("window")], budget=len(ids) + 64,
-                  max_new_tokens=8)
+    cmp = compare(
+        lm, ids, [make_policy("streaming_llm"), make_policy("window")], budget=len(ids) + 64, max_new_tokens=8
+    )
     for r in cmp.results:
         assert r.top1_agreement == 1.0 and r.mean_kl < 1e-6 and r.run.text == cmp.full.text
 
@@ -82,10 +84,18 @@ def test_chunked_streaming_equals_token_by_token_decoding(lm, name, sinks):
     ids = lm.tokenizer(chapter_text())["input_ids"][:40]
     chunked = streaming_nll(lm, ids, 12, sinks, chunk=16)
     p = 8  # the prompt fits the cache; everything after it is fed (teacher-forced) one token at a time
-    run = run_policy(lm, ids[:p], make_policy(name), budget=12, forced=ids[p:], max_new_tokens=len(ids) - p,
-                     keep_logprobs=True, record_history=False)
+    run = run_policy(
+        lm,
+        ids[:p],
+        make_policy(name),
+        budget=12,
+        forced=ids[p:],
+        max_new_tokens=len(ids) - p,
+        keep_logprobs=True,
+        record_history=False,
+    )
     token_by_token = -run.logprobs[np.arange(len(ids) - p), ids[p:]]
-    np.testing.assert_allclose(chunked[p - 1:], token_by_token, atol=1e-3)
+    np.testing.assert_allclose(chunked[p - 1 :], token_by_token, atol=1e-3)
 
 
 def test_sinks_matter_on_the_chapter(lm):

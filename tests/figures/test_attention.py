@@ -15,9 +15,22 @@ from kvviz.capture.loop import capture
 from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.figures import attention as fa
 
-SMOL = dict(name="SmolLM2-135M-Instruct", model_type="llama", layers=30, q_heads=9, kv_heads=3, head_dim=64,
-            dtype="float32", bytes_per_element=4, layer_kinds=["full_attention"] * 30, sliding_window=None,
-            context_length=8192, param_count=134515008, weight_bytes=538060032, device="cpu")
+SMOL = dict(
+    name="SmolLM2-135M-Instruct",
+    model_type="llama",
+    layers=30,
+    q_heads=9,
+    kv_heads=3,
+    head_dim=64,
+    dtype="float32",
+    bytes_per_element=4,
+    layer_kinds=["full_attention"] * 30,
+    sliding_window=None,
+    context_length=8192,
+    param_count=134515008,
+    weight_bytes=538060032,
+    device="cpu",
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +63,23 @@ def long_trace():
     colsum[..., 0] += n_fed * 0.5
     colsum *= n_fed / colsum.sum(-1, keepdims=True)
     steps = [Step(i, 7, "w", n_prompt + i, [n_prompt + i] * 30, [0] * 30, 0.0) for i in range(n_new)]
-    return Trace(model=info, prompt="", chat=False, settings={}, token_ids=list(range(t)), tokens=tokens,
-                 n_prompt=n_prompt, steps=steps, bin_factor=f, colsum=colsum,
-                 prefill_map=pmap.astype(np.float16), decode_rows=drows.astype(np.float16),
-                 window_rows=_rows(rng, (30, 9, 64, n_prompt), n_prompt),
-                 key_norms=rng.random((30, 3, t), dtype=np.float32),
-                 value_norms=rng.random((30, 3, t), dtype=np.float32))
+    return Trace(
+        model=info,
+        prompt="",
+        chat=False,
+        settings={},
+        token_ids=list(range(t)),
+        tokens=tokens,
+        n_prompt=n_prompt,
+        steps=steps,
+        bin_factor=f,
+        colsum=colsum,
+        prefill_map=pmap.astype(np.float16),
+        decode_rows=drows.astype(np.float16),
+        window_rows=_rows(rng, (30, 9, 64, n_prompt), n_prompt),
+        key_norms=rng.random((30, 3, t), dtype=np.float32),
+        value_norms=rng.random((30, 3, t), dtype=np.float32),
+    )
 
 
 def _cells(fig) -> int:
@@ -82,7 +106,7 @@ def test_group_mean_is_the_mean_of_the_group(short):
 
 def test_long_trace_heatmap_is_downsampled_before_it_is_sent(long_trace):
     fig = fa.attention_heatmap(long_trace, 12, 0, log=True)
-    assert _cells(fig) <= fa.MAX_SIDE ** 2
+    assert _cells(fig) <= fa.MAX_SIDE**2
     heat = fig.data[0]
     assert len(heat.x) <= fa.MAX_SIDE and len(heat.y) <= fa.MAX_SIDE
     payload = len(fig.to_json())
@@ -131,8 +155,10 @@ def test_token_strip_marks_sinks_and_elides_long_runs(short, long_trace):
     assert len(long) <= fa.STRIP_MAX + 1 and any(label is None for _, label in long)
 
 
-@pytest.mark.parametrize("call", [lambda t: fa.attention_heatmap(t, 30, 0), lambda t: fa.attention_heatmap(t, 0, 9),
-                                  lambda t: fa.sink_map(t, 0)])
+@pytest.mark.parametrize(
+    "call",
+    [lambda t: fa.attention_heatmap(t, 30, 0), lambda t: fa.attention_heatmap(t, 0, 9), lambda t: fa.sink_map(t, 0)],
+)
 def test_bad_selection_is_refused(short, call):
     with pytest.raises(ValueError):
         call(short)

@@ -53,7 +53,7 @@ def test_timeline_has_one_row_per_step(h2o_run):
     z = np.array(f.data[0].z)
     assert z.shape == (len(h2o_run.history), len(h2o_run.tokens))
     first = fig.role_row(h2o_run, 0, 0, 0)
-    assert (first[len(h2o_run.prompt_ids):] == fig.NOT_SEEN).all()
+    assert (first[len(h2o_run.prompt_ids) :] == fig.NOT_SEEN).all()
 
 
 def test_scores_and_slot_table(h2o_run, ids):

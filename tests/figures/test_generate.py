@@ -45,8 +45,16 @@ def test_model_card_substitutes_the_formula(trace):
     assert "GQA (groups of 3)" in card
 
 
-@pytest.mark.parametrize("n,text", [(512, "512 bytes"), (327_680, "320 KiB"), (2.5 * 2**30, "2.5 GiB"),
-                                    (2.5 * 2**20, "2.5 MiB"), (40 * 2**30, "40 GiB")])
+@pytest.mark.parametrize(
+    "n,text",
+    [
+        (512, "512 bytes"),
+        (327_680, "320 KiB"),
+        (2.5 * 2**30, "2.5 GiB"),
+        (2.5 * 2**20, "2.5 MiB"),
+        (40 * 2**30, "40 GiB"),
+    ],
+)
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
 

@@ -74,8 +74,9 @@ def test_capacity_vs_context_counts():
 
 
 def test_decode_time_bars_split_weights_and_kv():
-    f = fig.decode_time_vs_context(cache_layout("Llama-3-70B"), 140 * 10**9, batch=162, bandwidth_tbps=3.35,
-                                   gpus=8, contexts=[1024, 8192], tp=8)
+    f = fig.decode_time_vs_context(
+        cache_layout("Llama-3-70B"), 140 * 10**9, batch=162, bandwidth_tbps=3.35, gpus=8, contexts=[1024, 8192], tp=8
+    )
     weights, kv = f.data
     assert list(weights.y) == pytest.approx([5.2239, 5.2239], abs=1e-3)
     assert kv.y[1] == pytest.approx(16.23, abs=0.01) and kv.y[0] == pytest.approx(kv.y[1] / 8)

@@ -15,7 +15,9 @@ ARTICLE = [  # the source article's "Repeated work without a cache" table
 ]
 
 
-@pytest.mark.parametrize("prompt,chat,n", [("Once upon a time", False, 10), ("What is the capital of France?", True, 4)])
+@pytest.mark.parametrize(
+    "prompt,chat,n", [("Once upon a time", False, 10), ("What is the capital of France?", True, 4)]
+)
 def test_no_cache_generates_exactly_the_cached_tokens(lm, prompt, chat, n):
     cmp = compare_cache(lm, prompt, new_tokens=n, chat=chat)
     assert len(cmp.cached.token_ids) == n
@@ -35,7 +37,9 @@ def test_the_articles_table_with_the_real_tokenizer(lm):
     tokens = [lm.tokenizer.decode([i]) for i in ids]
     assert len(tokens) == 7  # one token per word, as the article counts them
     df = redundant_work_table(tokens, n_prompt=4)
-    got = list(df[["Step", "Input sequence", "Keys and Values computed", "Redundant work"]].itertuples(index=False, name=None))
+    got = list(
+        df[["Step", "Input sequence", "Keys and Values computed", "Redundant work"]].itertuples(index=False, name=None)
+    )
     assert got == ARTICLE
     assert list(df["redundant (tokens)"]) == [0, 4, 5, 6]
     assert list(df["With a KV cache"])[1:] == ["K/V for token 5 only", "K/V for token 6 only", "K/V for token 7 only"]

@@ -25,8 +25,14 @@ def test_every_kind_holds_exactly_the_formulas_bytes(live):
 def test_each_kind_stores_what_its_architecture_says(live):
     cfg = tiny_config(live.kind)
     shapes = {(t.name, t.shape[1], t.shape[3]) for t in live.tensors}
-    expected = {"MHA": ("MHA", 4), "GQA": ("GQA", 2), "MQA": ("MQA", 1), "sliding": ("GQA", 2), "hybrid": ("GQA", 2),
-                "learned-sink": ("GQA", 2)}
+    expected = {
+        "MHA": ("MHA", 4),
+        "GQA": ("GQA", 2),
+        "MQA": ("MQA", 1),
+        "sliding": ("GQA", 2),
+        "hybrid": ("GQA", 2),
+        "learned-sink": ("GQA", 2),
+    }
     if live.kind == "MLA":  # one latent and one RoPE key per token: one "head", no factor 2
         assert shapes == {("latent", 1, cfg["kv_lora_rank"]), ("RoPE key", 1, cfg["qk_rope_head_dim"])}
         assert live.bytes_per_token == 2 * (32 + 8) * 4
@@ -55,9 +61,14 @@ def test_captions_are_one_sentence():
     json.dumps(fig.CAPTIONS)
 
 
-@pytest.mark.parametrize("args, message", [
-    (("GQA", ""), "prompt is empty"), (("GQA", "x" * 201), "at most 200"), (("RWKV", "hi"), "Unknown architecture"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("GQA", ""), "prompt is empty"),
+        (("GQA", "x" * 201), "at most 200"),
+        (("RWKV", "hi"), "Unknown architecture"),
+    ],
+)
 def test_bad_input_is_refused(args, message):
     with pytest.raises(ValueError, match=message):
         run_kind(*args)

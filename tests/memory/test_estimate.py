@@ -31,8 +31,14 @@ KiB, MiB, GiB = 2**10, 2**20, 2**30
 def shape(layers: int, kv: int, head_dim: int, q: int | None = None) -> dict:
     """A plain Llama-like config of the chapter's 'same shape' comparisons."""
     q = q or max(kv, 64)
-    return {"model_type": "llama", "num_hidden_layers": layers, "num_attention_heads": q,
-            "num_key_value_heads": kv, "head_dim": head_dim, "hidden_size": q * head_dim}
+    return {
+        "model_type": "llama",
+        "num_hidden_layers": layers,
+        "num_attention_heads": q,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "hidden_size": q * head_dim,
+    }
 
 
 # ---- the chapter: Llama-3-70B ------------------------------------------------------------------
@@ -55,11 +61,14 @@ def test_40_gib_is_half_an_80_gb_h100():
     assert est.bytes_per_sequence / (find_gpu("H100").memory_gb * 1e9) == pytest.approx(0.537, abs=0.001)
 
 
-@pytest.mark.parametrize("kv, per_token, text_token, at_128k, text_seq", [
-    (64, int(2.5 * MiB), "2.5 MiB", 320 * GiB, "320 GiB"),  # MHA
-    (8, 320 * KiB, "320 KiB", 40 * GiB, "40 GiB"),  # GQA, the real model
-    (1, 40 * KiB, "40 KiB", 5 * GiB, "5 GiB"),  # MQA
-])
+@pytest.mark.parametrize(
+    "kv, per_token, text_token, at_128k, text_seq",
+    [
+        (64, int(2.5 * MiB), "2.5 MiB", 320 * GiB, "320 GiB"),  # MHA
+        (8, 320 * KiB, "320 KiB", 40 * GiB, "40 GiB"),  # GQA, the real model
+        (1, 40 * KiB, "40 KiB", 5 * GiB, "5 GiB"),  # MQA
+    ],
+)
 def test_chapter_architecture_table(kv, per_token, text_token, at_128k, text_seq):
     est = estimate(cache_layout(shape(80, kv, 128)), context=131_072)
     assert est.bytes_per_token == per_token
@@ -121,15 +130,31 @@ def test_sequences_that_fit_on_8x_h100(context, sequences):
 
 
 def test_decode_step_weights_vs_kv_and_fp8_halves_it():
-    r = report(cache_layout("Llama-3-70B"), context=8192, batch=162, gpus=8, gpu_mem_gb=80, reserve=0.1,
-               weights_gb=140, bandwidth_tbps=3.35)
+    r = report(
+        cache_layout("Llama-3-70B"),
+        context=8192,
+        batch=162,
+        gpus=8,
+        gpu_mem_gb=80,
+        reserve=0.1,
+        weights_gb=140,
+        bandwidth_tbps=3.35,
+    )
     assert r["bandwidth_bytes_per_s"] == pytest.approx(26.8e12)
     assert round(r["decode_ms_weights"], 1) == 5.2
     assert round(r["decode_ms_kv"]) == 16
     assert r["total_bytes"] == pytest.approx(436e9, rel=0.01)  # "KV ≈ 436 GB"
     assert r["decode_ms_kv"] > 3 * r["decode_ms_weights"]
-    fp8 = report(cache_layout("Llama-3-70B"), context=8192, batch=162, kv_dtype="fp8", gpus=8, gpu_mem_gb=80,
-                 weights_gb=140, bandwidth_tbps=3.35)
+    fp8 = report(
+        cache_layout("Llama-3-70B"),
+        context=8192,
+        batch=162,
+        kv_dtype="fp8",
+        gpus=8,
+        gpu_mem_gb=80,
+        weights_gb=140,
+        bandwidth_tbps=3.35,
+    )
     assert fp8["decode_ms_kv"] == pytest.approx(r["decode_ms_kv"] / 2)
     assert fp8["decode_ms_weights"] == r["decode_ms_weights"]
 
@@ -259,8 +284,9 @@ def test_gpt2_naming_and_derived_head_dim():
 
 
 def test_gpt_bigcode_multi_query():
-    layout = cache_layout({"model_type": "gpt_bigcode", "n_layer": 40, "n_head": 48, "n_embd": 6144,
-                           "multi_query": True})
+    layout = cache_layout(
+        {"model_type": "gpt_bigcode", "n_layer": 40, "n_head": 48, "n_embd": 6144, "multi_query": True}
+    )
     assert layout.num_key_value_heads == 1 and layout.attention == "MQA"
     assert estimate(layout, 1).bytes_per_token == 2 * 40 * 1 * 128 * 2
 
@@ -291,19 +317,25 @@ def test_loaded_model_config_object(lm):
     assert estimate(layout, 1).bytes_per_token == estimate(preset, 1).bytes_per_token
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "JSON object"),
-    ({"num_hidden_layers": 2}, "num_attention_heads"),
-    ({"num_hidden_layers": 0, "num_attention_heads": 4, "hidden_size": 64}, "num_hidden_layers.*1 … 1,024"),
-    ({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3, "hidden_size": 64},
-     "multiple"),
-    ({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["full_attention"]},
-     "one entry per layer"),
-    ({"num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["weird"]},
-     "cannot size"),
-    ("no-such-preset", "neither a preset"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ({"num_hidden_layers": 2}, "num_attention_heads"),
+        ({"num_hidden_layers": 0, "num_attention_heads": 4, "hidden_size": 64}, "num_hidden_layers.*1 … 1,024"),
+        ({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3, "hidden_size": 64}, "multiple"),
+        (
+            {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["full_attention"]},
+            "one entry per layer",
+        ),
+        (
+            {"num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["weird"]},
+            "cannot size",
+        ),
+        ("no-such-preset", "neither a preset"),
+    ],
+)
 def test_bad_configs_raise_clear_errors(bad, message):
     with pytest.raises(ValueError, match=message):
         cache_layout(bad)
@@ -366,10 +398,20 @@ def test_max_context_unbounded_when_windows_cap_everything():
 
 
 def test_state_layers_are_fixed_size():
-    cfg = {"model_type": "qwen3_next", "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 2,
-           "head_dim": 256, "hidden_size": 2048, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-           "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-           "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    cfg = {
+        "model_type": "qwen3_next",
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "hidden_size": 2048,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+    }
     layout = cache_layout(cfg)
     small, big = estimate(layout, 10), estimate(layout, 10_000)
     state = ((2 * 16 * 128 + 32 * 128) * 4 + 32 * 128 * 128) * 2
@@ -388,12 +430,17 @@ def test_layer_groups_sum_to_the_sequence():
 
 # ---- properties ------------------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None)
-@given(name=st.sampled_from(sorted(EXPECTED)), context=st.integers(0, 300_000), batch=st.integers(1, 64),
-       dtype=st.sampled_from(sorted(KV_DTYPES)))
+@given(
+    name=st.sampled_from(sorted(EXPECTED)),
+    context=st.integers(0, 300_000),
+    batch=st.integers(1, 64),
+    dtype=st.sampled_from(sorted(KV_DTYPES)),
+)
 def test_total_is_linear_in_batch(name, context, batch, dtype):
     layout = cache_layout(name)
-    assert estimate(layout, context, batch, dtype).total_bytes == batch * estimate(layout, context, 1,
-                                                                                    dtype).total_bytes
+    assert (
+        estimate(layout, context, batch, dtype).total_bytes == batch * estimate(layout, context, 1, dtype).total_bytes
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -422,8 +469,13 @@ def test_max_sequences_is_tight(name, context, budget):
 def test_gpu_presets():
     gpus = {g.name.split()[0]: g for g in gpu_presets().values()}
     assert {k: (g.memory_gb, g.bandwidth_tbps) for k, g in gpus.items()} == {
-        "H100": (80, 3.35), "H200": (141, 4.8), "A100": (80, 2.039), "L4": (24, 0.3), "T4": (16, 0.32),
-        "RTX": (24, 1.008)}
+        "H100": (80, 3.35),
+        "H200": (141, 4.8),
+        "A100": (80, 2.039),
+        "L4": (24, 0.3),
+        "T4": (16, 0.32),
+        "RTX": (24, 1.008),
+    }
     assert find_gpu("rtx 4090").memory_gb == 24
     with pytest.raises(ValueError, match="Unknown GPU"):
         find_gpu("V100")
@@ -434,9 +486,15 @@ def test_weights_that_do_not_fit_raise():
         kv_budget(1, 24, 141 * 10**9, 0.1)
 
 
-@pytest.mark.parametrize("n, binary, text", [
-    (327_680, True, "320 KiB"), (2.5 * GiB, True, "2.5 GiB"), (512, True, "512 bytes"),
-    (436e9, False, "436 GB"), (1_500, False, "1.5 kB"),
-])
+@pytest.mark.parametrize(
+    "n, binary, text",
+    [
+        (327_680, True, "320 KiB"),
+        (2.5 * GiB, True, "2.5 GiB"),
+        (512, True, "512 bytes"),
+        (436e9, False, "436 GB"),
+        (1_500, False, "1.5 kB"),
+    ],
+)
 def test_format_bytes(n, binary, text):
     assert format_bytes(n, binary=binary) == text

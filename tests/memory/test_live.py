@@ -24,30 +24,72 @@ from transformers import (
 from kvviz.memory.estimate import cache_layout, estimate, live_cache_bytes_formula
 
 PROMPT = 20  # longer than the sliding windows of 8
-COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-              max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 
 
 def _configs() -> dict:
     return {
-        "gpt2_mha": GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=512, bos_token_id=1,
-                               eos_token_id=2),
-        "bigcode_mqa": GPTBigCodeConfig(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=512,
-                                        multi_query=True, bos_token_id=1, eos_token_id=2),
+        "gpt2_mha": GPT2Config(
+            vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=512, bos_token_id=1, eos_token_id=2
+        ),
+        "bigcode_mqa": GPTBigCodeConfig(
+            vocab_size=256,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=512,
+            multi_query=True,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
         "llama_mqa": LlamaConfig(**COMMON, num_key_value_heads=1),
         "qwen3_head_dim": Qwen3Config(**COMMON, num_key_value_heads=2, head_dim=32),
         "mistral_sliding": MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=8),
         "gemma2_hybrid": Gemma2Config(**COMMON, num_key_value_heads=2, head_dim=16, sliding_window=8),
-        "gpt_oss_banded": GptOssConfig(**{**COMMON, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=16,
-                                       sliding_window=8, num_local_experts=4, num_experts_per_tok=2),
-        "deepseek_v3_mla": DeepseekV3Config(**{**COMMON, "num_hidden_layers": 2}, **MOE, kv_lora_rank=32,
-                                            q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                                            n_routed_experts=4, first_k_dense_replace=1, n_group=1, topk_group=1),
-        "qwen3_next_linear": Qwen3NextConfig(**{**COMMON, "num_hidden_layers": 4}, **MOE, num_key_value_heads=2,
-                                             head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                                             linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
-                                             shared_expert_intermediate_size=32),
+        "gpt_oss_banded": GptOssConfig(
+            **{**COMMON, "num_hidden_layers": 4},
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+        "deepseek_v3_mla": DeepseekV3Config(
+            **{**COMMON, "num_hidden_layers": 2},
+            **MOE,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+        "qwen3_next_linear": Qwen3NextConfig(
+            **{**COMMON, "num_hidden_layers": 4},
+            **MOE,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            num_experts=4,
+            shared_expert_intermediate_size=32,
+        ),
         "mamba_state": MambaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, state_size=8),
     }
 
@@ -97,10 +139,15 @@ def test_each_architecture_is_read_as_intended(tiny):
     name, model = tiny
     layout = cache_layout(model.config)
     expected = {
-        "gpt2_mha": ("MHA", {"full"}), "bigcode_mqa": ("MQA", {"full"}), "llama_mqa": ("MQA", {"full"}),
-        "qwen3_head_dim": ("GQA", {"full"}), "mistral_sliding": ("GQA", {"sliding"}),
-        "gemma2_hybrid": ("GQA", {"sliding", "full"}), "gpt_oss_banded": ("GQA", {"sliding", "full"}),
-        "deepseek_v3_mla": ("MLA", {"mla"}), "qwen3_next_linear": ("GQA", {"state", "full"}),
+        "gpt2_mha": ("MHA", {"full"}),
+        "bigcode_mqa": ("MQA", {"full"}),
+        "llama_mqa": ("MQA", {"full"}),
+        "qwen3_head_dim": ("GQA", {"full"}),
+        "mistral_sliding": ("GQA", {"sliding"}),
+        "gemma2_hybrid": ("GQA", {"sliding", "full"}),
+        "gpt_oss_banded": ("GQA", {"sliding", "full"}),
+        "deepseek_v3_mla": ("MLA", {"mla"}),
+        "qwen3_next_linear": ("GQA", {"state", "full"}),
     }
     if name in expected:
         assert (layout.attention, set(layout.kinds)) == expected[name]
@@ -121,8 +168,9 @@ def test_bf16_cache_is_half_the_fp32_bytes():
 
 
 def test_bundled_model_cache_equals_the_formula(lm):
-    ids = lm.tokenizer("The KV cache stores one key and one value vector per token, per layer and per head.",
-                       return_tensors="pt")["input_ids"].to(lm.device)
+    ids = lm.tokenizer(
+        "The KV cache stores one key and one value vector per token, per layer and per head.", return_tensors="pt"
+    )["input_ids"].to(lm.device)
     cache = DynamicCache(config=lm.config)
     _run(lm.model, ids, cache)
     _run(lm.model, ids[:, -1:], cache)

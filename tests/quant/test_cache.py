@@ -10,9 +10,14 @@ from kvviz.quant.cache import QuantizedKVCache, QuantizedLayer, cache_factory, c
 from kvviz.quant.schemes import QuantSpec, Scheme, kivi, simulate, stored_bytes
 
 
-@pytest.mark.parametrize("scheme", [kivi(2, group_size=8, residual=8),
-                                    Scheme("int4 per token", QuantSpec("int4", "token", 16), QuantSpec("int4", "token", 16)),
-                                    Scheme("fp8 window", QuantSpec("fp8", "token", None, 3), QuantSpec("fp8", "channel", 4))])
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        kivi(2, group_size=8, residual=8),
+        Scheme("int4 per token", QuantSpec("int4", "token", 16), QuantSpec("int4", "token", 16)),
+        Scheme("fp8 window", QuantSpec("fp8", "token", None, 3), QuantSpec("fp8", "channel", 4)),
+    ],
+)
 def test_growing_cache_equals_quantizing_the_whole_tensor(scheme):
     g = torch.Generator().manual_seed(1)
     k, v = torch.randn(1, 2, 45, 16, generator=g), torch.randn(1, 2, 45, 16, generator=g)
@@ -20,7 +25,7 @@ def test_growing_cache_equals_quantizing_the_whole_tensor(scheme):
     rk, rv = layer.update(k[:, :, :21], v[:, :, :21])  # prefill: the prompt's own attention is exact
     assert torch.equal(rk, k[:, :, :21]) and torch.equal(rv, v[:, :, :21])
     for t in range(21, 45):
-        rk, rv = layer.update(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        rk, rv = layer.update(k[:, :, t : t + 1], v[:, :, t : t + 1])
         assert torch.equal(rk[:, :, -1], k[:, :, t])  # the new token sees its own exact K
     assert torch.allclose(layer.keys, simulate(k, scheme.key), atol=1e-6)
     assert torch.allclose(layer.values, simulate(v, scheme.value), atol=1e-6)
@@ -50,7 +55,9 @@ def test_generation_runs_on_the_quantized_cache(lm):
     assert cache.layers[0].get_seq_length() == n
     assert cache.layers[0].quantized_keys == (n - 16) // 16 * 16
     shape = tuple(cache.layers[0].keys.shape)
-    expected = len(cache.layers) * (stored_bytes(shape, cache.scheme.key).total + stored_bytes(shape, cache.scheme.value).total)
+    expected = len(cache.layers) * (
+        stored_bytes(shape, cache.scheme.key).total + stored_bytes(shape, cache.scheme.value).total
+    )
     assert cache.packed_bytes() == expected
 
     int8 = Scheme("INT8 per token", QuantSpec("int8", "token", 32), QuantSpec("int8", "token", 32))

@@ -42,12 +42,15 @@ def test_views_of_a_generate_run(trace):
     assert tab.views(None, 16, 0, 0) == (tab.EMPTY, None, None, None, None)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ((12, 0, 0), "Block size must be one of 8, 16, 32"),
-    ((16, 2.5, 0), "Step"),
-    ((16, 0, 30), "Layer"),
-    (("sixteen", 0, 0), "Block size"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((12, 0, 0), "Block size must be one of 8, 16, 32"),
+        ((16, 2.5, 0), "Step"),
+        ((16, 0, 30), "Layer"),
+        (("sixteen", 0, 0), "Block size"),
+    ],
+)
 def test_bad_view_input_is_a_readable_error(trace, args, message):
     with pytest.raises(gr.Error, match=message):
         tab.views(trace, *args)
@@ -95,8 +98,7 @@ def test_tab_builds_registers_inputs_and_the_endpoint(ctx):
 
 
 def test_engine_section_chapter_example_and_refusals(ctx):
-    md, groups, chart = memory_engine.startup_view(ctx, "Llama-3-70B", H100, 8, 80, 0, "bf16", 16, 8192, 2048,
-                                                   0.1, 140)
+    md, groups, chart = memory_engine.startup_view(ctx, "Llama-3-70B", H100, 8, 80, 0, "bf16", 16, 8192, 2048, 0.1, 140)
     assert "INFO GPU KV cache size: 1,330,560 tokens ³" in md
     assert "INFO Maximum concurrency for 8,192 tokens per request: 162.42x ⁴" in md
     assert "⌊54,500,000,000 B / 655,360 B per block⌋ = 83,160 blocks" in md
@@ -105,8 +107,9 @@ def test_engine_section_chapter_example_and_refusals(ctx):
     assert list(table["KV-cache groups"]) == [1, 1] and "2 groups" in hybrid
     small, *_ = memory_engine.startup_view(ctx, "Llama-3-8B", "L4 24GB", 1, 24, 0, "bf16", 16, 131_072, 2048, 0.1, 0)
     assert "would refuse to start" in small
-    refused, table, chart = memory_engine.startup_view(ctx, "Llama-3-70B", H100, 1, 80, 0, "bf16", 16, 8192, 2048,
-                                                       0.1, 0)
+    refused, table, chart = memory_engine.startup_view(
+        ctx, "Llama-3-70B", H100, 1, 80, 0, "bf16", 16, 8192, 2048, 0.1, 0
+    )
     assert refused.startswith("⚠") and "do not fit" in refused and table is None
     loaded, *_ = memory_engine.startup_view(ctx, memory_engine.LOADED, "T4 16GB", 1, 16, 0, "bf16", 16, 0, 0, 0.1, 0)
     assert f"**{ctx.info.name}**" in loaded and "8,192 tokens per request" in loaded

@@ -20,8 +20,18 @@ def ctx(lm):
 
 
 def req(ctx, **kw):
-    args = dict(context=CONTEXT, question=QUESTION, chat=True, policy_name="h2o", mode="tokens", budget=12,
-                ratio=0.5, max_new=4, params={"heavy_fraction": 0.5}, compress=tab.COMPRESS[0])
+    args = dict(
+        context=CONTEXT,
+        question=QUESTION,
+        chat=True,
+        policy_name="h2o",
+        mode="tokens",
+        budget=12,
+        ratio=0.5,
+        max_new=4,
+        params={"heavy_fraction": 0.5},
+        compress=tab.COMPRESS[0],
+    )
     args.update(kw)
     return tab.check_request(ctx, *args.values())
 
@@ -36,22 +46,32 @@ def test_a_checked_request_has_everything_a_run_needs(ctx):
     assert by_ratio["budget"] is None and by_ratio["ratio"] == 0.75
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"context": "   "}, "empty"),
-    ({"budget": 2.5}, "whole number"),
-    ({"budget": 0}, "Budget"),
-    ({"mode": "ratio", "ratio": 1.5}, r"Compression ratio must be a number in \[0, 0.99\]; got 1.5"),
-    ({"mode": "ratio", "ratio": -0.2}, r"Compression ratio must be a number in \[0, 0.99\]; got -0.2"),
-    ({"mode": "ratio", "ratio": 0.99, "policy_name": "streaming_llm", "params": {"sinks": 4, "reposition": False}},
-     "Compression ratio 0.99 evicts too much .* Lower the compression ratio"),
-    ({"max_new": 10_000}, "Max new tokens"),
-    ({"max_new": -5}, "Max new tokens must be between 1"),
-    ({"policy_name": "lru"}, "Pick a policy"),
-    ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 4, "pooling": "avg"}}, "odd"),
-    ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 5, "pooling": "avg"}}, "window"),
-    ({"policy_name": "streaming_llm", "params": {"sinks": 12, "reposition": False}}, "sinks"),
-    ({"question": "", "compress": tab.COMPRESS[1]}, "needs a question"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"context": "   "}, "empty"),
+        ({"budget": 2.5}, "whole number"),
+        ({"budget": 0}, "Budget"),
+        ({"mode": "ratio", "ratio": 1.5}, r"Compression ratio must be a number in \[0, 0.99\]; got 1.5"),
+        ({"mode": "ratio", "ratio": -0.2}, r"Compression ratio must be a number in \[0, 0.99\]; got -0.2"),
+        (
+            {
+                "mode": "ratio",
+                "ratio": 0.99,
+                "policy_name": "streaming_llm",
+                "params": {"sinks": 4, "reposition": False},
+            },
+            "Compression ratio 0.99 evicts too much .* Lower the compression ratio",
+        ),
+        ({"max_new": 10_000}, "Max new tokens"),
+        ({"max_new": -5}, "Max new tokens must be between 1"),
+        ({"policy_name": "lru"}, "Pick a policy"),
+        ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 4, "pooling": "avg"}}, "odd"),
+        ({"policy_name": "snapkv", "params": {"window_size": 64, "kernel_size": 5, "pooling": "avg"}}, "window"),
+        ({"policy_name": "streaming_llm", "params": {"sinks": 12, "reposition": False}}, "sinks"),
+        ({"question": "", "compress": tab.COMPRESS[1]}, "needs a question"),
+    ],
+)
 def test_bad_input_is_a_readable_error(ctx, change, message):
     with pytest.raises(gr.Error, match=message):
         req(ctx, **change)

@@ -9,7 +9,7 @@ import pytest
 
 from kvviz.ui import gpu as gpu_module
 
-FAKE_SPACES = '''
+FAKE_SPACES = """
 calls = []
 
 def GPU(duration=60):
@@ -27,7 +27,7 @@ def GPU(duration=60):
             return fn(*a, **k)
         return call
     return wrap
-'''
+"""
 
 
 def handler(prompt: str, n: int = 3) -> str:

@@ -23,10 +23,20 @@ NUMBERS = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False, width=64),
     st.sampled_from([0, -1, 1, 2, 10**9, 2**63, -(2**63), 0.5, 1e300, -1e-300]),
 )
-HOSTILE = st.one_of(NUMBERS, st.sampled_from(["NaN", "nan", "Infinity", "-inf", "1e999", "", " ", "12abc", "0x10"]),
-                    st.none(), st.booleans())
-BASE = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "hidden_size": 4096, "max_position_embeddings": 8192}
+HOSTILE = st.one_of(
+    NUMBERS,
+    st.sampled_from(["NaN", "nan", "Infinity", "-inf", "1e999", "", " ", "12abc", "0x10"]),
+    st.none(),
+    st.booleans(),
+)
+BASE = {
+    "model_type": "llama",
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "max_position_embeddings": 8192,
+}
 FIELDS = sorted(CONFIG_BOUNDS) + ["_num_parameters", "layer_types"]
 MODEL_TYPES = ["llama", "qwen2", "gemma2", "gpt_oss", "mamba2", "jamba", "deepseek_v3", "llama4_text"]
 RUN = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -56,33 +66,68 @@ def _answered(fn) -> None:
 @given(model_type=st.sampled_from(MODEL_TYPES), fields=st.dictionaries(st.sampled_from(FIELDS), HOSTILE, max_size=4))
 def test_any_config_to_memory(ctx, rss_start, model_type, fields):
     cfg = {**BASE, "model_type": model_type, **fields}
-    text = json.dumps(cfg, allow_nan=False) if all(
-        not (isinstance(v, float) and not math.isfinite(v)) for v in cfg.values()) else json.dumps(BASE)
+    text = (
+        json.dumps(cfg, allow_nan=False)
+        if all(not (isinstance(v, float) and not math.isfinite(v)) for v in cfg.values())
+        else json.dumps(BASE)
+    )
     _answered(lambda: tab_memory.api_memory(ctx, text, 8192, 1, "bf16", None, 8, 80, 0.1, 140, 3.35))
     assert current_rss() - rss_start < 256 * 2**20
 
 
 @RUN
-@given(context=HOSTILE, batch=HOSTILE, tp=HOSTILE, gpus=HOSTILE, mem=HOSTILE, reserve=HOSTILE, weights=HOSTILE,
-       bandwidth=HOSTILE, group=HOSTILE)
+@given(
+    context=HOSTILE,
+    batch=HOSTILE,
+    tp=HOSTILE,
+    gpus=HOSTILE,
+    mem=HOSTILE,
+    reserve=HOSTILE,
+    weights=HOSTILE,
+    bandwidth=HOSTILE,
+    group=HOSTILE,
+)
 def test_any_numbers_to_memory(ctx, rss_start, context, batch, tp, gpus, mem, reserve, weights, bandwidth, group):
-    _answered(lambda: tab_memory.api_memory(ctx, "Llama-3-70B", context, batch, "int4", tp, gpus, mem, reserve,
-                                            weights, bandwidth, group))
+    _answered(
+        lambda: tab_memory.api_memory(
+            ctx, "Llama-3-70B", context, batch, "int4", tp, gpus, mem, reserve, weights, bandwidth, group
+        )
+    )
     assert current_rss() - rss_start < 256 * 2**20
 
 
 @RUN
 @given(max_new=HOSTILE, temperature=HOSTILE, top_p=HOSTILE, seed=HOSTILE)
 def test_any_numbers_to_generate(ctx, max_new, temperature, top_p, seed):
-    _answered(lambda: tab_generate.validate_request(ctx, "The capital of France is", False, max_new, temperature,
-                                                    top_p, seed))
+    _answered(
+        lambda: tab_generate.validate_request(ctx, "The capital of France is", False, max_new, temperature, top_p, seed)
+    )
 
 
 @RUN
-@given(policy=st.sampled_from(["snapkv", "h2o", "streaming_llm", "window", "full", "nope"]), budget=HOSTILE,
-       ratio=HOSTILE, max_new=HOSTILE, params=st.dictionaries(
-           st.sampled_from(["sinks", "window_size", "kernel_size", "heavy_fraction", "pooling"]), HOSTILE, max_size=3))
+@given(
+    policy=st.sampled_from(["snapkv", "h2o", "streaming_llm", "window", "full", "nope"]),
+    budget=HOSTILE,
+    ratio=HOSTILE,
+    max_new=HOSTILE,
+    params=st.dictionaries(
+        st.sampled_from(["sinks", "window_size", "kernel_size", "heavy_fraction", "pooling"]), HOSTILE, max_size=3
+    ),
+)
 def test_any_numbers_to_evict(ctx, policy, budget, ratio, max_new, params):
     mode = "tokens" if ratio is None else "ratio"
-    _answered(lambda: tab_eviction.check_request(ctx, "A long passage. " * 20, "", False, policy, mode, budget, ratio,
-                                                 max_new, params, tab_eviction.COMPRESS[0]))
+    _answered(
+        lambda: tab_eviction.check_request(
+            ctx,
+            "A long passage. " * 20,
+            "",
+            False,
+            policy,
+            mode,
+            budget,
+            ratio,
+            max_new,
+            params,
+            tab_eviction.COMPRESS[0],
+        )
+    )

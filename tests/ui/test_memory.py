@@ -19,10 +19,44 @@ def ctx(lm):
     return AppContext(lm=lm, settings=Settings())
 
 
-def calc(ctx, source="Preset", preset="Llama-3-70B", pasted="", upload=None, context=8192, batch=1, kv_dtype="bf16",
-         group_size=0, tp=0, gpu=H100, gpus=8, mem=80, bw=3.35, reserve=0.1, weights=None, compare=("Llama-3-8B",)):
-    return tab.calculate(ctx, source, preset, pasted, upload, context, batch, kv_dtype, group_size, tp, gpu, gpus,
-                         mem, bw, reserve, weights, list(compare))
+def calc(
+    ctx,
+    source="Preset",
+    preset="Llama-3-70B",
+    pasted="",
+    upload=None,
+    context=8192,
+    batch=1,
+    kv_dtype="bf16",
+    group_size=0,
+    tp=0,
+    gpu=H100,
+    gpus=8,
+    mem=80,
+    bw=3.35,
+    reserve=0.1,
+    weights=None,
+    compare=("Llama-3-8B",),
+):
+    return tab.calculate(
+        ctx,
+        source,
+        preset,
+        pasted,
+        upload,
+        context,
+        batch,
+        kv_dtype,
+        group_size,
+        tp,
+        gpu,
+        gpus,
+        mem,
+        bw,
+        reserve,
+        weights,
+        list(compare),
+    )
 
 
 def test_chapter_example_is_the_default_view(ctx):
@@ -57,8 +91,14 @@ def test_weights_that_do_not_fit_keep_the_sizes(ctx):
 
 
 def test_pasted_config_and_upload(ctx, tmp_path):
-    cfg = {"model_type": "qwen3", "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-           "head_dim": 64, "hidden_size": 1024}
+    cfg = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "hidden_size": 1024,
+    }
     summary, *_ = calc(ctx, source="Paste JSON", pasted=json.dumps(cfg), context=32_768)
     assert "1,879,048,192 B = **1.8 GiB/sequence**" in summary and "Give the weights" in summary
     path = tmp_path / "config.json"
@@ -74,20 +114,23 @@ def test_loaded_model_uses_its_real_weights(ctx):
     assert f"minus weights {ctx.info.weight_bytes / 1e9:.2f} GB" in summary
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"source": "Paste JSON", "pasted": "/etc/passwd"}, "not valid JSON"),
-    ({"source": "Paste JSON", "pasted": "{" + " " * (300 * 1024) + "}"}, "larger than 256 KiB"),
-    ({"source": "Paste JSON", "pasted": ""}, "Paste the model's config"),
-    ({"source": "Upload config.json", "upload": None}, "Upload a config.json"),
-    ({"preset": "Llama-9"}, "Unknown preset"),
-    ({"context": 1.5}, "Context must be a whole number"),
-    ({"context": 0}, "Context = 0 is outside the allowed range 1 … 134,217,728"),
-    ({"batch": "many"}, "Batch must be a whole number"),
-    ({"tp": 3}, "cannot split"),
-    ({"kv_dtype": "fp6"}, "Unknown KV dtype"),
-    ({"kv_dtype": "bf16", "group_size": 32}, "no per-group scales"),
-    ({"mem": -1}, "GPU memory (GB) = -1 is outside the allowed range 0.001 …"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"source": "Paste JSON", "pasted": "/etc/passwd"}, "not valid JSON"),
+        ({"source": "Paste JSON", "pasted": "{" + " " * (300 * 1024) + "}"}, "larger than 256 KiB"),
+        ({"source": "Paste JSON", "pasted": ""}, "Paste the model's config"),
+        ({"source": "Upload config.json", "upload": None}, "Upload a config.json"),
+        ({"preset": "Llama-9"}, "Unknown preset"),
+        ({"context": 1.5}, "Context must be a whole number"),
+        ({"context": 0}, "Context = 0 is outside the allowed range 1 … 134,217,728"),
+        ({"batch": "many"}, "Batch must be a whole number"),
+        ({"tp": 3}, "cannot split"),
+        ({"kv_dtype": "fp6"}, "Unknown KV dtype"),
+        ({"kv_dtype": "bf16", "group_size": 32}, "no per-group scales"),
+        ({"mem": -1}, "GPU memory (GB) = -1 is outside the allowed range 0.001 …"),
+    ],
+)
 def test_bad_input_is_a_readable_error(ctx, kwargs, message):
     with pytest.raises(gr.Error) as err:
         calc(ctx, **kwargs)
@@ -128,16 +171,24 @@ def test_live_architecture_section_shows_the_real_cache_next_to_the_formula():
     summary, table, chart = show_architecture("MLA", "The KV cache")
     assert "equal, layer by layer ✓" in summary and "no factor 2 and no head count" in summary
     assert list(table["tensors"]) == ["latent [1, 1, 19, 32] + RoPE key [1, 1, 19, 8]"] * 2
-    assert [t.name for t in chart.data] == ["measured (cache tensors)", "formula (memory calculator)",
-                                            "per-head K/V (the pitfall)"]
+    assert [t.name for t in chart.data] == [
+        "measured (cache tensors)",
+        "formula (memory calculator)",
+        "per-head K/V (the pitfall)",
+    ]
     summary, table, _ = show_architecture("sliding", "The KV cache")
     assert set(table["tokens held"]) == {7} and "✓" in summary  # window 8: transformers keeps 7
 
 
-@pytest.mark.parametrize("kind, prompt, message", [
-    ("Mamba", "hi", "Pick one of the architectures"), ("GQA", "   ", "Type a short prompt"),
-    ("GQA", "é" * 101, "at most 200 bytes"), ("GQA", None, "Type a short prompt"),
-])
+@pytest.mark.parametrize(
+    "kind, prompt, message",
+    [
+        ("Mamba", "hi", "Pick one of the architectures"),
+        ("GQA", "   ", "Type a short prompt"),
+        ("GQA", "é" * 101, "at most 200 bytes"),
+        ("GQA", None, "Type a short prompt"),
+    ],
+)
 def test_live_architecture_bad_input_is_a_readable_error(kind, prompt, message):
     from kvviz.ui.memory_architectures import show_architecture
 

@@ -18,8 +18,7 @@ def ctx(lm):
 def test_table_and_measurement(ctx):
     df = tab.table(ctx, "Once upon a time", False, 3)
     assert list(df["Keys and Values computed"]) == ["K/V for tokens 1–4", "K/V for tokens 1–5", "K/V for tokens 1–6"]
-    time_fig, passes_fig, text, numbers = tab.measure(ctx, "Once upon a time", False, 5,
-                                                      progress=lambda *a, **k: None)
+    time_fig, passes_fig, text, numbers = tab.measure(ctx, "Once upon a time", False, 5, progress=lambda *a, **k: None)
     assert tab.REGIME in text
     assert "**Same tokens:** yes" in text and "**8** token-forward passes with the cache vs **30** without" in text
     assert list(numbers["passes without cache"]) == [4, 9, 15, 22, 30]
@@ -36,6 +35,7 @@ def test_show_me_uses_a_long_prompt(lm):
     """Below ~100 prompt tokens per-forward overhead hides the quadratic waste, so the demo must not."""
     from kvviz.capture.loop import encode_prompt
     from kvviz.lessons.objectives import NOCACHE
+
     values = NOCACHE.values
     assert len(encode_prompt(lm, values["nocache.prompt"], values["nocache.chat"])) >= 256
     assert "fixed cost" in tab.REGIME and "hundreds of tokens" in tab.REGIME

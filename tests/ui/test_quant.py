@@ -22,7 +22,8 @@ def ctx(lm):
 
 def test_analyze_shows_maps_table_and_the_direction(ctx):
     kmap, vmap, maps_md, headline, table, errors, sizes, layers = tab.analyze(
-        ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress)
+        ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress
+    )
     assert "keys per channel lose" in headline and "× worse" in headline
     assert "Every row scores the same first" in headline and "**Values at 2 bits:**" in headline
     assert set(table["tokens quantized (K / V)"].iloc[:-2]) == {table["tokens quantized (K / V)"].iloc[0]}
@@ -34,13 +35,15 @@ def test_analyze_shows_maps_table_and_the_direction(ctx):
 
 
 def test_short_prompt_says_groups_have_not_filled(ctx):
-    *_, headline, table, _, _, _ = tab.analyze(ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0,
-                                               progress=no_progress)
+    *_, headline, table, _, _, _ = tab.analyze(
+        ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0, progress=no_progress
+    )
     assert "too short for per-channel groups" in headline
 
 
 def test_values_text_names_the_column_that_supports_kivi():
     from types import SimpleNamespace as R
+
     tok, ch, both = R(value_error=0.412), R(output_error=0.20), R(value_error=0.345, output_error=0.30)
     text = tab.values_text(R(value_error=0.412), ch, both)
     assert "per channel 34.5 % vs per token 41.2 %" in text and "does **not** support" in text
@@ -48,19 +51,34 @@ def test_values_text_names_the_column_that_supports_kivi():
     assert "not supported here" in tab.values_text(tok, R(output_error=0.4), both)
 
 
-@pytest.mark.parametrize("args,match", [
-    (("", True, 0, 0, "int2", "channel", "token", 32, 0), "empty"),
-    (("Hi there", False, 99, 0, "int2", "channel", "token", 32, 0), "layer"),
-    (("Hi there", False, 0, 0, "int3", "channel", "token", 32, 0), "format"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (("", True, 0, 0, "int2", "channel", "token", 32, 0), "empty"),
+        (("Hi there", False, 99, 0, "int2", "channel", "token", 32, 0), "layer"),
+        (("Hi there", False, 0, 0, "int3", "channel", "token", 32, 0), "format"),
+    ],
+)
 def test_bad_input_is_a_readable_error(ctx, args, match):
     with pytest.raises(gr.Error, match=match):
         tab.analyze(ctx, *args, progress=no_progress)
 
 
 def test_generate_side_by_side_and_agreement_history(ctx):
-    out = tab.generate(ctx, "What is the capital of France?", True, "INT8 per token", "int2", "channel", "token", 32,
-                       0, 6, [], progress=no_progress)
+    out = tab.generate(
+        ctx,
+        "What is the capital of France?",
+        True,
+        "INT8 per token",
+        "int2",
+        "channel",
+        "token",
+        32,
+        0,
+        6,
+        [],
+        progress=no_progress,
+    )
     full, quant, summary, tokens, agreement, history = out
     assert full == quant and "agreement **100 %**" in summary
     assert list(tokens.columns) == ["step", "full precision", "quantized", "same"]

@@ -25,12 +25,15 @@ def _cleared_on_failure(demo: gr.Blocks, component) -> bool:
     return any(d.get("trigger_only_on_failure") and component._id in d["outputs"] for d in deps)
 
 
-@pytest.mark.parametrize("module,panels", [
-    (tab_memory, ["memory-summary"]),
-    (tab_eviction, ["evict-status", "evict-table"]),
-    (tab_quant, ["quant-headline", "quant-gen-summary"]),
-    (tab_nocache, ["nocache-summary"]),
-])
+@pytest.mark.parametrize(
+    "module,panels",
+    [
+        (tab_memory, ["memory-summary"]),
+        (tab_eviction, ["evict-status", "evict-table"]),
+        (tab_quant, ["quant-headline", "quant-gen-summary"]),
+        (tab_nocache, ["nocache-summary"]),
+    ],
+)
 def test_each_results_panel_is_cleared_when_its_request_is_refused(ctx, module, panels):
     with gr.Blocks() as demo:
         module.build(ctx)

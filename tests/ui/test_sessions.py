@@ -22,7 +22,10 @@ def test_a_gr_error_passes_through_unchanged():
 
 
 def test_other_failures_end_the_job_only_when_named():
-    with pytest.raises(gr.Error, match=r"Eviction run failed: RuntimeError: out of memory"), user_errors("Eviction run"):
+    with (
+        pytest.raises(gr.Error, match=r"Eviction run failed: RuntimeError: out of memory"),
+        user_errors("Eviction run"),
+    ):
         raise RuntimeError("out of memory")
     with pytest.raises(RuntimeError), user_errors():
         raise RuntimeError("a bug, not the user's input")

@@ -42,12 +42,30 @@ def make_policy(name: str, **params) -> Policy:
     known = {f["name"] for f in field_specs(cls)}
     unknown = set(params) - known
     if unknown:
-        raise ValueError(f"Policy {name!r} has no parameter(s) {', '.join(sorted(unknown))}; "
-                         f"its parameters are: {', '.join(sorted(known)) or 'none'}.")
+        raise ValueError(
+            f"Policy {name!r} has no parameter(s) {', '.join(sorted(unknown))}; "
+            f"its parameters are: {', '.join(sorted(known)) or 'none'}."
+        )
     return cls(**params)
 
 
 __all__ = [
-    "EVICTED", "HEAVY", "KEPT", "POLICIES", "ROLE_NAMES", "SINK", "WINDOW", "FullCache", "H2O", "Policy",
-    "PolicyState", "Selection", "SlidingWindow", "SnapKV", "StreamingLLM", "field_specs", "make_policy", "n_kept_for",
+    "EVICTED",
+    "HEAVY",
+    "KEPT",
+    "POLICIES",
+    "ROLE_NAMES",
+    "SINK",
+    "WINDOW",
+    "FullCache",
+    "H2O",
+    "Policy",
+    "PolicyState",
+    "Selection",
+    "SlidingWindow",
+    "SnapKV",
+    "StreamingLLM",
+    "field_specs",
+    "make_policy",
+    "n_kept_for",
 ]

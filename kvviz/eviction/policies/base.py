@@ -135,10 +135,17 @@ def field_specs(policy_cls: type[Policy]) -> list[dict]:
     out = []
     for f in dataclasses.fields(policy_cls):
         default = f.default if f.default is not dataclasses.MISSING else None
-        out.append({"name": f.name, "type": type(default).__name__ if default is not None else "str",
-                    "default": default, "help": f.metadata.get("help", ""),
-                    "choices": f.metadata.get("choices"), "min": f.metadata.get("min"),
-                    "max": f.metadata.get("max")})
+        out.append(
+            {
+                "name": f.name,
+                "type": type(default).__name__ if default is not None else "str",
+                "default": default,
+                "help": f.metadata.get("help", ""),
+                "choices": f.metadata.get("choices"),
+                "min": f.metadata.get("min"),
+                "max": f.metadata.get("max"),
+            }
+        )
     return out
 
 

@@ -48,15 +48,22 @@ def accumulated_scores(colsum: torch.Tensor, positions: torch.Tensor, kv_heads: 
 class H2O(Policy):
     """Heavy hitters + recent window; evicts after the prefill and after every generated token."""
 
-    heavy_fraction: float = field(default=0.5, metadata={
-        "help": "share of the budget for heavy hitters (the rest is the recent window); 0.5 = 1:1", "min": 0.0,
-        "max": 0.95})
+    heavy_fraction: float = field(
+        default=0.5,
+        metadata={
+            "help": "share of the budget for heavy hitters (the rest is the recent window); 0.5 = 1:1",
+            "min": 0.0,
+            "max": 0.95,
+        },
+    )
 
     name = "h2o"
     title = "H2O (heavy hitters + recent)"
     paper = "Zhang et al. 2023, H2O: Heavy-Hitter Oracle for Efficient Generative Inference of LLMs"
-    summary = ("Per head, keeps the tokens that have received the most attention so far plus the most recent ones; "
-               "re-decides after every generated token.")
+    summary = (
+        "Per head, keeps the tokens that have received the most attention so far plus the most recent ones; "
+        "re-decides after every generated token."
+    )
     score_label = "accumulated attention received (sum of attention weights over all queries so far, group mean)"
     evicts_while_decoding = True
     needs_colsum = True
@@ -64,7 +71,9 @@ class H2O(Policy):
     def validate(self, n_kept: int, n_prompt: int) -> None:
         hf = self.heavy_fraction
         if isinstance(hf, bool) or not isinstance(hf, (int, float)) or not 0.0 <= hf < 1.0:
-            raise ValueError(f"heavy_fraction must be in [0, 1) (the rest of the budget is the recent window), got {hf!r}.")
+            raise ValueError(
+                f"heavy_fraction must be in [0, 1) (the rest of the budget is the recent window), got {hf!r}."
+            )
 
     def select(self, state: PolicyState) -> Selection:
         if state.colsum is None:
@@ -73,5 +82,5 @@ class H2O(Policy):
         n_heavy, n_recent = split_budget(state.n_kept, self.heavy_fraction)
         keep = h2o_keep(scores, state.positions, state.n_kept, n_recent)
         roles = keep.new_full(keep.shape, HEAVY)
-        roles[..., keep.shape[-1] - n_recent:] = WINDOW
+        roles[..., keep.shape[-1] - n_recent :] = WINDOW
         return Selection(keep=keep, roles=roles, scores=scores)

@@ -25,9 +25,11 @@ def streaming_keep(positions: torch.Tensor, n_kept: int, sinks: int) -> torch.Te
     if n <= n_kept:
         return positions
     if not 0 <= sinks < n_kept:
-        raise ValueError(f"StreamingLLM keeps {sinks} sink tokens plus a recent window: the budget "
-                         f"({n_kept} tokens) must be at least sinks + 1 = {sinks + 1}.")
-    return torch.cat([positions[..., :sinks], positions[..., n - (n_kept - sinks):]], dim=-1)
+        raise ValueError(
+            f"StreamingLLM keeps {sinks} sink tokens plus a recent window: the budget "
+            f"({n_kept} tokens) must be at least sinks + 1 = {sinks + 1}."
+        )
+    return torch.cat([positions[..., :sinks], positions[..., n - (n_kept - sinks) :]], dim=-1)
 
 
 @dataclass
@@ -35,22 +37,28 @@ class StreamingLLM(Policy):
     """Attention sinks + a sliding window of recent tokens."""
 
     sinks: int = field(default=4, metadata={"help": "first tokens always kept (attention sinks)", "min": 0, "max": 64})
-    reposition: bool = field(default=False, metadata={
-        "help": "re-rotate kept keys to their cache slots (the paper's positions); off = original positions"})
+    reposition: bool = field(
+        default=False,
+        metadata={"help": "re-rotate kept keys to their cache slots (the paper's positions); off = original positions"},
+    )
 
     name = "streaming_llm"
     title = "StreamingLLM (sinks + recent)"
     paper = "Xiao et al. 2023, Efficient Streaming Language Models with Attention Sinks"
-    summary = ("Keeps the first few tokens (attention sinks) and the most recent ones, in every layer and head; "
-               "evicts the oldest non-sink token after every generated token.")
+    summary = (
+        "Keeps the first few tokens (attention sinks) and the most recent ones, in every layer and head; "
+        "evicts the oldest non-sink token after every generated token."
+    )
     evicts_while_decoding = True
 
     def validate(self, n_kept: int, n_prompt: int) -> None:
         if isinstance(self.sinks, bool) or int(self.sinks) != self.sinks or self.sinks < 0:
             raise ValueError(f"sinks must be a whole number ≥ 0, got {self.sinks!r}.")
         if n_kept <= self.sinks:
-            raise ValueError(f"StreamingLLM keeps {self.sinks} sink tokens plus a recent window: the budget "
-                             f"({n_kept} tokens) must be at least sinks + 1 = {self.sinks + 1}.")
+            raise ValueError(
+                f"StreamingLLM keeps {self.sinks} sink tokens plus a recent window: the budget "
+                f"({n_kept} tokens) must be at least sinks + 1 = {self.sinks + 1}."
+            )
 
     @property
     def position_mode(self) -> str:

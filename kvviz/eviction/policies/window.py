@@ -19,8 +19,10 @@ class SlidingWindow(Policy):
     name = "window"
     title = "Sliding window (no sinks)"
     paper = "The baseline StreamingLLM (Xiao et al. 2023) shows collapsing"
-    summary = ("Keeps only the most recent tokens; the first tokens (attention sinks) leave the cache, "
-               "which is what breaks the model.")
+    summary = (
+        "Keeps only the most recent tokens; the first tokens (attention sinks) leave the cache, "
+        "which is what breaks the model."
+    )
     evicts_while_decoding = True
 
     def select(self, state: PolicyState) -> Selection:
