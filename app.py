@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace):
-    from kvviz.ui import sessions
+    from kvviz.ui import precompute, sessions
     from kvviz.ui.app import build_app, serve
     from kvviz.ui.context import AppContext
 
@@ -50,6 +50,7 @@ def build(args: argparse.Namespace):
     ctx = AppContext(lm=lm, settings=settings)
     demo = build_app(ctx)
     sessions.install(demo, ctx)
+    precompute.start(ctx)  # the show-me examples, in the background while the server starts
     return demo, serve(demo, settings)
 
 

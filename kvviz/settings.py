@@ -22,6 +22,7 @@ KVVIZ_SESSION_GRACE_S       seconds a closed session's traces are kept for a rec
 KVVIZ_FILE_MAX_AGE_S        exported files older than this are deleted (3600)
 KVVIZ_PUBLIC                1 = public deployment (also implied by SPACE_ID on a Hugging Face Space)
 KVVIZ_ALLOWED_MODELS        comma-separated model ids a public deployment may load
+KVVIZ_PRECOMPUTE            0 = do not compute the show-me examples in the background at start-up (1)
 ==========================  ===========================================================
 """
 
@@ -100,6 +101,7 @@ class Settings:
     max_job_seconds: float = 180.0
     max_rss_gb: float = 12.0
     max_key_reads: int | None = None  # None: what max_prompt_tokens + max_new_tokens cost on the loaded model
+    precompute: bool = True  # compute the planned examples in a background thread at start-up
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -124,4 +126,5 @@ class Settings:
             max_job_seconds=_float("KVVIZ_MAX_JOB_SECONDS", cls.max_job_seconds, 1.0),
             max_rss_gb=_float("KVVIZ_MAX_RSS_GB", default_max_rss_gb(), 0.5),
             max_key_reads=_int("KVVIZ_MAX_KEY_READS", 0, minimum=0) or None,
+            precompute=os.environ.get("KVVIZ_PRECOMPUTE", "1").strip().lower() not in {"0", "false", "no", "off"},
         )

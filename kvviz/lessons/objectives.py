@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from kvviz.examples import CHAT_QUESTION, needle_passage, needle_prompt
+from kvviz.lessons.guesses import Guess
 from kvviz.memory.capacity import decode_step
 from kvviz.memory.estimate import cache_layout, estimate
 from kvviz.models import LoadedModel
@@ -58,6 +59,7 @@ class Question:
     chapter_answer: str
     compute: Callable[[LoadedModel | None], Answer]
     needs_model: bool = False
+    guess: Guess | None = None  # asked before the answer is revealed
 
 
 @dataclass(frozen=True)
@@ -303,12 +305,16 @@ def why_kivi(lm: LoadedModel | None) -> Answer:
     )
 
 
+_SAME, _DIFFERENT = "the same logits", "different logits"
+_KEPT, _EVICTED = "kept: it can answer", "evicted: it cannot"
+_CHANNEL, _TOKEN = "keys per channel", "keys per token"
 QUESTIONS = (
     Question(
         "Llama-3-8B has 32 layers, 8 KV heads and head dimension 128. What is its KV cache per token in BF16 "
         "and in FP8?",
         "2 × 32 × 8 × 128 × 2 = 131,072 bytes = 128 KiB in BF16; 64 KiB in FP8.",
         llama3_8b_per_token,
+        guess=Guess("Your guess: bytes per token in BF16, in KiB", lambda v: v["bf16_bytes"] / 1024, "KiB"),
     ),
     Question(
         "Why do we not need to cache queries?",
@@ -316,6 +322,11 @@ QUESTIONS = (
         "attend to earlier tokens' keys and values, never their queries.",
         why_no_query_cache,
         True,
+        Guess(
+            "Your guess: does a loop that never stores a query give the same logits as recomputing everything?",
+            lambda v: _SAME if v["max_abs_logit_diff"] < 1e-3 else _DIFFERENT,
+            choices=(_SAME, _DIFFERENT),
+        ),
     ),
     Question(
         "Doubling the batch size at fixed context length: what happens to the weight bytes and the KV bytes "
@@ -323,6 +334,7 @@ QUESTIONS = (
         "Weight bytes stay the same (shared by the batch); KV bytes double. So "
         "batching amortizes weights but not the KV cache.",
         doubling_the_batch,
+        guess=Guess("Your guess: the KV bytes read per step grow by what factor?", lambda v: v["kv_ratio"], "×"),
     ),
     Question(
         "StreamingLLM keeps 4 sink tokens + 1,020 recent tokens. Can the model answer a question about a fact "
@@ -330,6 +342,11 @@ QUESTIONS = (
         "No. Evicted tokens' K/V are gone; StreamingLLM gives stable fluency "
         "over unbounded streams, not long-range memory.",
         streaming_recall,
+        guess=Guess(
+            "Your guess: is the fact still in the cache?",
+            lambda v: _KEPT if v["kept"] else _EVICTED,
+            choices=(_KEPT, _EVICTED),
+        ),
     ),
     Question(
         "Why does KIVI quantize keys per channel but values per token?",
@@ -338,6 +355,11 @@ QUESTIONS = (
         "are combined (each output is a weighted sum of value rows).",
         why_kivi,
         True,
+        Guess(
+            "Your guess: at 2 bits, which loses less of the keys?",
+            lambda v: _CHANNEL if v["key_error_per_channel"] < v["key_error_per_token"] else _TOKEN,
+            choices=(_CHANNEL, _TOKEN),
+        ),
     ),
 )
 

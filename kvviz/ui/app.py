@@ -6,6 +6,7 @@ import gradio as gr
 
 from kvviz.ui import (
     deeplinks,
+    precompute,
     present,
     tab_attention,
     tab_blocks,
@@ -76,6 +77,10 @@ body.kvviz-present .prose h3 {font-size: 30px !important}
 body.kvviz-present button[role="tab"] {font-size: 22px !important; font-weight: 600}
 /* a chart's label gets its own line above the chart instead of floating over the chart's title */
 body.kvviz-present [data-testid="block-label"].float {position: static !important; margin: 0 0 8px 0 !important}
+/* a show-me's view and the controls it set: outlined for a few seconds (tab_learn's PRESS_JS) */
+.kvviz-spot {outline: 4px solid #f97316 !important; outline-offset: 4px; border-radius: 6px;
+  animation: kvviz-spot 1s ease-in-out 3}
+@keyframes kvviz-spot {50% {outline-color: rgba(249, 115, 22, 0.25)}}
 body.kvviz-present .caption, body.kvviz-present .learn-note, body.kvviz-present footer {display: none !important}
 """
 
@@ -113,6 +118,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                     result = module.build(ctx)
                     if module is tab_generate:
                         generate_event = result
+        # views of a stored (show-me) trace are drawn once and reused by every session
+        ctx.listeners[:] = [(precompute.memo_listener(ctx, fn), i, o) for fn, i, o in ctx.listeners]
         if generate_event is not None:
             for fn, inputs, outputs in ctx.listeners:
                 generate_event = generate_event.then(fn, inputs, outputs, api_name=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +11,7 @@ import gradio as gr
 
 from kvviz.capture.loop import model_info
 from kvviz.capture.trace import ModelInfo
+from kvviz.demo_store import DemoStore
 from kvviz.engine.engine import Engine
 from kvviz.models import LoadedModel
 from kvviz.safety import SessionFiles
@@ -36,6 +37,10 @@ class AppContext:
     components: dict[str, gr.components.Component] = field(default_factory=dict)
     tabs: gr.Tabs | None = None
     stop_flags: dict[str, threading.Event] = field(default_factory=dict)
+    # ready results shared by every session (one store per app, so one per server process), and per
+    # demo button ("nocache.button") how to plan the result a show-me's values will ask it for (returns its key)
+    store: DemoStore = field(default_factory=DemoStore)
+    planners: dict[str, Callable[[dict], Hashable]] = field(default_factory=dict)
     # every file written for a user lives in that session's temp folder
     files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None
@@ -63,9 +68,10 @@ class AppContext:
             self._engine = Engine(self.lm, max_batch=s.batch_size, prefix_cache_bytes=s.prefix_cache_mb * 2**20)
         return self._engine
 
-    def on_trace(self, fn: Callable, inputs: list, outputs: list) -> None:
-        """Run ``fn(*inputs)`` → ``outputs`` after every new trace (inputs usually start with trace_state)."""
-        self.listeners.append((fn, inputs, outputs))
+    def on_trace(self, fn: Callable, inputs: list, outputs: list, first: bool = False) -> None:
+        """Run ``fn(*inputs)`` → ``outputs`` after every new trace (inputs usually start with trace_state);
+        ``first`` puts it before the listeners already registered (a quick one the page should see at once)."""
+        self.listeners.insert(0 if first else len(self.listeners), (fn, inputs, outputs))
 
     def stop_flag(self, request: gr.Request | None) -> threading.Event:
         """The session's Stop flag (keyed by session, never shared between users)."""

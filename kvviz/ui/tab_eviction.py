@@ -30,6 +30,7 @@ from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.play import play_button
+from kvviz.ui.precompute import live_box, origin, shared
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import format_bytes, plural
@@ -303,7 +304,9 @@ def build(ctx: AppContext) -> None:
             label="Policies to compare (default parameters; the selected policy uses yours)",
             elem_id="evict-compare-policies",
         )
-        compare_btn = gr.Button("Compare", elem_id="evict-compare")
+        with gr.Column(scale=0, min_width=260):
+            compare_btn = gr.Button("Compare", elem_id="evict-compare")
+            compare_live = live_box("evict-compare-live")
     verdict = gr.Markdown(elem_id="evict-verdict")
     table = gr.Dataframe(
         waiting_table("Press Compare to see each policy's answer next to the full cache's"),
@@ -322,11 +325,13 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         needle_btn = gr.Button(f"Needle: who keeps the code {NEEDLE_ANSWER}?", elem_id="evict-needle")
         sinks_btn = gr.Button("Sinks matter: perplexity with and without the first 4 tokens", elem_id="evict-sinks")
+    demo_live = live_box("evict-demo-live")
     gr.Markdown(
         f"**Needle** compares the full cache, StreamingLLM and SnapKV at {NEEDLE_BUDGET} kept tokens on a "
         "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
         f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
-        f"{SINKS_CACHE}-entry cache (about a minute on a CPU).",
+        f"{SINKS_CACHE}-entry cache. Both are computed once when the server starts; tick *Recompute live* to run "
+        "them again now (a minute on a CPU).",
         elem_classes="caption",
     )
     sinks_md = gr.Markdown(elem_id="evict-sinks-result")
@@ -349,6 +354,8 @@ def build(ctx: AppContext) -> None:
             "eviction.needle": needle_btn,
             "eviction.sinks": sinks_btn,
             "eviction.compare": compare_btn,
+            "eviction.layer": layer,
+            "eviction.head": head,
             "eviction.step": step,
         }
     )
@@ -430,10 +437,21 @@ def build(ctx: AppContext) -> None:
             request, ctx.jobs.admit(request, "comparison", len(req.ids), req.max_new_tokens, runs=len(pols) + 1)
         )
 
-    def run_compare(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
-        req, pols = compare_request(*args)
-        with ctx.jobs.start(request, "comparison", len(req.ids), req.max_new_tokens, runs=len(pols) + 1) as ticket:
-            cmp = _user(
+    def compare_key(req, pols) -> tuple:
+        return (
+            ctx.lm.name,
+            "compare",
+            tuple(req.ids),
+            tuple(repr(p) for p in pols),
+            req.budget,
+            req.ratio,
+            req.n_compress,
+            req.max_new_tokens,
+        )
+
+    def compare_job(req, pols):
+        def compute(report, should_stop):
+            return _user(
                 lambda: compare(
                     ctx.lm,
                     req.ids,
@@ -442,12 +460,35 @@ def build(ctx: AppContext) -> None:
                     ratio=req.ratio,
                     n_compress=req.n_compress,
                     max_new_tokens=req.max_new_tokens,
-                    progress=lambda f, d: progress(f, desc=d),
-                    should_stop=ticket.expired,
+                    progress=report,
+                    should_stop=should_stop,
                 ),
                 what="Comparison",
             )
-        return comparison_outputs(cmp)
+
+        return compute
+
+    def run_compare(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
+        live, *args = args
+        req, pols = compare_request(*args)
+        cmp, entry = shared(
+            ctx,
+            request,
+            compare_key(req, pols),
+            compare_job(req, pols),
+            live=bool(live),
+            what="comparison",
+            cost=(len(req.ids), req.max_new_tokens),
+            runs=len(pols) + 1,
+            progress=lambda f, d: progress(f, desc=d),
+        )
+        text, *rest = comparison_outputs(cmp)
+        return (f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
+
+    def plan_compare(names, *args) -> None:
+        """The comparison the tab opens with (the needle passage, three policies): ready before a click."""
+        req, pols = compare_request(names, *args)
+        ctx.store.plan(compare_key(req, pols), "eviction comparison", compare_job(req, pols))
 
     compared = compare_btn.click(
         check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden", concurrency_limit=None
@@ -456,26 +497,52 @@ def build(ctx: AppContext) -> None:
     clear_on_refusal(
         compared.success(
             gpu(run_compare),
-            [chosen, *main_inputs],
+            [compare_live, chosen, *main_inputs],
             [verdict, table, bytes_plot, kl_plot],
             api_name=False,
             concurrency_limit=None,
         ),
         [verdict, table, bytes_plot, kl_plot],
     )
+    plan_compare(chosen.value, *[c.value for c in main_inputs])
 
     eviction_compose.wire(ctx, composition, main_inputs, gather)
 
-    def run_needle(comp, request: gr.Request, progress=gr.Progress()):
-        with ctx.jobs.start(request, "needle demo", NEEDLE_TOKENS, 16, runs=3):
-            res = _user(
-                lambda: needle_demo(
-                    ctx.lm, compress_question=comp != COMPRESS_CONTEXT, progress=lambda f, d: progress(f, desc=d)
-                ),
+    def needle_key(comp) -> tuple:
+        return ctx.lm.name, "needle", comp != COMPRESS_CONTEXT
+
+    def needle_job(comp):
+        def compute(report, should_stop):
+            return _user(
+                lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS_CONTEXT, progress=report),
                 what="Needle demo",
             )
+
+        return compute
+
+    def plan_needle(values: dict) -> tuple:
+        comp = values.get("eviction.compress", compress.value)
+        ctx.store.plan(needle_key(comp), "needle demo", needle_job(comp))
+        return needle_key(comp)
+
+    ctx.planners["eviction.needle"] = plan_needle
+    plan_needle({})
+
+    def run_needle(comp, live, request: gr.Request, progress=gr.Progress()):
+        res, entry = shared(
+            ctx,
+            request,
+            needle_key(comp),
+            needle_job(comp),
+            live=bool(live),
+            what="needle demo",
+            cost=(NEEDLE_TOKENS, 16),
+            runs=3,
+            progress=lambda f, d: progress(f, desc=d),
+        )
         snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
         run = snap.run
+        text, *rest = comparison_outputs(res.comparison, res.found())
         return (
             needle_passage(*NEEDLE_FILLER),
             f"Question: {NEEDLE_QUESTION}",
@@ -488,12 +555,13 @@ def build(ctx: AppContext) -> None:
             run.text,
             gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
             *views(run, info.layers - 1, 0, 0, snap.policy.score_label),
-            *comparison_outputs(res.comparison, res.found()),
+            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*",
+            *rest,
         )
 
     needle_btn.click(
         gpu(run_needle),
-        [compress],
+        [compress, demo_live],
         [
             prompt,
             question,
@@ -515,13 +583,32 @@ def build(ctx: AppContext) -> None:
         concurrency_limit=None,
     )
 
-    def run_sinks(request: gr.Request, progress=gr.Progress()):
-        with ctx.jobs.start(request, "sinks demo", SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE, runs=3, window=SINKS_CACHE):
-            res = _user(lambda: sinks_demo(ctx.lm, progress=lambda f, d: progress(f, desc=d)), what="Sinks demo")
-        ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
-        return f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl}", fig.sinks_figure(res)
+    def sinks_job(report, should_stop):
+        return _user(lambda: sinks_demo(ctx.lm, progress=report), what="Sinks demo")
 
-    sinks_btn.click(gpu(run_sinks), None, [sinks_md, sinks_plot], api_name=False, concurrency_limit=None)
+    ctx.store.plan((ctx.lm.name, "sinks"), "sinks demo", sinks_job)
+    ctx.planners["eviction.sinks"] = lambda values: (ctx.lm.name, "sinks")
+
+    def run_sinks(live, request: gr.Request, progress=gr.Progress()):
+        res, entry = shared(
+            ctx,
+            request,
+            (ctx.lm.name, "sinks"),
+            sinks_job,
+            live=bool(live),
+            what="sinks demo",
+            cost=(SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE),
+            runs=3,
+            window=SINKS_CACHE,
+            progress=lambda f, d: progress(f, desc=d),
+        )
+        ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
+        return (
+            f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} · *{origin(entry)}*",
+            fig.sinks_figure(res),
+        )
+
+    sinks_btn.click(gpu(run_sinks), [demo_live], [sinks_md, sinks_plot], api_name=False, concurrency_limit=None)
 
     def evict(
         prompt_text: str,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -18,8 +20,9 @@ from kvviz.ui.generate_stream import STATUS_S, LiveRun, mark, replay_range
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.play import play_button
+from kvviz.ui.precompute import live_box, origin, share_trace
 from kvviz.ui.sessions import job_failed, user_errors
-from kvviz.ui.streaming import Background
+from kvviz.ui.streaming import Background, Snapshot
 from kvviz.units import plural
 
 GPU_BUDGETS = {
@@ -87,6 +90,7 @@ def build(ctx: AppContext):
             with gr.Row():
                 go_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+            fresh = live_box("generate-live")
     status = gr.Markdown(elem_id="gen-status")
     tokens = gr.HighlightedText(
         label="Tokens (prompt / generated)",
@@ -126,8 +130,78 @@ def build(ctx: AppContext):
     )
     example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
 
-    def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, request: gr.Request):
+    def gen_key(ids, n_new, sampling) -> tuple:
+        return ctx.lm.name, "generate", tuple(ids), n_new, sampling.temperature, sampling.top_p, sampling.seed
+
+    def plan(values: dict) -> tuple:
+        """A show-me's generation, planned so it is ready before the click (greedy, as the tab opens)."""
+        text, use_chat = values.get("generate.prompt", prompt.value), values.get("generate.chat", chat.value)
+        ids, n_new, sampling = validate_request(
+            ctx,
+            text,
+            use_chat,
+            values.get("generate.max_new", max_new.value),
+            temperature.value,
+            top_p.value,
+            seed.value,
+        )
+
+        def compute(report, should_stop):
+            handle = ctx.engine.submit(
+                text,
+                chat=bool(use_chat),
+                max_new_tokens=n_new,
+                sampling=sampling,
+                prompt_ids=ids,
+                verify=True,
+                should_stop=should_stop,
+            )
+            trace = None
+            for trace in handle.stream():
+                report(trace.n_generated / n_new, f"{plural(trace.n_generated, 'token')}")
+            if trace is not None and not should_stop():
+                share_trace(ctx, trace)
+            return trace, _export_bytes(trace)
+
+        key = gen_key(ids, n_new, sampling)
+        ctx.store.plan(key, f"generation of {plural(n_new, 'token')}", compute)
+        return key
+
+    ctx.planners["generate.button"] = plan
+
+    def stored_run(entry, budget_name, request):
+        """Serve a stored generation: wait while it is being prepared, then the final outputs at once."""
+        while entry.state == "running":
+            entry.wait(0.5)
+            yield (
+                gr.skip(),
+                f"Being prepared at start-up: {100 * entry.fraction:.0f} % ({entry.desc})",
+                *[gr.skip()] * (len(outputs) - 2),
+            )
+        if entry.state == "done":
+            trace, files = entry.value
+            live = LiveRun(
+                ctx.info,
+                budget_name,
+                GPU_BUDGETS.get(budget_name),
+                room_for_tokens(ctx.lm, GPU_BUDGETS.get(budget_name), ctx.info.weight_bytes),
+                token_texts(ctx.lm.tokenizer, trace.token_ids[: trace.n_prompt]),
+                export=lambda _trace: _write_files(files, ctx.session_dir(request)),
+            )
+            snap = Snapshot(item=trace, mark=None, progress=None, items=1, done=True)
+            yield (*live.outputs(snap, note=f" · {origin(entry)}"), replay_range(snap))
+
+    def run(prompt_text, use_chat, n_new, temp, p, sd, budget_name, fresh_run, request: gr.Request):
         ids, n_new, sampling = validate_request(ctx, prompt_text, use_chat, n_new, temp, p, sd)
+        entry = None if fresh_run else ctx.store.entry(gen_key(ids, n_new, sampling))
+        if entry is not None and entry.state != "pending":
+            held = ctx.jobs.take(request)
+            if held is not None:
+                held.release()
+            yield from stored_run(entry, budget_name, request)
+            if entry.state == "done":
+                return
+        mine = False
         ticket = ctx.jobs.take(request) or ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2, room=True)
         flag = ctx.stop_flag(request)
         flag.clear()
@@ -152,6 +226,9 @@ def build(ctx: AppContext):
                 export=lambda trace: _export(trace, ctx.session_dir(request)),
             )
 
+            if entry is not None:  # a planned generation nobody started yet: this run computes it for all
+                entry, mine = ctx.store.claim(entry.key)
+
             def work(report):
                 handle = ctx.engine.submit(
                     prompt_text,
@@ -162,7 +239,15 @@ def build(ctx: AppContext):
                     verify=True,
                     should_stop=lambda: flag.is_set() or ticket.expired() or job.cancelled,
                 )
-                return handle.stream(report)
+                t0, trace = time.perf_counter(), None
+                for trace in handle.stream(report):
+                    if mine and entry is not None:
+                        entry.report(trace.n_generated / n_new, plural(trace.n_generated, "token"))
+                    yield trace
+                done = trace is not None and trace.stop_reason != "stopped" and not ticket.timed_out
+                if mine and entry is not None and done:
+                    share_trace(ctx, trace)
+                    ctx.store.fulfil(entry, (trace, _export_bytes(trace)), "a request", time.perf_counter() - t0)
 
             # the model runs in its own thread and releases the ticket there when it has stopped; this
             # generator only renders the latest state at the page's pace
@@ -180,6 +265,8 @@ def build(ctx: AppContext):
             else:
                 ticket.release()
             ctx.forget_session(request)
+            if mine and entry is not None and entry.state == "running":
+                ctx.store.fail(entry)
 
     outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv, step]
 
@@ -200,7 +287,7 @@ def build(ctx: AppContext):
         show_progress="hidden",
     ).success(
         gpu(run),
-        [prompt, chat, max_new, temperature, top_p, seed, budget],
+        [prompt, chat, max_new, temperature, top_p, seed, budget, fresh],
         outputs,
         api_name=False,
         concurrency_limit=None,
@@ -270,3 +357,18 @@ def _export(trace, folder: Path) -> tuple[str, str]:
     csv = folder / "kvviz-steps.csv"
     trace.step_frame().to_csv(csv, index=False)
     return str(npz), str(csv)
+
+
+def _export_bytes(trace) -> dict[str, bytes]:
+    """The two export files of a stored run, as bytes (written once; each session gets a copy)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return {Path(p).name: Path(p).read_bytes() for p in _export(trace, Path(tmp))}
+
+
+def _write_files(files: dict[str, bytes], folder: Path) -> tuple[str, str]:
+    """Copy a stored run's export files into this session's folder."""
+    paths = []
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        paths.append(str(folder / name))
+    return paths[0], paths[1]

@@ -10,29 +10,52 @@ captions, larger charts; ← / → step the visible step slider).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import gradio as gr
 
 from kvviz.capture.loop import capture
-from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS, Question, ShowMe, decode_step_view
+from kvviz.demo_store import Compute, Progress
+from kvviz.lessons.guesses import judge
+from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS, Answer, Question, ShowMe, decode_step_view
+from kvviz.ui import precompute
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.present import STEP_CLASS
 from kvviz.ui.sessions import user_errors
 
 EXAMPLE_PROMPT = "Once upon a time"
-PRESS_JS = """() => {
-  const press = __PRESS__, anchor = __ANCHOR__, t0 = Date.now();
+PRESS_JS = """(mode) => {
+  const press = mode === 'stored' ? null : __PRESS__, anchor = __ANCHOR__, controls = __CONTROLS__, t0 = Date.now();
+  const shown = (el) => el && el.getClientRects().length > 0;
+  const spot = () => {  // once the view is on screen: bring it into sight and outline it and its controls
+    const a = anchor ? document.getElementById(anchor) : null;
+    if (!shown(a)) return Date.now() - t0 < 120000 ? setTimeout(spot, 100) : null;
+    let moved = false;
+    for (const ev of ['wheel', 'touchmove', 'mousedown']) addEventListener(ev, () => { moved = true; }, {once: true, passive: true});
+    const centre = () => a.scrollIntoView({behavior: 'instant', block: a.offsetHeight > innerHeight ? 'start' : 'center'});
+    const marked = [a, ...controls.map((id) => document.getElementById(id)).filter(shown)];
+    for (const el of marked) { el.classList.remove('kvviz-spot'); void el.offsetWidth; el.classList.add('kvviz-spot'); }
+    setTimeout(() => marked.forEach((el) => el.classList.remove('kvviz-spot')), 4000);
+    let last = null;
+    const settle = (since) => {  // results arriving move the layout: keep the view in sight until it settles
+      if (moved || Date.now() - since > 6000) return;
+      const r = a.getBoundingClientRect(), now = `${Math.round(r.top)}:${Math.round(r.height)}`;
+      if (now !== last) { centre(); last = (() => { const q = a.getBoundingClientRect(); return `${Math.round(q.top)}:${Math.round(q.height)}`; })(); }
+      setTimeout(() => settle(since), 150);
+    };
+    settle(Date.now());
+  };
   const tick = () => {
     const el = press ? document.getElementById(press) : null;
     if (press && !el && Date.now() - t0 < 10000) return setTimeout(tick, 100);
     if (el) (el.tagName === 'BUTTON' ? el : (el.querySelector('button') || el)).click();
-    const a = anchor ? document.getElementById(anchor) : null;
-    if (a) setTimeout(() => a.scrollIntoView({behavior: 'smooth', block: 'start'}), 400);
+    spot();
   };
   setTimeout(tick, 150);
   return [];
 }"""
+READY_POLL_S = 2.0  # how often an open Learn tab refreshes the "ready examples" line until all are ready
 
 
 def _prefix(tab: str) -> str:
@@ -72,27 +95,78 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
     press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
     via_generate = bool(press and press_tab == "generate" and _prefix(sm.tab) != "generate")
     first_tab = "tab_generate" if via_generate else sm.tab
+    # a view drawn from a generation that is already stored loads in this one event, without the Generate detour
+    fast = via_generate and available and "generate.button" in ctx.planners and ctx.trace_state is not None
+    key = ctx.planners["generate.button"](sm.values) if fast else None
+    views = [o for _, _, o in ctx.listeners if ctx.tabs not in o] if fast else []
+    view_outputs = [c for o in views for c in o]
+    mode = gr.Textbox(visible=False) if fast else None
+
+    def stored_views(trace) -> list:
+        """Every trace view of a stored generation (drawn once at start-up, so these calls are quick)."""
+        out: list = []
+        for fn, inputs, outputs in ctx.listeners:
+            if any(outputs is o for o in views):
+                values = fn(trace, *[getattr(c, "value", None) for c in inputs[1:]])
+                out.extend(values if len(outputs) > 1 else [values])
+        return out
 
     def load():
+        values = [sm.values[k] for k, _ in targets]
         if not available:
             gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
             return [gr.skip()] * len(targets) + [gr.skip(), gr.skip()]
-        return [v for _, v in ((k, sm.values[k]) for k, _ in targets)] + [
-            gr.Tabs(selected=first_tab),
-            sm.tab if via_generate else None,
-        ]
+        if not fast:
+            return [*values, gr.Tabs(selected=first_tab), sm.tab if via_generate else None]
+        entry = ctx.store.entry(key)
+        if entry is not None and entry.state == "done":
+            trace = entry.value[0]
+            return [*values, gr.Tabs(selected=sm.tab), None, "stored", trace, *stored_views(trace)]
+        return [*values, gr.Tabs(selected=first_tab), sm.tab, "press", gr.skip(), *[gr.skip()] * len(view_outputs)]
 
-    event = btn.click(load, None, [c for _, c in targets] + [ctx.tabs, pending], api_name=False, queue=False)
+    extra = [mode, ctx.trace_state, *view_outputs] if fast else []
+    event = btn.click(load, None, [c for _, c in targets] + [ctx.tabs, pending, *extra], api_name=False, queue=False)
     if available:
-        js = PRESS_JS.replace("__PRESS__", json.dumps(press))
-        event.then(None, None, None, js=js.replace("__ANCHOR__", json.dumps(None if via_generate else sm.anchor)))
+        controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
+        js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))
+        event.then(None, [mode] if mode is not None else None, None, js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
 
 
-def reveal(q: Question, ctx: AppContext) -> str:
-    """The chapter's answer beside the one kvviz computes now."""
-    with user_errors():
-        answer = q.compute(ctx.lm if q.needs_model else None)
-    return f"**The chapter:** {q.chapter_answer}\n\n**Computed by kvviz now:** {answer.text}"
+def plan_show_mes(ctx: AppContext) -> None:
+    """Plan every show-me's result (and the answers that run the model) in the order a lecture reaches them."""
+    keys = []
+    for sm in [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
+        planner = ctx.planners.get(sm.press or "")
+        if planner is not None:
+            keys.append(planner(sm.values))
+    for i, q in enumerate(QUESTIONS, 1):
+        if q.needs_model:
+            keys.append(_answer_key(ctx, i))
+            ctx.store.plan(keys[-1], f"answer {i}", _answer_job(ctx, q))
+    ctx.store.put_first(keys)
+
+
+def _answer_job(ctx: AppContext, q: Question) -> Compute:
+    """An answer that runs the model, as a store computation."""
+
+    def compute(report: Progress, should_stop: Callable[[], bool]) -> Answer:
+        with user_errors():
+            return q.compute(ctx.lm)
+
+    return compute
+
+
+def _answer_key(ctx: AppContext, i: int) -> tuple:
+    return ctx.lm.name, "answer", i
+
+
+def reveal(q: Question, ctx: AppContext, guess: object = None, answer: Answer | None = None) -> str:
+    """The student's guess beside the answer kvviz computes, then the chapter's answer."""
+    if answer is None:
+        with user_errors():
+            answer = q.compute(ctx.lm if q.needs_model else None)
+    mine = judge(q.guess, guess, answer.values) + "\n\n" if q.guess is not None else ""
+    return f"{mine}**The chapter:** {q.chapter_answer}\n\n**Computed by kvviz now:** {answer.text}"
 
 
 def walkthrough(trace, step):
@@ -114,6 +188,16 @@ def build(ctx: AppContext) -> None:
             "example into the view that demonstrates it. Go through them in order; no typing needed."
         )
         present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
+    ready = gr.Markdown(lambda: precompute.readiness(ctx), elem_id="learn-ready")  # read on every page load
+    timer = gr.Timer(READY_POLL_S, active=bool(ctx.store.entries()))
+    timer.tick(
+        lambda: (precompute.readiness(ctx), gr.Timer(active=ctx.store.counts()["done"] < len(ctx.store.entries()))),
+        None,
+        [ready, timer],
+        api_name=False,
+        queue=False,
+        show_progress="hidden",
+    )
 
     n = len(OBJECTIVES)
     ids = [f"learn-{o.number}" for o in OBJECTIVES] + ["learn-questions", "learn-pitfalls"]
@@ -135,15 +219,23 @@ def build(ctx: AppContext) -> None:
                 )
                 nxt.click(lambda target=ids[i + 1]: gr.Tabs(selected=target), None, inner, api_name=False, queue=False)
         with gr.Tab("Questions", id=ids[n]):
+            gr.Markdown("Commit to a guess first, then reveal: kvviz puts its computed answer next to yours.")
             for i, q in enumerate(QUESTIONS, 1):
                 gr.Markdown(f"**Q{i}.** {q.question}", elem_classes="learn-question")
+                guess = _guess_input(q, i)
                 btn = gr.Button(
                     f"Reveal answer {i}" + (" (runs the model)" if q.needs_model else ""),
                     elem_id=f"reveal-{i}",
                     size="lg",
                 )
                 out = gr.Markdown(elem_id=f"answer-{i}")
-                btn.click(gpu(_revealer(ctx, q)), None, out, api_name=False, concurrency_limit=None)
+                btn.click(
+                    gpu(_revealer(ctx, q, i)),
+                    None if guess is None else [guess],
+                    out,
+                    api_name=False,
+                    concurrency_limit=None,
+                )
             to_pitfalls = gr.Button("Common pitfalls ›", elem_id="learn-next-questions", size="lg")
             to_pitfalls.click(lambda: gr.Tabs(selected=ids[n + 1]), None, inner, api_name=False, queue=False)
         with gr.Tab("Pitfalls", id=ids[n + 1]):
@@ -151,16 +243,29 @@ def build(ctx: AppContext) -> None:
                 gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
                 show_me_button(ctx, p.show_me, f"pitfall-{i}", pending)
     ctx.components.update({"learn.tabs": inner, "learn.present": present})
+    plan_show_mes(ctx)
 
 
-def _revealer(ctx: AppContext, q):
-    """The handler of one Reveal button; an answer that runs the model takes its turn at the gate."""
+def _guess_input(q: Question, i: int) -> gr.components.Component | None:
+    """Where the student commits to a guess: a number box or a choice."""
+    if q.guess is None:
+        return None
+    if q.guess.is_number:
+        return gr.Number(None, label=q.guess.prompt, elem_id=f"guess-{i}")
+    return gr.Radio(list(q.guess.choices), value=None, label=q.guess.prompt, elem_id=f"guess-{i}")
 
-    def show(request: gr.Request) -> str:
+
+def _revealer(ctx: AppContext, q: Question, i: int):
+    """The handler of one Reveal button; an answer that runs the model is read from the shared store."""
+
+    def show(request: gr.Request, guess: object = None) -> str:
         if not q.needs_model:
-            return reveal(q, ctx)
-        with ctx.jobs.start(request, "answer", 64, 64):
-            return reveal(q, ctx)
+            return reveal(q, ctx, guess)
+
+        answer, _ = precompute.shared(
+            ctx, request, _answer_key(ctx, i), _answer_job(ctx, q), live=False, what="answer", cost=(64, 64)
+        )
+        return reveal(q, ctx, guess, answer)
 
     return show
 
@@ -196,4 +301,7 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
         return trace, slider, spans, md, (gr.Tabs(selected=target) if target else gr.skip()), None
 
     if ctx.trace_state is not None:
-        ctx.on_trace(from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending])
+        # first: a show-me that generated switches to its view at once, while the views redraw behind it
+        ctx.on_trace(
+            from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending], first=True
+        )

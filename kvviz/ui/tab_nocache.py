@@ -5,12 +5,14 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.capture.loop import encode_prompt
+from kvviz.demo_store import Compute
 from kvviz.figures import nocache as fig
 from kvviz.lessons.nocache import compare_cache, table_for_prompt
 from kvviz.safety import whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
+from kvviz.ui.precompute import live_box, origin, shared
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import plural
@@ -58,6 +60,12 @@ def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
     n = _whole(new_tokens, "N", 1, min(MAX_N, ctx.settings.max_new_tokens))
     progress(0.0, desc="With the cache")
     cmp = compare_cache(ctx.lm, str(prompt), n, bool(chat), ids=ids, progress=lambda f, desc: progress(f, desc=desc))
+    return present(cmp, "measured now on this machine")
+
+
+def present(cmp, when: str):
+    """Plots, summary and numbers of a finished comparison; ``when`` says where and when it was timed."""
+    n = cmp.new_tokens
     df = cmp.frame()
     last = df.iloc[-1]
     same = (
@@ -70,8 +78,8 @@ def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
         f"{same} Prompt: {cmp.prompt_tokens} tokens. To generate N = {n}: **{int(last['passes with cache']):,}** "
         f"token-forward passes with the cache vs **{int(last['passes without cache']):,}** without "
         f"({last['passes without cache'] / last['passes with cache']:.1f}×); "
-        f"**{last['time with cache (s)']:.2f} s** vs **{last['time without cache (s)']:.2f} s** on this machine "
-        f"({cmp.speedup:.1f}×). {REGIME}"
+        f"**{last['time with cache (s)']:.2f} s** vs **{last['time without cache (s)']:.2f} s** ({cmp.speedup:.1f}×), "
+        f"{when}. {REGIME}"
     )
     return fig.time_vs_n(cmp), fig.passes_vs_n(cmp), text, df.round(4)
 
@@ -106,7 +114,9 @@ def build(ctx: AppContext) -> None:
             label="N (tokens to generate)",
             elem_id="nocache-n",
         )
-        run_btn = gr.Button("Generate with and without the cache", variant="primary", elem_id="nocache-run")
+        with gr.Column():
+            run_btn = gr.Button("Generate with and without the cache", variant="primary", elem_id="nocache-run")
+            live = live_box("nocache-live")
     gr.Markdown(REGIME, elem_classes="caption")
     summary = gr.Markdown(elem_id="nocache-summary")
     with gr.Row():
@@ -135,15 +145,48 @@ def build(ctx: AppContext) -> None:
         with ctx.jobs.start_prompt(request, "no-cache table", ctx.lm, p, c, n, runs=2):
             return table(ctx, p, c, n)
 
-    def run_measure(p, c, n, request: gr.Request, progress=gr.Progress()):
+    def job(p, c, n: int) -> tuple[tuple, Compute]:
+        """The store key and computation of one timing (the prompt checked and tokenized first)."""
+        ids = _ids(ctx, p, c)
         n = _whole(n, "N", 1, min(MAX_N, ctx.settings.max_new_tokens))
-        with ctx.jobs.start_prompt(request, "cache vs no-cache timing", ctx.lm, p, c, n, runs=2 + n // 4):
-            return measure(ctx, p, c, n, progress=progress)
+
+        def compute(report, should_stop):
+            return compare_cache(ctx.lm, str(p), n, bool(c), ids=ids, progress=report)
+
+        return (ctx.lm.name, "nocache", tuple(ids), bool(c), n), compute
+
+    def plan(values: dict) -> tuple:
+        key, compute = job(
+            *[
+                values.get(k, c.value)
+                for k, c in (("nocache.prompt", prompt), ("nocache.chat", chat), ("nocache.new_tokens", new_tokens))
+            ]
+        )
+        ctx.store.plan(key, "cache vs no-cache timing", compute)
+        return key
+
+    ctx.planners["nocache.button"] = plan
+
+    def run_measure(p, c, n, fresh, request: gr.Request, progress=gr.Progress()):
+        key, compute = job(p, c, n)
+        cmp, entry = shared(
+            ctx,
+            request,
+            key,
+            compute,
+            live=bool(fresh),
+            what="cache vs no-cache timing",
+            cost=(len(key[2]), key[4]),
+            runs=2 + key[4] // 4,
+            progress=lambda f, d: progress(f, desc=d),
+        )
+        when = "measured now on this machine" if entry is None else f"measured on this machine, {origin(entry)}"
+        return present(cmp, when.replace("computed ", ""))
 
     table_btn.click(gpu(run_table), [prompt, chat, steps], tbl, api_name=False, concurrency_limit=None)
     measured = run_btn.click(
         gpu(run_measure),
-        [prompt, chat, new_tokens],
+        [prompt, chat, new_tokens, live],
         [time_plot, passes_plot, summary, numbers],
         api_name=False,
         concurrency_limit=None,

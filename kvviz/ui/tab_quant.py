@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gradio as gr
 
 from kvviz.capture.loop import encode_prompt
@@ -14,6 +16,7 @@ from kvviz.safety import whole_number
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
+from kvviz.ui.precompute import live_box, shared
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.units import format_bytes
@@ -39,13 +42,24 @@ def _schemes(custom: Scheme, group: int, window: int) -> list[Scheme]:
     return [*preset_schemes(int(group), int(window)), custom]
 
 
-def _qkv(ctx: AppContext, prompt: str, chat: bool) -> QKV:
+def _qkv_ids(ctx: AppContext, prompt: str, chat: bool) -> list[int]:
+    """The prompt's token ids, or a UserError saying what to fix."""
     if prompt is None or not str(prompt).strip():
         raise UserError("The prompt is empty: type some text (a few hundred tokens shows the structure best).")
     ids = encode_prompt(ctx.lm, str(prompt), bool(chat))
     limit = min(MAX_PROMPT, ctx.settings.max_prompt_tokens)
     if len(ids) > limit:
         raise UserError(f"The prompt is {len(ids):,} tokens; this view analyses at most {limit:,}. Shorten it.")
+    return ids
+
+
+def _same(value) -> object:
+    """A control's value as a store key part: 15 and 15.0 from a slider are the same setting."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _qkv(ctx: AppContext, prompt: str, chat: bool) -> QKV:
+    ids = _qkv_ids(ctx, prompt, chat)
     with user_errors():
         return collect_qkv(ctx.lm, ids=ids)
 
@@ -225,7 +239,9 @@ def build(ctx: AppContext) -> None:
         window = gr.Slider(
             0, 128, value=32, step=1, label="Recent tokens kept in full precision", elem_id="quant-window"
         )
-    analyze_btn = gr.Button("Analyze this prompt", variant="primary", elem_id="quant-analyze")
+    with gr.Row():
+        analyze_btn = gr.Button("Analyze this prompt", variant="primary", elem_id="quant-analyze", scale=3)
+        live = live_box("quant-live")
     with gr.Row():
         kplot = captioned_plot("|keys|", "quant-keys", fig.CAPTIONS["keys"])
         vplot = captioned_plot("|values|", "quant-values", fig.CAPTIONS["values"])
@@ -288,10 +304,48 @@ def build(ctx: AppContext) -> None:
         }
     )
     controls = [prompt, chat, layer, head, fmt, key_axis, value_axis, group, window]
+    control_keys = [
+        "quant.prompt",
+        "quant.chat",
+        "quant.layer",
+        "quant.head",
+        "quant.format",
+        "quant.key_axis",
+        "quant.value_axis",
+        "quant.group",
+        "quant.window",
+    ]
+
+    def analysis_job(values) -> tuple[tuple, Callable]:
+        """The store key and computation of one analysis (the prompt checked and tokenized first)."""
+        n = len(_qkv_ids(ctx, values[0], values[1]))
+
+        def compute(report, should_stop):
+            return analyze(ctx, *values, progress=lambda f, desc="": report(f, desc))
+
+        return (ctx.lm.name, "quant", n, *[_same(v) for v in values]), compute
+
+    def plan(values: dict) -> tuple:
+        key, compute = analysis_job([values.get(k, c.value) for k, c in zip(control_keys, controls)])
+        ctx.store.plan(key, "quantization analysis", compute)
+        return key
+
+    ctx.planners["quant.button"] = plan
 
     def run_analyze(request: gr.Request, progress=gr.Progress(), *values):  # Gradio injects both
-        with ctx.jobs.start_prompt(request, "quantization analysis", ctx.lm, values[0], values[1], 0):
-            return analyze(ctx, *values, progress=progress)
+        live, *settings = values
+        key, compute = analysis_job(settings)
+        out, _ = shared(
+            ctx,
+            request,
+            key,
+            compute,
+            live=bool(live),
+            what="quantization analysis",
+            cost=(key[2], 0),
+            progress=lambda f, d: progress(f, desc=d),
+        )
+        return out
 
     def run_maps(request: gr.Request, *values):
         with ctx.jobs.start_prompt(request, "key/value maps", ctx.lm, values[0], values[1], 0):
@@ -306,7 +360,7 @@ def build(ctx: AppContext) -> None:
     clear_on_refusal(
         analyze_btn.click(
             gpu(run_analyze),
-            controls,
+            [live, *controls],
             [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot],
             api_name=False,
             concurrency_limit=None,
