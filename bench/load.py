@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(([SAME_EXAMPLE] * args.same, args.same_spread_s))
         # the reference answers come from the library in this process, one run at a time (never from the
         # server, which may share a run between identical requests)
+        sys.path.insert(0, str(ROOT))
         from kvviz.capture.loop import capture
         from kvviz.models import load_model
 

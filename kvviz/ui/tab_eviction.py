@@ -504,7 +504,10 @@ def build(ctx: AppContext) -> None:
         ),
         [verdict, table, bytes_plot, kl_plot],
     )
-    plan_compare(chosen.value, *[c.value for c in main_inputs])
+    try:
+        plan_compare(chosen.value, *[c.value for c in main_inputs])
+    except (UserError, gr.Error):  # this deployment's limits refuse the tab's opening settings: computed on a click
+        pass
 
     eviction_compose.wire(ctx, composition, main_inputs, gather)
 
