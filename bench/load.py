@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     proc = None
     url = args.url
     if url is None:
-        proc, url, _ = start_server({"KVVIZ_MAX_NEW_TOKENS": "64", "KVVIZ_QUEUE_SIZE": "128"})
+        # the show-me examples are computed before a lecture starts; here they would share the cores with the waves
+        proc, url, _ = start_server({"KVVIZ_MAX_NEW_TOKENS": "64", "KVVIZ_QUEUE_SIZE": "128", "KVVIZ_PRECOMPUTE": "0"})
     try:
         pid = proc.pid if proc else None
         plan = [([prompt_for(i, k) for i in range(n)], 0.0) for k, n in enumerate(args.students)]
