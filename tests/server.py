@@ -27,7 +27,7 @@ SERVER_ENV = {
     "KVVIZ_MAX_PROMPT_TOKENS": "1024",
     "KVVIZ_CONCURRENCY": "1",
     "KVVIZ_QUEUE_SIZE": "64",
-    # the shared server computes each example on its first click (tests/browser/test_showme_speed.py starts
+    # the shared server computes each example on its first click (tests/browser/test_showme_walk.py starts
     # one that computes them all at start-up)
     "KVVIZ_PRECOMPUTE": "0",
 }
