@@ -8,6 +8,8 @@ dict as ``python -m kvviz evict --json``.
 
 from __future__ import annotations
 
+import contextlib
+
 import gradio as gr
 
 from kvviz.eviction.compare import compare
@@ -504,10 +506,9 @@ def build(ctx: AppContext) -> None:
         ),
         [verdict, table, bytes_plot, kl_plot],
     )
-    try:
+    # a deployment whose limits refuse the tab's opening settings computes the comparison on a click instead
+    with contextlib.suppress(UserError, gr.Error):
         plan_compare(chosen.value, *[c.value for c in main_inputs])
-    except (UserError, gr.Error):  # this deployment's limits refuse the tab's opening settings: computed on a click
-        pass
 
     eviction_compose.wire(ctx, composition, main_inputs, gather)
 
