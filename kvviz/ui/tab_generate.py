@@ -130,6 +130,18 @@ def build(ctx: AppContext):
     )
     example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
 
+    def submit(text, use_chat, ids, n_new, sampling, should_stop):
+        """A checked Generate request to the engine, with the equivalence check, as the tab and /generate run it."""
+        return ctx.engine.submit(
+            text,
+            chat=bool(use_chat),
+            max_new_tokens=n_new,
+            sampling=sampling,
+            prompt_ids=ids,
+            verify=True,
+            should_stop=should_stop,
+        )
+
     def gen_key(ids, n_new, sampling) -> tuple:
         return ctx.lm.name, "generate", tuple(ids), n_new, sampling.temperature, sampling.top_p, sampling.seed
 
@@ -147,15 +159,7 @@ def build(ctx: AppContext):
         )
 
         def compute(report, should_stop):
-            handle = ctx.engine.submit(
-                text,
-                chat=bool(use_chat),
-                max_new_tokens=n_new,
-                sampling=sampling,
-                prompt_ids=ids,
-                verify=True,
-                should_stop=should_stop,
-            )
+            handle = submit(text, use_chat, ids, n_new, sampling, should_stop)
             trace = None
             for trace in handle.stream():
                 report(trace.n_generated / n_new, f"{plural(trace.n_generated, 'token')}")
@@ -230,14 +234,13 @@ def build(ctx: AppContext):
                 entry, mine = ctx.store.claim(entry.key)
 
             def work(report):
-                handle = ctx.engine.submit(
+                handle = submit(
                     prompt_text,
-                    chat=bool(use_chat),
-                    max_new_tokens=n_new,
-                    sampling=sampling,
-                    prompt_ids=ids,
-                    verify=True,
-                    should_stop=lambda: flag.is_set() or ticket.expired() or job.cancelled,
+                    use_chat,
+                    ids,
+                    n_new,
+                    sampling,
+                    lambda: flag.is_set() or ticket.expired() or job.cancelled,
                 )
                 t0, trace = time.perf_counter(), None
                 for trace in handle.stream(report):
@@ -315,15 +318,7 @@ def build(ctx: AppContext):
         with ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2, room=True) as ticket:
             ticket.wait()
             try:
-                trace = ctx.engine.submit(
-                    prompt_text,
-                    chat=bool(chat),
-                    max_new_tokens=n_new,
-                    sampling=sampling,
-                    prompt_ids=ids,
-                    verify=True,
-                    should_stop=ticket.expired,
-                ).result()
+                trace = submit(prompt_text, chat, ids, n_new, sampling, ticket.expired).result()
             except Exception as exc:
                 raise gr.Error(job_failed(exc), print_exception=False) from None
         out = trace.summary()
