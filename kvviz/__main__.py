@@ -18,6 +18,9 @@ COMMANDS = [trace, memory, evict, blocks, sweep]
 def main(argv: list[str] | None = None) -> int:
     if not sys.stderr.isatty():  # piped or logged: an error is one line, not under a weight-loading bar
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        from transformers.utils import logging as hf_logging  # read that variable when the commands imported it
+
+        hf_logging.disable_progress_bar()
     parser = argparse.ArgumentParser(prog="python -m kvviz", description="See a transformer's KV cache.")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
