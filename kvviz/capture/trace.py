@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+EQUIVALENCE_TOLERANCE = 1e-3  # largest |Δ logit| between cached decoding and full recomputation that is fp rounding
+
 FORMAT_VERSION = 1
 _ARRAYS = (
     "prefill_colsum",

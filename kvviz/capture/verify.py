@@ -1,12 +1,18 @@
 """The chapter's check on the real model: decoding with the cache equals recomputing without it.
 
-After a run, the whole sequence goes through the model again from scratch, twice: once with kvviz's
-capture attention function (so the attention outputs the recorder saw can be compared position by
-position) and once without it (the model exactly as loaded, so a capture that changed the model's
-output would show). Several finished runs are checked together: the first recomputation packs them
-into one forward (:mod:`kvviz.capture.packed`), the second pads them on the right into one batch —
-with causal attention a token never sees the padding after it, so every real position's logits are
-its own.
+After a run, the whole sequence goes through the model again from scratch, the model exactly as
+loaded (no cache, no kvviz capture), and its logits and attention outputs (read by a hook on each
+layer's output projection) are compared with what the cached, captured run produced. Agreement
+settles both questions at once: the cache changed nothing and the capture changed nothing. A
+disagreement is attributed by a second recomputation through kvviz's capture attention function
+(:func:`recompute`): if that one agrees with the cached run, the cache is right and the capture
+changed the model. Models without a recognisable output projection always get both
+recomputations (the attention outputs then come from the capture).
+
+Several finished runs are checked together: the model-as-loaded recomputation pads them on the
+right into one batch (with causal attention a token never sees the padding after it, so every real
+position's logits are its own), the capture's packs them into one forward
+(:mod:`kvviz.capture.packed`).
 """
 
 from __future__ import annotations
@@ -16,18 +22,20 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from kvviz.capture.attention_fn import unpatched
+from kvviz.capture.attention_fn import attention_modules, installed, unpatched
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.recorder import Recorder, RecorderConfig
+from kvviz.capture.trace import EQUIVALENCE_TOLERANCE as TOLERANCE
 from kvviz.models import LoadedModel
 
-BATCH_TOKENS = 4096  # padded tokens per unpatched recomputation forward (B × longest sequence)
+BATCH_TOKENS = 4096  # tokens per recomputation forward (padded: B × longest sequence)
+PROJECTIONS = ("o_proj", "c_proj", "out_proj", "dense")  # an attention layer's output projection, by model family
 
 
 def recompute(lm: LoadedModel, gens: Sequence[Generation]) -> list[dict]:
-    """Full recomputation with the capture wrapper (inside ``installed``): per run, the largest logit
+    """Full recomputation through the capture wrapper (inside ``installed``): per run, the largest logit
     and attention-output differences against what the cached run produced. Runs share packed
     forwards of at most :data:`BATCH_TOKENS` tokens."""
     out: list[dict] = []
@@ -67,23 +75,54 @@ def _compare(g: Generation, full: torch.Tensor, rec: Recorder) -> dict:
         raise ValueError("The check needs a recorded run.")
     n = len(g.logits_seen)
     logit_diff = (full - torch.stack(g.logits_seen)).abs().max().item()
-    out_diff = None
-    outs = [o for o in g.rec.outputs if o is not None]
     full_out = rec.outputs[0]
-    if full_out is not None and len(outs) == len(g.rec.outputs):
-        ref = full_out[:, -n:]  # [Lyr, n, Hq*Dv]: outputs at the positions cached decoding produced
-        mine = torch.cat([o[:, -1:] for o in outs], dim=1)  # last query of each forward
-        out_diff = (ref - mine).abs().max().item()
+    out_diff = _output_diff(g, full_out[:, -n:] if full_out is not None else None)
     return {"max_abs_logit_diff": logit_diff, "max_abs_attn_output_diff": out_diff, "positions_checked": n}
 
 
-def recompute_unpatched(lm: LoadedModel, gens: Sequence[Generation], timeout: float = 10.0) -> list[dict]:
-    """Full recomputation by the model alone (outside ``installed``): per run, the largest logit
-    difference against the cached run. Runs share padded forwards of at most :data:`BATCH_TOKENS`.
-    When other runs keep the wrapper installed for ``timeout`` seconds, the recomputation runs with it
-    (which changes no output) and says so (``unpatched_reference`` False)."""
+def _cached_outputs(g: Generation) -> torch.Tensor | None:
+    """The attention outputs the cached run produced at the positions it generated from,
+    [Lyr, n, Hq·Dv] (the last query of each forward); None where legacy attention handed over none."""
+    if g.rec is None:
+        raise ValueError("The check needs a recorded run.")
+    outs = [o for o in g.rec.outputs if o is not None]
+    if not outs or len(outs) != len(g.rec.outputs):
+        return None
+    return torch.cat([o[:, -1:] for o in outs], dim=1)
+
+
+def _output_diff(g: Generation, ref: torch.Tensor | None) -> float | None:
+    """Largest |Δ| between the cached run's attention outputs and a recomputation's ``ref`` at the
+    same positions; None when either side has none (or they do not line up)."""
+    mine = _cached_outputs(g)
+    if ref is None or mine is None or ref.shape != mine.shape:
+        return None
+    return (ref - mine).abs().max().item()
+
+
+def check(lm: LoadedModel, gens: Sequence[Generation], timeout: float = 10.0) -> list[dict]:
+    """The equivalence check of finished, recorded runs (see the module docstring): per run, the
+    largest logit and attention-output differences against a full recomputation, and whether that
+    recomputation ran on the model as loaded (``unpatched_reference``: False when other runs kept the
+    capture installed for ``timeout`` seconds; it then ran with the wrapper, which changes no output).
+
+    Call it outside :func:`~kvviz.capture.attention_fn.installed`; it installs the capture itself
+    for the second recomputation, when one is needed."""
+    with torch.inference_mode():
+        out = _unpatched(lm, gens, timeout)
+        unread = [res.pop("_outputs_unread") for res in out]
+        again = [(g, res) for g, res, u in zip(gens, out, unread) if u or res["max_abs_logit_diff"] >= TOLERANCE]
+        if again:
+            with installed(lm.model):
+                for (_, res), through in zip(again, recompute(lm, [g for g, _ in again])):
+                    res.update(through, recomputations=2)
+    return out
+
+
+def _unpatched(lm: LoadedModel, gens: Sequence[Generation], timeout: float) -> list[dict]:
+    """The model-as-loaded recomputation, in padded batches of at most :data:`BATCH_TOKENS` tokens."""
     out: list[dict] = []
-    with torch.inference_mode(), unpatched(lm.model, timeout) as alone:
+    with unpatched(lm.model, timeout) as alone:
         batch: list[Generation] = []
         for g in sorted(gens, key=lambda g: g.trace.n_fed):
             if batch and (len(batch) + 1) * g.trace.n_fed > BATCH_TOKENS:
@@ -96,23 +135,72 @@ def recompute_unpatched(lm: LoadedModel, gens: Sequence[Generation], timeout: fl
     return [by_gen[id(g)] for g in gens]
 
 
+def output_projections(model) -> dict[int, torch.nn.Module]:
+    """Each attention layer's output projection (its input is the layer's attention output,
+    [B, q, Hq·Dv]), by layer index; empty when a layer has none kvviz recognises."""
+    found = {}
+    for module in attention_modules(model):
+        proj = next(
+            (getattr(module, n) for n in PROJECTIONS if isinstance(getattr(module, n, None), torch.nn.Module)), None
+        )
+        if proj is None:
+            return {}
+        found[module.layer_idx] = proj
+    return found
+
+
 def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -> list[dict]:
     feeds = [g.trace.token_ids[: g.trace.n_fed] for g in gens]
     keep = [len(g.logits_seen) for g in gens]
-    if len(gens) == 1 or not packable(lm):
-        fulls = [forward(lm, f, 0, DynamicCache(config=lm.config), None, logits_to_keep=n) for f, n in zip(feeds, keep)]
-    else:
-        width = max(len(f) for f in feeds)
-        ids = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=lm.device)
-        pos = torch.arange(width, device=lm.device)[None].expand(len(feeds), -1)
-        hidden = lm.model.base_model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
-        head = lm.model.get_output_embeddings()
-        fulls = [head(hidden[b, len(f) - n : len(f)]).float() for b, (f, n) in enumerate(zip(feeds, keep))]
-    return [
-        {
-            "_gen": g,
-            "max_abs_logit_diff_vs_unpatched": (full - torch.stack(g.logits_seen)).abs().max().item(),
-            "unpatched_reference": alone,
-        }
-        for g, full in zip(gens, fulls)
-    ]
+    seen: dict[int, list[torch.Tensor]] = {}  # layer -> per run, the attention outputs at its checked positions
+    padded = len(gens) > 1 and packable(lm)
+    current: list[int] = [0]  # which run an unpadded forward is for
+
+    def hook(layer: int):
+        def read(_module, args) -> None:
+            x = args[0]
+            if padded:
+                seen[layer] = [
+                    x[b, len(f) - n : len(f)].float().to(lm.device) for b, (f, n) in enumerate(zip(feeds, keep))
+                ]
+            else:
+                n = keep[current[0]]
+                seen.setdefault(layer, []).append(x[0, -n:].float().to(lm.device))
+
+        return read
+
+    handles = [proj.register_forward_pre_hook(hook(i)) for i, proj in output_projections(lm.model).items()]
+    try:
+        if not padded:
+            fulls = []
+            for i, (f, n) in enumerate(zip(feeds, keep)):
+                current[0] = i
+                fulls.append(forward(lm, f, 0, DynamicCache(config=lm.config), None, logits_to_keep=n))
+        else:
+            width = max(len(f) for f in feeds)
+            ids = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=lm.device)
+            pos = torch.arange(width, device=lm.device)[None].expand(len(feeds), -1)
+            hidden = lm.model.base_model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+            head = lm.model.get_output_embeddings()
+            fulls = [head(hidden[b, len(f) - n : len(f)]).float() for b, (f, n) in enumerate(zip(feeds, keep))]
+    finally:
+        for h in handles:
+            h.remove()
+    results = []
+    for b, (g, full) in enumerate(zip(gens, fulls)):
+        diff = (full - torch.stack(g.logits_seen)).abs().max().item()
+        layers = [seen[i][b] for i in sorted(seen)] if len(seen) == g.trace.model.layers else None
+        out_diff = _output_diff(g, torch.stack(layers) if layers is not None else None)
+        results.append(
+            {
+                "_gen": g,
+                "_outputs_unread": out_diff is None and _cached_outputs(g) is not None,
+                "max_abs_logit_diff": diff,
+                "max_abs_attn_output_diff": out_diff,
+                "positions_checked": len(g.logits_seen),
+                "max_abs_logit_diff_vs_unpatched": diff,
+                "unpatched_reference": alone,
+                "recomputations": 1,
+            }
+        )
+    return results

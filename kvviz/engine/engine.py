@@ -35,7 +35,7 @@ from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.trace import Trace
-from kvviz.capture.verify import recompute, recompute_unpatched
+from kvviz.capture.verify import check
 from kvviz.engine.prefix import Claim, PrefixStore
 from kvviz.models import LoadedModel
 
@@ -256,18 +256,11 @@ class Engine:
                 if g.done:
                     g.finish()
                     done.append(job)
-            checked = [job for job in done if job.gen.verify]
-            if checked:
-                for job in checked:
-                    job._report(Progress("verify", 0, 2))
-                results = recompute(self.lm, [j.gen for j in checked])
-        if checked:
+        checked = [job for job in done if job.gen.verify]
+        if checked:  # outside the capture: the model as loaded
             for job in checked:
-                job._report(Progress("verify", 1, 2))
-            for job, res, alone in zip(
-                checked, results, recompute_unpatched(self.lm, [j.gen for j in checked], timeout=2.0)
-            ):
-                res.update(alone)
+                job._report(Progress("verify", 0, 1))
+            for job, res in zip(checked, check(self.lm, [j.gen for j in checked], timeout=2.0)):
                 job.gen.trace.equivalence = res
         for job in done:
             self._retire(job, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from kvviz.capture.trace import EQUIVALENCE_TOLERANCE as TOLERANCE
 from kvviz.capture.trace import ModelInfo, Trace
 from kvviz.units import format_bytes, format_gb, plural
 
@@ -186,21 +187,28 @@ def equivalence_text(trace: Trace) -> str:
     eq = trace.equivalence
     if not eq:
         return "Cached vs full recompute: not checked for this run."
-    ok = eq["max_abs_logit_diff"] < 1e-3
+    ok = eq["max_abs_logit_diff"] < TOLERANCE
     out_diff = eq.get("max_abs_attn_output_diff")
+    model_diff = eq.get("max_abs_logit_diff_vs_unpatched")
+    installed = "" if eq.get("unpatched_reference", True) else " (another run kept the capture installed)"
+    measured = f"max |Δ logit| = {eq['max_abs_logit_diff']:.2e}" + (
+        f", max |Δ attention output| = {out_diff:.2e}" if out_diff is not None else ""
+    )
+    if eq.get("recomputations") == 1 and ok:
+        return (
+            f"**Cached decoding equals full recomputation** over {eq['positions_checked']} generated positions: "
+            f"the whole sequence run again from scratch by the model as loaded — no cache, no kvviz capture"
+            f"{installed} — gives {measured} (fp rounding only; threshold {TOLERANCE:.0e}). So the cache "
+            "changes nothing, and neither does the capture."
+        )
     text = (
         f"**Cached decoding {'equals' if ok else 'DIFFERS FROM'} full recomputation** over "
-        f"{eq['positions_checked']} generated positions: max |Δ logit| = {eq['max_abs_logit_diff']:.2e}"
-        + (f", max |Δ attention output| = {out_diff:.2e}" if out_diff is not None else "")
-        + " (fp rounding only; threshold 1e-3)."
+        f"{eq['positions_checked']} generated positions: {measured} (fp rounding only; threshold {TOLERANCE:.0e})."
     )
-    model_diff = eq.get("max_abs_logit_diff_vs_unpatched")
     if model_diff is not None:
-        same = model_diff < 1e-3
+        same = model_diff < TOLERANCE
         text += (
             f" Against the model without kvviz's capture: max |Δ logit| = {model_diff:.2e} — the capture "
-            f"{'changes nothing' if same else '**CHANGED THE OUTPUT**'}"
-            + ("" if eq.get("unpatched_reference", True) else " (another run kept the capture installed)")
-            + "."
+            f"{'changes nothing' if same else '**CHANGED THE OUTPUT**'}{installed}."
         )
     return text

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kvviz.capture.trace import EQUIVALENCE_TOLERANCE
 from kvviz.examples import CHAT_QUESTION, needle_passage, needle_prompt
 from kvviz.lessons.guesses import Guess
 from kvviz.memory.capacity import decode_step
@@ -324,7 +325,7 @@ QUESTIONS = (
         True,
         Guess(
             "Your guess: does a loop that never stores a query give the same logits as recomputing everything?",
-            lambda v: _SAME if v["max_abs_logit_diff"] < 1e-3 else _DIFFERENT,
+            lambda v: _SAME if v["max_abs_logit_diff"] < EQUIVALENCE_TOLERANCE else _DIFFERENT,
             choices=(_SAME, _DIFFERENT),
         ),
     ),

@@ -57,8 +57,10 @@ def progress_line(progress: Progress | None, generated: int) -> str | None:
             "(the whole prompt in parallel, one chunk at a time)…"
         )
     if progress.phase == "verify":
-        what = "recomputing without the cache" if progress.done == 0 else "recomputing without kvviz's capture"
-        return f"Checking: {what}… ({plural(generated, 'token')} generated)"
+        return (
+            "Checking: the whole sequence again from scratch, without the cache and without kvviz's capture… "
+            f"({plural(generated, 'token')} generated)"
+        )
     return None
 
 

@@ -1,0 +1,82 @@
+"""The equivalence check: one recomputation by the model as loaded settles it when it agrees; a
+disagreement, or a model whose attention outputs cannot be read, gets the capture's recomputation too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvviz.capture.verify as verify
+from kvviz.capture.attention_fn import installed, is_installed
+from kvviz.capture.generation import Generation
+from kvviz.capture.model_io import forward
+from kvviz.examples import CHAT_QUESTION
+from tests.tiny_models import tiny_model
+
+
+def finished(lm, prompt: str, n: int = 6, **kwargs) -> Generation:
+    """A checked run driven to its end, its recorder and logits kept for the check."""
+    g = Generation(lm, prompt, chat=False, max_new_tokens=n, verify=True, stop_on_eos=False, **kwargs)
+    with torch.inference_mode(), installed(lm.model):
+        while not g.done:
+            ids, start = g.next_feed()
+            g.take(forward(lm, ids, start, g.cache, g.rec)[-1], len(ids))
+        g.finish()
+    return g
+
+
+@pytest.fixture(scope="module")
+def runs(lm):
+    return [finished(lm, CHAT_QUESTION), finished(lm, "The capital of France is", 4), finished(lm, "Once upon a time")]
+
+
+def test_one_recomputation_reads_the_attention_outputs_the_capture_would(lm, runs):
+    g = runs[0]
+    eq = verify.check(lm, [g])[0]
+    assert eq["recomputations"] == 1 and eq["unpatched_reference"] is True
+    assert eq["positions_checked"] == 6
+    assert eq["max_abs_logit_diff"] == eq["max_abs_logit_diff_vs_unpatched"] < 1e-3
+    with torch.inference_mode(), installed(lm.model):
+        through = verify.recompute(lm, [g])[0]
+    # the hook on each output projection reads what the capture's recomputation hands the recorder
+    assert abs(eq["max_abs_attn_output_diff"] - through["max_abs_attn_output_diff"]) < 1e-5
+    assert eq["max_abs_attn_output_diff"] < 1e-4
+    assert not is_installed(lm.model)
+    assert all(not m._forward_pre_hooks for m in lm.model.modules())  # the hooks are gone
+
+
+def test_runs_checked_together_equal_runs_checked_alone(lm, runs):
+    together = verify.check(lm, runs)
+    for g, eq in zip(runs, together):
+        alone = verify.check(lm, [g])[0]
+        assert eq["positions_checked"] == alone["positions_checked"]
+        assert abs(eq["max_abs_logit_diff"] - alone["max_abs_logit_diff"]) < 1e-4
+        assert abs(eq["max_abs_attn_output_diff"] - alone["max_abs_attn_output_diff"]) < 1e-5
+
+
+def test_a_wrong_cached_logit_is_caught_and_attributed(lm):
+    g = finished(lm, "The capital of France is", 3)
+    g.logits_seen[1] = g.logits_seen[1] + 0.5
+    eq = verify.check(lm, [g])[0]
+    assert eq["recomputations"] == 2  # the disagreement was attributed by the capture's recomputation
+    assert eq["max_abs_logit_diff"] > 0.4 and eq["max_abs_logit_diff_vs_unpatched"] > 0.4
+
+
+def test_a_wrong_attention_output_is_caught(lm):
+    g = finished(lm, "The capital of France is", 3)
+    assert g.rec is not None
+    g.rec.outputs[-1] = g.rec.outputs[-1] + 0.25  # the last decode step's outputs, every layer
+    eq = verify.check(lm, [g])[0]
+    assert eq["max_abs_logit_diff"] < 1e-3 and eq["max_abs_attn_output_diff"] > 0.2
+
+
+def test_without_a_readable_projection_the_capture_recomputes_the_outputs(monkeypatch):
+    lm = tiny_model("gpt2")
+    g = finished(lm, "", 3, prompt_ids=list(range(100, 110)))
+    read = verify.check(lm, [g])[0]
+    monkeypatch.setattr(verify, "PROJECTIONS", ())
+    assert verify.output_projections(lm.model) == {}
+    fallback = verify.check(lm, [g])[0]
+    assert read["recomputations"] == 1 and fallback["recomputations"] == 2
+    assert fallback["max_abs_attn_output_diff"] is not None
+    assert abs(read["max_abs_attn_output_diff"] - fallback["max_abs_attn_output_diff"]) < 1e-5
