@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from kvviz.ui.app import CSS, THEME
-    from kvviz.ui.present import HEAD
+    from kvviz.ui.app import CSS, HEAD, THEME
 
     # SIGTERM (a Space restarting, a test ending) closes the server like Ctrl-C, so temp files are deleted
     signal.signal(signal.SIGTERM, _interrupt)

@@ -131,6 +131,19 @@ def test_the_toggle_rescales_drawn_charts_in_the_page(browser_context, app_serve
         tab.close()
 
 
+def test_plotly_loads_while_the_page_is_idle_and_only_once(browser_context, app_server):
+    tab = open_page(browser_context, app_server)  # the Generate tab: no chart has a figure yet
+    chunks = "performance.getEntriesByType('resource').filter((e) => e.name.includes('/PlotlyPlot-')).length"
+    try:
+        tab.wait_for_function("!!(window.Plotly && window.Plotly.react)", timeout=30_000)
+        assert tab.locator(".js-plotly-plot").count() == 0  # loaded before any chart asked for it
+        tab.get_by_role("tab", name="Memory", exact=True).click()
+        tab.locator("#memory-size .gtitle").wait_for()
+        assert tab.evaluate(chunks) == 1  # Gradio's own import found the preloaded module
+    finally:
+        tab.close()
+
+
 def slider_value(page, elem_id: str) -> int:
     return int(float(page.locator(f"#{elem_id} input[type=range]").input_value()))
 
