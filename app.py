@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from kvviz.ui.app import CSS, THEME
+    from kvviz.ui.app import CSS, HEAD, THEME
 
     # SIGTERM (a Space restarting, a test ending) closes the server like Ctrl-C, so temp files are deleted
     signal.signal(signal.SIGTERM, _interrupt)
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         root_path=args.root_path,
         theme=THEME,
         css=CSS,
+        head=HEAD,
         footer_links=["api"],
         **launch_options,
     )

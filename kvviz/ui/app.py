@@ -6,6 +6,7 @@ import gradio as gr
 
 from kvviz.ui import (
     deeplinks,
+    plotly_preload,
     precompute,
     present,
     tab_attention,
@@ -36,6 +37,8 @@ TABS = [
 ]
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
+# scripts for the page's <head>: charts drawn at the presentation scale, plotly loaded while the page is idle
+HEAD = present.HEAD + plotly_preload.HEAD
 CSS = """
 .caption {font-size: 0.92em; opacity: 0.85}
 /* tables: headers break between words, never inside one; a wide table scrolls instead of being cut */

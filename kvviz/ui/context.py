@@ -20,6 +20,19 @@ from kvviz.ui.jobs import Jobs
 
 
 @dataclass
+class ShowMeAnswer:
+    """A demo button's result given in a show-me's own click event, instead of pressing the button after it.
+
+    ``fn(request, *values of inputs)`` returns the values of ``outputs`` — only when they are at hand (a stored
+    result, or arithmetic) — else None, and the show-me presses the button as a user would.
+    """
+
+    inputs: list
+    outputs: list
+    fn: Callable[..., list | tuple | None]
+
+
+@dataclass
 class AppContext:
     """Built once per app. The model is shared read-only; per-user data lives in ``trace_state``.
 
@@ -41,6 +54,8 @@ class AppContext:
     # demo button ("nocache.button") how to plan the result a show-me's values will ask it for (returns its key)
     store: DemoStore = field(default_factory=DemoStore)
     planners: dict[str, Callable[[dict], Hashable]] = field(default_factory=dict)
+    # per demo button ("memory.button"), how a show-me shows its result in one event (see ShowMeAnswer)
+    answers: dict[str, ShowMeAnswer] = field(default_factory=dict)
     # every file written for a user lives in that session's temp folder
     files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None

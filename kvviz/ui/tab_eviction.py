@@ -28,7 +28,7 @@ from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as fig
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui import eviction_compose
-from kvviz.ui.context import AppContext
+from kvviz.ui.context import AppContext, ShowMeAnswer
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.play import play_button
@@ -46,6 +46,10 @@ COMPRESS = [
 BUDGET_MODES = ["tokens", "ratio"]
 NEEDLE_TOKENS = 512  # the needle demo's prompt (496 tokens), for its cost estimate
 EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
+
+
+def _quiet(fraction: float, desc: str = "") -> None:
+    """Progress nobody watches (a stored result shown in a show-me's event)."""
 
 
 def _user(fn, *args, what: str = "Eviction run"):
@@ -563,29 +567,32 @@ def build(ctx: AppContext) -> None:
             *rest,
         )
 
-    needle_btn.click(
-        gpu(run_needle),
-        [compress, demo_live],
-        [
-            prompt,
-            question,
-            chat,
-            policy,
-            mode,
-            budget,
-            run_state,
-            status,
-            answer,
-            step,
-            *view_outputs,
-            verdict,
-            table,
-            bytes_plot,
-            kl_plot,
-        ],
-        api_name=False,
-        concurrency_limit=None,
-    )
+    def stored_needle(request: gr.Request, comp, live):
+        """The needle demo's outputs when its result is stored (for a show-me), else None."""
+        entry = ctx.store.entry(needle_key(comp))
+        return (
+            run_needle(comp, False, request, progress=_quiet) if entry is not None and entry.state == "done" else None
+        )
+
+    needle_outputs = [
+        prompt,
+        question,
+        chat,
+        policy,
+        mode,
+        budget,
+        run_state,
+        status,
+        answer,
+        step,
+        *view_outputs,
+        verdict,
+        table,
+        bytes_plot,
+        kl_plot,
+    ]
+    ctx.answers["eviction.needle"] = ShowMeAnswer([compress, demo_live], needle_outputs, stored_needle)
+    needle_btn.click(gpu(run_needle), [compress, demo_live], needle_outputs, api_name=False, concurrency_limit=None)
 
     def sinks_job(report, should_stop):
         return _user(lambda: sinks_demo(ctx.lm, progress=report), what="Sinks demo")

@@ -100,7 +100,11 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
     key = ctx.planners["generate.button"](sm.values) if fast else None
     views = [o for _, _, o in ctx.listeners if ctx.tabs not in o] if fast else []
     view_outputs = [c for o in views for c in o]
-    mode = gr.Textbox(visible=False) if fast else None
+    # a button whose result is at hand (stored, or arithmetic) answers in this event too, instead of being pressed
+    answer = ctx.answers.get(sm.press or "") if available and not fast else None
+    mode = gr.Textbox(visible=False) if fast or answer is not None else None
+    by_target = {id(c): k for k, c in targets}
+    answer_inputs = answer.inputs if answer is not None else []
 
     def stored_views(trace) -> list:
         """Every trace view of a stored generation (drawn once at start-up, so these calls are quick)."""
@@ -111,11 +115,26 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
                 out.extend(values if len(outputs) > 1 else [values])
         return out
 
-    def load():
+    def answered(request: gr.Request, current: list) -> list | None:
+        """The pressed button's outputs for the show-me's values (the session's own for the rest), or None."""
+        assert answer is not None
+        values = [sm.values[by_target[id(c)]] if id(c) in by_target else v for c, v in zip(answer.inputs, current)]
+        try:
+            out = answer.fn(request, *values)
+        except Exception:  # a refusal (the session's other settings) is the button's to show: press it
+            return None
+        return None if out is None else (list(out) if isinstance(out, (list, tuple)) else [out])
+
+    def load(request: gr.Request, *current):
         values = [sm.values[k] for k, _ in targets]
         if not available:
             gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
             return [gr.skip()] * len(targets) + [gr.skip(), gr.skip()]
+        if answer is not None:
+            out = answered(request, list(current))
+            if out is None:
+                return [*values, gr.Tabs(selected=first_tab), None, "press", *[gr.skip()] * len(answer.outputs)]
+            return [*values, gr.Tabs(selected=sm.tab), None, "stored", *out]
         if not fast:
             return [*values, gr.Tabs(selected=first_tab), sm.tab if via_generate else None]
         entry = ctx.store.entry(key)
@@ -124,8 +143,15 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
             return [*values, gr.Tabs(selected=sm.tab), None, "stored", trace, *stored_views(trace)]
         return [*values, gr.Tabs(selected=first_tab), sm.tab, "press", gr.skip(), *[gr.skip()] * len(view_outputs)]
 
-    extra = [mode, ctx.trace_state, *view_outputs] if fast else []
-    event = btn.click(load, None, [c for _, c in targets] + [ctx.tabs, pending, *extra], api_name=False, queue=False)
+    if fast:
+        extra = [mode, ctx.trace_state, *view_outputs]
+    elif answer is not None:
+        extra = [mode, *answer.outputs]
+    else:
+        extra = []
+    outputs = [c for _, c in targets] + [ctx.tabs, pending, *extra]
+    assert len({id(c) for c in outputs}) == len(outputs), f"{sm.label}: a show-me sets a component twice"
+    event = btn.click(load, answer_inputs, outputs, api_name=False, queue=False)
     if available:
         controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
         js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))

@@ -29,7 +29,7 @@ from kvviz.memory.layout import head_dim_note, stated_weights_gb
 from kvviz.memory.report import report, summary
 from kvviz.safety import check_config_size, parse_config_json
 from kvviz.ui import memory_architectures, memory_engine
-from kvviz.ui.context import AppContext
+from kvviz.ui.context import AppContext, ShowMeAnswer
 from kvviz.ui.jobs import UserError
 from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, clear_on_refusal
@@ -382,6 +382,8 @@ def build(ctx: AppContext) -> None:
         concurrency_limit=None,
     )
     clear_on_refusal(calculated, outputs)
+    # arithmetic: a show-me gets the calculator's outputs in its own event
+    ctx.answers["memory.button"] = ShowMeAnswer(inputs, outputs, lambda request, *values: calculate(ctx, *values))
     if ctx.trace_state is not None:
         ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
 

@@ -13,7 +13,7 @@ from kvviz.quant.cache import compare_generation
 from kvviz.quant.model import QKV, channel_outlier_ratio, collect_qkv, compare, magnitude_map
 from kvviz.quant.schemes import AXES, FORMATS, QuantSpec, Scheme, preset_schemes
 from kvviz.safety import whole_number
-from kvviz.ui.context import AppContext
+from kvviz.ui.context import AppContext, ShowMeAnswer
 from kvviz.ui.gpu import gpu
 from kvviz.ui.jobs import UserError
 from kvviz.ui.precompute import live_box, shared
@@ -357,11 +357,19 @@ def build(ctx: AppContext) -> None:
             return generate(ctx, *values, progress=progress)
 
     analysis = [headline, kplot, vplot, maps_md, table, errors, sizes, layers_plot]
+    analysis_outputs = [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot]  # run_analyze's order
+
+    def stored_analysis(request: gr.Request, live, *settings):
+        """The analysis's outputs when its result is stored (for a show-me), else None."""
+        entry = ctx.store.entry(analysis_job(settings)[0])
+        return entry.value if entry is not None and entry.state == "done" else None
+
+    ctx.answers["quant.button"] = ShowMeAnswer([live, *controls], analysis_outputs, stored_analysis)
     clear_on_refusal(
         analyze_btn.click(
             gpu(run_analyze),
             [live, *controls],
-            [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot],
+            analysis_outputs,
             api_name=False,
             concurrency_limit=None,
         ),

@@ -3,6 +3,7 @@ overlaps, arrow keys, and play/pause replaying a finished run."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -78,6 +79,69 @@ def test_presentation_mode_enlarges_chart_text_without_covering_titles(browser_c
     finally:
         plain.close()
         big.close()
+
+
+def close_to(a, b) -> bool:
+    """JSON values equal, numbers to 1e-9 (Python's and the page's arithmetic)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close_to(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close_to(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    return a == b
+
+
+def test_the_page_scales_a_figure_as_scaled_does(browser_context, app_server):
+    """The browser's copy of kvviz.figures.scale.scaled gives the same figure, up and back down."""
+    from kvviz.figures.scale import PRESENT_SCALE, scaled
+    from tests.figures.test_scale import sample
+
+    tab = open_page(browser_context, app_server)
+    try:
+        tab.wait_for_function("!!window.kvvizPresent")
+        fig = sample()
+        scale = "([fig, f]) => { const [data, layout] = window.kvvizPresent.scale(fig.data, fig.layout, f); return {data, layout}; }"
+        big = tab.evaluate(scale, [json.loads(fig.to_json()), PRESENT_SCALE])
+        want = json.loads(scaled(fig, PRESENT_SCALE).to_json())
+        assert close_to(big, want), (big["layout"], want["layout"])
+        back = tab.evaluate(scale, [big, 1.0])
+        assert close_to(back, json.loads(scaled(scaled(fig, PRESENT_SCALE), 1.0).to_json()))
+    finally:
+        tab.close()
+
+
+def test_the_toggle_rescales_drawn_charts_in_the_page(browser_context, app_server):
+    tab = open_page(browser_context, app_server + "?tab=memory")
+    sent: list[str] = []
+    tab.on("request", lambda r: sent.append(r.url) if "gradio_api" in r.url else None)
+    title = "parseFloat(document.querySelector('#memory-size .gtitle').style.fontSize)"
+    try:
+        tab.locator("#memory-size .gtitle").wait_for()
+        plain = tab.evaluate(title)
+        tab.get_by_role("tab", name="Learn", exact=True).click()
+        tab.locator("#present-toggle").wait_for()
+        before = len(sent)
+        tab.locator("#present-toggle").click()  # the Memory chart, drawn on its (now hidden) tab, is redrawn
+        tab.wait_for_function(f"{title} >= 1.2 * {plain}")
+        tab.locator("#present-toggle").click()
+        tab.wait_for_function(f"{title} === {plain}")
+        assert sent[before:] == [], sent[before:]  # no chart went to the server and back
+    finally:
+        tab.close()
+
+
+def test_plotly_loads_while_the_page_is_idle_and_only_once(browser_context, app_server):
+    tab = open_page(browser_context, app_server)  # the Generate tab: no chart has a figure yet
+    chunks = "performance.getEntriesByType('resource').filter((e) => e.name.includes('/PlotlyPlot-')).length"
+    try:
+        tab.wait_for_function("!!(window.Plotly && window.Plotly.react)", timeout=30_000)
+        assert tab.locator(".js-plotly-plot").count() == 0  # loaded before any chart asked for it
+        tab.get_by_role("tab", name="Memory", exact=True).click()
+        tab.locator("#memory-size .gtitle").wait_for()
+        assert tab.evaluate(chunks) == 1  # Gradio's own import found the preloaded module
+    finally:
+        tab.close()
 
 
 def slider_value(page, elem_id: str) -> int:

@@ -1,36 +1,23 @@
-"""Presentation mode's server side: charts rescaled by the mode, every tab's step slider reachable by the keys."""
+"""Presentation mode's wiring: charts scale in the page by the figure module's rule, with no server round trip;
+every tab's step slider is reachable by the keys."""
 
 from __future__ import annotations
 
-import plotly.graph_objects as go
-import pytest
+import json
+import re
 
-from kvviz.figures.scale import PRESENT_SCALE, scale_of, scaled
-from kvviz.ui.present import STEP_CLASS, STEP_KEYS, follow, rescale
+import gradio as gr
 
-
-def payload(fig: go.Figure) -> dict:
-    return {"type": "plotly", "plot": fig.to_json()}
+from kvviz.figures.scale import PRESENT_SCALE, rule
+from kvviz.ui.present import HEAD, LOAD_JS, SCALE_JS, STEP_CLASS, STEP_KEYS
 
 
-def chart() -> go.Figure:
-    return go.Figure(go.Bar(x=[1, 2], y=[3, 4]), layout=dict(title="t", height=300))
-
-
-def test_the_toggle_rescales_every_chart_both_ways():
-    on = rescale(True, payload(chart()), None)
-    assert scale_of(on[0]) == PRESENT_SCALE and on[0].layout.font.size == pytest.approx(12 * PRESENT_SCALE)
-    assert not isinstance(on[1], go.Figure)  # an empty chart is skipped
-    off = rescale(False, payload(on[0]))
-    assert scale_of(off[0]) == 1.0 and off[0].layout.font.size == pytest.approx(12)
-    assert not isinstance(rescale(False, payload(chart()))[0], go.Figure)  # already at its own scale
-
-
-def test_a_redrawn_chart_is_scaled_once():
-    first = follow(payload(chart()))
-    assert isinstance(first, go.Figure) and scale_of(first) == PRESENT_SCALE
-    assert not isinstance(follow(payload(scaled(chart(), PRESENT_SCALE))), go.Figure)  # no loop
-    assert not isinstance(follow(None), go.Figure)
+def test_the_page_scales_by_the_rule_of_kvviz_figures_scale():
+    found = re.search(r"const R = (\{.*?\}), CLS", SCALE_JS)
+    assert found is not None
+    assert json.loads(found.group(1)) == json.loads(json.dumps(rule()))
+    assert json.loads(found.group(1))["present"] == PRESENT_SCALE
+    assert SCALE_JS in HEAD and SCALE_JS in LOAD_JS  # in the <head>, and on load if a launch left the head out
 
 
 def test_every_tab_with_steps_has_keys_and_a_play_button(lm):
@@ -43,4 +30,8 @@ def test_every_tab_with_steps_has_keys_and_a_play_button(lm):
     for key in STEP_KEYS:
         assert STEP_CLASS in (ctx.components[key].elem_classes or []), key
     ids = {getattr(b, "elem_id", None) for b in demo.blocks.values()}
+    plots = {b._id for b in demo.blocks.values() if isinstance(b, gr.Plot)}
+    for fn in demo.fns.values():  # a chart redrawn or a mode switched never sends a chart to the server
+        if fn.fn is not None:
+            assert not any(t[0] in plots and t[1] == "change" for t in fn.targets), (fn.name, fn.targets)
     assert {"gen-play", "attn-play", "evict-play", "blocks-play", "copy-link", "link-url"} <= ids

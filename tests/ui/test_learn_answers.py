@@ -1,0 +1,29 @@
+"""A show-me whose button's result is at hand answers in its own click event; otherwise it presses the button."""
+
+from __future__ import annotations
+
+from kvviz.lessons.objectives import LLAMA70, OBJECTIVES
+from kvviz.settings import Settings
+from kvviz.ui.app import build_app
+from kvviz.ui.context import AppContext
+
+
+def button_id(sm) -> str:
+    return next(f"showme-{o.number}-{j}" for o in OBJECTIVES for j, s in enumerate(o.show_me, 1) if s is sm)
+
+
+def test_results_at_hand_answer_in_the_show_me_event_and_others_are_pressed(lm):
+    ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=64, max_prompt_tokens=1024, concurrency=1))
+    demo = build_app(ctx)
+    memory = ctx.answers["memory.button"]
+    out = memory.fn(None, *[c.value for c in memory.inputs])  # arithmetic: always at hand
+    assert out is not None and len(out) == len(memory.outputs)
+    for key in ("eviction.needle", "quant.button"):  # not stored yet (nothing computed at start-up here)
+        answer = ctx.answers[key]
+        assert answer.fn(None, *[c.value for c in answer.inputs]) is None
+
+    btn = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == button_id(LLAMA70))
+    (click,) = [f for f in demo.fns.values() if (btn._id, "click") in f.targets]
+    sent = {b._id for b in click.outputs}
+    assert {c._id for c in memory.outputs} <= sent  # the calculator's outputs come with the click
+    assert {c._id for c in memory.inputs} <= {b._id for b in click.inputs}  # read from the session's page
