@@ -6,9 +6,11 @@ next (:meth:`Generation.next_feed`: a chunk of the prompt while prefilling, then
 what to do with the logits that came back (:meth:`Generation.take`: prefill progress, the per-step
 hook, the next token — sampled or forced — and the stop rules). It also says which recorder the
 forward gets (:attr:`Generation.feed_recorder`) and at which position the feed starts (a cache that
-re-positions keys is fed its slot positions). Who runs the forward is not its business: :func:`kvviz.capture.loop.capture_iter` runs one generation alone, the lecture-hall engine
-(:mod:`kvviz.engine`) runs many in one packed forward (:mod:`kvviz.capture.packed`). Either way the
-Trace is built by the same code, so a batched run records what a solo run records.
+re-positions keys is fed its slot positions). Who runs the forward is not its business:
+:func:`kvviz.capture.loop.capture_iter` runs one generation alone, the lecture-hall engine
+(:mod:`kvviz.engine`) runs many in one packed forward (:mod:`kvviz.capture.packed`), an eviction run
+(:func:`kvviz.eviction.run.run_policy`) one with its hooks. Either way the Trace is built by the same
+code, so a batched run records what a solo run records.
 """
 
 from __future__ import annotations
@@ -52,12 +54,15 @@ class Generation:
     ``stop_on_eos=False`` generates every one of ``max_new_tokens`` (a timing lesson's fixed length).
 
     ``prefill_tokens``: only the first this many prompt tokens are the prefill (the recorder's prompt;
-    ``after_step`` runs once after them, as step 0); the rest of the prompt is fed one token per forward
-    like decode steps, ``after_step`` after each, before the first token is produced (default: the
-    whole prompt). ``record_decode=False`` gives the recorder to the prefill forwards only (the hook
-    then gets None after the others). ``keep_logprobs`` keeps the log-probabilities [vocab] behind every
-    produced token in :attr:`logprobs`. A cache whose ``repositions`` is true (its RoPE positions are
-    its slots) is fed position ids counted from its length instead of from the tokens fed.
+    ``after_step`` runs once after them, as step 0); the rest of the prompt is fed ``tail_chunk`` tokens
+    per forward (default 1, like decode steps), ``after_step`` after each, before the first token is
+    produced (default: the whole prompt is the prefill). ``record_decode=False`` gives the recorder to
+    the prefill forwards only (the hook then gets None after the others). ``keep_logprobs`` keeps the
+    log-probabilities [vocab] behind every produced token in :attr:`logprobs`; ``score_tokens`` keeps,
+    for every fed position, the log-probability of the token that followed it (the next prompt token, or
+    the one produced) in :attr:`token_logprobs` — the forward must then return every fed position's
+    logits (``logits_to_keep=g.logits_to_keep``). A cache whose ``repositions`` is true (its RoPE
+    positions are its slots) is fed position ids counted from its length instead of from the tokens fed.
     """
 
     def __init__(
@@ -80,8 +85,10 @@ class Generation:
         record: bool = True,
         stop_on_eos: bool = True,
         prefill_tokens: int | None = None,
+        tail_chunk: int = 1,
         record_decode: bool = True,
         keep_logprobs: bool = False,
+        score_tokens: bool = False,
     ):
         self.lm = lm
         self.sampling = sampling or Sampling()
@@ -99,6 +106,13 @@ class Generation:
         head = len(ids) if prefill_tokens is None else prefill_tokens
         if isinstance(head, bool) or not isinstance(head, int) or not 1 <= head <= len(ids):
             raise ValueError(f"prefill_tokens must be between 1 and the prompt length {len(ids)}, got {head!r}.")
+        if isinstance(tail_chunk, bool) or not isinstance(tail_chunk, int) or tail_chunk < 1:
+            raise ValueError("tail_chunk must be a whole number of tokens, at least 1.")
+        if tail_chunk > 1 and record and record_decode:
+            raise ValueError(
+                "The recorder follows one query per forward after the prefill: tail_chunk > 1 needs "
+                "record_decode=False."
+            )
         if head < len(ids) and verify:
             raise ValueError("The equivalence check compares a whole-prompt prefill: it needs prefill_tokens=None.")
         if len(ids) + max_new_tokens > info.context_length > 0:
@@ -118,7 +132,9 @@ class Generation:
         if self.rec is not None:
             self.rec.cache = self.cache
         self.stop_on_eos = stop_on_eos
-        self.head, self.record_decode, self.keep_logprobs = head, record_decode, keep_logprobs
+        self.head, self.tail_chunk, self.record_decode = head, tail_chunk, record_decode
+        self.keep_logprobs, self.score_tokens = keep_logprobs, score_tokens
+        self.logits_to_keep = 0 if score_tokens else 1  # what the forward returns: every position, or the last
         self.default_cache = cache_factory is None and after_step is None and head == n_prompt
         self.max_new_tokens, self.verify = max_new_tokens, verify
         self.should_stop, self.after_step, self.progress = should_stop, after_step, progress or (lambda _: None)
@@ -145,6 +161,7 @@ class Generation:
         self.gen = torch.Generator().manual_seed(int(self.sampling.seed))
         self.logits_seen: list[torch.Tensor] = []
         self.logprobs: list[torch.Tensor] = []  # with keep_logprobs: [vocab] per produced token
+        self.token_logprobs: list[torch.Tensor] = []  # with score_tokens: one value per fed position, in pieces
         self.feed_recorder: Recorder | None = None  # the recorder the planned forward passes (see next_feed)
         self.fed = 0  # tokens in the cache
         self.step = 0  # tokens produced so far
@@ -170,8 +187,10 @@ class Generation:
             self.rec is not None,
             self.stop_on_eos,
             self.head,
+            self.tail_chunk,
             self.record_decode,
             self.keep_logprobs,
+            self.score_tokens,
         )
 
     @property
@@ -192,9 +211,9 @@ class Generation:
 
     # -- the loop's two questions ---------------------------------------------------------------
     def next_feed(self, limit: int | None = None) -> tuple[list[int], int]:
-        """The tokens the next forward feeds (a prefill chunk of at most ``limit`` tokens, or one token: a
-        prompt token after the prefill, or the last token) and the position of the first; tells the
-        recorder and sets :attr:`feed_recorder` (the recorder that forward passes, or None)."""
+        """The tokens the next forward feeds (a prefill chunk of at most ``limit`` tokens, then the rest of
+        the prompt ``tail_chunk`` tokens at a time, then the last token) and the position of the first;
+        tells the recorder and sets :attr:`feed_recorder` (the recorder that forward passes, or None)."""
         if self.done:
             raise RuntimeError("This generation has finished.")
         if self.t0 is None:
@@ -213,11 +232,18 @@ class Generation:
         self.feed_recorder = self.rec if self.record_decode else None
         if self.feed_recorder is not None:
             self.feed_recorder.begin_forward("decode", self.fed + 1)
-        return [self.trace.token_ids[self.fed]], start  # the next prompt token, or the last one produced
+        size = self.tail_chunk if limit is None else max(1, min(self.tail_chunk, limit))
+        end = min(self.fed + size, self.trace.n_prompt) if self.prefilling else self.fed + 1
+        return self.trace.token_ids[self.fed : end], start  # the prompt's next tokens, or the last one produced
 
     def take(self, logits: torch.Tensor, fed: int) -> bool:
-        """The last position's logits [vocab] of the forward that fed ``fed`` tokens; True when a token was
-        produced (False for a forward that ended before the prompt's last token)."""
+        """The logits of the forward that fed ``fed`` tokens: the last position's [vocab], or every
+        position's [q, vocab]; True when a token was produced (False for a forward that ended before the
+        prompt's last token)."""
+        rows = logits if logits.dim() == 2 else logits[None]
+        logits = rows[-1]
+        if self.score_tokens:
+            self._score(rows, fed)
         self.fed += fed
         n = self.trace.n_prompt
         if self.step == 0 and self.rec is not None:
@@ -238,6 +264,8 @@ class Generation:
         step, trace, tok = self.step, self.trace, self.lm.tokenizer
         forcing = self.forced is not None and step < len(self.forced)
         nxt = self.forced[step] if forcing and self.forced is not None else sample(logits, self.sampling, self.gen)
+        if self.score_tokens:
+            self.token_logprobs.append(torch.log_softmax(logits.float(), -1)[nxt, None].cpu())
         trace.token_ids.append(nxt)
         trace.tokens.append(self.texts.push(nxt))
         lens, sizes = cache_layer_bytes(self.cache)
@@ -257,6 +285,17 @@ class Generation:
         self.step += 1
         self.done = bool(trace.stop_reason)
         return True
+
+    def _score(self, rows: torch.Tensor, fed: int) -> None:
+        """Log-probabilities of the known tokens that follow the fed ones (the produced one is scored
+        once chosen)."""
+        if rows.shape[0] != fed:
+            raise ValueError("score_tokens needs every fed position's logits (logits_to_keep=g.logits_to_keep).")
+        known = torch.tensor(
+            self.trace.token_ids[self.fed + 1 : self.fed + fed + 1], dtype=torch.long, device=rows.device
+        )
+        lp = torch.log_softmax(rows[: len(known)].float(), -1)  # [k, vocab]
+        self.token_logprobs.append(lp.gather(1, known[:, None])[:, 0].cpu())
 
     def stop(self, reason: str = "stopped") -> None:
         """End the run where it is (its last token stays the last one)."""

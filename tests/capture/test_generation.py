@@ -8,6 +8,7 @@ keys is fed its slot positions.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvviz.capture.generation import Generation
@@ -86,3 +87,26 @@ def test_a_repositioning_cache_is_fed_its_slot_positions(lm):
         after_step=ev.after_step,
     )
     assert drive(lm, g) == [0, 8, 8, 8], "after the prefill's compression every step starts at the budget"
+
+
+def test_every_fed_position_is_scored_whatever_the_chunks(lm):
+    """``score_tokens``: the log-probability of each next token, the prompt's and the produced ones alike."""
+    ids = encode_prompt(lm, PROMPT, True)
+
+    def scored(**kw) -> Generation:
+        g = Generation(
+            lm, "", prompt_ids=ids, max_new_tokens=3, record=False, score_tokens=True, keep_logprobs=True, **kw
+        )
+        with torch.inference_mode():
+            while not g.done:
+                feed, start = g.next_feed()
+                g.take(forward(lm, feed, start, g.cache, None, g.logits_to_keep), len(feed))
+        return g
+
+    whole, chunked = scored(), scored(prefill_tokens=5, tail_chunk=4)
+    a, b = torch.cat(whole.token_logprobs), torch.cat(chunked.token_logprobs)
+    assert a.shape == (len(ids) - 1 + 3,) and torch.allclose(a, b, atol=1e-4)
+    produced = whole.trace.token_ids[len(ids) :]
+    assert torch.allclose(a[len(ids) - 1 :], torch.stack([lp[t] for lp, t in zip(whole.logprobs, produced)]))
+    with pytest.raises(ValueError, match="record_decode=False"):
+        Generation(lm, "", prompt_ids=ids, prefill_tokens=5, tail_chunk=4)
