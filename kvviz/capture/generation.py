@@ -4,10 +4,13 @@
 recorder, sampling generator, stop rule and growing Trace — and answers two questions: what to feed
 next (:meth:`Generation.next_feed`: a chunk of the prompt while prefilling, then the last token), and
 what to do with the logits that came back (:meth:`Generation.take`: prefill progress, the per-step
-hook, the next token — sampled or forced — and the stop rules). Who runs the forward is not its
-business: :func:`kvviz.capture.loop.capture_iter` runs one generation alone, the lecture-hall engine
-(:mod:`kvviz.engine`) runs many in one packed forward (:mod:`kvviz.capture.packed`). Either way the
-Trace is built by the same code, so a batched run records what a solo run records.
+hook, the next token — sampled or forced — and the stop rules). It also says which recorder the
+forward gets (:attr:`Generation.feed_recorder`) and at which position the feed starts (a cache that
+re-positions keys is fed its slot positions). Who runs the forward is not its business:
+:func:`kvviz.capture.loop.capture_iter` runs one generation alone, the lecture-hall engine
+(:mod:`kvviz.engine`) runs many in one packed forward (:mod:`kvviz.capture.packed`), an eviction run
+(:func:`kvviz.eviction.run.run_policy`) one with its hooks. Either way the Trace is built by the same
+code, so a batched run records what a solo run records.
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ class Generation:
     forward boundaries). ``progress`` hears of every prefill chunk. ``record=False`` runs without a
     recorder (``rec`` is None: the Trace then has tokens, steps and timings but no attention summaries);
     ``stop_on_eos=False`` generates every one of ``max_new_tokens`` (a timing lesson's fixed length).
+
+    ``prefill_tokens``: only the first this many prompt tokens are the prefill (the recorder's prompt;
+    ``after_step`` runs once after them, as step 0); the rest of the prompt is fed ``tail_chunk`` tokens
+    per forward (default 1, like decode steps), ``after_step`` after each, before the first token is
+    produced (default: the whole prompt is the prefill). ``record_decode=False`` gives the recorder to
+    the prefill forwards only (the hook then gets None after the others). ``keep_logprobs`` keeps the
+    log-probabilities [vocab] behind every produced token in :attr:`logprobs`; ``score_tokens`` keeps,
+    for every fed position, the log-probability of the token that followed it (the next prompt token, or
+    the one produced) in :attr:`token_logprobs` — the forward must then return every fed position's
+    logits (``logits_to_keep=g.logits_to_keep``). A cache whose ``repositions`` is true (its RoPE
+    positions are its slots) is fed position ids counted from its length instead of from the tokens fed.
     """
 
     def __init__(
@@ -70,6 +84,11 @@ class Generation:
         forced: Sequence[int] | None = None,
         record: bool = True,
         stop_on_eos: bool = True,
+        prefill_tokens: int | None = None,
+        tail_chunk: int = 1,
+        record_decode: bool = True,
+        keep_logprobs: bool = False,
+        score_tokens: bool = False,
     ):
         self.lm = lm
         self.sampling = sampling or Sampling()
@@ -84,6 +103,18 @@ class Generation:
             prefill_chunk = 0 if cache_factory else PREFILL_CHUNK
         if prefill_chunk < 0:
             raise ValueError("prefill_chunk must be 0 (one forward) or a positive number of tokens.")
+        head = len(ids) if prefill_tokens is None else prefill_tokens
+        if isinstance(head, bool) or not isinstance(head, int) or not 1 <= head <= len(ids):
+            raise ValueError(f"prefill_tokens must be between 1 and the prompt length {len(ids)}, got {head!r}.")
+        if isinstance(tail_chunk, bool) or not isinstance(tail_chunk, int) or tail_chunk < 1:
+            raise ValueError("tail_chunk must be a whole number of tokens, at least 1.")
+        if tail_chunk > 1 and record and record_decode:
+            raise ValueError(
+                "The recorder follows one query per forward after the prefill: tail_chunk > 1 needs "
+                "record_decode=False."
+            )
+        if head < len(ids) and verify:
+            raise ValueError("The equivalence check compares a whole-prompt prefill: it needs prefill_tokens=None.")
         if len(ids) + max_new_tokens > info.context_length > 0:
             raise ValueError(
                 f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's "
@@ -96,12 +127,15 @@ class Generation:
             raise ValueError("The equivalence check compares recorded attention outputs: it needs record=True.")
         self.rec: Recorder | None = None
         if record:
-            self.rec = Recorder(info.layers, info.q_heads, t_max, n_prompt, cfg, lm.device, keep_outputs=verify)
+            self.rec = Recorder(info.layers, info.q_heads, t_max, head, cfg, lm.device, keep_outputs=verify)
         self.cache = cache_factory(lm) if cache_factory else DynamicCache(config=lm.config)
         if self.rec is not None:
             self.rec.cache = self.cache
         self.stop_on_eos = stop_on_eos
-        self.default_cache = cache_factory is None and after_step is None
+        self.head, self.tail_chunk, self.record_decode = head, tail_chunk, record_decode
+        self.keep_logprobs, self.score_tokens = keep_logprobs, score_tokens
+        self.logits_to_keep = 0 if score_tokens else 1  # what the forward returns: every position, or the last
+        self.default_cache = cache_factory is None and after_step is None and head == n_prompt
         self.max_new_tokens, self.verify = max_new_tokens, verify
         self.should_stop, self.after_step, self.progress = should_stop, after_step, progress or (lambda _: None)
         self.forced = [int(t) for t in forced] if forced is not None else None
@@ -126,8 +160,12 @@ class Generation:
         )
         self.gen = torch.Generator().manual_seed(int(self.sampling.seed))
         self.logits_seen: list[torch.Tensor] = []
+        self.logprobs: list[torch.Tensor] = []  # with keep_logprobs: [vocab] per produced token
+        self.token_logprobs: list[torch.Tensor] = []  # with score_tokens: one value per fed position, in pieces
+        self.feed_recorder: Recorder | None = None  # the recorder the planned forward passes (see next_feed)
         self.fed = 0  # tokens in the cache
         self.step = 0  # tokens produced so far
+        self.hooks = 0  # after_step calls so far (ahead of ``step`` by the prompt tokens fed after the prefill)
         self.done = False
         self.t0: float | None = None
 
@@ -148,6 +186,11 @@ class Generation:
             tuple(self.forced) if self.forced is not None else None,
             self.rec is not None,
             self.stop_on_eos,
+            self.head,
+            self.tail_chunk,
+            self.record_decode,
+            self.keep_logprobs,
+            self.score_tokens,
         )
 
     @property
@@ -168,32 +211,47 @@ class Generation:
 
     # -- the loop's two questions ---------------------------------------------------------------
     def next_feed(self, limit: int | None = None) -> tuple[list[int], int]:
-        """The tokens the next forward feeds (a prompt chunk of at most ``limit`` tokens, or the last token)
-        and the absolute position of the first; tells the recorder."""
+        """The tokens the next forward feeds (a prefill chunk of at most ``limit`` tokens, then the rest of
+        the prompt ``tail_chunk`` tokens at a time, then the last token) and the position of the first;
+        tells the recorder and sets :attr:`feed_recorder` (the recorder that forward passes, or None)."""
         if self.done:
             raise RuntimeError("This generation has finished.")
         if self.t0 is None:
             self.t0 = time.perf_counter()
-        n = self.trace.n_prompt
-        if self.prefilling:
+        start = self.cache.get_seq_length() if getattr(self.cache, "repositions", False) else self.fed
+        if self.fed < self.head:
+            n = self.trace.n_prompt
             if self.fed == 0 or self.fed == self.trace.cached_prompt_tokens:
                 self.progress(Progress("prefill", self.fed, n))
             size = self.chunk if limit is None else max(1, min(self.chunk, limit))
-            part = self.trace.token_ids[self.fed : min(self.fed + size, n)]
+            part = self.trace.token_ids[self.fed : min(self.fed + size, self.head)]
+            self.feed_recorder = self.rec
             if self.rec is not None:
                 self.rec.begin_forward("prefill", self.fed + len(part))
-            return part, self.fed
-        if self.rec is not None:
-            self.rec.begin_forward("decode", self.fed + 1)
-        return [self.trace.token_ids[-1]], self.fed
+            return part, start
+        self.feed_recorder = self.rec if self.record_decode else None
+        if self.feed_recorder is not None:
+            self.feed_recorder.begin_forward("decode", self.fed + 1)
+        size = self.tail_chunk if limit is None else max(1, min(self.tail_chunk, limit))
+        end = min(self.fed + size, self.trace.n_prompt) if self.prefilling else self.fed + 1
+        return self.trace.token_ids[self.fed : end], start  # the prompt's next tokens, or the last one produced
 
     def take(self, logits: torch.Tensor, fed: int) -> bool:
-        """The last position's logits [vocab] of the forward that fed ``fed`` tokens; True when a token was
-        produced (False for a prefill chunk that was not the prompt's last)."""
+        """The logits of the forward that fed ``fed`` tokens: the last position's [vocab], or every
+        position's [q, vocab]; True when a token was produced (False for a forward that ended before the
+        prompt's last token)."""
+        rows = logits if logits.dim() == 2 else logits[None]
+        logits = rows[-1]
+        if self.score_tokens:
+            self._score(rows, fed)
         self.fed += fed
         n = self.trace.n_prompt
         if self.step == 0 and self.rec is not None:
             del self.rec.outputs[:-1]  # the check compares the last prompt query only: earlier chunks' go
+        if self.fed >= self.head:
+            if self.after_step is not None:
+                self.after_step(self.cache, self.feed_recorder, self.hooks)
+            self.hooks += 1
         if self.fed < n:
             self.progress(Progress("prefill", self.fed, n))
             return False
@@ -201,11 +259,13 @@ class Generation:
             self.progress(Progress("prefill", n, n))
         if self.verify:
             self.logits_seen.append(logits)
-        if self.after_step is not None:
-            self.after_step(self.cache, self.rec, self.step)
+        if self.keep_logprobs:
+            self.logprobs.append(torch.log_softmax(logits.float(), -1).cpu())
         step, trace, tok = self.step, self.trace, self.lm.tokenizer
         forcing = self.forced is not None and step < len(self.forced)
         nxt = self.forced[step] if forcing and self.forced is not None else sample(logits, self.sampling, self.gen)
+        if self.score_tokens:
+            self.token_logprobs.append(torch.log_softmax(logits.float(), -1)[nxt, None].cpu())
         trace.token_ids.append(nxt)
         trace.tokens.append(self.texts.push(nxt))
         lens, sizes = cache_layer_bytes(self.cache)
@@ -226,6 +286,17 @@ class Generation:
         self.done = bool(trace.stop_reason)
         return True
 
+    def _score(self, rows: torch.Tensor, fed: int) -> None:
+        """Log-probabilities of the known tokens that follow the fed ones (the produced one is scored
+        once chosen)."""
+        if rows.shape[0] != fed:
+            raise ValueError("score_tokens needs every fed position's logits (logits_to_keep=g.logits_to_keep).")
+        known = torch.tensor(
+            self.trace.token_ids[self.fed + 1 : self.fed + fed + 1], dtype=torch.long, device=rows.device
+        )
+        lp = torch.log_softmax(rows[: len(known)].float(), -1)  # [k, vocab]
+        self.token_logprobs.append(lp.gather(1, known[:, None])[:, 0].cpu())
+
     def stop(self, reason: str = "stopped") -> None:
         """End the run where it is (its last token stays the last one)."""
         if not self.done:
@@ -239,13 +310,14 @@ class Generation:
         self.logits_seen = []
 
     def finish(self) -> Trace:
-        """Timings and the recorder's summaries into the Trace, trimmed to what actually ran."""
+        """Timings and the recorder's summaries into the Trace, trimmed to what actually ran (the summaries
+        only when the prefill was the whole prompt: they are laid out by prompt and generated rows)."""
         trace = self.trace
         total = time.perf_counter() - (self.t0 or time.perf_counter())
         trace.timings["total_s"] = total
         decode_s = total - trace.timings.get("prefill_s", total)
         trace.timings["decode_tokens_per_s"] = (len(trace.steps) - 1) / decode_s if decode_s > 0 else None
-        if trace.steps and self.rec is not None:
+        if trace.steps and self.rec is not None and self.head == trace.n_prompt:  # else its prompt is the head
             summarize(trace, self.rec, self.cache)
         return trace
 

@@ -56,7 +56,7 @@ def capture_iter(
     with torch.inference_mode(), installed(lm.model):
         while not g.done:
             ids, start = g.next_feed()
-            logits = forward(lm, ids, start, g.cache, g.rec)[-1]
+            logits = forward(lm, ids, start, g.cache, g.feed_recorder, g.logits_to_keep)
             if g.take(logits, len(ids)) and not g.done:
                 yield g.trace
         trace = g.finish()

@@ -238,10 +238,12 @@ class Engine:
         done: list[Job] = []
         with torch.inference_mode(), installed(self.lm.model):
             if self.packable and len(feeds) > 1:
-                segments = [Segment(ids, start, job.gen.cache, job.gen.rec) for job, ids, start in feeds]
+                segments = [Segment(ids, start, job.gen.cache, job.gen.feed_recorder) for job, ids, start in feeds]
                 logits = [x[-1] for x in packed_forward(self.lm, segments)]
             else:
-                logits = [forward(self.lm, ids, start, job.gen.cache, job.gen.rec)[-1] for job, ids, start in feeds]
+                logits = [
+                    forward(self.lm, ids, start, job.gen.cache, job.gen.feed_recorder)[-1] for job, ids, start in feeds
+                ]
             self.counters["forwards"] += 1
             self.counters["batched_tokens"] += sum(len(ids) for _, ids, _ in feeds)
             self.counters["max_batch_seen"] = max(self.counters["max_batch_seen"], len(feeds))

@@ -324,3 +324,35 @@ class EvictingCache(Cache):
                     layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
                 )
         return int(total)
+
+
+class StreamingCache(EvictingCache):
+    """Attention sinks + a recent window, fed in chunks as if token by token.
+
+    Holds the first ``sinks`` positions and the latest ``recent`` ones (:meth:`trim`, between
+    forwards), and masks a forward of several queries so that each sees exactly the keys a
+    token-by-token streaming cache would hold when it came, plus itself (original positions)."""
+
+    def __init__(self, config, sinks: int, recent: int):
+        super().__init__(config)
+        self.sinks, self.recent = sinks, recent
+
+    def trim(self) -> None:
+        """Keep the sinks and the ``recent`` positions before the next one."""
+        held = self.positions()  # [Lyr, Hkv, n], the same positions everywhere
+        pos = held[0, 0]
+        keep = torch.cat([pos[pos < self.sinks], pos[pos > pos.max() - self.recent]])
+        self.keep(keep.expand(*held.shape[:2], keep.shape[-1]).contiguous(), held=held)
+
+    def attention_mask(self, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
+        """Additive mask [1, 1, q, n]: query at position p sees keys ≤ p that are sinks or within ``recent`` of p."""
+        kpos = self.evicting_layers[layer_idx].kv_positions[0].to(query.device)  # [n]; the q queries are the newest
+        qpos = kpos[-query.shape[2] :, None]  # [q, 1]
+        allowed = (kpos <= qpos) & ((kpos < self.sinks) | (kpos >= qpos - self.recent))  # [q, n]
+        mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+        return mask.masked_fill(~allowed, torch.finfo(query.dtype).min)[None, None]
+
+    def forward_kwargs(self) -> dict:
+        from kvviz.capture.attention_fn import OVERRIDE_KWARG
+
+        return {OVERRIDE_KWARG: self.attention_override}

@@ -6,7 +6,7 @@ it when the question sits in its observation window, and loses it when only the 
 compressed (the question is fed afterwards, uncompressed, so it cannot vote).
 
 Sinks matter: perplexity token by token over a long text with a small cache, with and without the
-first 4 tokens. The stream is fed through an :class:`~kvviz.eviction.cache.EvictingCache` in chunks
+first 4 tokens. The stream is fed through a :class:`~kvviz.eviction.cache.StreamingCache` in chunks
 with a mask that gives every query exactly the keys a token-by-token streaming cache would hold
 (original positions), so the numbers equal token-by-token decoding (a test checks it) at a
 fraction of the time.
@@ -22,11 +22,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvviz.capture.model_io import cache_kwarg, encode_prompt
-from kvviz.eviction.cache import EvictingCache
+from kvviz.capture.attention_fn import installed
+from kvviz.capture.generation import Generation
+from kvviz.capture.model_io import encode_prompt, forward
+from kvviz.eviction.cache import EvictingCache, StreamingCache
 from kvviz.eviction.compare import Comparison, compare
 from kvviz.eviction.policies import make_policy
-from kvviz.eviction.policies.base import same_for_all
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, chapter_text, needle_passage
 from kvviz.models import LoadedModel
 
@@ -106,48 +107,39 @@ def streaming_nll(
     """Negative log-likelihood (nats) of ids[1:], each token predicted from a streaming cache.
 
     ``cache_size`` entries are held between steps (``sinks`` first tokens + the latest ones; None =
-    the full cache); each query sees them plus itself, as in token-by-token decoding.
+    the full cache); each query sees them plus itself, as in token-by-token decoding. The stream is
+    a teacher-forced run of the generation loop: ids[:-1] fed ``chunk`` tokens per forward (the cache
+    trimmed after each), ids[-1] forced, every fed position scored.
     """
     if cache_size is not None and not 0 <= sinks < cache_size:
         raise ValueError(f"The cache ({cache_size}) must hold more than the {sinks} sinks.")
-    dev = lm.device
-    cache = EvictingCache(lm.config)
-    kw = cache_kwarg(lm.model)
-    recent = None if cache_size is None else cache_size - sinks
-    out = []
-    with torch.inference_mode():
-        for c0 in range(0, len(ids) - 1, chunk):
-            c1 = min(c0 + chunk, len(ids) - 1)
-            qpos = torch.arange(c0, c1, device=dev)
-            mask = None
-            if recent is not None:
-                held = cache.positions()[0, 0] if c0 else torch.empty(0, dtype=torch.long, device=dev)
-                kpos = torch.cat([held.to(dev), qpos])  # [n + c] positions of the keys this chunk sees
-                allowed = (kpos[None] <= qpos[:, None]) & (
-                    (kpos[None] < sinks) | (kpos[None] >= qpos[:, None] - recent)
-                )
-                mask = allowed[None, None]  # [1, 1, c, n + c], True = attend
-            logits = (
-                lm.model(
-                    input_ids=torch.tensor([ids[c0:c1]], device=dev),
-                    position_ids=qpos[None],
-                    attention_mask=mask,
-                    use_cache=True,
-                    **{kw: cache},
-                )
-                .logits[0]
-                .float()
-            )
-            target = torch.tensor(ids[c0 + 1 : c1 + 1], device=dev)
-            out.append(-(torch.log_softmax(logits, -1).gather(1, target[:, None])[:, 0]).cpu())
-            if recent is not None:
-                held = cache.positions()[0, 0]
-                keep = torch.cat([held[held < sinks], held[held >= c1 - recent]])
-                layers, hkv = cache.positions().shape[:2]
-                cache.keep(same_for_all(keep, layers, hkv))
+
+    def cache_factory(model: LoadedModel) -> EvictingCache:
+        if cache_size is None:
+            return EvictingCache(model.config)
+        return StreamingCache(model.config, sinks, cache_size - sinks)
+
+    g = Generation(
+        lm,
+        "",
+        prompt_ids=ids[:-1],
+        max_new_tokens=1,
+        forced=ids[-1:],
+        record=False,
+        cache_factory=cache_factory,
+        after_step=None if cache_size is None else (lambda cache, _rec, _step: cache.trim()),
+        prefill_tokens=min(chunk, len(ids) - 1),
+        tail_chunk=chunk,
+        score_tokens=True,
+    )
+    n = len(ids) - 1
+    with torch.inference_mode(), installed(lm.model):
+        while not g.done:
+            feed, start = g.next_feed()
+            g.take(forward(lm, feed, start, g.cache, g.feed_recorder, g.logits_to_keep), len(feed))
             if progress is not None:
-                progress(c1 / (len(ids) - 1), "")
-    return torch.cat(out).numpy()
+                progress(min(g.fed, n) / n, "")
+    return -torch.cat(g.token_logprobs).numpy()
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """Generate under an eviction policy with a cache that really shrinks, and record what it kept.
 
 ``Evictor`` is the glue between a policy and an :class:`~kvviz.eviction.cache.EvictingCache`: its
-``cache_factory``/``after_step`` plug into :func:`kvviz.capture.loop.capture_iter`. ``run_policy`` is
-kvviz's own greedy loop for the eviction views: it can prefill and compress only the context and
-then feed the question uncompressed, feed a forced continuation (teacher forcing, for KL against
-the full cache), re-position keys (StreamingLLM), and it records the kept set after every step.
+``cache_factory``/``after_step`` plug into the generation loop
+(:class:`~kvviz.capture.generation.Generation`, as :func:`kvviz.capture.loop.capture_iter` takes them).
+``run_policy`` drives one such generation greedily for the eviction views: it can prefill and compress
+only the context and then feed the question uncompressed, feed a forced continuation (teacher forcing,
+for KL against the full cache), re-position keys (StreamingLLM), and it records the kept set after
+every step.
 Usage::
 
     from kvviz.eviction.run import run_policy
@@ -23,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kvviz.capture.generation import Generation
 from kvviz.capture.loop import forward, model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig, installed
-from kvviz.capture.tokens import token_texts
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.compose import quantize_kept, served_bytes
 from kvviz.eviction.policies import EVICTED, KEPT, FullCache, Policy, PolicyState, Selection, n_kept_for
@@ -47,8 +49,8 @@ class Evictor:
         feeds_slot_positions: bool = False,
         ratio: float | None = None,
     ):
-        """``feeds_slot_positions``: the caller feeds position ids = cache slots when the policy re-positions
-        keys (``run_policy`` does; ``capture_iter`` feeds absolute positions, so it cannot re-position).
+        """``feeds_slot_positions``: the caller accepts position ids = cache slots when the policy re-positions
+        keys (``run_policy`` does; a capture's views place every key at its original position).
         ``ratio``: the compression ratio asked for, when the budget was given as one (PyramidKV's formula uses it)."""
         info = model_info(lm)
         self.feeds_slot_positions = feeds_slot_positions
@@ -74,12 +76,14 @@ class Evictor:
         return RecorderConfig(obs_window=max(self.policy.observation_window, 1))
 
     def cache_factory(self, lm: LoadedModel) -> EvictingCache:
+        """The evicting cache; it re-rotates kept keys to their slots when the policy re-positions them
+        (the generation loop then feeds slot positions: the cache says it ``repositions``)."""
         rerotator = None
         if self.policy.position_mode != "original":
             if not self.feeds_slot_positions:
                 raise ValueError(
-                    "Re-positioning keys needs a loop that feeds cache-slot positions "
-                    "(kvviz.eviction.run.run_policy); capture_iter feeds original positions."
+                    "Re-positioning keys feeds cache-slot positions, which a capture's views do not place: "
+                    "run the policy with kvviz.eviction.run.run_policy."
                 )
             rerotator = KeyRerotator.from_model(lm.model)
         return EvictingCache(lm.config, rerotator)
@@ -320,79 +324,59 @@ def run_policy(
         )
     n_kept = resolve_budget(policy, n_c, budget, ratio)
     ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True, ratio=ratio)
-    needs_rec = policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c)
-    t_max = len(ids) + max_new_tokens
-    rec: Recorder | None = None
-    if needs_rec:
-        cfg = ev.recorder_config()
-        cfg.bin_factor = t_max  # the display maps are not needed here: one bin
-        rec = Recorder(info.layers, info.q_heads, t_max, n_c, cfg, lm.device)
-    cache = ev.cache_factory(lm)
-    if rec is not None:
-        rec.cache = cache
+    cfg = ev.recorder_config()
+    cfg.bin_factor = len(ids) + max_new_tokens  # the display maps are not needed here: one bin
     step_bytes: list[int] = []
-    logprobs: list[torch.Tensor] = []
-    generated: list[int] = []
-    stop_reason = "max_new_tokens"
+    served: list[int | None] = []
+
+    def after_step(cache: EvictingCache, rec: Recorder | None, step: int) -> None:
+        ev.after_step(cache, rec, step)
+        if step == 0:
+            if quant is not None:
+                quantize_kept(cache, quant)
+            served.append(served_bytes(cache, quant))
+        step_bytes.append(cache.nbytes())
+
+    g = Generation(
+        lm,
+        "",
+        chat=False,
+        prompt_ids=ids,
+        max_new_tokens=max_new_tokens,
+        should_stop=should_stop,
+        cache_factory=ev.cache_factory,
+        after_step=after_step,
+        cfg=cfg,
+        prefill_tokens=n_c,
+        forced=forced,
+        record=policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c),
+        record_decode=policy.needs_colsum,
+        stop_on_eos=forced is None,
+        keep_logprobs=keep_logprobs,
+    )
     timings: dict = {}
-    step_s: list[float] = []  # wall seconds of each generated token's forward + eviction
+    step_s: list[float] = []  # wall seconds of each generated token's step (forward, eviction, bookkeeping)
     step_cpu_s: list[float] = []  # CPU seconds of the same (this process, all threads): steadier on a busy machine
-
-    def feed(token: int, t: int, step: int) -> torch.Tensor:
-        r = rec if policy.needs_colsum else None
-        if r is not None:
-            r.begin_forward("decode", t + 1)
-        start = cache.get_seq_length() if cache.repositions else t
-        logits = forward(lm, [token], start, cache, r)[-1]
-        ev.after_step(cache, r, step)
-        step_bytes.append(cache.nbytes())
-        return logits
-
-    t0 = time.perf_counter()
     skip = policy.query_stats_skip if n_kept < n_c else None
-    wrapped = rec is not None or (policy.ragged and n_kept < n_c)  # ragged caches mask through the wrapper
+    wrapped = g.rec is not None or (policy.ragged and n_kept < n_c)  # ragged caches mask through the wrapper
+    t0 = t1 = time.perf_counter()
     with torch.inference_mode(), installed(lm.model) if wrapped else nullcontext():
-        if rec is not None:
-            rec.begin_forward("prefill", n_c)
-        with collecting(lm.model, skip, [n_c]) if skip is not None else nullcontext() as stats:
-            logits = forward(lm, ids[:n_c], 0, cache, rec)[-1]
-        if stats is not None:
-            ev.query_stats = stats(n_c)
-        ev.after_step(cache, rec, 0)
-        if quant is not None:
-            quantize_kept(cache, quant)
-        served = served_bytes(cache, quant)
-        step_bytes.append(cache.nbytes())
-        t, step = n_c, 0
-        for token in ids[n_c:]:
-            step += 1
-            logits = feed(token, t, step)
-            t += 1
-        timings["prefill_s"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        for i in range(max_new_tokens):
-            if keep_logprobs:
-                logprobs.append(torch.log_softmax(logits.float(), -1).cpu())
-            nxt = int(forced[i]) if forced is not None and i < len(forced) else int(torch.argmax(logits))
-            generated.append(nxt)
-            if forced is None and nxt in lm.stop_ids:
-                stop_reason = "eos"
-                break
-            if forced is not None and i == len(forced) - 1:
-                stop_reason = "forced"
-                break
-            if i == max_new_tokens - 1:
-                break
-            if should_stop is not None and should_stop():
-                stop_reason = "stopped"
-                break
-            step += 1
-            ts, cs = time.perf_counter(), time.process_time()
-            logits = feed(nxt, t, step)
-            step_s.append(time.perf_counter() - ts)
-            step_cpu_s.append(time.process_time() - cs)
-            t += 1
+        while not g.done:
+            feed, start = g.next_feed()
+            decoding, ts, cs = g.step > 0, time.perf_counter(), time.process_time()
+            with collecting(lm.model, skip, [n_c]) if skip is not None and g.fed == 0 else nullcontext() as stats:
+                logits = forward(lm, feed, start, g.cache, g.feed_recorder)[-1]
+            if stats is not None:
+                ev.query_stats = stats(n_c)  # before the prefill's decision, which take() makes
+            g.take(logits, len(feed))
+            if decoding:
+                step_s.append(time.perf_counter() - ts)
+                step_cpu_s.append(time.process_time() - cs)
+            elif g.step > 0:
+                t1 = time.perf_counter()
+                timings["prefill_s"] = t1 - t0
         decode_s = time.perf_counter() - t1
+    generated = g.trace.token_ids[len(ids) :]
     fed = len(generated) - 1
     timings.update(
         decode_s=decode_s,
@@ -408,11 +392,11 @@ def run_policy(
         params=policy.params(),
         position_mode=policy.position_mode,
         prompt_ids=ids,
-        tokens=token_texts(lm.tokenizer, ids + generated),
+        tokens=list(g.trace.tokens),
         n_compressed=n_c,
         n_kept=n_kept,
         generated_ids=generated,
-        text=lm.tokenizer.decode(generated, skip_special_tokens=True),
+        text=g.trace.text,
         kept=ev.kept,
         kept_roles=ev.kept_roles,
         prefill_scores=ev.prefill_scores,
@@ -420,9 +404,9 @@ def run_policy(
         history_roles=ev.history_roles,
         step_bytes=step_bytes,
         kv_bytes_per_token=info.kv_bytes_per_token,
-        stop_reason=stop_reason,
+        stop_reason=g.trace.stop_reason,
         timings=timings,
-        logprobs=torch.stack(logprobs).numpy() if logprobs else None,
+        logprobs=torch.stack(g.logprobs).numpy() if g.logprobs else None,
         held_bytes=ev.held_bytes0,
-        served_bytes=served,
+        served_bytes=served[0],
     )

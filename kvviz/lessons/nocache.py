@@ -86,7 +86,7 @@ def generate_with_cache(lm: LoadedModel, ids: list[int], new_tokens: int, progre
         while not g.done:
             t0 = time.perf_counter()
             feed, start = g.next_feed()
-            g.take(forward(lm, feed, start, g.cache, None)[-1], len(feed))
+            g.take(forward(lm, feed, start, g.cache, g.feed_recorder)[-1], len(feed))
             secs.append(time.perf_counter() - t0)
             passes.append(len(feed))
             if progress is not None:

@@ -164,7 +164,7 @@ def teacher_forced(lm: LoadedModel, ids: list[int], continuation: list[int], sch
 def _step(lm: LoadedModel, g: Generation) -> torch.Tensor:
     """One forward of ``g``'s next feed; its logits (``g`` takes its forced token)."""
     feed, start = g.next_feed()
-    logits = forward(lm, feed, start, g.cache, None)[-1]
+    logits = forward(lm, feed, start, g.cache, g.feed_recorder)[-1]
     g.take(logits, len(feed))
     return logits
 

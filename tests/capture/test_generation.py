@@ -1,0 +1,112 @@
+"""The generation loop's plan for runs that prefill only part of the prompt, and its per-step options.
+
+A prompt whose tail is fed one token per forward after a shorter prefill (how an eviction run compresses
+the context and then reads the question) produces what a whole-prompt prefill produces; the step hook
+hears every forward after the prefill; the recorder can be kept to the prefill; a cache that re-positions
+keys is fed its slot positions.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvviz.capture.generation import Generation
+from kvviz.capture.loop import encode_prompt, forward
+from kvviz.capture.recorder import installed
+from kvviz.eviction.policies import make_policy
+from kvviz.eviction.run import Evictor
+
+PROMPT = "Name the largest planet of the solar system."
+
+
+def drive(lm, g: Generation) -> list[int]:
+    """Run ``g`` alone to its end; the start position of every forward."""
+    starts = []
+    with torch.inference_mode(), installed(lm.model):
+        while not g.done:
+            ids, start = g.next_feed()
+            starts.append(start)
+            g.take(forward(lm, ids, start, g.cache, g.feed_recorder)[-1], len(ids))
+    return starts
+
+
+def test_a_prompt_tail_fed_after_the_prefill_produces_the_whole_prompt_run(lm):
+    ids = encode_prompt(lm, PROMPT, True)
+    whole = Generation(lm, "", prompt_ids=ids, max_new_tokens=5, record=False, keep_logprobs=True)
+    drive(lm, whole)
+    hooks: list[tuple[int, int]] = []
+    tail = Generation(
+        lm,
+        "",
+        prompt_ids=ids,
+        max_new_tokens=5,
+        record=False,
+        keep_logprobs=True,
+        prefill_tokens=len(ids) - 3,
+        after_step=lambda cache, rec, step: hooks.append((step, cache.get_seq_length())),
+    )
+    starts = drive(lm, tail)
+    assert tail.trace.token_ids == whole.trace.token_ids and tail.trace.stop_reason == whole.trace.stop_reason
+    assert torch.allclose(torch.stack(tail.logprobs), torch.stack(whole.logprobs), atol=1e-4)
+    assert len(tail.logprobs) == len(tail.trace.steps) == 5
+    n = len(ids) - 3
+    assert starts == [0, n, n + 1, n + 2, *range(len(ids), len(ids) + 4)]
+    assert hooks == [(k, n + k) for k in range(3 + 5)], "once after the prefill, then after every forward"
+
+
+def test_the_recorder_can_be_kept_to_the_prefill(lm):
+    ids = encode_prompt(lm, PROMPT, True)
+    heard: list[bool] = []
+    g = Generation(
+        lm,
+        "",
+        prompt_ids=ids,
+        max_new_tokens=3,
+        prefill_tokens=len(ids) - 2,
+        record_decode=False,
+        after_step=lambda cache, rec, step: heard.append(rec is not None),
+    )
+    drive(lm, g)
+    assert g.rec is not None and g.rec.n_prompt == len(ids) - 2, "the recorder's prompt is the prefill"
+    assert heard == [True, False, False, False, False]
+    assert g.finish().colsum is None, "no summaries laid out for a prompt the recorder did not prefill"
+
+
+def test_a_repositioning_cache_is_fed_its_slot_positions(lm):
+    ids = encode_prompt(lm, PROMPT, True)
+    ev = Evictor(lm, make_policy("streaming_llm", reposition=True), 8, len(ids), feeds_slot_positions=True)
+    g = Generation(
+        lm,
+        "",
+        prompt_ids=ids,
+        max_new_tokens=4,
+        record=False,
+        stop_on_eos=False,
+        cache_factory=ev.cache_factory,
+        after_step=ev.after_step,
+    )
+    assert drive(lm, g) == [0, 8, 8, 8], "after the prefill's compression every step starts at the budget"
+
+
+def test_every_fed_position_is_scored_whatever_the_chunks(lm):
+    """``score_tokens``: the log-probability of each next token, the prompt's and the produced ones alike."""
+    ids = encode_prompt(lm, PROMPT, True)
+
+    def scored(**kw) -> Generation:
+        g = Generation(
+            lm, "", prompt_ids=ids, max_new_tokens=3, record=False, score_tokens=True, keep_logprobs=True, **kw
+        )
+        with torch.inference_mode():
+            while not g.done:
+                feed, start = g.next_feed()
+                g.take(forward(lm, feed, start, g.cache, None, g.logits_to_keep), len(feed))
+        return g
+
+    whole, chunked = scored(), scored(prefill_tokens=5, tail_chunk=4)
+    a, b = torch.cat(whole.token_logprobs), torch.cat(chunked.token_logprobs)
+    assert a.shape == (len(ids) - 1 + 3,) and torch.allclose(a, b, atol=1e-4)
+    produced = whole.trace.token_ids[len(ids) :]
+    assert torch.allclose(a[len(ids) - 1 :], torch.stack([lp[t] for lp, t in zip(whole.logprobs, produced)]))
+    with pytest.raises(ValueError, match="record_decode=False"):
+        Generation(lm, "", prompt_ids=ids, prefill_tokens=5, tail_chunk=4)
