@@ -100,3 +100,27 @@ def test_format_bytes(n, text):
 
 def test_format_gb_is_decimal():
     assert format_gb(140e9) == "140 GB" and format_gb(1.4e9) == "1.4 GB"
+
+
+def test_the_check_verdict_says_what_one_recomputation_settled(trace):
+    checked = copy.copy(trace)
+    one = {
+        "max_abs_logit_diff": 4e-5,
+        "max_abs_attn_output_diff": 2e-6,
+        "positions_checked": 6,
+        "max_abs_logit_diff_vs_unpatched": 4e-5,
+        "unpatched_reference": True,
+        "recomputations": 1,
+    }
+    checked.equivalence = one
+    text = fig.equivalence_text(checked)
+    assert text.startswith("**Cached decoding equals full recomputation** over 6 generated positions")
+    assert "no cache, no kvviz capture" in text and "4.00e-05" in text and "2.00e-06" in text
+    # a disagreement attributed by the capture's recomputation: the cache agrees, the capture changed the model
+    checked.equivalence = dict(one, max_abs_logit_diff=3e-5, max_abs_logit_diff_vs_unpatched=0.8, recomputations=2)
+    text = fig.equivalence_text(checked)
+    assert "**Cached decoding equals full recomputation**" in text and "**CHANGED THE OUTPUT**" in text
+    checked.equivalence = dict(one, max_abs_logit_diff=0.5, max_abs_logit_diff_vs_unpatched=0.5, recomputations=2)
+    assert "DIFFERS FROM" in fig.equivalence_text(checked)
+    checked.equivalence = None
+    assert "not checked" in fig.equivalence_text(checked)
