@@ -26,6 +26,7 @@ from kvviz.capture.attention_fn import (  # noqa: F401  (re-exported: where call
     is_installed,
 )
 from kvviz.capture.attention_math import Extras, check_output, decode_probs, mask_window_, softmax_
+from kvviz.capture.binning import bin_positions
 
 PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against the layer's output
 
@@ -300,7 +301,7 @@ class Recorder:
             start = self.t_total - k_len
             self.colsum[idx, :, start : self.t_total] += probs
             self.sink_mass[idx, :, qpos] = probs[..., : max(self.cfg.sink_k - start, 0)].sum(-1)
-            b0, binned = _bin(probs, start, f, dim=2)  # [n, Hq, nbins]
+            b0, binned = bin_positions(probs, start, f, dim=2)  # [n, Hq, nbins]
             self.decode_rows[qpos - self.n_prompt, idx, :, b0 : b0 + binned.shape[2]] = binned.to(torch.float16)
 
     def _record_decode_row(self, layer: int, probs: torch.Tensor, k_len: int, pos: torch.Tensor | None) -> None:
@@ -312,7 +313,7 @@ class Recorder:
             start = self.t_total - k_len
             self.colsum[layer, :, start : self.t_total] += probs
             self.sink_mass[layer, :, qpos] = probs[:, : max(self.cfg.sink_k - start, 0)].sum(-1)
-            b0, binned = _bin(probs, start, f, dim=1)  # [Hq, nbins]
+            b0, binned = bin_positions(probs, start, f, dim=1)  # [Hq, nbins]
             row[:, b0 : b0 + binned.shape[1]] = binned
             return
         pos = pos.to(probs.device).repeat_interleave(self.q_heads // pos.shape[0], dim=0)  # [Hq, k]
@@ -403,14 +404,14 @@ class Recorder:
         if a0 + n > w0 and a0 < self.n_prompt and (koff == 0 or self._in_order(layer)):
             lo, hi = max(a0, w0), min(a0 + n, self.n_prompt)
             self.window_rows[layer, :, lo - w0 : hi - w0, koff : koff + kend] = p[:, lo - a0 : hi - a0]
-        qb0, qbinned = _bin(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
+        qb0, qbinned = bin_positions(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
         col = qbinned.sum(1)  # [Hq, kend]: every query of the chunk, once
         self.colsum[layer, :, koff : koff + kend] += col
         if a0 >= self.n_prompt:
             return
         if a0 + n > self.n_prompt:  # a feed that runs past the prompt: keep only the prompt queries
-            qb0, qbinned = _bin(p[:, : self.n_prompt - a0], a0, f, dim=1)
-        kb0, binned = _bin(qbinned, koff, f, dim=2)  # [Hq, nqb_chunk, nkb]
+            qb0, qbinned = bin_positions(p[:, : self.n_prompt - a0], a0, f, dim=1)
+        kb0, binned = bin_positions(qbinned, koff, f, dim=2)  # [Hq, nqb_chunk, nkb]
         self.prefill_map[layer, :, qb0 : qb0 + binned.shape[1], kb0 : kb0 + binned.shape[2]] += binned
 
     def finish_prefill_map(self) -> torch.Tensor:
@@ -432,23 +433,3 @@ def _adjacent(items: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
         ):
             return None
     return first.as_strided((len(items), *first.shape), (first.numel(), *first.stride()))
-
-
-def _bin(x: torch.Tensor, start: int, f: int, dim: int) -> tuple[int, torch.Tensor]:
-    """Sum ``x`` over bins of ``f`` absolute positions along ``dim`` (x's index 0 = position ``start``).
-
-    Returns (first bin, binned tensor). f == 1 returns x itself (no copy).
-    """
-    if f == 1:
-        return start, x
-    n = x.shape[dim]
-    head = min((-start) % f, n)  # positions before the first bin boundary
-    mid = (n - head) // f * f
-    parts = []
-    if head:
-        parts.append(x.narrow(dim, 0, head).sum(dim, keepdim=True))
-    if mid:
-        parts.append(x.narrow(dim, head, mid).unflatten(dim, (mid // f, f)).sum(dim + 1))
-    if n - head - mid:
-        parts.append(x.narrow(dim, head + mid, n - head - mid).sum(dim, keepdim=True))
-    return start // f, parts[0] if len(parts) == 1 else torch.cat(parts, dim)
