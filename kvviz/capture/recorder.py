@@ -25,7 +25,7 @@ from kvviz.capture.attention_fn import (  # noqa: F401  (re-exported: where call
     installed,
     is_installed,
 )
-from kvviz.capture.attention_math import Extras, check_output, decode_probs, mask_window_, softmax_
+from kvviz.capture.attention_math import Extras, check_output, decode_probs, is_causal, mask_window_, softmax_
 from kvviz.capture.binning import bin_positions
 
 PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against the layer's output
@@ -107,8 +107,8 @@ class Recorder:
         self.outputs: list[torch.Tensor | None] = []  # per forward: [Lyr, q, Hq*Dv] when keep_outputs
         self._out_step: list[torch.Tensor | None] = [None] * layers
         self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
-        self._tri: torch.Tensor | None = None  # [C, C] True above the diagonal (the causal mask's block)
-        self._open: tuple | None = None  # ((mask pointer, shape, qk), open columns) of the last bool mask seen
+        self._tri: torch.Tensor | None = None  # [C, C] -inf above the diagonal, 0 elsewhere (the causal mask's block)
+        self._causal: tuple | None = None  # (mask, k, whether it is plain causal) of the last bool mask seen
         self._pending: list[tuple[int, torch.Tensor, float]] = []  # decode scores awaiting end_forward
         # one step's decode scores, layer after layer, so a run of layers is one view (no stack, no
         # fresh multi-MB allocation per step); sized for every layer at the longest cache
@@ -350,7 +350,7 @@ class Recorder:
         sbuf = self._buffer(hq * rows * k_len, query.device)
         w = self.window_rows.shape[2]
         w0 = self.n_prompt - w  # absolute position of the first window query
-        lo = self._open_columns(mask, qk) if mask is not None and mask.dtype == torch.bool else 0
+        causal = mask is None or (mask.dtype == torch.bool and self._is_causal(mask, k_len))
         first = qpos0 - qpos0 % rows  # chunks start at multiples of ``rows`` (so of f) in absolute positions
         for a0 in range(first, qpos0 + q_len, rows):
             c0, c1 = max(a0, qpos0) - qpos0, min(a0 + rows, qpos0 + q_len) - qpos0
@@ -363,12 +363,12 @@ class Recorder:
                 s.div_(softcap).tanh_().mul_(softcap)
             if extras.bias is not None:
                 s.add_(extras.bias[0, :, c0:c1, :kend].float())
-            if mask is None:  # causal: only the diagonal block has masked entries
-                s[:, :, kend - n :].masked_fill_(self._tri_block(n, query.device), float("-inf"))
-                if extras.window is not None:
+            if causal:  # only the diagonal block has masked entries (adding 0 or -inf: exact, and vectorized)
+                s[:, :, kend - n :].add_(self._tri_block(n, query.device))
+                if mask is None and extras.window is not None:
                     mask_window_(s, qpos0 + c0, koff, extras.window)
-            elif mask.dtype == torch.bool:  # columns every query sees need no masking (a later prefill chunk's past)
-                s[..., lo:].masked_fill_(~mask[0, :, c0:c1, lo:kend], float("-inf"))
+            elif mask.dtype == torch.bool:
+                s.masked_fill_(~mask[0, :, c0:c1, :kend], float("-inf"))
             else:
                 s.add_(mask[0, :, c0:c1, :kend].float())
             learned = softmax_(s, extras.sinks)  # in place: the CPU/GPU kernels work row by row
@@ -378,17 +378,17 @@ class Recorder:
                 check_output(layer, s[:, -min(PROBE_ROWS, n) :], value, out)
             self._reduce_chunk(layer, s, qpos0 + c0, koff, w0)
 
-    def _open_columns(self, mask: torch.Tensor, qk: int) -> int:
-        """``qk`` when every query of this call may see the first ``qk`` keys (a causal mask over the
-        cache a prompt chunk attends to), else 0; checked once per mask (layers share it)."""
-        key = (mask.data_ptr(), tuple(mask.shape), qk)
-        if self._open is None or self._open[0] != key:
-            self._open = (key, qk if qk > 0 and bool(mask[..., :qk].all()) else 0)
-        return self._open[1]
+    def _is_causal(self, mask: torch.Tensor, k_len: int) -> bool:
+        """:func:`is_causal` of a bool mask, checked once per mask (layers share it; it is held, so no
+        later mask can have its identity)."""
+        if self._causal is None or self._causal[0] is not mask or self._causal[1] != k_len:
+            self._causal = (mask, k_len, is_causal(mask, k_len))
+        return self._causal[2]
 
     def _tri_block(self, n: int, device) -> torch.Tensor:
+        """[n, n] additive causal block: -inf above the diagonal, 0 elsewhere."""
         if self._tri is None or self._tri.shape[0] < n or self._tri.device != device:
-            self._tri = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+            self._tri = torch.full((n, n), float("-inf"), device=device).triu(1)
         return self._tri[:n, :n]
 
     def _reduce_chunk(self, layer: int, p: torch.Tensor, a0: int, koff: int, w0: int) -> None:
