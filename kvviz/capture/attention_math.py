@@ -51,6 +51,16 @@ def mask_window_(s: torch.Tensor, q0: int, k0: int, window: int) -> None:
     s.masked_fill_(kp <= qp - window, float("-inf"))
 
 
+def is_causal(mask: torch.Tensor, k_len: int) -> bool:
+    """Whether a bool mask [B, 1 or Hq, q, k] over ``k_len`` keys lets its query r see exactly keys
+    0 … k_len - q + r (plain causal: a prompt chunk over the cache before it; no window, no padding)."""
+    q_len = mask.shape[-2]
+    if mask.shape[-1] != k_len:
+        return False
+    rows = torch.arange(k_len - q_len, k_len, device=mask.device)[:, None]  # [q, 1]: each query's position
+    return bool((mask[0] == (torch.arange(k_len, device=mask.device) <= rows)).all())
+
+
 def decode_probs(
     query, key, mask, scaling, softcap, extras: Extras | None, qpos: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -25,7 +25,8 @@ from kvviz.capture.attention_fn import (  # noqa: F401  (re-exported: where call
     installed,
     is_installed,
 )
-from kvviz.capture.attention_math import Extras, check_output, decode_probs, mask_window_, softmax_
+from kvviz.capture.attention_math import Extras, check_output, decode_probs, is_causal, mask_window_, softmax_
+from kvviz.capture.binning import bin_positions
 
 PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against the layer's output
 
@@ -34,18 +35,21 @@ PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against t
 class RecorderConfig:
     """What the recorder keeps. ``bin_factor`` positions share one display bin.
 
-    A prefill is scored ``chunk`` queries at a time, or an eighth of the keys when that is more,
-    but never more than ``chunk_elements`` floats at once (the recorder's one scratch buffer).
+    A prefill is scored ``chunk`` queries at a time, but never more than ``chunk_elements`` floats
+    at once (the recorder's one scratch buffer).
     """
 
     sink_k: int = 4
     obs_window: int = 64
-    # queries per chunk: at least this, else an eighth of the keys. Each chunk computes only the keys its
-    # queries can see, so several chunks skip most of the causal triangle (a 1,024-token prefill as one
-    # chunk computed twice the scores it needed and recorded 2.3× slower); tiny ones lose to per-op overhead
-    chunk: int = 192
+    # queries per chunk. Each chunk computes only the keys its queries can see, so several chunks skip most
+    # of the causal triangle (a 1,024-token prefill as one chunk computed twice the scores it needed and
+    # recorded 2.3× slower); 32 rows lose to per-op overhead
+    chunk: int = 128
     bin_factor: int = 1
-    chunk_elements: int = 2**24  # at most 64 MiB of fp32 scores at once
+    # at most 16 MiB of fp32 scores at once: the softmax and reductions after the matmul then read them from
+    # the last-level cache (on a 32 MiB L3, a 4,096-token prefill recorded in chunks of 105-120 queries,
+    # 15-17 MiB, took 0.7× the time of chunks of 450, 66 MiB, or of 255, 38 MiB)
+    chunk_elements: int = 2**22
 
 
 class RecordsAttention(Protocol):
@@ -103,8 +107,8 @@ class Recorder:
         self.outputs: list[torch.Tensor | None] = []  # per forward: [Lyr, q, Hq*Dv] when keep_outputs
         self._out_step: list[torch.Tensor | None] = [None] * layers
         self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
-        self._tri: torch.Tensor | None = None  # [C, C] True above the diagonal (the causal mask's block)
-        self._open: tuple | None = None  # ((mask pointer, shape, qk), open columns) of the last bool mask seen
+        self._tri: torch.Tensor | None = None  # [C, C] -inf above the diagonal, 0 elsewhere (the causal mask's block)
+        self._causal: tuple | None = None  # (mask, k, whether it is plain causal) of the last bool mask seen
         self._pending: list[tuple[int, torch.Tensor, float]] = []  # decode scores awaiting end_forward
         # one step's decode scores, layer after layer, so a run of layers is one view (no stack, no
         # fresh multi-MB allocation per step); sized for every layer at the longest cache
@@ -297,7 +301,7 @@ class Recorder:
             start = self.t_total - k_len
             self.colsum[idx, :, start : self.t_total] += probs
             self.sink_mass[idx, :, qpos] = probs[..., : max(self.cfg.sink_k - start, 0)].sum(-1)
-            b0, binned = _bin(probs, start, f, dim=2)  # [n, Hq, nbins]
+            b0, binned = bin_positions(probs, start, f, dim=2)  # [n, Hq, nbins]
             self.decode_rows[qpos - self.n_prompt, idx, :, b0 : b0 + binned.shape[2]] = binned.to(torch.float16)
 
     def _record_decode_row(self, layer: int, probs: torch.Tensor, k_len: int, pos: torch.Tensor | None) -> None:
@@ -309,7 +313,7 @@ class Recorder:
             start = self.t_total - k_len
             self.colsum[layer, :, start : self.t_total] += probs
             self.sink_mass[layer, :, qpos] = probs[:, : max(self.cfg.sink_k - start, 0)].sum(-1)
-            b0, binned = _bin(probs, start, f, dim=1)  # [Hq, nbins]
+            b0, binned = bin_positions(probs, start, f, dim=1)  # [Hq, nbins]
             row[:, b0 : b0 + binned.shape[1]] = binned
             return
         pos = pos.to(probs.device).repeat_interleave(self.q_heads // pos.shape[0], dim=0)  # [Hq, k]
@@ -320,9 +324,9 @@ class Recorder:
 
     # -- prefill: query chunks, reduced as they are computed -------------------------------------
     def _chunk_rows(self, k_len: int) -> int:
-        """Queries per chunk: cfg.chunk or k/8 if more, at most ~chunk_elements scores, a multiple of bin_factor."""
+        """Queries per chunk: cfg.chunk, at most ~chunk_elements scores, a multiple of bin_factor."""
         f = self.cfg.bin_factor
-        rows = min(max(self.cfg.chunk, k_len // 8), max(self.cfg.chunk_elements // (self.q_heads * k_len), 16))
+        rows = min(self.cfg.chunk, max(self.cfg.chunk_elements // (self.q_heads * k_len), 16))
         return max(rows // f, 1) * f
 
     def _buffer(self, n: int, device) -> torch.Tensor:
@@ -346,7 +350,7 @@ class Recorder:
         sbuf = self._buffer(hq * rows * k_len, query.device)
         w = self.window_rows.shape[2]
         w0 = self.n_prompt - w  # absolute position of the first window query
-        lo = self._open_columns(mask, qk) if mask is not None and mask.dtype == torch.bool else 0
+        causal = mask is None or (mask.dtype == torch.bool and self._is_causal(mask, k_len))
         first = qpos0 - qpos0 % rows  # chunks start at multiples of ``rows`` (so of f) in absolute positions
         for a0 in range(first, qpos0 + q_len, rows):
             c0, c1 = max(a0, qpos0) - qpos0, min(a0 + rows, qpos0 + q_len) - qpos0
@@ -359,12 +363,12 @@ class Recorder:
                 s.div_(softcap).tanh_().mul_(softcap)
             if extras.bias is not None:
                 s.add_(extras.bias[0, :, c0:c1, :kend].float())
-            if mask is None:  # causal: only the diagonal block has masked entries
-                s[:, :, kend - n :].masked_fill_(self._tri_block(n, query.device), float("-inf"))
-                if extras.window is not None:
+            if causal:  # only the diagonal block has masked entries (adding 0 or -inf: exact, and vectorized)
+                s[:, :, kend - n :].add_(self._tri_block(n, query.device))
+                if mask is None and extras.window is not None:
                     mask_window_(s, qpos0 + c0, koff, extras.window)
-            elif mask.dtype == torch.bool:  # columns every query sees need no masking (a later prefill chunk's past)
-                s[..., lo:].masked_fill_(~mask[0, :, c0:c1, lo:kend], float("-inf"))
+            elif mask.dtype == torch.bool:
+                s.masked_fill_(~mask[0, :, c0:c1, :kend], float("-inf"))
             else:
                 s.add_(mask[0, :, c0:c1, :kend].float())
             learned = softmax_(s, extras.sinks)  # in place: the CPU/GPU kernels work row by row
@@ -374,17 +378,17 @@ class Recorder:
                 check_output(layer, s[:, -min(PROBE_ROWS, n) :], value, out)
             self._reduce_chunk(layer, s, qpos0 + c0, koff, w0)
 
-    def _open_columns(self, mask: torch.Tensor, qk: int) -> int:
-        """``qk`` when every query of this call may see the first ``qk`` keys (a causal mask over the
-        cache a prompt chunk attends to), else 0; checked once per mask (layers share it)."""
-        key = (mask.data_ptr(), tuple(mask.shape), qk)
-        if self._open is None or self._open[0] != key:
-            self._open = (key, qk if qk > 0 and bool(mask[..., :qk].all()) else 0)
-        return self._open[1]
+    def _is_causal(self, mask: torch.Tensor, k_len: int) -> bool:
+        """:func:`is_causal` of a bool mask, checked once per mask (layers share it; it is held, so no
+        later mask can have its identity)."""
+        if self._causal is None or self._causal[0] is not mask or self._causal[1] != k_len:
+            self._causal = (mask, k_len, is_causal(mask, k_len))
+        return self._causal[2]
 
     def _tri_block(self, n: int, device) -> torch.Tensor:
+        """[n, n] additive causal block: -inf above the diagonal, 0 elsewhere."""
         if self._tri is None or self._tri.shape[0] < n or self._tri.device != device:
-            self._tri = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+            self._tri = torch.full((n, n), float("-inf"), device=device).triu(1)
         return self._tri[:n, :n]
 
     def _reduce_chunk(self, layer: int, p: torch.Tensor, a0: int, koff: int, w0: int) -> None:
@@ -400,14 +404,14 @@ class Recorder:
         if a0 + n > w0 and a0 < self.n_prompt and (koff == 0 or self._in_order(layer)):
             lo, hi = max(a0, w0), min(a0 + n, self.n_prompt)
             self.window_rows[layer, :, lo - w0 : hi - w0, koff : koff + kend] = p[:, lo - a0 : hi - a0]
-        qb0, qbinned = _bin(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
+        qb0, qbinned = bin_positions(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
         col = qbinned.sum(1)  # [Hq, kend]: every query of the chunk, once
         self.colsum[layer, :, koff : koff + kend] += col
         if a0 >= self.n_prompt:
             return
         if a0 + n > self.n_prompt:  # a feed that runs past the prompt: keep only the prompt queries
-            qb0, qbinned = _bin(p[:, : self.n_prompt - a0], a0, f, dim=1)
-        kb0, binned = _bin(qbinned, koff, f, dim=2)  # [Hq, nqb_chunk, nkb]
+            qb0, qbinned = bin_positions(p[:, : self.n_prompt - a0], a0, f, dim=1)
+        kb0, binned = bin_positions(qbinned, koff, f, dim=2)  # [Hq, nqb_chunk, nkb]
         self.prefill_map[layer, :, qb0 : qb0 + binned.shape[1], kb0 : kb0 + binned.shape[2]] += binned
 
     def finish_prefill_map(self) -> torch.Tensor:
@@ -429,23 +433,3 @@ def _adjacent(items: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
         ):
             return None
     return first.as_strided((len(items), *first.shape), (first.numel(), *first.stride()))
-
-
-def _bin(x: torch.Tensor, start: int, f: int, dim: int) -> tuple[int, torch.Tensor]:
-    """Sum ``x`` over bins of ``f`` absolute positions along ``dim`` (x's index 0 = position ``start``).
-
-    Returns (first bin, binned tensor). f == 1 returns x itself (no copy).
-    """
-    if f == 1:
-        return start, x
-    n = x.shape[dim]
-    head = min((-start) % f, n)  # positions before the first bin boundary
-    mid = (n - head) // f * f
-    parts = []
-    if head:
-        parts.append(x.narrow(dim, 0, head).sum(dim, keepdim=True))
-    if mid:
-        parts.append(x.narrow(dim, head, mid).unflatten(dim, (mid // f, f)).sum(dim + 1))
-    if n - head - mid:
-        parts.append(x.narrow(dim, head + mid, n - head - mid).sum(dim, keepdim=True))
-    return start // f, parts[0] if len(parts) == 1 else torch.cat(parts, dim)

@@ -222,3 +222,17 @@ def test_decode_scores_of_consecutive_layers_are_one_view_not_a_copy():
     rec.end_forward()
     assert rec._step_used == 0 and not rec._pending
     torch.testing.assert_close(rec.colsum[:, :, :7].sum(-1), torch.ones(3, 4))  # each row a distribution
+
+
+def test_only_a_plain_causal_mask_takes_the_diagonal_block_path():
+    from kvviz.capture.attention_math import is_causal
+
+    q, k = 4, 10  # a prompt chunk of 4 queries after 6 cached keys
+    causal = (torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None])[None, None]  # [1, 1, q, k]
+    assert is_causal(causal, k)
+    assert not is_causal(causal, k + 1)  # a mask wider than the keys
+    window = causal & (torch.arange(k)[None, :] > torch.arange(k - q, k)[:, None] - 5)
+    assert not is_causal(window, k)  # a sliding window hides the oldest keys
+    padded = causal.clone()
+    padded[..., 0] = False
+    assert not is_causal(padded, k)
