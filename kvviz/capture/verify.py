@@ -17,6 +17,7 @@ position's logits are its own), the capture's packs them into one forward
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -155,9 +156,12 @@ def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -
     seen: dict[int, list[torch.Tensor]] = {}  # layer -> per run, the attention outputs at its checked positions
     padded = len(gens) > 1 and packable(lm)
     current: list[int] = [0]  # which run an unpadded forward is for
+    me = threading.get_ident()  # module hooks see every thread's forwards on this shared model: only ours count
 
     def hook(layer: int):
         def read(_module, args) -> None:
+            if threading.get_ident() != me:
+                return
             x = args[0]
             if padded:
                 seen[layer] = [
@@ -190,7 +194,8 @@ def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -
     for b, (g, full) in enumerate(zip(gens, fulls)):
         diff = (full - torch.stack(g.logits_seen)).abs().max().item()
         layers = [seen[i][b] for i in sorted(seen)] if len(seen) == g.trace.model.layers else None
-        out_diff = _output_diff(g, torch.stack(layers) if layers is not None else None)
+        same = layers is not None and len({tuple(x.shape) for x in layers}) == 1
+        out_diff = _output_diff(g, torch.stack(layers) if layers is not None and same else None)
         results.append(
             {
                 "_gen": g,

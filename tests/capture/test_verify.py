@@ -3,6 +3,8 @@ disagreement, or a model whose attention outputs cannot be read, gets the captur
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -80,3 +82,27 @@ def test_without_a_readable_projection_the_capture_recomputes_the_outputs(monkey
     assert read["recomputations"] == 1 and fallback["recomputations"] == 2
     assert fallback["max_abs_attn_output_diff"] is not None
     assert abs(read["max_abs_attn_output_diff"] - fallback["max_abs_attn_output_diff"]) < 1e-5
+
+
+def test_forwards_of_other_threads_on_the_shared_model_do_not_reach_the_check(lm, runs):
+    alone = verify.check(lm, runs[:1])[0]
+    stop = threading.Event()
+
+    def other_user() -> None:  # e.g. a demo computing in another session while the engine checks
+        ids = torch.tensor([[1, 2, 3, 4]])
+        with torch.inference_mode():
+            while not stop.is_set():
+                lm.model(input_ids=ids)
+
+    thread = threading.Thread(target=other_user)
+    thread.start()
+    try:
+        for _ in range(3):
+            eq = verify.check(lm, runs[:1])[0]
+            assert eq["recomputations"] == 1
+            assert abs(eq["max_abs_attn_output_diff"] - alone["max_abs_attn_output_diff"]) < 1e-6
+            eq = verify.check(lm, runs)[0]  # the padded batch too
+            assert eq["recomputations"] == 1
+    finally:
+        stop.set()
+        thread.join()
