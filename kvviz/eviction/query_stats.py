@@ -10,6 +10,7 @@ prompt) and a query-agnostic one (the context alone). Nothing T × T is kept: [L
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -67,8 +68,11 @@ class _Collector:
     seen: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)  # end → layer → stats
     offset: int = 0  # prompt tokens fed by earlier forwards (a prefill in chunks)
     pending: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → hidden states of earlier chunks
+    thread: int = field(default_factory=threading.get_ident)  # hooks see every thread's forwards: only this one's count
 
     def hook(self, module, args, kwargs) -> None:
+        if threading.get_ident() != self.thread:
+            return
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         layer = module.layer_idx
         if layer in self.pending:  # a later chunk of the same prefill: statistics over everything so far
