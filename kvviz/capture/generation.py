@@ -306,8 +306,8 @@ class Generation:
     def release(self) -> None:
         """Drop the cache, the recorder and the kept logits (the finished Trace holds what they gave):
         whoever still holds this run holds no KV."""
-        self.cache, self.rec = None, None
-        self.logits_seen = []
+        self.cache, self.rec, self.feed_recorder = None, None, None
+        self.logits_seen, self.logprobs, self.token_logprobs = [], [], []
 
     def finish(self) -> Trace:
         """Timings and the recorder's summaries into the Trace, trimmed to what actually ran (the summaries

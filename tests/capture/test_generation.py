@@ -8,8 +8,12 @@ keys is fed its slot positions.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
+from transformers import DynamicCache
 
 from kvviz.capture.generation import Generation
 from kvviz.capture.loop import encode_prompt, forward
@@ -110,3 +114,19 @@ def test_every_fed_position_is_scored_whatever_the_chunks(lm):
     assert torch.allclose(a[len(ids) - 1 :], torch.stack([lp[t] for lp, t in zip(whole.logprobs, produced)]))
     with pytest.raises(ValueError, match="record_decode=False"):
         Generation(lm, "", prompt_ids=ids, prefill_tokens=5, tail_chunk=4)
+
+
+def test_a_released_run_holds_no_cache(lm):
+    caches = []
+
+    def tracked(lm):
+        cache = DynamicCache(config=lm.config)
+        caches.append(weakref.ref(cache))
+        return cache
+
+    g = Generation(lm, PROMPT, max_new_tokens=3, cache_factory=tracked, keep_logprobs=True)
+    drive(lm, g)
+    g.finish()
+    g.release()  # what the engine does when a run leaves: the recorder the last forward used goes too
+    gc.collect()
+    assert caches and caches[0]() is None
