@@ -77,7 +77,7 @@ def _compare(g: Generation, full: torch.Tensor, rec: Recorder) -> dict:
     n = len(g.logits_seen)
     logit_diff = (full - torch.stack(g.logits_seen)).abs().max().item()
     full_out = rec.outputs[0]
-    out_diff = _output_diff(g, full_out[:, -n:] if full_out is not None else None)
+    out_diff = _output_diff(_cached_outputs(g), full_out[:, -n:] if full_out is not None else None)
     return {"max_abs_logit_diff": logit_diff, "max_abs_attn_output_diff": out_diff, "positions_checked": n}
 
 
@@ -92,10 +92,9 @@ def _cached_outputs(g: Generation) -> torch.Tensor | None:
     return torch.cat([o[:, -1:] for o in outs], dim=1)
 
 
-def _output_diff(g: Generation, ref: torch.Tensor | None) -> float | None:
-    """Largest |Δ| between the cached run's attention outputs and a recomputation's ``ref`` at the
-    same positions; None when either side has none (or they do not line up)."""
-    mine = _cached_outputs(g)
+def _output_diff(mine: torch.Tensor | None, ref: torch.Tensor | None) -> float | None:
+    """Largest |Δ| between the cached run's attention outputs ``mine`` (:func:`_cached_outputs`) and a
+    recomputation's ``ref`` at the same positions; None when either side has none (or they do not line up)."""
     if ref is None or mine is None or ref.shape != mine.shape:
         return None
     return (ref - mine).abs().max().item()
@@ -195,11 +194,12 @@ def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -
         diff = (full - torch.stack(g.logits_seen)).abs().max().item()
         layers = [seen[i][b] for i in sorted(seen)] if len(seen) == g.trace.model.layers else None
         same = layers is not None and len({tuple(x.shape) for x in layers}) == 1
-        out_diff = _output_diff(g, torch.stack(layers) if layers is not None and same else None)
+        mine = _cached_outputs(g)
+        out_diff = _output_diff(mine, torch.stack(layers) if layers is not None and same else None)
         results.append(
             {
                 "_gen": g,
-                "_outputs_unread": out_diff is None and _cached_outputs(g) is not None,
+                "_outputs_unread": out_diff is None and mine is not None,
                 "max_abs_logit_diff": diff,
                 "max_abs_attn_output_diff": out_diff,
                 "positions_checked": len(g.logits_seen),
