@@ -101,8 +101,9 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
     return out, weights
 
 
-def _record(recorder, module, query, key, value, attention_mask, out, weights, kwargs: dict) -> None:
-    """Hand one attention call's tensors, and everything the implementation applied, to ``recorder``."""
+def _record(recorder, module, query, key, value, attention_mask, out, weights, kwargs: dict, scores=None) -> None:
+    """Hand one attention call's tensors, and everything the implementation applied, to ``recorder``
+    (``scores``: a decode query's q·kᵀ, when a packed forward computed them for many sequences at once)."""
     recorder.record(
         module.layer_idx,
         query,
@@ -116,6 +117,7 @@ def _record(recorder, module, query, key, value, attention_mask, out, weights, k
         sinks=_learned_sinks(kwargs, query.shape[1]),
         bias=kwargs.get("position_bias"),
         sliding_window=kwargs.get("sliding_window"),
+        scores=scores,
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_causal_mask
 
 from kvviz.capture.recorder import RecordsAttention
@@ -76,25 +77,72 @@ class PackedCache(Cache):
 
 class PackedAttention:
     """Handed to the capture attention function in place of a recorder: runs the model's attention
-    segment by segment (see the module docstring)."""
+    segment by segment, and the decoding segments together (see :meth:`attend`)."""
 
     def __init__(self, cache: PackedCache, masks: list[Any]):
         self.cache, self.masks = cache, masks
+        # segments that feed one token with no mask of their own (a decode step under SDPA): attended together
+        self.decoding = [i for i, ((a, b), m) in enumerate(zip(cache.bounds, masks)) if b - a == 1 and m is None]
 
     def attend(self, module, implementation, query, record, *args, **kwargs):
         """The layer's output [1, N, Hq, Dv]: each segment's query rows against its own keys and values,
         through ``implementation`` with the segment's own mask; ``record(recorder, ...)`` hands each
-        segment's tensors to its recorder."""
+        segment's tensors to its recorder.
+
+        Under SDPA, the decoding segments (one query each, no mask) go through one call: their keys and
+        values padded to the longest cache, the padding masked out, so each query still attends over
+        exactly its own keys. Their recorders get their rows of one batched q·kᵀ. Per sequence, a decode
+        step would otherwise cost two small kernel calls per layer — more than the step's arithmetic."""
         layer = module.layer_idx
-        outs = []
         parts = self.cache.current.pop(layer)
-        for seg, (a, b), (key, value), mask in zip(self.cache.segments, self.cache.bounds, parts, self.masks):
+        outs: list[torch.Tensor | None] = [None] * len(parts)
+        together = self.decoding if len(self.decoding) > 1 and implementation is sdpa_attention_forward else []
+        if together:
+            starts = [self.cache.bounds[i][0] for i in together]
+            outs_b, scores = _attend_decoding(
+                module, implementation, query, starts, [parts[i] for i in together], *args, **kwargs
+            )
+            for j, i in enumerate(together):
+                seg, (a, b), (key, value) = self.cache.segments[i], self.cache.bounds[i], parts[i]
+                outs[i] = outs_b[j]
+                if seg.recorder is not None:
+                    row = scores[j, :, : key.shape[2]]
+                    record(seg.recorder, module, query[:, :, a:b], key, value, None, outs_b[j], None, kwargs, row)
+        for i, (seg, (a, b), (key, value), mask) in enumerate(
+            zip(self.cache.segments, self.cache.bounds, parts, self.masks)
+        ):
+            if outs[i] is not None:
+                continue
             q = query[:, :, a:b]
             out, weights = implementation(module, q, key, value, mask, *args, **kwargs)
             if seg.recorder is not None:
                 record(seg.recorder, module, q, key, value, mask, out, weights, kwargs)
-            outs.append(out)
+            outs[i] = out
         return torch.cat(outs, dim=1), None
+
+
+def _attend_decoding(module, implementation, query, starts: list[int], parts: list, *args, **kwargs):
+    """SDPA for B one-query segments at once (their query rows ``starts``, their caches' ``parts``): per
+    segment its output [1, 1, Hq, Dv], and every segment's plain scores q·kᵀ [B, Hq, longest k] (fp32;
+    only the first k of a segment's row are its keys)."""
+    keys = [k for k, _ in parts]
+    values = [v for _, v in parts]
+    lens = [k.shape[2] for k in keys]
+    width = max(lens)
+    q = query[0, :, starts].transpose(0, 1).unsqueeze(2)  # [B, Hq, 1, D]
+    if min(lens) == width:
+        key, value, mask = torch.cat(keys), torch.cat(values), None
+    else:
+        key = keys[0].new_zeros(len(parts), keys[0].shape[1], width, keys[0].shape[3])
+        value = values[0].new_zeros(len(parts), values[0].shape[1], width, values[0].shape[3])
+        for j, (k, v) in enumerate(zip(keys, values)):
+            key[j, :, : lens[j]] = k[0]
+            value[j, :, : lens[j]] = v[0]
+        mask = (torch.arange(width, device=key.device) < torch.tensor(lens, device=key.device)[:, None])[:, None, None]
+    out, _ = implementation(module, q, key, value, mask, *args, **kwargs)  # [B, 1, Hq, Dv]
+    hq, hkv, d = q.shape[1], key.shape[1], q.shape[-1]
+    scores = torch.matmul(q.float().reshape(len(parts), hkv, hq // hkv, d), key.float().transpose(2, 3))
+    return out.split(1), scores.view(len(parts), hq, width)
 
 
 def packable(lm: LoadedModel) -> bool:

@@ -165,11 +165,14 @@ class Recorder:
         sinks=None,
         bias=None,
         sliding_window=None,
+        scores=None,
     ) -> None:
         """One layer's attention call. ``weights``: the probabilities the implementation returned
         (eager), used as they are; otherwise they are recomputed from the query, keys, mask, scaling,
         soft-cap, learned ``sinks`` ([Hq] logits), additive ``bias`` and ``sliding_window``. ``value``
-        and ``out`` let the first prefill and decode step check the probabilities against the output."""
+        and ``out`` let the first prefill and decode step check the probabilities against the output.
+        ``scores``: a decode query's plain scores q·kᵀ [Hq, k] (fp32, unscaled) when the caller already
+        computed them for many sequences at once; used only where the plain decode path applies."""
         self._recorded[layer] = True
         if query.device != self.device:  # a dispatched model's layer on another device hands its tensors over
             query, key, mask, out, value, weights, sinks, bias = (
@@ -188,7 +191,9 @@ class Recorder:
             return
         extras = Extras(sinks, bias, sliding_window)
         if query.shape[2] == 1:
-            self._record_decode(layer, query, key, mask, scaling, softcap, extras if extras else None, value, out)
+            self._record_decode(
+                layer, query, key, mask, scaling, softcap, extras if extras else None, value, out, scores
+            )
         else:
             self._record_prefill(layer, query, key, mask, scaling, softcap, extras, value, out)
 
@@ -255,7 +260,9 @@ class Recorder:
         return layers is None or layer >= len(layers) or getattr(layers[layer], "kv_positions", None) is None
 
     # -- decode: one query, one row per head ---------------------------------------------------
-    def _record_decode(self, layer, query, key, mask, scaling, softcap, extras: Extras | None, value, out) -> None:
+    def _record_decode(
+        self, layer, query, key, mask, scaling, softcap, extras: Extras | None, value, out, scores=None
+    ) -> None:
         """Plain layers (no mask, soft-cap, sinks or bias, keys in order) only compute their scores here;
         the softmax and every reduction run once per step for all of them in :meth:`_flush_decode`
         (a few large ops instead of ~10 tiny ones per layer). The first decode step takes the exact
@@ -266,14 +273,17 @@ class Recorder:
         check = not self._decode_checked and value is not None and out is not None
         if mask is None and softcap is None and pos is None and plain and not check:
             hq, d, hkv = query.shape[1], query.shape[-1], key.shape[1]
-            q = query[0, :, 0].float().reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
-            used, n = self._step_used, hq * k_len
-            if used + n > self._step_scores.numel():  # longer than planned: a new buffer (earlier views stay valid)
-                self._step_scores, used = torch.empty(max(2 * n, self._step_scores.numel()), device=query.device), 0
-            scores = self._step_scores[used : used + n].view(hkv, hq // hkv, k_len)
-            torch.bmm(q, key[0].float().transpose(1, 2), out=scores)
-            scores = scores.view(hq, k_len)  # [Hq, k]
-            self._step_used = used + n
+            if scores is None:
+                q = query[0, :, 0].float().reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
+                used, n = self._step_used, hq * k_len
+                if used + n > self._step_scores.numel():  # longer than planned: a new buffer (earlier views stay valid)
+                    self._step_scores, used = torch.empty(max(2 * n, self._step_scores.numel()), device=query.device), 0
+                scores = self._step_scores[used : used + n].view(hkv, hq // hkv, k_len)
+                torch.bmm(q, key[0].float().transpose(1, 2), out=scores)
+                scores = scores.view(hq, k_len)  # [Hq, k]
+                self._step_used = used + n
+            elif tuple(scores.shape) != (hq, k_len):
+                raise ValueError(f"decode scores of shape {tuple(scores.shape)} for {hq} heads over {k_len} keys")
             scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
             self._pending.append((layer, scores, float(scale)))
             return

@@ -1,0 +1,61 @@
+"""Packed forwards: sequences decoding together attend through one call and still see only their own cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import kvviz.capture.packed as packed
+from kvviz.capture.attention_fn import installed
+from kvviz.capture.generation import Generation
+from kvviz.capture.model_io import forward
+from kvviz.capture.packed import Segment, packed_forward
+
+# different prompt lengths: the decoding sequences' caches differ in length, so the batched call pads and masks
+PROMPTS = ["Hi", "Name three colours.", "Write one sentence about the sea and the wind over it."]
+STEPS = 4
+
+
+def prefilled(lm, prompt: str) -> Generation:
+    g = Generation(lm, prompt, chat=True, max_new_tokens=STEPS + 1, verify=True)
+    ids, start = g.next_feed()
+    g.take(forward(lm, ids, start, g.cache, g.feed_recorder)[-1], len(ids))
+    return g
+
+
+def test_decoding_sequences_attend_together_and_equal_their_solo_steps(lm, monkeypatch):
+    calls = []
+    real = packed._attend_decoding
+
+    def spy(module, implementation, query, starts, parts, *args, **kwargs):
+        calls.append((module.layer_idx, [k.shape[2] for k, _ in parts]))
+        return real(module, implementation, query, starts, parts, *args, **kwargs)
+
+    monkeypatch.setattr(packed, "_attend_decoding", spy)
+    with torch.inference_mode(), installed(lm.model):
+        alone = [prefilled(lm, p) for p in PROMPTS]
+        together = [prefilled(lm, p) for p in PROMPTS]
+        for _ in range(STEPS):
+            solo_logits = []
+            for g in alone:
+                ids, start = g.next_feed()
+                solo_logits.append(forward(lm, ids, start, g.cache, g.feed_recorder)[-1])
+                g.take(solo_logits[-1], len(ids))
+            feeds = [g.next_feed() for g in together]
+            segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(together, feeds)]
+            logits = [x[-1] for x in packed_forward(lm, segments)]
+            for g, (ids, _), row, ref in zip(together, feeds, logits, solo_logits):
+                assert (row - ref).abs().max().item() <= 1e-4
+                g.take(row, len(ids))
+    layers = lm.model.config.num_hidden_layers
+    assert len(calls) == layers * STEPS, "one attention call per layer for all decoding sequences"
+    assert len(set(map(tuple, (lens for _, lens in calls)))) == STEPS and all(len(set(x)) == 3 for _, x in calls)
+    for a, b in zip(together, alone):
+        a.finish()
+        b.finish()
+        assert a.trace.token_ids == b.trace.token_ids
+        for name in ("colsum", "sink_mass", "decode_rows"):
+            x, y = getattr(a.trace, name), getattr(b.trace, name)
+            np.testing.assert_allclose(
+                x.astype(np.float32), y.astype(np.float32), atol=2e-5 if x.dtype != np.float16 else 2e-3
+            )
