@@ -4,7 +4,7 @@ Two baselines: transformers' own ``model.generate`` (SDPA), and kvviz's own pref
 nothing installed (SDPA, no recorder) — the second isolates what the recording itself costs.
 
 Run: ``.venv/bin/python bench/capture_overhead.py [--cases 1024:128,4096:256] [--repeats 3]``.
-Target: capture ≤ 1.3× plain generation. Both run greedily to exactly the requested
+Target: capture ≤ 1.1× plain generation (transformers' generate). Both run greedily to exactly the requested
 number of tokens (no early stop) in one process, interleaved, and must produce the same tokens.
 Wall-clock and process CPU time are both recorded (CPU time is steadier when other work shares
 the machine). Writes ``bench/results/capture_overhead.json`` (seconds).
@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from kvviz.capture.loop import capture, forward
 from kvviz.models import load_model
 
-TARGET_RATIO = 1.3
+TARGET_RATIO = 1.1
 
 
 class Clock:
@@ -124,7 +124,7 @@ def table(rows: list[dict]) -> str:
         f"{'vs own loop':>12} {'CPU-time ratios':>16}  target ≤ {TARGET_RATIO}×"
     ]
     for r in rows:
-        worst = max(r["ratio_of_medians"], r["ratio_vs_own_loop"])
+        worst = r["ratio_of_medians"]  # the target is against transformers' generate; vs own loop is shown beside it
         out.append(
             f"{r['prompt_tokens']:>6}+{r['new_tokens']:<5} {r['plain_median_s']:>13.2f} "
             f"{r['own_loop_median_s']:>13.2f} {r['capture_median_s']:>12.2f} {r['ratio_of_medians']:>11.2f}× "

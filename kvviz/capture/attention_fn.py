@@ -5,7 +5,11 @@ wrapper calls the very implementation the model was loaded with (its modeling fi
 ``eager_attention_forward``, or transformers' SDPA / flex / flash function), with every argument
 the model passed (learned sinks, soft-capping, sliding windows, scalings), so the model's output
 is its own; the recorder then gets the same tensors, and the probabilities when the implementation
-returns them. Models whose attention never calls transformers' AttentionInterface (Falcon, Bloom,
+returns them. One call is computed by kvviz instead: plain causal SDPA in fp32 (nothing but
+softmax(QKᵀ·scale + causal mask)·V), whose probabilities the recorder has to compute anyway — it
+multiplies them by the values itself rather than have SDPA compute them a second time, and checks
+that output against SDPA's own on the call's last queries (every prefill forward, the first decode
+step); the equivalence check compares the whole run with the model as loaded. Models whose attention never calls transformers' AttentionInterface (Falcon, Bloom,
 MPT: "legacy" attention) run their own eager path with ``output_attentions`` instead, and a forward
 hook per attention layer hands those probabilities to the recorder. ``check_capturable`` refuses,
 in one line naming the feature, what cannot be captured; ``unpatched`` holds the model without
@@ -21,6 +25,7 @@ from contextlib import contextmanager
 
 import torch
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -94,14 +99,42 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
         return override(module, query, key, value, attention_mask, implementation, *args, **kwargs)
     attend = getattr(recorder, "attend", None)
     if attend is not None:  # a packed forward: each sequence's rows against its own cache (kvviz.capture.packed)
-        return attend(module, implementation, query, _record, *args, **kwargs)
+        return attend(module, implementation, query, *args, **kwargs)
+    return attend_one(recorder, module, implementation, query, key, value, attention_mask, *args, **kwargs)
+
+
+def attend_one(recorder, module, implementation, query, key, value, attention_mask, *args, **kwargs):
+    """One sequence's attention and its recording. A plain causal SDPA call in fp32 takes its output
+    from the recorder's own probabilities (:meth:`~kvviz.capture.recorder.Recorder.own_output`, which
+    checks it against the implementation on the call's last queries): the probabilities are computed
+    once instead of twice. Every other call runs the implementation, then the recorder."""
+    own = getattr(recorder, "own_output", None)
+    if own is not None and _plain_sdpa(module, implementation, query, kwargs):
+
+        def probe(rows: int, mask):
+            return implementation(module, query[:, :, -rows:], key, value, mask, *args, **kwargs)[0]
+
+        out = own(module.layer_idx, query, key, value, attention_mask, kwargs.get("scaling"), probe)
+        if out is not None:
+            return out, None
     out, weights = implementation(module, query, key, value, attention_mask, *args, **kwargs)
     if recorder is not None:
-        _record(recorder, module, query, key, value, attention_mask, out, weights, kwargs)
+        record_call(recorder, module, query, key, value, attention_mask, out, weights, kwargs)
     return out, weights
 
 
-def _record(recorder, module, query, key, value, attention_mask, out, weights, kwargs: dict, scores=None) -> None:
+def _plain_sdpa(module, implementation, query, kwargs: dict) -> bool:
+    """Whether a call is transformers' SDPA with nothing beyond softmax(QKᵀ·scale + causal mask)·V: no
+    soft-cap, learned sinks, position bias, window argument or dropout, and causal."""
+    return (
+        implementation is sdpa_attention_forward
+        and all(kwargs.get(k) is None for k in ("softcap", "s_aux", "sinks", "position_bias", "sliding_window"))
+        and not kwargs.get("dropout")
+        and kwargs.get("is_causal", getattr(module, "is_causal", True)) is not False
+    )
+
+
+def record_call(recorder, module, query, key, value, attention_mask, out, weights, kwargs: dict, scores=None) -> None:
     """Hand one attention call's tensors, and everything the implementation applied, to ``recorder``
     (``scores``: a decode query's q·kᵀ, when a packed forward computed them for many sequences at once)."""
     recorder.record(

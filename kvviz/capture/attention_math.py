@@ -100,12 +100,18 @@ def check_output(layer: int, probs: torch.Tensor, value, out) -> None:
             f"{hq} heads, {dv}]: kvviz cannot check what it recorded against it."
         )
     mine = torch.bmm(probs.reshape(hkv, (hq // hkv) * n, k), value[0, :, :k].float()).view(hq, n, dv)
-    ref = out[0, -n:].float().transpose(0, 1)  # [Hq, n, Dv]
-    err, size = (mine - ref).abs().max().item(), ref.abs().max().item()
-    tol = (1e-3 if out.dtype == torch.float32 else 3e-2) * max(size, 1e-3)
+    agree(layer, mine, out[0, -n:].transpose(0, 1), out.dtype, "the probabilities it recorded do not reproduce")
+
+
+def agree(layer: int, mine: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Raise :class:`CaptureError` unless kvviz's attention output ``mine`` matches the implementation's
+    ``ref`` (same shape) within the tolerance of ``dtype``; ``what`` says what kvviz computed."""
+    ref = ref.float()
+    err, size = (mine.float() - ref).abs().max().item(), ref.abs().max().item()
+    tol = (1e-3 if dtype == torch.float32 else 3e-2) * max(size, 1e-3)
     if not err <= tol:
         raise CaptureError(
-            f"kvviz cannot capture layer {layer} faithfully: the probabilities it recorded do not "
-            f"reproduce the layer's own attention output (max error {err:.2g} on outputs up to "
-            f"{size:.2g}); the model's attention uses a feature kvviz does not model."
+            f"kvviz cannot capture layer {layer} faithfully: {what} the layer's own attention output "
+            f"(max error {err:.2g} on outputs up to {size:.2g}); the model's attention uses a feature "
+            "kvviz does not model."
         )

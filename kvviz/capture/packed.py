@@ -27,6 +27,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_causal_mask
 
+from kvviz.capture.attention_fn import attend_one, record_call
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.models import LoadedModel
 
@@ -84,10 +85,10 @@ class PackedAttention:
         # segments that feed one token with no mask of their own (a decode step under SDPA): attended together
         self.decoding = [i for i, ((a, b), m) in enumerate(zip(cache.bounds, masks)) if b - a == 1 and m is None]
 
-    def attend(self, module, implementation, query, record, *args, **kwargs):
+    def attend(self, module, implementation, query, *args, **kwargs):
         """The layer's output [1, N, Hq, Dv]: each segment's query rows against its own keys and values,
-        through ``implementation`` with the segment's own mask; ``record(recorder, ...)`` hands each
-        segment's tensors to its recorder.
+        through ``implementation`` with the segment's own mask, and each segment's recorder hears its own rows
+        (:func:`~kvviz.capture.attention_fn.attend_one`).
 
         Under SDPA, the decoding segments (one query each, no mask) go through one call: their keys and
         values padded to the longest cache, the padding masked out, so each query still attends over
@@ -107,17 +108,15 @@ class PackedAttention:
                 outs[i] = outs_b[j]
                 if seg.recorder is not None:
                     row = scores[j, :, : key.shape[2]]
-                    record(seg.recorder, module, query[:, :, a:b], key, value, None, outs_b[j], None, kwargs, row)
+                    record_call(seg.recorder, module, query[:, :, a:b], key, value, None, outs_b[j], None, kwargs, row)
         for i, (seg, (a, b), (key, value), mask) in enumerate(
             zip(self.cache.segments, self.cache.bounds, parts, self.masks)
         ):
             if outs[i] is not None:
                 continue
-            q = query[:, :, a:b]
-            out, weights = implementation(module, q, key, value, mask, *args, **kwargs)
-            if seg.recorder is not None:
-                record(seg.recorder, module, q, key, value, mask, out, weights, kwargs)
-            outs[i] = out
+            outs[i] = attend_one(
+                seg.recorder, module, implementation, query[:, :, a:b], key, value, mask, *args, **kwargs
+            )[0]
         return torch.cat(outs, dim=1), None
 
 

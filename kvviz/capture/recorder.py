@@ -6,7 +6,9 @@ probabilities that output used to what the views need (column sums, sink mass, o
 rows, a binned map, one binned row per decode step, each head's learned-sink mass). Probabilities an
 implementation returns (eager) are used as they are; otherwise they are recomputed in query chunks
 with everything the implementation applied (:mod:`kvviz.capture.attention_math`), and checked against the
-layer's output once per phase. Nothing T×T per head is ever kept for long prompts.
+layer's output once per phase. For plain causal SDPA in fp32 the recorder's probabilities also give
+the layer's output (:meth:`Recorder.own_output`: probabilities × values, checked against SDPA's own on
+the last queries), so the attention is computed once. Nothing T×T per head is ever kept for long prompts.
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ from kvviz.capture.attention_fn import (  # noqa: F401  (re-exported: where call
     installed,
     is_installed,
 )
-from kvviz.capture.attention_math import Extras, check_output, decode_probs, is_causal, mask_window_, softmax_
+from kvviz.capture.attention_math import (
+    Extras,
+    agree,
+    check_output,
+    decode_probs,
+    is_causal,
+    mask_window_,
+    softmax_,
+)
 from kvviz.capture.binning import bin_positions
 
 PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against the layer's output
@@ -109,7 +119,8 @@ class Recorder:
         self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
         self._tri: torch.Tensor | None = None  # [C, C] -inf above the diagonal, 0 elsewhere (the causal mask's block)
         self._causal: tuple | None = None  # (mask, k, whether it is plain causal) of the last bool mask seen
-        self._pending: list[tuple[int, torch.Tensor, float]] = []  # decode scores awaiting end_forward
+        # decode scores (with their scale) or probabilities (scale None) awaiting end_forward
+        self._pending: list[tuple[int, torch.Tensor, float | None]] = []
         # one step's decode scores, layer after layer, so a run of layers is one view (no stack, no
         # fresh multi-MB allocation per step); sized for every layer at the longest cache
         self._step_scores = torch.empty(layers * q_heads * t_max, device=device)
@@ -197,6 +208,44 @@ class Recorder:
         else:
             self._record_prefill(layer, query, key, mask, scaling, softcap, extras, value, out)
 
+    def own_output(self, layer: int, query, key, value, mask, scaling, probe) -> torch.Tensor | None:
+        """The layer's attention output [1, q, Hq, Dv] as probabilities × values, from the probabilities
+        this recorder computes anyway, recorded as they are made: a plain causal layer's attention is
+        then computed once instead of once by the implementation and again here. None where this does
+        not apply (the "outputs" phase, a mask other than causal, an evicting cache's key positions,
+        another device, not fp32); the caller then runs the implementation and :meth:`record`.
+
+        ``probe(rows, mask)`` runs the implementation itself on the call's last ``rows`` queries with
+        ``mask``; its output must match this one (checked on every prefill forward and the first
+        decode step), so a variant kvviz does not model still fails loudly."""
+        k_len, q_len = key.shape[2], query.shape[2]
+        if (
+            self.phase == "outputs"
+            or query.dtype != torch.float32
+            or query.device != self.device
+            or self._key_positions(layer, k_len) is not None
+        ):
+            return None
+        if q_len == 1:
+            if mask is not None:
+                return None
+            out = self._decode_output(layer, query, key, value, scaling)
+            if not self._decode_checked:
+                agree(layer, out, probe(1, None), query.dtype, "its probabilities × values do not reproduce")
+        else:
+            if mask is not None and not (mask.dtype == torch.bool and self._is_causal(mask, k_len)):
+                return None
+            emitted = self._record_prefill(layer, query, key, mask, scaling, None, Extras(), value, None, emit=True)
+            assert emitted is not None
+            out = emitted
+            r = min(PROBE_ROWS, q_len)
+            rows = mask[:, :, -r:] if mask is not None else _causal_rows(r, k_len, query.device)
+            agree(layer, out[:, -r:], probe(r, rows), query.dtype, "its probabilities × values do not reproduce")
+        self._recorded[layer] = True
+        if self.keep_outputs:
+            self._out_step[layer] = out[0].reshape(q_len, -1)  # [q, Hq*Dv]
+        return out
+
     def record_weights(self, layer: int, weights: torch.Tensor, learned_sinks: bool = False) -> None:
         """Probabilities [B, Hq, q, k] the model's own implementation computed, reduced as they are; a
         row summing to less than one gave the rest to its head's learned sink (``learned_sinks``)."""
@@ -275,13 +324,9 @@ class Recorder:
             hq, d, hkv = query.shape[1], query.shape[-1], key.shape[1]
             if scores is None:
                 q = query[0, :, 0].float().reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
-                used, n = self._step_used, hq * k_len
-                if used + n > self._step_scores.numel():  # longer than planned: a new buffer (earlier views stay valid)
-                    self._step_scores, used = torch.empty(max(2 * n, self._step_scores.numel()), device=query.device), 0
-                scores = self._step_scores[used : used + n].view(hkv, hq // hkv, k_len)
+                scores = self._step_view(hq * k_len, query.device).view(hkv, hq // hkv, k_len)
                 torch.bmm(q, key[0].float().transpose(1, 2), out=scores)
                 scores = scores.view(hq, k_len)  # [Hq, k]
-                self._step_used = used + n
             elif tuple(scores.shape) != (hq, k_len):
                 raise ValueError(f"decode scores of shape {tuple(scores.shape)} for {hq} heads over {k_len} keys")
             scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
@@ -294,10 +339,31 @@ class Recorder:
             check_output(layer, probs[:, None], value, out)
         self._record_decode_row(layer, probs, k_len, pos)
 
+    def _step_view(self, n: int, device) -> torch.Tensor:
+        """The next ``n`` floats of this step's score buffer (right after the previous layer's)."""
+        used = self._step_used
+        if used + n > self._step_scores.numel():  # longer than planned: a new buffer (earlier views stay valid)
+            self._step_scores, used = torch.empty(max(2 * n, self._step_scores.numel()), device=device), 0
+        self._step_used = used + n
+        return self._step_scores[used : used + n]
+
+    def _decode_output(self, layer: int, query, key, value, scaling) -> torch.Tensor:
+        """One plain decode query's output [1, 1, Hq, Dv] from its probabilities, which wait (already
+        softmaxed) for :meth:`_flush_decode` like the plain path's scores."""
+        hq, d, hkv, k_len = query.shape[1], query.shape[-1], key.shape[1], key.shape[2]
+        scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+        q = query[0, :, 0].reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
+        probs = self._step_view(hq * k_len, query.device).view(hkv, hq // hkv, k_len)
+        torch.bmm(q, key[0].transpose(1, 2), out=probs)
+        torch.softmax(probs.mul_(scale), dim=-1, out=probs)
+        out = torch.bmm(probs, value[0])  # [Hkv, g, Dv]
+        self._pending.append((layer, probs.view(hq, k_len), None))
+        return out.view(1, 1, hq, -1)
+
     def _flush_decode(self) -> None:
         """Softmax and reduce the held-back decode scores, one batch per (cache length, scale)."""
         pending, self._pending, self._step_used = self._pending, [], 0
-        groups: dict[tuple[int, float], list] = {}
+        groups: dict[tuple[int, float | None], list] = {}
         for layer, scores, scale in pending:
             groups.setdefault((scores.shape[-1], scale), []).append((layer, scores))
         qpos, f = self.t_total - 1, self.cfg.bin_factor
@@ -307,7 +373,8 @@ class Recorder:
             probs = _adjacent(items)  # [n, Hq, k]
             if probs is None:
                 probs = torch.stack([sc for _, sc in items])
-            probs = torch.softmax(probs.mul_(scale), dim=-1, out=probs)
+            if scale is not None:  # scores, not yet probabilities
+                probs = torch.softmax(probs.mul_(scale), dim=-1, out=probs)
             start = self.t_total - k_len
             self.colsum[idx, :, start : self.t_total] += probs
             self.sink_mass[idx, :, qpos] = probs[..., : max(self.cfg.sink_k - start, 0)].sum(-1)
@@ -346,7 +413,11 @@ class Recorder:
             self._scratch = torch.empty(n, device=device)
         return self._scratch
 
-    def _record_prefill(self, layer, query, key, mask, scaling, softcap, extras: Extras, value, out) -> None:
+    def _record_prefill(
+        self, layer, query, key, mask, scaling, softcap, extras: Extras, value, out, emit: bool = False
+    ) -> torch.Tensor | None:
+        """Score, softmax and reduce the call's queries chunk by chunk; with ``emit``, also return the
+        attention output [1, q, Hq, Dv] (each chunk's probabilities × values)."""
         hq, q_len, d = query.shape[1:]
         hkv, k_len = key.shape[1], key.shape[2]
         g = hq // hkv
@@ -362,6 +433,8 @@ class Recorder:
         w0 = self.n_prompt - w  # absolute position of the first window query
         causal = mask is None or (mask.dtype == torch.bool and self._is_causal(mask, k_len))
         first = qpos0 - qpos0 % rows  # chunks start at multiples of ``rows`` (so of f) in absolute positions
+        emitted = torch.empty(q_len, hq, value.shape[-1], device=query.device) if emit else None
+        vals = value[0].float() if emit else None
         for a0 in range(first, qpos0 + q_len, rows):
             c0, c1 = max(a0, qpos0) - qpos0, min(a0 + rows, qpos0 + q_len) - qpos0
             n, kend = c1 - c0, min(k_len, qk + c1)  # this chunk sees no later key
@@ -384,9 +457,13 @@ class Recorder:
             learned = softmax_(s, extras.sinks)  # in place: the CPU/GPU kernels work row by row
             if learned is not None:
                 self._learned(layer, s.device)[:, qpos0 + c0 : qpos0 + c1] = learned
-            if c1 == q_len:  # the call's last queries: do these probabilities give the layer's output?
+            if emitted is not None and vals is not None:
+                o = torch.bmm(s.view(hkv, g * n, kend), vals[:, :kend])  # [Hkv, g*C, Dv]
+                emitted[c0:c1] = o.view(hq, n, -1).transpose(0, 1)
+            elif c1 == q_len:  # the call's last queries: do these probabilities give the layer's output?
                 check_output(layer, s[:, -min(PROBE_ROWS, n) :], value, out)
             self._reduce_chunk(layer, s, qpos0 + c0, koff, w0)
+        return emitted.unsqueeze(0) if emitted is not None else None
 
     def _is_causal(self, mask: torch.Tensor, k_len: int) -> bool:
         """:func:`is_causal` of a bool mask, checked once per mask (layers share it; it is held, so no
@@ -429,6 +506,12 @@ class Recorder:
         f, n = self.cfg.bin_factor, self.n_prompt
         counts = torch.bincount(torch.arange(n) // f, minlength=self.prefill_map.shape[2]).clamp(min=1)
         return self.prefill_map / counts.to(self.prefill_map.device)[None, None, :, None]
+
+
+def _causal_rows(rows: int, k_len: int, device) -> torch.Tensor:
+    """[1, 1, rows, k] bool mask of a causal call's last ``rows`` queries over its ``k`` keys."""
+    pos = torch.arange(k_len - rows, k_len, device=device)[:, None]
+    return (torch.arange(k_len, device=device) <= pos)[None, None]
 
 
 def _adjacent(items: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:

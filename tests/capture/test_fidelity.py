@@ -46,6 +46,38 @@ def test_output_check_compares_probabilities_times_values():
         check_output(3, probs, value, out * 0.9)
 
 
+def test_plain_sdpa_output_comes_from_the_recorders_probabilities(lm, monkeypatch):
+    """Plain causal SDPA: the recorder's probabilities × values are the layer's output (SDPA itself only
+    probes the last queries), and the run equals one where SDPA computes every output."""
+    from kvviz.capture.recorder import Recorder
+
+    ids = lm.tokenizer("The cache keeps every key and value the model has seen so far.")["input_ids"]
+    own = []
+    real = Recorder.own_output
+
+    def counted(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        own.append(out is not None)
+        return out
+
+    monkeypatch.setattr(Recorder, "own_output", counted)
+    mine = capture(lm, "", prompt_ids=ids, max_new_tokens=6, verify=True)
+    assert own and all(own) and len(own) == lm.model.config.num_hidden_layers * 6
+    assert mine.equivalence["max_abs_logit_diff_vs_unpatched"] < 1e-4
+    monkeypatch.setattr(attention_fn, "_plain_sdpa", lambda *args: False)
+    theirs = capture(lm, "", prompt_ids=ids, max_new_tokens=6)
+    assert mine.token_ids == theirs.token_ids
+    for name in ("colsum", "sink_mass", "window_rows"):
+        np.testing.assert_allclose(getattr(mine, name), getattr(theirs, name), atol=1e-5, err_msg=name)
+
+
+def test_an_sdpa_that_computes_something_else_is_caught(lm, monkeypatch):
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: real(*a, **k) * 0.9)
+    with pytest.raises(CaptureError, match="probabilities × values do not reproduce the layer's own attention"):
+        capture(lm, "", prompt_ids=PROMPT, max_new_tokens=2)
+
+
 def test_unpatched_reference_catches_a_capture_that_changes_the_output(monkeypatch):
     # a capture that scales the scores differently stays self-consistent (its cached and recomputed
     # runs agree) but no longer computes the model: only the unpatched reference sees it
