@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import kvviz.capture.generation as capture_mod
+from kvviz.capture.decode_rows import _adjacent
 from kvviz.capture.loop import capture
-from kvviz.capture.recorder import Recorder, RecorderConfig, _adjacent
+from kvviz.capture.recorder import Recorder, RecorderConfig
 from tests.tiny_models import recompute_probabilities, tiny_model
 
 N_NEW = 5
