@@ -186,9 +186,9 @@ class Recorder(DecodeRows):
         computed them for many sequences at once; used only where the plain decode path applies."""
         self._recorded[layer] = True
         if query.device != self.device:  # a dispatched model's layer on another device hands its tensors over
-            query, key, mask, out, value, weights, sinks, bias = (
+            query, key, mask, out, value, weights, sinks, bias, scores = (
                 x.to(self.device) if isinstance(x, torch.Tensor) else x
-                for x in (query, key, mask, out, value, weights, sinks, bias)
+                for x in (query, key, mask, out, value, weights, sinks, bias, scores)
             )
         if self.keep_outputs:
             self._out_step[layer] = out[0].reshape(out.shape[1], -1).float()  # [q, Hq*Dv]
