@@ -78,6 +78,22 @@ def diff_heads(ours: list[list[list[int]]], theirs: list[list[list[int]]]) -> li
     ]
 
 
+def is_tie(scores: torch.Tensor | None, diff: tuple, rtol: float = 1e-5) -> bool:
+    """Whether a differing head only swaps entries of equal score at the budget's edge.
+
+    The same token at two positions has keys of exactly equal norm in layer 0 (RoPE is a rotation), so
+    which of them a top-k keeps is decided by float rounding, which differs between CPUs.
+    """
+    layer, head, only_ours, only_theirs = diff
+    if scores is None or len(only_ours) != len(only_theirs):
+        return False
+    swapped = scores[layer, head, only_ours + only_theirs].double()
+    if not bool(torch.isfinite(swapped).all()):
+        return False
+    spread = float(swapped.max() - swapped.min())
+    return spread <= rtol * float(swapped.abs().max())
+
+
 def reference_kept(case: dict) -> list[list[list[int]]]:
     return [[expand(head) for head in layer] for layer in case["kept"]]
 
@@ -165,9 +181,10 @@ def test_kept_sets_equal_kvpress(prefills, case):
         ratio=ratio,
     )
     assert policy.wants_compression(state)
-    keep = policy.select(state).keep  # [Lyr, Hkv, k], PAD after each head's list when budgets differ
+    selection = policy.select(state)
+    keep = selection.keep  # [Lyr, Hkv, k], PAD after each head's list when budgets differ
     ours = [[sorted(p for p in head if p >= 0) for head in layer] for layer in keep.tolist()]
-    diffs = diff_heads(ours, reference_kept(case))
+    diffs = [d for d in diff_heads(ours, reference_kept(case)) if not is_tie(selection.scores, d)]
     assert not diffs, (
         f"{len(diffs)} (layer, KV head) kept sets differ from kvpress "
         f"(layer, head, only kvviz keeps, only kvpress keeps): {diffs[:5]}"
@@ -190,3 +207,12 @@ def test_evicting_cache_holds_the_kvpress_set(lm, case):
     assert run.held_bytes == entries * per_entry
     padded = sum(max(len(head) for head in layer) for layer in reference) * len(reference[0]) * per_entry
     assert run.step_bytes[0] == padded  # each layer stored as long as its fullest head
+
+
+def test_only_equal_scores_count_as_a_tie():
+    """A swap of equal-score entries is a tie; any other difference is still a difference."""
+    scores = torch.tensor([[[-1.0, -2.0, -2.0 * (1 + 1e-7), -3.0]]])
+    assert is_tie(scores, (0, 0, [1], [2]))
+    assert not is_tie(scores, (0, 0, [1], [3]))
+    assert not is_tie(scores, (0, 0, [1], [2, 3]))  # not a one-for-one swap
+    assert not is_tie(None, (0, 0, [1], [2]))
