@@ -2,182 +2,38 @@
 
 Handlers check raw widget values (``gr.Error`` says what to fix), call :mod:`kvviz.eviction.run`,
 :mod:`kvviz.eviction.compare` and :mod:`kvviz.eviction.demos`, and draw with
-:mod:`kvviz.figures.eviction`; no tensor math here. The named endpoint ``/evict`` returns the same
+:mod:`kvviz.figures.eviction`; no tensor math here. The tab's sections live beside it: the checked request
+and views in :mod:`kvviz.ui.eviction_run`, the side-by-side comparison in :mod:`kvviz.ui.eviction_compare`,
+Compose in :mod:`kvviz.ui.eviction_compose`, the demos in :mod:`kvviz.ui.eviction_demos`. The named endpoint ``/evict`` returns the same
 dict as ``python -m kvviz evict --json``.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import gradio as gr
 
-from kvviz.eviction.compare import compare
-from kvviz.eviction.demos import (
-    NEEDLE_BUDGET,
-    NEEDLE_FILLER,
-    SINKS_CACHE,
-    SINKS_TOKENS,
-    needle_demo,
-    sinks_demo,
-    split_question,
-)
-from kvviz.eviction.policies import POLICIES, check_params, field_specs, make_policy
-from kvviz.eviction.run import EvictionRequest, resolve_budget
-from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
+from kvviz.eviction.demos import NEEDLE_BUDGET, NEEDLE_FILLER
+from kvviz.eviction.policies import POLICIES, field_specs
+from kvviz.examples import NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as fig
-from kvviz.safety import clean_prompt, real_number, whole_number
-from kvviz.ui import eviction_compose
-from kvviz.ui.context import AppContext, ShowMeAnswer
+from kvviz.ui import eviction_compare, eviction_compose, eviction_demos
+from kvviz.ui.context import AppContext
+from kvviz.ui.eviction_run import (  # noqa: F401  (re-exported: the tab's request, texts and views, where tests find them)
+    BUDGET_MODES,
+    COMPRESS,
+    COMPRESS_CONTEXT,
+    COMPRESS_QUESTION,
+    EMPTY,
+    api_evict,
+    check_request,
+    library_call,
+    policy_text,
+    status_text,
+    views,
+)
 from kvviz.ui.gpu import gpu
-from kvviz.ui.jobs import UserError
 from kvviz.ui.play import play_button
-from kvviz.ui.precompute import live_box, origin, shared
-from kvviz.ui.sessions import user_errors
 from kvviz.ui.widgets import captioned_plot, clear_on_refusal, waiting_table
-from kvviz.units import format_bytes, plural
-
-# what is compressed after the prefill: (what the page says, the value handlers compare)
-COMPRESS_QUESTION, COMPRESS_CONTEXT = "question", "context"
-COMPRESS = [
-    ("with the question (it votes)", COMPRESS_QUESTION),
-    ("only the context (question fed after, uncompressed)", COMPRESS_CONTEXT),
-]
-BUDGET_MODES = ["tokens", "ratio"]
-NEEDLE_TOKENS = 512  # the needle demo's prompt (496 tokens), for its cost estimate
-EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
-
-
-def _quiet(fraction: float, desc: str = "") -> None:
-    """Progress nobody watches (a stored result shown in a show-me's event)."""
-
-
-def _user(fn, *args, what: str = "Eviction run"):
-    """Call the library; its ValueErrors become gr.Errors, anything else a clean job-failed message."""
-    with user_errors(what):  # the job dies, the app does not
-        return fn(*args)
-
-
-def check_request(
-    ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new, params: dict | None, compress
-) -> EvictionRequest:
-    """Everything a run needs, checked (gr.Error with what to fix before any model work)."""
-    with user_errors():
-        if policy_name not in POLICIES:
-            raise ValueError(f"Pick a policy: {', '.join(POLICIES)}.")
-        text = clean_prompt(context, ctx.settings.max_prompt_chars)
-        q = "" if question is None or not str(question).strip() else clean_prompt(question, 2000)
-        n_new = whole_number(max_new, "Max new tokens", 1, ctx.settings.max_new_tokens)
-        if mode not in BUDGET_MODES:
-            raise ValueError("Budget mode must be 'tokens' or 'ratio'.")
-        b = whole_number(budget, "Budget (tokens kept)", 1, 10**6) if mode == "tokens" else None
-        r = real_number(ratio, "Compression ratio", 0.0, 0.99) if mode == "ratio" else None
-        policy = make_policy(policy_name, **check_params(policy_name, params))
-        if compress not in (COMPRESS_QUESTION, COMPRESS_CONTEXT):
-            raise ValueError(f"What is compressed must be {COMPRESS_QUESTION!r} or {COMPRESS_CONTEXT!r}.")
-        context_only = compress == COMPRESS_CONTEXT
-        if context_only and not q:
-            raise ValueError("Compressing only the context needs a question: type one in the Question box.")
-        ids, n_context = split_question(ctx.lm, text, q, bool(chat))
-        limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
-        if len(ids) + n_new > limit:
-            raise ValueError(
-                f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit "
-                f"of {limit:,} tokens. Shorten it or generate fewer tokens."
-            )
-        n_c = n_context if context_only else len(ids)
-        try:  # validates the policy against the budget, no model work
-            resolve_budget(policy, n_c, b, r)
-        except ValueError as exc:
-            if r is None:
-                raise
-            raise ValueError(
-                f"Compression ratio {r:g} evicts too much of the {n_c:,} compressed tokens: {exc} "
-                "Lower the compression ratio."
-            ) from None
-    return EvictionRequest(ids=ids, policy=policy, budget=b, ratio=r, n_compress=n_c, max_new_tokens=n_new)
-
-
-def api_evict(
-    ctx: AppContext,
-    prompt_text: str,
-    policy_name: str = "snapkv",
-    budget: int | None = None,
-    ratio: float | None = None,
-    chat: bool = True,
-    max_new_tokens: int = 32,
-    params: dict | None = None,
-    question: str = "",
-    compress_context_only: bool = False,
-    request: gr.Request | None = None,
-) -> dict:
-    """The ``/evict`` endpoint: the JSON of ``python -m kvviz evict --json``; ``params`` holds the policy's own
-    parameters by name (its field specs), e.g. ``{"sinks": 4}``."""
-    if (budget is None) == (ratio is None):
-        raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
-    req = check_request(
-        ctx,
-        prompt_text,
-        question,
-        chat,
-        policy_name,
-        "tokens" if budget is not None else "ratio",
-        budget,
-        ratio,
-        max_new_tokens,
-        params,
-        COMPRESS_CONTEXT if compress_context_only else COMPRESS_QUESTION,
-    )
-    with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
-        result = _user(lambda: req.run(ctx.lm, record_history=False, should_stop=ticket.expired))
-    out = result.summary()
-    if ticket.timed_out:
-        out["note"] = ctx.jobs.timeout_note(ticket).lstrip(" ·")
-    return out
-
-
-def status_text(run, policy) -> str:
-    mode = (
-        "**Positions:** kept keys keep their original RoPE positions (a kept entry's cache slot differs "
-        "from its position)."
-        if run.position_mode == "original"
-        else "**Positions:** re-positioned as in the StreamingLLM paper: kept keys are re-rotated so their RoPE "
-        "position is their cache slot, and new tokens are fed at the slot position."
-    )
-    compressed = (
-        f"the first {run.n_compressed} of {run.n_prompt} prompt tokens (the rest was fed afterwards)"
-        if run.n_compressed < run.n_prompt
-        else f"all {run.n_prompt} prompt tokens"
-    )
-    return (
-        f"**{policy.title}** compressed {compressed} to **n_kept = {run.n_kept}** entries per layer and KV "
-        f"head. Cache now **{format_bytes(run.cache_bytes)}** (measured from the tensors) vs "
-        f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}"
-    )
-
-
-def policy_text(name: str) -> str:
-    """The chosen policy's paper, idea and score, shown beside its parameters."""
-    cls = POLICIES.get(name)
-    if cls is None:
-        return ""
-    score = f"**Score:** {cls.score_label}." if cls.score_label else "**Score:** none — position alone decides."
-    return f"**{cls.title}** — *{cls.paper}*. {cls.summary} {score}"
-
-
-def views(run, layer, head, step, score_label=""):
-    """Strip, kept map, timeline, scores and slot table for the chosen layer, KV head and step."""
-    if run is None:
-        return (gr.skip(),) * 5
-    step = min(int(step or 0), len(run.history) - 1)
-    layer, head = int(layer or 0), int(head or 0)
-    return (
-        fig.token_strip(run, layer, head, step),
-        fig.kept_map(run, step),
-        fig.timeline(run, layer, head),
-        fig.scores_figure(run, layer, head, score_label),
-        fig.slot_table(run, layer, head, step),
-    )
 
 
 def build(ctx: AppContext) -> None:
@@ -302,47 +158,11 @@ def build(ctx: AppContext) -> None:
         elem_classes="caption",
     )
 
-    gr.Markdown("### Side by side: full cache vs policies (same prompt, same budget)")
-    with gr.Row():
-        chosen = gr.CheckboxGroup(
-            [(cls.title, n) for n, cls in POLICIES.items() if n != "full"],
-            value=["streaming_llm", "h2o", "snapkv"],
-            label="Policies to compare (default parameters; the selected policy uses yours)",
-            elem_id="evict-compare-policies",
-        )
-        with gr.Column(scale=0, min_width=260):
-            compare_btn = gr.Button("Compare", elem_id="evict-compare")
-            compare_live = live_box("evict-compare-live")
-    verdict = gr.Markdown(elem_id="evict-verdict")
-    table = gr.Dataframe(
-        waiting_table("Press Compare to see each policy's answer next to the full cache's"),
-        label="Answers and agreement with the full cache",
-        elem_id="evict-table",
-        wrap=True,
-    )
-    gr.Markdown(fig.CAPTIONS["comparison"], elem_classes="caption")
-    with gr.Row():
-        bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
-        kl_plot = captioned_plot("KL per step", "evict-kl", fig.CAPTIONS["kl"])
+    comparison = eviction_compare.layout()
 
     composition = eviction_compose.layout()
 
-    gr.Markdown("### Demos")
-    with gr.Row():
-        needle_btn = gr.Button(f"Needle: who keeps the code {NEEDLE_ANSWER}?", elem_id="evict-needle")
-        sinks_btn = gr.Button("Sinks matter: perplexity with and without the first 4 tokens", elem_id="evict-sinks")
-    demo_live = live_box("evict-demo-live")
-    gr.Markdown(
-        f"**Needle** compares the full cache, StreamingLLM and SnapKV at {NEEDLE_BUDGET} kept tokens on a "
-        "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
-        f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
-        f"{SINKS_CACHE}-entry cache. Both are computed once when the server starts; tick *Recompute live* to run "
-        "them again now (a minute on a CPU).",
-        elem_classes="caption",
-    )
-    sinks_md = gr.Markdown(elem_id="evict-sinks-result")
-    sinks_plot = gr.Plot(label="Sinks matter", elem_id="evict-sinks-plot")
-    gr.Markdown(fig.CAPTIONS["sinks"], elem_classes="caption")
+    demos = eviction_demos.layout()
 
     run_state = gr.State(None)
     ctx.components.update(
@@ -357,9 +177,9 @@ def build(ctx: AppContext) -> None:
             "eviction.compress": compress,
             "eviction.max_new": max_new,
             "eviction.run": run_btn,
-            "eviction.needle": needle_btn,
-            "eviction.sinks": sinks_btn,
-            "eviction.compare": compare_btn,
+            "eviction.needle": demos.needle,
+            "eviction.sinks": demos.sinks,
+            "eviction.compare": comparison.button,
             "eviction.layer": layer,
             "eviction.head": head,
             "eviction.step": step,
@@ -380,7 +200,7 @@ def build(ctx: AppContext) -> None:
     def run(request: gr.Request, *args):
         req = gather(*args)
         with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
-            result = _user(lambda: req.run(ctx.lm, should_stop=ticket.expired))
+            result = library_call(lambda: req.run(ctx.lm, should_stop=ticket.expired))
         return (
             result,
             status_text(result, req.policy),
@@ -420,206 +240,10 @@ def build(ctx: AppContext) -> None:
         queue=False,
     )
 
-    def comparison_outputs(cmp, found: dict | None = None):
-        text = f"Full cache answered: *{cmp.full.text.strip()}*"
-        if found is not None:
-            text = " · ".join(
-                f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}" for n, ok in found.items()
-            )
-        return text, fig.comparison_table(cmp), fig.bytes_figure(cmp), fig.kl_figure(cmp)
-
-    def compare_request(names, *args):
-        req = gather(*args)
-        if not names:
-            raise UserError("Tick at least one policy to compare with the full cache.")
-        pols = [req.policy if n == req.policy.name else make_policy(n) for n in names if n in POLICIES]
-        for p in pols:
-            _user(resolve_budget, p, req.n_compress, req.budget, req.ratio)
-        return req, pols
-
-    def check_compare(request: gr.Request, names, *args):
-        req, pols = compare_request(names, *args)
-        ctx.jobs.hold(
-            request, ctx.jobs.admit(request, "comparison", len(req.ids), req.max_new_tokens, runs=len(pols) + 1)
-        )
-
-    def compare_key(req, pols) -> tuple:
-        return (
-            ctx.lm.name,
-            "compare",
-            tuple(req.ids),
-            tuple(repr(p) for p in pols),
-            req.budget,
-            req.ratio,
-            req.n_compress,
-            req.max_new_tokens,
-        )
-
-    def compare_job(req, pols):
-        def compute(report, should_stop):
-            return _user(
-                lambda: compare(
-                    ctx.lm,
-                    req.ids,
-                    pols,
-                    budget=req.budget,
-                    ratio=req.ratio,
-                    n_compress=req.n_compress,
-                    max_new_tokens=req.max_new_tokens,
-                    progress=report,
-                    should_stop=should_stop,
-                ),
-                what="Comparison",
-            )
-
-        return compute
-
-    def run_compare(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
-        live, *args = args
-        req, pols = compare_request(*args)
-        cmp, entry = shared(
-            ctx,
-            request,
-            compare_key(req, pols),
-            compare_job(req, pols),
-            live=bool(live),
-            what="comparison",
-            cost=(len(req.ids), req.max_new_tokens),
-            runs=len(pols) + 1,
-            progress=lambda f, d: progress(f, desc=d),
-        )
-        text, *rest = comparison_outputs(cmp)
-        return (f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
-
-    def plan_compare(names, *args) -> None:
-        """The comparison the tab opens with (the needle passage, three policies): ready before a click."""
-        req, pols = compare_request(names, *args)
-        ctx.store.plan(compare_key(req, pols), "eviction comparison", compare_job(req, pols))
-
-    compared = compare_btn.click(
-        check_compare, [chosen, *main_inputs], None, api_name=False, show_progress="hidden", concurrency_limit=None
-    )
-    clear_on_refusal(compared, [verdict, table, bytes_plot, kl_plot])
-    clear_on_refusal(
-        compared.success(
-            gpu(run_compare),
-            [compare_live, chosen, *main_inputs],
-            [verdict, table, bytes_plot, kl_plot],
-            api_name=False,
-            concurrency_limit=None,
-        ),
-        [verdict, table, bytes_plot, kl_plot],
-    )
-    # a deployment whose limits refuse the tab's opening settings computes the comparison on a click instead
-    with contextlib.suppress(UserError, gr.Error):
-        plan_compare(chosen.value, *[c.value for c in main_inputs])
-
+    eviction_compare.wire(ctx, comparison, main_inputs, gather)
     eviction_compose.wire(ctx, composition, main_inputs, gather)
-
-    def needle_key(comp) -> tuple:
-        return ctx.lm.name, "needle", comp != COMPRESS_CONTEXT
-
-    def needle_job(comp):
-        def compute(report, should_stop):
-            return _user(
-                lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS_CONTEXT, progress=report),
-                what="Needle demo",
-            )
-
-        return compute
-
-    def plan_needle(values: dict) -> tuple:
-        comp = values.get("eviction.compress", compress.value)
-        ctx.store.plan(needle_key(comp), "needle demo", needle_job(comp))
-        return needle_key(comp)
-
-    ctx.planners["eviction.needle"] = plan_needle
-    plan_needle({})
-
-    def run_needle(comp, live, request: gr.Request, progress=gr.Progress()):
-        res, entry = shared(
-            ctx,
-            request,
-            needle_key(comp),
-            needle_job(comp),
-            live=bool(live),
-            what="needle demo",
-            cost=(NEEDLE_TOKENS, 16),
-            runs=3,
-            progress=lambda f, d: progress(f, desc=d),
-        )
-        snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
-        run = snap.run
-        text, *rest = comparison_outputs(res.comparison, res.found())
-        return (
-            needle_passage(*NEEDLE_FILLER),
-            f"Question: {NEEDLE_QUESTION}",
-            True,
-            "snapkv",
-            "tokens",
-            NEEDLE_BUDGET,
-            run,
-            status_text(run, snap.policy),
-            run.text,
-            gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
-            *views(run, info.layers - 1, 0, 0, snap.policy.score_label),
-            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*",
-            *rest,
-        )
-
-    def stored_needle(request: gr.Request, comp, live):
-        """The needle demo's outputs when its result is stored (for a show-me), else None."""
-        entry = ctx.store.entry(needle_key(comp))
-        return (
-            run_needle(comp, False, request, progress=_quiet) if entry is not None and entry.state == "done" else None
-        )
-
-    needle_outputs = [
-        prompt,
-        question,
-        chat,
-        policy,
-        mode,
-        budget,
-        run_state,
-        status,
-        answer,
-        step,
-        *view_outputs,
-        verdict,
-        table,
-        bytes_plot,
-        kl_plot,
-    ]
-    ctx.answers["eviction.needle"] = ShowMeAnswer([compress, demo_live], needle_outputs, stored_needle)
-    needle_btn.click(gpu(run_needle), [compress, demo_live], needle_outputs, api_name=False, concurrency_limit=None)
-
-    def sinks_job(report, should_stop):
-        return _user(lambda: sinks_demo(ctx.lm, progress=report), what="Sinks demo")
-
-    ctx.store.plan((ctx.lm.name, "sinks"), "sinks demo", sinks_job)
-    ctx.planners["eviction.sinks"] = lambda values: (ctx.lm.name, "sinks")
-
-    def run_sinks(live, request: gr.Request, progress=gr.Progress()):
-        res, entry = shared(
-            ctx,
-            request,
-            (ctx.lm.name, "sinks"),
-            sinks_job,
-            live=bool(live),
-            what="sinks demo",
-            cost=(SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE),
-            runs=3,
-            window=SINKS_CACHE,
-            progress=lambda f, d: progress(f, desc=d),
-        )
-        ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
-        return (
-            f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} · *{origin(entry)}*",
-            fig.sinks_figure(res),
-        )
-
-    sinks_btn.click(gpu(run_sinks), [demo_live], [sinks_md, sinks_plot], api_name=False, concurrency_limit=None)
+    form = [prompt, question, chat, policy, mode, budget]
+    eviction_demos.wire(ctx, demos, compress, [*form, run_state, status, answer, step, *view_outputs], comparison)
 
     def evict(
         prompt_text: str,
