@@ -57,7 +57,8 @@ def user_errors(what: str | None = None) -> Iterator[None]:
 
 
 def install(demo: gr.Blocks, ctx: AppContext) -> None:
-    """Free each session's data when it ends; delete cached files older than ``file_max_age_s``."""
+    """Free each session's data when it ends; delete cached files older than ``file_max_age_s``; make new
+    sessions cheap to open (their component configs are built only if read)."""
     grace = ctx.settings.session_grace_s
 
     def end_session(request: gr.Request):
@@ -69,5 +70,6 @@ def install(demo: gr.Blocks, ctx: AppContext) -> None:
 
     with demo:
         demo.unload(end_session)
+    gradio_adapter.build_session_configs_lazily()  # a room's new sessions no longer queue on the event loop
     age = ctx.settings.file_max_age_s
     demo.delete_cache = (max(60, age // 4), age)

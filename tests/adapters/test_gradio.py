@@ -43,3 +43,48 @@ def test_expired_closed_sessions_are_dropped_and_open_ones_kept():
     closed.is_closed = True
     assert adapter.drop_expired_sessions(demo) == 1
     assert list(adapter.session_states(demo)) == ["open"] and open_ is demo.state_holder["open"]
+
+
+def page_blocks() -> gr.Blocks:
+    with gr.Blocks() as demo:
+        gr.State(None)
+        box = gr.Textbox("hello", label="Prompt")
+        gr.Slider(1, 10, value=3, label="Tokens")
+        gr.Button("Go").click(lambda x: x, box, box)
+    StateHolder().set_blocks(demo)
+    return demo
+
+
+def test_a_new_session_builds_no_component_config_until_one_is_read(monkeypatch):
+    assert "config_values" in inspect.getsource(adapter._EAGER_INIT), "Gradio no longer builds them at init"
+    demo = page_blocks()
+    eager = demo.state_holder["eager"]
+    built = []
+    monkeypatch.setattr(
+        type(eager.blocks_config),
+        "config_for_block",
+        staticmethod(lambda *a, _f=type(eager.blocks_config).config_for_block: built.append(a[0]) or _f(*a)),
+    )
+    try:
+        adapter.build_session_configs_lazily()
+        lazy = demo.state_holder["lazy"]
+        assert built == []
+        assert list(lazy.components) == list(eager.components) and len(built) == len(demo.blocks)
+    finally:
+        adapter.build_session_configs_lazily(False)
+    assert SessionState.__init__ is adapter._EAGER_INIT
+
+
+def test_a_lazy_session_takes_value_updates_like_an_eager_one():
+    demo = page_blocks()
+    box = next(b for b in demo.blocks.values() if isinstance(b, gr.Textbox))
+    eager = demo.state_holder["eager"]
+    adapter.build_session_configs_lazily()
+    try:
+        lazy = demo.state_holder["lazy"]
+    finally:
+        adapter.build_session_configs_lazily(False)
+    for state in (eager, lazy):
+        state._update_value_in_config(box._id, "changed")
+    assert list(lazy.components) == list(eager.components)
+    assert any(c.get("props", {}).get("value") == "changed" for c in lazy.components)
