@@ -7,7 +7,9 @@ batch (continuous batching, at most ``max_batch`` runs), builds one packed forwa
 prompt chunk per prefilling run, at most ``token_budget`` tokens in all — and hands each sequence its
 logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run). A run leaves
 the batch when it ends or every caller following it has stopped it. Runs that asked for the
-equivalence check are recomputed together when they end (:mod:`kvviz.capture.verify`).
+equivalence check are recomputed together (:mod:`kvviz.capture.verify`): a finished run waits for
+the runs still decoding beside it, at most ``check_wait_s``, so a room's runs, which end a few steps
+apart, stall the batch for one check instead of one per step.
 
 Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute
 equal Traces) share one run; a finished run is kept for a while so a late duplicate gets it at once.
@@ -135,7 +137,8 @@ class Handle:
 
 class Engine:
     """See the module docstring. ``max_batch`` runs decode together; a step feeds at most
-    ``token_budget`` tokens; ``keep_finished`` finished runs answer late duplicates."""
+    ``token_budget`` tokens; ``keep_finished`` finished runs answer late duplicates; a finished run
+    waits at most ``check_wait_s`` seconds for others to share its check."""
 
     def __init__(
         self,
@@ -145,9 +148,12 @@ class Engine:
         token_budget: int = 512,
         prefix_cache_bytes: int = 256 * 2**20,
         keep_finished: int = 16,
+        check_wait_s: float = 2.0,
     ):
         if max_batch < 1 or token_budget < 1:
             raise ValueError("max_batch and token_budget must be at least 1.")
+        if check_wait_s < 0:
+            raise ValueError("check_wait_s must not be negative.")
         self.lm, self.max_batch, self.token_budget = lm, max_batch, token_budget
         self.packable = packable(lm)
         self.prefix = PrefixStore(prefix_cache_bytes, salt=f"{lm.name}:{lm.dtype}") if self.packable else None
@@ -157,8 +163,17 @@ class Engine:
         self._active: dict[tuple, Job] = {}
         self._finished: OrderedDict[tuple, Job] = OrderedDict()
         self._keep_finished = keep_finished
+        self.check_wait_s = check_wait_s
+        self._unchecked: list[tuple[Job, float]] = []  # finished runs waiting for their check (engine thread only)
         self._thread: threading.Thread | None = None
-        self.counters = {"submitted": 0, "shared": 0, "forwards": 0, "batched_tokens": 0, "max_batch_seen": 0}
+        self.counters = {
+            "submitted": 0,
+            "shared": 0,
+            "forwards": 0,
+            "batched_tokens": 0,
+            "max_batch_seen": 0,
+            "checks": 0,
+        }
 
     # ---- callers --------------------------------------------------------------------------------
     def submit(self, prompt: str, should_stop: Callable[[], bool] | None = None, **kwargs) -> Handle:
@@ -203,7 +218,7 @@ class Engine:
     def _admit(self) -> list[Job]:
         """Wait for work; move waiting runs into the batch while there is room; the batch."""
         with self._cond:
-            self._cond.wait_for(lambda: self._waiting or self._running)
+            self._cond.wait_for(lambda: self._waiting or self._running or self._unchecked)
             while self._waiting and len(self._running) < self.max_batch:
                 job = self._waiting.popleft()
                 if job.abandoned():
@@ -214,13 +229,15 @@ class Engine:
 
     def _run(self, batch: list[Job]) -> None:
         try:
-            self._step(batch)
+            if batch:
+                self._step(batch)
         except Exception as exc:  # a fault ends the runs of this step, never the engine
             # as text: a logged exception object would keep the failed step's frames (and caches) alive
             log.error("engine step failed:\n%s", traceback.format_exc())
             for job in batch:
-                if not job.finished:
+                if not job.finished and job not in (j for j, _ in self._unchecked):
                     self._retire(job, exc)
+        self._check_due()
 
     def _step(self, batch: list[Job]) -> None:
         feeds, budget = [], self.token_budget
@@ -258,13 +275,38 @@ class Engine:
                 if g.done:
                     g.finish()
                     done.append(job)
-        checked = [job for job in done if job.gen.verify]
-        if checked:  # outside the capture: the model as loaded
-            for job in checked:
-                job._report(Progress("verify", 0, 1))
-            for job, res in zip(checked, check(self.lm, [j.gen for j in checked], timeout=2.0)):
-                job.gen.trace.equivalence = res
         for job in done:
+            if not job.gen.verify:
+                self._retire(job, None)
+                continue
+            with self._cond:  # out of the batch; still the run a duplicate request shares
+                self._running.remove(job)
+            job._report(Progress("verify", 0, 1))
+            self._unchecked.append((job, time.monotonic()))
+
+    def _check_due(self) -> None:
+        """Check the finished runs together once no other run is decoding, or once the first of them
+        has waited ``check_wait_s``; outside the capture (the model as loaded). A failed check ends
+        only the runs it was checking."""
+        if not self._unchecked:
+            return
+        with self._cond:
+            others = bool(self._running)
+        if others and time.monotonic() - self._unchecked[0][1] < self.check_wait_s:
+            return
+        jobs = [job for job, _ in self._unchecked]
+        self._unchecked.clear()
+        self.counters["checks"] += 1
+        try:
+            with torch.inference_mode():
+                results = check(self.lm, [j.gen for j in jobs], timeout=2.0)
+        except Exception as exc:
+            log.error("equivalence check failed:\n%s", traceback.format_exc())
+            for job in jobs:
+                self._retire(job, exc)
+            return
+        for job, res in zip(jobs, results):
+            job.gen.trace.equivalence = res
             self._retire(job, None)
 
     def _retire(self, job: Job, error: BaseException | None) -> None:

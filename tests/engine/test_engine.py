@@ -149,3 +149,41 @@ def test_tiny_architectures_batched_equal_solo(name):
         alone = solo(lm, p, chat=False, max_new_tokens=5 + i)
         assert h.trace.token_ids == alone.trace.token_ids
         np.testing.assert_allclose(h.trace.colsum, alone.trace.colsum, atol=2e-5, rtol=1e-4)
+
+
+def test_runs_ending_apart_share_one_check_and_a_lone_run_is_not_kept_waiting(lm, monkeypatch):
+    from kvviz.engine import engine as engine_module
+
+    calls = []
+    real = engine_module.check
+    monkeypatch.setattr(
+        engine_module, "check", lambda lm, gens, timeout: calls.append(len(gens)) or real(lm, gens, timeout)
+    )
+    engine = Engine(lm, check_wait_s=600)  # longer than any run here: the short run waits for the long one
+    short = engine.submit("Hi", chat=True, max_new_tokens=2, verify=True)
+    long = engine.submit("Count from one to five.", chat=True, max_new_tokens=8, verify=True)
+    assert wait_all([short, long], 600)
+    assert calls == [2] and engine.counters["checks"] == 1
+    for h in (short, long):
+        assert h.trace.equivalence["max_abs_logit_diff"] < 1e-3 and h.trace.equivalence["positions_checked"] >= 2
+    alone = engine.submit("Name three colours.", chat=True, max_new_tokens=3, verify=True)
+    assert wait_all([alone], 600) and calls == [2, 1]  # nothing else decoding: checked at once
+
+
+def test_a_finished_run_waits_for_its_check_at_most_check_wait_s(lm, monkeypatch):
+    from kvviz.engine import engine as engine_module
+
+    calls = []
+    real = engine_module.check
+    monkeypatch.setattr(
+        engine_module, "check", lambda lm, gens, timeout: calls.append(len(gens)) or real(lm, gens, timeout)
+    )
+    engine = Engine(lm, check_wait_s=0.0)
+    short = engine.submit("Hi", chat=True, max_new_tokens=2, verify=True)
+    long = engine.submit("Count from one to twenty.", chat=True, max_new_tokens=40, verify=True)
+    for _ in short.stream():
+        pass
+    assert not long.job.finished  # the short run's answer did not wait for the long run
+    assert wait_all([long], 600) and calls == [1, 1]
+    with pytest.raises(ValueError, match="check_wait_s"):
+        Engine(lm, check_wait_s=-1)
