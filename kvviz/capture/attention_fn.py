@@ -9,9 +9,10 @@ returns them. One call is computed by kvviz instead: plain causal SDPA in fp32 (
 softmax(QKᵀ·scale + causal mask)·V), whose probabilities the recorder has to compute anyway — it
 multiplies them by the values itself rather than have SDPA compute them a second time, and checks
 that output against SDPA's own on the call's last queries (every prefill forward, the first decode
-step); the equivalence check compares the whole run with the model as loaded. Models whose attention never calls transformers' AttentionInterface (Falcon, Bloom,
-MPT: "legacy" attention) run their own eager path with ``output_attentions`` instead, and a forward
-hook per attention layer hands those probabilities to the recorder. ``check_capturable`` refuses,
+step); the equivalence check compares the whole run with the model as loaded. Models whose attention
+never calls transformers' AttentionInterface (Falcon, Bloom, MPT: "legacy" attention) run their own
+eager path with ``output_attentions`` instead, and a forward hook per attention layer hands those
+probabilities to the recorder. ``check_capturable`` refuses,
 in one line naming the feature, what cannot be captured; ``unpatched`` holds the model without
 the wrapper (the equivalence check's reference).
 """
