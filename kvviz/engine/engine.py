@@ -240,6 +240,12 @@ class Engine:
         self._check_due()
 
     def _step(self, batch: list[Job]) -> None:
+        # all of it in inference mode: a run submitted from inside inference mode holds inference
+        # tensors, which even the prefix store's replay into its recorder may only update there
+        with torch.inference_mode():
+            self._step_inference(batch)
+
+    def _step_inference(self, batch: list[Job]) -> None:
         feeds, budget = [], self.token_budget
         for job in sorted(batch, key=lambda j: j.gen.prefilling):  # decoding runs first: one token each
             g = job.gen
@@ -253,7 +259,7 @@ class Engine:
             budget -= len(ids)
             feeds.append((job, ids, start))
         done: list[Job] = []
-        with torch.inference_mode(), installed(self.lm.model):
+        with installed(self.lm.model):
             if self.packable and len(feeds) > 1:
                 segments = [Segment(ids, start, job.gen.cache, job.gen.feed_recorder) for job, ids, start in feeds]
                 logits = [x[-1] for x in packed_forward(self.lm, segments)]

@@ -187,3 +187,17 @@ def test_a_finished_run_waits_for_its_check_at_most_check_wait_s(lm, monkeypatch
     assert wait_all([long], 600) and calls == [1, 1]
     with pytest.raises(ValueError, match="check_wait_s"):
         Engine(lm, check_wait_s=-1)
+
+
+def test_runs_submitted_inside_inference_mode_reuse_the_prefix_cache(lm):
+    """A notebook's ``with torch.inference_mode():`` makes the run's recorder hold inference tensors; the
+    engine replays a cached prefix into them, which only inference mode allows."""
+    engine = Engine(lm)
+    with torch.inference_mode():
+        first = engine.submit("Name three colours.", chat=True, max_new_tokens=3, verify=True)
+        assert wait_all([first], 600) and first.job.error is None
+        second = engine.submit("Name three fruits.", chat=True, max_new_tokens=3, verify=True)
+        assert wait_all([second], 600)
+    assert second.job.error is None
+    assert second.trace.cached_prompt_tokens > 0
+    assert_same_run(second.job.gen, solo(lm, "Name three fruits.", chat=True, max_new_tokens=3))
