@@ -5,7 +5,8 @@ end). The engine's thread loops over steps; at each step boundary it admits wait
 batch (continuous batching, at most ``max_batch`` runs), builds one packed forward
 (:mod:`kvviz.capture.packed`) of every running sequence's next feed — one token per decoding run, a
 prompt chunk per prefilling run, at most ``token_budget`` tokens in all — and hands each sequence its
-logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run). A run leaves
+logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run); the step's
+linear layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves
 the batch when it ends or every caller following it has stopped it. Runs that asked for the
 equivalence check are recomputed together (:mod:`kvviz.capture.verify`): a finished run waits for
 the runs still decoding beside it, at most ``check_wait_s``, so a room's runs, which end a few steps
@@ -38,6 +39,7 @@ from kvviz.capture.model_io import Progress, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
+from kvviz.engine.few_rows import few_rows, prepare
 from kvviz.engine.prefix import Claim, PrefixStore
 from kvviz.models import LoadedModel
 
@@ -156,6 +158,7 @@ class Engine:
             raise ValueError("check_wait_s must not be negative.")
         self.lm, self.max_batch, self.token_budget = lm, max_batch, token_budget
         self.packable = packable(lm)
+        prepare(lm)  # a packed step's few rows per weight take the faster route in the engine's thread
         self.prefix = PrefixStore(prefix_cache_bytes, salt=f"{lm.name}:{lm.dtype}") if self.packable else None
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -262,7 +265,8 @@ class Engine:
         with installed(self.lm.model):
             if self.packable and len(feeds) > 1:
                 segments = [Segment(ids, start, job.gen.cache, job.gen.feed_recorder) for job, ids, start in feeds]
-                logits = [x[-1] for x in packed_forward(self.lm, segments)]
+                with few_rows():
+                    logits = [x[-1] for x in packed_forward(self.lm, segments)]
             else:
                 logits = [
                     forward(self.lm, ids, start, job.gen.cache, job.gen.feed_recorder)[-1] for job, ids, start in feeds
