@@ -197,6 +197,12 @@ class Generation:
     def prefilling(self) -> bool:
         return self.fed < self.trace.n_prompt
 
+    @property
+    def steps_left(self) -> int:
+        """The forwards this run still takes if it uses its whole token budget (the rest of the prompt
+        counted as one, the forward that produces the first token): an engine's estimate of when it ends."""
+        return 0 if self.done else self.max_new_tokens - self.step
+
     def restore_prefix(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor) -> None:
         """Start from a prefix cache's entry: its keys and values per layer ([1, Hkv, P, D] each) go into
         this run's cache and its probability rows into the recorder; the prefill then starts at P."""

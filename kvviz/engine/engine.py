@@ -9,8 +9,9 @@ logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a sol
 linear layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves
 the batch when it ends or every caller following it has stopped it. Runs that asked for the
 equivalence check are recomputed together (:mod:`kvviz.capture.verify`): a finished run waits for
-the runs still decoding beside it, at most ``check_wait_s``, so a room's runs, which end a few steps
-apart, stall the batch for one check instead of one per step.
+the runs still decoding beside it when their token budgets let them end within ``check_wait_s``, so
+a room's runs, which end a few steps apart, stall the batch for one check instead of one per step,
+and a run beside a long one is checked at once.
 
 Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute
 equal Traces) share one run; a finished run is kept for a while so a late duplicate gets it at once.
@@ -167,6 +168,7 @@ class Engine:
         self._finished: OrderedDict[tuple, Job] = OrderedDict()
         self._keep_finished = keep_finished
         self.check_wait_s = check_wait_s
+        self._step_s = 0.0  # how long the latest step took
         self._unchecked: list[tuple[Job, float]] = []  # finished runs waiting for their check (engine thread only)
         self._thread: threading.Thread | None = None
         self.counters = {
@@ -233,7 +235,9 @@ class Engine:
     def _run(self, batch: list[Job]) -> None:
         try:
             if batch:
+                t0 = time.monotonic()
                 self._step(batch)
+                self._step_s = time.monotonic() - t0
         except Exception as exc:  # a fault ends the runs of this step, never the engine
             # as text: a logged exception object would keep the failed step's frames (and caches) alive
             log.error("engine step failed:\n%s", traceback.format_exc())
@@ -295,14 +299,16 @@ class Engine:
             self._unchecked.append((job, time.monotonic()))
 
     def _check_due(self) -> None:
-        """Check the finished runs together once no other run is decoding, or once the first of them
-        has waited ``check_wait_s``; outside the capture (the model as loaded). A failed check ends
-        only the runs it was checking."""
+        """Check the finished runs together unless the runs still decoding beside them will all have
+        ended — by their token budgets, at the latest step's pace — before the first of them has waited
+        ``check_wait_s``; outside the capture (the model as loaded). A failed check ends only the runs
+        it was checking."""
         if not self._unchecked:
             return
         with self._cond:
-            others = bool(self._running)
-        if others and time.monotonic() - self._unchecked[0][1] < self.check_wait_s:
+            left = max((job.gen.steps_left for job in self._running if job.gen.verify), default=0)
+        waited = time.monotonic() - self._unchecked[0][1]
+        if left and left * self._step_s <= self.check_wait_s - waited:
             return
         jobs = [job for job, _ in self._unchecked]
         self._unchecked.clear()

@@ -130,3 +130,15 @@ def test_a_released_run_holds_no_cache(lm):
     g.release()  # what the engine does when a run leaves: the recorder the last forward used goes too
     gc.collect()
     assert caches and caches[0]() is None
+
+
+def test_steps_left_counts_down_to_zero(lm):
+    g = Generation(lm, PROMPT, chat=False, max_new_tokens=4, stop_on_eos=False)
+    assert g.steps_left == 4  # the prompt's forward produces the first token, then one forward per token
+    seen = []
+    with torch.inference_mode(), installed(lm.model):
+        while not g.done:
+            ids, start = g.next_feed()
+            g.take(forward(lm, ids, start, g.cache, g.feed_recorder)[-1], len(ids))
+            seen.append(g.steps_left)
+    assert seen == [3, 2, 1, 0]

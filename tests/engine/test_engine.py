@@ -201,3 +201,25 @@ def test_runs_submitted_inside_inference_mode_reuse_the_prefix_cache(lm):
     assert second.job.error is None
     assert second.trace.cached_prompt_tokens > 0
     assert_same_run(second.job.gen, solo(lm, "Name three fruits.", chat=True, max_new_tokens=3))
+
+
+def test_a_run_beside_one_that_cannot_end_soon_is_checked_at_once(lm, monkeypatch):
+    from kvviz.engine import engine as engine_module
+
+    calls = []
+    real = engine_module.check
+    monkeypatch.setattr(
+        engine_module, "check", lambda lm, gens, timeout: calls.append(len(gens)) or real(lm, gens, timeout)
+    )
+    engine = Engine(lm, check_wait_s=10)  # the long run's 400-token budget needs far longer than 10 s
+    stop = threading.Event()
+    short = engine.submit("Hi", chat=True, max_new_tokens=2, verify=True)
+    long = engine.submit(
+        "Count to a thousand.", chat=True, max_new_tokens=400, verify=True, stop_on_eos=False, should_stop=stop.is_set
+    )
+    for _ in short.stream():
+        pass
+    during = long.trace.n_generated
+    stop.set()
+    assert calls[:1] == [1] and during < 20, during  # checked within a step or two, not after 10 s of decoding
+    assert wait_all([long], 600)
