@@ -1,7 +1,7 @@
 """Predict, then reveal: a student's guess for a Learn question, set next to the answer kvviz computes.
 
 Committing to a number or a choice before seeing the answer is what makes the answer stick; the
-computed side is always read from the question's own :class:`~kvviz.lessons.objectives.Answer`
+computed side is always read from the question's own :class:`~kvviz.lessons.questions.Answer`
 values, never typed in.
 """
 

@@ -17,7 +17,8 @@ import gradio as gr
 from kvviz.capture.loop import capture
 from kvviz.demo_store import Compute, Progress
 from kvviz.lessons.guesses import judge
-from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS, Answer, Question, ShowMe, decode_step_view
+from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, ShowMe, decode_step_view
+from kvviz.lessons.questions import QUESTIONS, Answer, Question
 from kvviz.ui import precompute
 from kvviz.ui.context import AppContext
 from kvviz.ui.gpu import gpu

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, QUESTIONS
+from kvviz.lessons.objectives import OBJECTIVES, PITFALLS
+from kvviz.lessons.questions import QUESTIONS
 
 # how each view shows that a "show me" example has loaded: (element, text that must appear)
 READY = {

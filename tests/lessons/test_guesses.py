@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvviz.lessons.guesses import Guess, judge
-from kvviz.lessons.objectives import QUESTIONS
+from kvviz.lessons.questions import QUESTIONS
 
 
 def test_every_question_asks_for_a_guess():
