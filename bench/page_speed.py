@@ -148,8 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    # the show-me examples are computed before a lecture starts; here they would share the cores with the page
     proc, url, _ = start_server(
-        {"KVVIZ_MAX_NEW_TOKENS": str(max(args.new_tokens, 64)), "KVVIZ_MAX_JOB_SECONDS": str(args.timeout_s)}
+        {
+            "KVVIZ_MAX_NEW_TOKENS": str(max(args.new_tokens, 64)),
+            "KVVIZ_MAX_JOB_SECONDS": str(args.timeout_s),
+            "KVVIZ_PRECOMPUTE": "0",
+        }
     )
     pages = []
     try:

@@ -3,7 +3,7 @@
 Tabs plan the results their demo buttons need on ``ctx.store`` (:class:`~kvviz.demo_store.DemoStore`)
 and read them with :func:`shared`; :func:`start` computes the plan in a daemon thread after the app
 is built, one result at a time, each through the admission gate (session ``kvviz-precompute``) and
-only while no user job runs or waits, so the server starts at once and people never queue long
+only while no user job runs or waits (Generate runs included), so the server starts at once and people never queue long
 behind it. A request for a result still being prepared waits for that computation and shows its
 progress; "Recompute live" skips the store and runs through the gate like any job.
 """
@@ -35,8 +35,10 @@ def live_box(elem_id: str) -> gr.Checkbox:
 
 
 def _gate_idle(ctx: AppContext) -> bool:
-    snap = ctx.jobs.gate.snapshot()
-    return snap["running"] == 0 and snap["waiting"] == 0
+    """No user job runs or waits: neither at the gate nor among the Generate runs the engine decodes
+    (they pass the room's own gate, and a start-up example beside them would take half the cores)."""
+    snaps = [ctx.jobs.gate.snapshot(), ctx.jobs.room.snapshot()]
+    return all(s["running"] == 0 and s["waiting"] == 0 for s in snaps)
 
 
 def run_plan(ctx: AppContext, stop: threading.Event | None = None) -> None:

@@ -13,7 +13,9 @@ from kvviz.ui import precompute
 
 def fake_ctx() -> SimpleNamespace:
     return SimpleNamespace(
-        store=DemoStore(), jobs=SimpleNamespace(gate=Gate(slots=1)), settings=SimpleNamespace(precompute=True)
+        store=DemoStore(),
+        jobs=SimpleNamespace(gate=Gate(slots=1), room=Gate(slots=4)),
+        settings=SimpleNamespace(precompute=True),
     )
 
 
@@ -31,6 +33,18 @@ def test_the_plan_waits_for_user_jobs_and_computes_each_result_once():
     assert all(e.source == "start-up" for e in ctx.store.entries())
     assert ctx.jobs.gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
     assert "all 2 show-me examples" in precompute.readiness(ctx)
+
+
+def test_the_plan_waits_for_generate_runs_too():
+    ctx, order = fake_ctx(), []
+    ctx.store.plan("a", "a", lambda report, stop: order.append("a") or "A")
+    run = ctx.jobs.room.admit("student", "generation")  # a Generate run, decoded by the engine
+    thread = precompute.start(ctx)
+    time.sleep(3 * precompute.IDLE_POLL_S)
+    assert order == []
+    run.release()
+    thread.join(10)
+    assert order == ["a"]
 
 
 def test_a_request_waits_for_the_running_computation_and_sees_its_progress():
