@@ -40,7 +40,7 @@ from kvviz.capture.model_io import Progress, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
-from kvviz.engine.few_rows import few_rows, prepare
+from kvviz.engine.few_rows import few_rows, prepare, threads_for
 from kvviz.engine.prefix import Claim, PrefixStore
 from kvviz.models import LoadedModel
 
@@ -266,7 +266,7 @@ class Engine:
             budget -= len(ids)
             feeds.append((job, ids, start))
         done: list[Job] = []
-        with installed(self.lm.model):
+        with installed(self.lm.model), threads_for(sum(len(ids) for _, ids, _ in feeds), self.lm.device):
             if self.packable and len(feeds) > 1:
                 segments = [Segment(ids, start, job.gen.cache, job.gen.feed_recorder) for job, ids, start in feeds]
                 with few_rows():

@@ -22,6 +22,7 @@ import torch
 from kvviz.models import LoadedModel
 
 ROWS = range(12, 57)  # row counts where W·xᵀ beat x·Wᵀ over one forward's linears (bench/few_rows.py)
+ONE_THREAD_ROWS = 2  # a forward of at most this many rows (a lone run's decode step) runs on one thread
 _state = threading.local()
 
 
@@ -64,3 +65,21 @@ def few_rows() -> Iterator[None]:
         yield
     finally:
         _state.on = previous
+
+
+@contextmanager
+def threads_for(rows: int, device: torch.device) -> Iterator[None]:
+    """Within the block, a forward of at most :data:`ONE_THREAD_ROWS` rows on the CPU runs on one intra-op
+    thread. In the served app a lone run's decode step was faster so than on two (200 tokens through
+    ``/generate``: 18 s against 21–29 s on the 2-core machine, the library's own capture taking 12–13 s
+    meanwhile): its products are too small to gain from a second thread, which only waits for the
+    first. Linear layers give the same results either way at these row counts."""
+    if rows > ONE_THREAD_ROWS or device.type != "cpu":
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
