@@ -8,7 +8,8 @@ third of the time (SmolLM2's linears at 12–48 rows; ``bench/few_rows.py``), wh
 on ``F.linear`` is faster, and at a few rows they are alike. :func:`prepare` gives a model's plain
 ``nn.Linear`` layers that second route, and :func:`few_rows` turns it on for the calling thread
 only: every other thread sharing the model computes exactly as before. The two routes differ only
-in the order of the sums (a few 1e-6 in this model's products).
+in the order of the sums (a few 1e-6 in this model's products). :func:`threads_for` runs the
+smallest steps, a lone run decoding, on one thread.
 """
 
 from __future__ import annotations
@@ -70,10 +71,10 @@ def few_rows() -> Iterator[None]:
 @contextmanager
 def threads_for(rows: int, device: torch.device) -> Iterator[None]:
     """Within the block, a forward of at most :data:`ONE_THREAD_ROWS` rows on the CPU runs on one intra-op
-    thread. In the served app a lone run's decode step was faster so than on two (200 tokens through
-    ``/generate``: 18 s against 21–29 s on the 2-core machine, the library's own capture taking 12–13 s
-    meanwhile): its products are too small to gain from a second thread, which only waits for the
-    first. Linear layers give the same results either way at these row counts."""
+    thread. In the served app a lone run decoded faster on one thread than on two (200 tokens through
+    ``/generate``: 17–19 s against 21–29 s on the 2-core machine, the library's own capture taking
+    12–13 s meanwhile): its products are too small to gain from a second thread, which only waits for
+    the first. Linear layers give the same results either way at these row counts."""
     if rows > ONE_THREAD_ROWS or device.type != "cpu":
         yield
         return
