@@ -33,6 +33,18 @@ IN_VIEW = (
     " const r = e.getBoundingClientRect(); return r.bottom > 0 && r.top < innerHeight && r.height > 0; }"
 )
 
+# the outline lasts a few seconds; a busy page can run its removal before a poll sees it, so an observer
+# notes every element that gains it
+WATCH_SPOT = """id => {
+  if (!window.__kvvizSpotted) {
+    window.__kvvizSpotted = new Set();
+    new MutationObserver((records) => { for (const r of records)
+      if (r.target.id && r.target.classList.contains('kvviz-spot')) window.__kvvizSpotted.add(r.target.id); }
+    ).observe(document.body, {subtree: true, attributes: true, attributeFilter: ['class']});
+  }
+  window.__kvvizSpotted.delete(id);
+}"""
+
 
 @pytest.fixture(scope="module")
 def ready_server(tmp_path_factory):
@@ -61,6 +73,7 @@ def click_and_time(page, button_id: str, sm) -> float:
     ready = READY.get(sm.tab)
     old = text_of(page, ready[0]) if ready else None
     change = sm.tab not in ("tab_attention", "tab_memory")  # these may show the same text again
+    page.evaluate(WATCH_SPOT, sm.anchor)
     t0 = time.perf_counter()
     page.locator(f"#{button_id}").click()
     page.wait_for_function(
@@ -70,8 +83,8 @@ def click_and_time(page, button_id: str, sm) -> float:
         timeout=60_000,
         polling=50,
     )
-    page.wait_for_function(  # the named view is outlined for a few seconds
-        "id => document.getElementById(id)?.classList.contains('kvviz-spot')", arg=sm.anchor, timeout=60_000, polling=50
+    page.wait_for_function(  # the named view was outlined (seen by WATCH_SPOT even if it has faded since)
+        "id => window.__kvvizSpotted.has(id)", arg=sm.anchor, timeout=60_000, polling=50
     )
     if ready:
         page.wait_for_function(
@@ -106,7 +119,11 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, read
             note = page.locator(f"#{button_id}-note").inner_text() if page.locator(f"#{button_id}-note").count() else ""
             if "not in this build yet" in note:
                 continue
-            times[sm.label] = click_and_time(page, button_id, sm)
+            try:
+                times[sm.label] = click_and_time(page, button_id, sm)
+            except Exception as exc:
+                page.screenshot(path=str(ARTIFACTS / f"{button_id}-failed.png"))
+                raise AssertionError(f"show-me {sm.label!r} ({button_id}) did not land its view: {exc}") from exc
             page.screenshot(path=str(ARTIFACTS / f"{button_id}.png"))
         (ARTIFACTS / "showme_times.json").write_text(json.dumps(times, indent=2))
         print("\nshow-me times (s):")
