@@ -184,8 +184,11 @@ def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -
             ids = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=lm.device)
             pos = torch.arange(width, device=lm.device)[None].expand(len(feeds), -1)
             hidden = lm.model.base_model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
-            head = lm.model.get_output_embeddings()
-            fulls = [head(hidden[b, len(f) - n : len(f)]).float() for b, (f, n) in enumerate(zip(feeds, keep))]
+            # every run's checked rows through the output head in one product: per run, the head's
+            # [vocab, hidden] weight would be read again for a dozen rows (most of the check's time
+            # after the layers, on a CPU)
+            rows = torch.cat([hidden[b, len(f) - n : len(f)] for b, (f, n) in enumerate(zip(feeds, keep))])
+            fulls = list(lm.model.get_output_embeddings()(rows).float().split(keep))
     finally:
         for h in handles:
             h.remove()

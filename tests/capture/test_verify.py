@@ -56,6 +56,17 @@ def test_runs_checked_together_equal_runs_checked_alone(lm, runs):
         assert abs(eq["max_abs_attn_output_diff"] - alone["max_abs_attn_output_diff"]) < 1e-5
 
 
+def test_runs_checked_together_read_the_output_head_once(lm, runs):
+    calls = []
+    handle = lm.model.get_output_embeddings().register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape))
+    try:
+        verify.check(lm, runs)
+    finally:
+        handle.remove()
+    # one product over every run's checked rows: per run, the head's weight would be read again for a few rows
+    assert calls == [torch.Size([sum(len(g.logits_seen) for g in runs), lm.model.config.hidden_size])]
+
+
 def test_a_wrong_cached_logit_is_caught_and_attributed(lm):
     g = finished(lm, "The capital of France is", 3)
     g.logits_seen[1] = g.logits_seen[1] + 0.5
