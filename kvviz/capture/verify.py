@@ -12,7 +12,11 @@ recomputations (the attention outputs then come from the capture).
 Several finished runs are checked together: the model-as-loaded recomputation pads them on the
 right into one batch (with causal attention a token never sees the padding after it, so every real
 position's logits are its own), the capture's packs them into one forward
-(:mod:`kvviz.capture.packed`).
+(:mod:`kvviz.capture.packed`). Runs of one batch that begin with the same tokens — a room's chat
+template and system prompt — compute those leading rows once, from scratch, for all of them: a row
+depends only on the tokens up to it, so they are every run's own rows, and each run's later rows
+attend to them as in a forward of its own. On the 2-core machine that halves a room's check
+(24 chat runs: 28 of ~53 tokens each shared). The result says how many tokens were shared.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ from transformers import DynamicCache
 
 from kvviz.capture.attention_fn import attention_modules, installed, unpatched
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import forward
+from kvviz.capture.model_io import cache_kwarg, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.capture.trace import EQUIVALENCE_TOLERANCE as TOLERANCE
 from kvviz.models import LoadedModel
 
 BATCH_TOKENS = 4096  # tokens per recomputation forward (padded: B × longest sequence)
+MIN_SHARED = 8  # fewest leading tokens worth a forward of their own in a padded check
 PROJECTIONS = ("o_proj", "c_proj", "out_proj", "dense")  # an attention layer's output projection, by model family
 
 
@@ -149,22 +154,59 @@ def output_projections(model) -> dict[int, torch.nn.Module]:
     return found
 
 
+def shared_prefix(feeds: Sequence[Sequence[int]], keep: Sequence[int]) -> int:
+    """How many leading tokens every feed of a padded check shares and may compute once: their common
+    prefix, short of every run's checked rows (they must come out of the batched forward), 0 when under
+    :data:`MIN_SHARED` or for a single run."""
+    if len(feeds) < 2:
+        return 0
+    n = min(len(f) - k for f, k in zip(feeds, keep))
+    first = feeds[0]
+    for f in feeds[1:]:
+        n = next((i for i in range(n) if f[i] != first[i]), n)
+    return n if n >= MIN_SHARED else 0
+
+
+def _padded_hidden(lm: LoadedModel, feeds: Sequence[Sequence[int]], shared: int, on: list[bool]) -> torch.Tensor:
+    """The last hidden states of every feed's positions ``shared…`` ([B, longest − shared, hidden]), padded
+    on the right; the ``shared`` leading tokens, the same in every feed, go through the model once first
+    (``on[0]`` is False during that forward, so the output-projection hooks skip it)."""
+    width = max(len(f) for f in feeds)
+    ids = torch.tensor([list(f) + [f[-1]] * (width - len(f)) for f in feeds], device=lm.device)
+    pos = torch.arange(width, device=lm.device)[None].expand(len(feeds), -1)
+    base = lm.model.base_model
+    past = None
+    if shared:
+        on[0] = False
+        past = DynamicCache(config=lm.config)
+        base(input_ids=ids[:1, :shared], position_ids=pos[:1, :shared], use_cache=True, **{cache_kwarg(base): past})
+        past.batch_repeat_interleave(len(feeds))
+        on[0] = True
+    kw = {cache_kwarg(base): past} if past is not None else {}
+    return base(
+        input_ids=ids[:, shared:], position_ids=pos[:, shared:], use_cache=past is not None, **kw
+    ).last_hidden_state
+
+
 def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -> list[dict]:
     feeds = [g.trace.token_ids[: g.trace.n_fed] for g in gens]
     keep = [len(g.logits_seen) for g in gens]
     seen: dict[int, list[torch.Tensor]] = {}  # layer -> per run, the attention outputs at its checked positions
     padded = len(gens) > 1 and packable(lm)
+    shared = shared_prefix(feeds, keep) if padded else 0
     current: list[int] = [0]  # which run an unpadded forward is for
+    on = [True]  # False while the shared prefix's forward runs (its rows hold no checked position)
     me = threading.get_ident()  # module hooks see every thread's forwards on this shared model: only ours count
 
     def hook(layer: int):
         def read(_module, args) -> None:
-            if threading.get_ident() != me:
+            if threading.get_ident() != me or not on[0]:
                 return
             x = args[0]
             if padded:
                 seen[layer] = [
-                    x[b, len(f) - n : len(f)].float().to(lm.device) for b, (f, n) in enumerate(zip(feeds, keep))
+                    x[b, len(f) - shared - n : len(f) - shared].float().to(lm.device)
+                    for b, (f, n) in enumerate(zip(feeds, keep))
                 ]
             else:
                 n = keep[current[0]]
@@ -180,14 +222,13 @@ def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -
                 current[0] = i
                 fulls.append(forward(lm, f, 0, DynamicCache(config=lm.config), None, logits_to_keep=n))
         else:
-            width = max(len(f) for f in feeds)
-            ids = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=lm.device)
-            pos = torch.arange(width, device=lm.device)[None].expand(len(feeds), -1)
-            hidden = lm.model.base_model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+            hidden = _padded_hidden(lm, feeds, shared, on)
             # every run's checked rows through the output head in one product: per run, the head's
             # [vocab, hidden] weight would be read again for a dozen rows (most of the check's time
             # after the layers, on a CPU)
-            rows = torch.cat([hidden[b, len(f) - n : len(f)] for b, (f, n) in enumerate(zip(feeds, keep))])
+            rows = torch.cat(
+                [hidden[b, len(f) - shared - n : len(f) - shared] for b, (f, n) in enumerate(zip(feeds, keep))]
+            )
             fulls = list(lm.model.get_output_embeddings()(rows).float().split(keep))
     finally:
         for h in handles:
@@ -209,6 +250,7 @@ def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -
                 "max_abs_logit_diff_vs_unpatched": diff,
                 "unpatched_reference": alone,
                 "recomputations": 1,
+                "shared_prefix_tokens": shared,
             }
         )
     return results

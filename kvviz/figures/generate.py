@@ -194,10 +194,16 @@ def equivalence_text(trace: Trace) -> str:
     measured = f"max |Δ logit| = {eq['max_abs_logit_diff']:.2e}" + (
         f", max |Δ attention output| = {out_diff:.2e}" if out_diff is not None else ""
     )
+    shared = eq.get("shared_prefix_tokens", 0)
+    once = (
+        f" (its first {shared} tokens, the same in the runs checked beside it, computed once for them all)"
+        if shared
+        else ""
+    )
     if eq.get("recomputations") == 1 and ok:
         return (
             f"**Cached decoding equals full recomputation** over {eq['positions_checked']} generated positions: "
-            f"the whole sequence run again from scratch by the model as loaded — no cache, no kvviz capture"
+            f"the whole sequence run again from scratch{once} by the model as loaded — no cache, no kvviz capture"
             f"{installed} — gives {measured} (fp rounding only; threshold {TOLERANCE:.0e}). So the cache "
             "changes nothing, and neither does the capture."
         )

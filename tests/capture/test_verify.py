@@ -67,6 +67,40 @@ def test_runs_checked_together_read_the_output_head_once(lm, runs):
     assert calls == [torch.Size([sum(len(g.logits_seen) for g in runs), lm.model.config.hidden_size])]
 
 
+def test_shared_prefix_stops_short_of_every_checked_row():
+    assert verify.shared_prefix([list(range(20)), list(range(20)) + [7]], [4, 4]) == 16
+    assert verify.shared_prefix([list(range(20)), list(range(10)) + [99] * 10], [2, 2]) == 10
+    assert verify.shared_prefix([list(range(20)), [5] + list(range(19))], [2, 2]) == 0  # no common start
+    assert verify.shared_prefix([list(range(20))], [2]) == 0  # one run: nothing to share
+    assert verify.shared_prefix([list(range(12)), list(range(12))], [6, 6]) == 0  # under MIN_SHARED
+
+
+def test_chat_runs_checked_together_share_their_system_prompt_and_equal_runs_checked_alone(lm):
+    room = [
+        Generation(lm, q, chat=True, max_new_tokens=5, verify=True, stop_on_eos=False)
+        for q in ("Name a colour.", "What is two plus two?", "Say hello in French, please.")
+    ]
+    with torch.inference_mode(), installed(lm.model):
+        for g in room:
+            while not g.done:
+                ids, start = g.next_feed()
+                g.take(forward(lm, ids, start, g.cache, g.rec)[-1], len(ids))
+            g.finish()
+    together = verify.check(lm, room)
+    feeds = [g.trace.token_ids[: g.trace.n_fed] for g in room]
+    common = next(i for i in range(len(feeds[0])) if len({f[i] for f in feeds}) > 1)
+    for g, eq in zip(room, together):
+        alone = verify.check(lm, [g])[0]
+        assert eq["shared_prefix_tokens"] == common >= verify.MIN_SHARED and alone["shared_prefix_tokens"] == 0
+        assert eq["recomputations"] == 1 and eq["max_abs_logit_diff"] < 1e-3
+        assert abs(eq["max_abs_logit_diff"] - alone["max_abs_logit_diff"]) < 1e-4
+        assert abs(eq["max_abs_attn_output_diff"] - alone["max_abs_attn_output_diff"]) < 1e-5
+    # a wrong cached logit in one run of the shared batch is caught in that run only
+    room[1].logits_seen[2] = room[1].logits_seen[2] + 0.5
+    caught = verify.check(lm, room)
+    assert [eq["max_abs_logit_diff"] > 0.4 for eq in caught] == [False, True, False]
+
+
 def test_a_wrong_cached_logit_is_caught_and_attributed(lm):
     g = finished(lm, "The capital of France is", 3)
     g.logits_seen[1] = g.logits_seen[1] + 0.5

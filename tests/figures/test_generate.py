@@ -116,6 +116,11 @@ def test_the_check_verdict_says_what_one_recomputation_settled(trace):
     text = fig.equivalence_text(checked)
     assert text.startswith("**Cached decoding equals full recomputation** over 6 generated positions")
     assert "no cache, no kvviz capture" in text and "4.00e-05" in text and "2.00e-06" in text
+    assert "computed once" not in text
+    checked.equivalence = dict(one, shared_prefix_tokens=28)  # checked beside runs with the same system prompt
+    assert "from scratch (its first 28 tokens, the same in the runs checked beside it, computed once for them all)" in (
+        fig.equivalence_text(checked)
+    )
     # a disagreement attributed by the capture's recomputation: the cache agrees, the capture changed the model
     checked.equivalence = dict(one, max_abs_logit_diff=3e-5, max_abs_logit_diff_vs_unpatched=0.8, recomputations=2)
     text = fig.equivalence_text(checked)
