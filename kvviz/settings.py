@@ -93,6 +93,7 @@ class Settings:
     room_size: int = 128
     batch_size: int = 32
     prefix_cache_mb: int = 256
+    gather_ms: int = 500
     public: bool = False
     allowed_models: list[str] = field(default_factory=list)
     max_config_bytes: int = MAX_CONFIG_BYTES
@@ -118,6 +119,7 @@ class Settings:
             room_size=_int("KVVIZ_ROOM_SIZE", cls.room_size, minimum=1),
             batch_size=_int("KVVIZ_BATCH_SIZE", cls.batch_size, minimum=1),
             prefix_cache_mb=_int("KVVIZ_PREFIX_CACHE_MB", cls.prefix_cache_mb, minimum=0),
+            gather_ms=_int("KVVIZ_GATHER_MS", cls.gather_ms, minimum=0),
             public=public,
             allowed_models=allowed,
             max_config_bytes=_int("KVVIZ_MAX_CONFIG_BYTES", cls.max_config_bytes, minimum=1024),

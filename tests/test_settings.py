@@ -18,6 +18,7 @@ VARS = [
     "KVVIZ_FILE_MAX_AGE_S",
     "KVVIZ_PUBLIC",
     "KVVIZ_ALLOWED_MODELS",
+    "KVVIZ_GATHER_MS",
     "SPACE_ID",
 ]
 
@@ -48,7 +49,10 @@ def test_limits_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("KVVIZ_CONCURRENCY", "3")
     monkeypatch.setenv("KVVIZ_MAX_CONFIG_BYTES", "4096")
     monkeypatch.setenv("KVVIZ_SESSION_GRACE_S", "0")
+    assert Settings.from_env().gather_ms == 500  # the served engine gathers a room's presses by default
+    monkeypatch.setenv("KVVIZ_GATHER_MS", "0")
     s = Settings.from_env()
+    assert s.gather_ms == 0
     assert (s.max_prompt_tokens, s.max_new_tokens, s.concurrency, s.max_config_bytes, s.session_grace_s) == (
         1024,
         64,
@@ -66,6 +70,7 @@ def test_limits_come_from_the_environment(monkeypatch):
         ("KVVIZ_MAX_PROMPT_TOKENS", "-1", "at least 1"),
         ("KVVIZ_MAX_CONFIG_BYTES", "10", "at least 1024"),
         ("KVVIZ_QUEUE_SIZE", "2.5", "must be an integer"),
+        ("KVVIZ_GATHER_MS", "-5", "at least 0"),
     ],
 )
 def test_bad_environment_values_are_refused(monkeypatch, name, raw, message):

@@ -13,6 +13,13 @@ the runs still decoding beside it when their token budgets let them end within `
 a room's runs, which end a few steps apart, stall the batch for one check instead of one per step,
 and a run beside a long one is checked at once.
 
+An idle engine may gather before its first step (the served app does, ``KVVIZ_GATHER_MS``): a room
+pressing Generate together reaches the server over a second, and a step, once begun, admits no one
+until it ends (on the 2-core machine a lone prefill took 1.6 s while the others arrived, and they
+then ended a step after it, their check with them). The first run then waits until no new run has
+been submitted for ``gather_s`` seconds (at most ``gather_max_s`` after it came, or until the batch
+is full) — a lone user's run starts that much later.
+
 Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute
 equal Traces) share one run; a finished run is kept for a while so a late duplicate gets it at once.
 Prompts start from the :class:`~kvviz.engine.prefix.PrefixStore`'s longest cached prefix.
@@ -141,7 +148,8 @@ class Handle:
 class Engine:
     """See the module docstring. ``max_batch`` runs decode together; a step feeds at most
     ``token_budget`` tokens; ``keep_finished`` finished runs answer late duplicates; a finished run
-    waits at most ``check_wait_s`` seconds for others to share its check."""
+    waits at most ``check_wait_s`` seconds for others to share its check; an idle engine gathers runs
+    for ``gather_s`` seconds of quiet (at most ``gather_max_s``) before its first step (0: it does not)."""
 
     def __init__(
         self,
@@ -152,11 +160,17 @@ class Engine:
         prefix_cache_bytes: int = 256 * 2**20,
         keep_finished: int = 16,
         check_wait_s: float = 2.0,
+        gather_s: float = 0.0,
+        gather_max_s: float = 1.0,
     ):
         if max_batch < 1 or token_budget < 1:
             raise ValueError("max_batch and token_budget must be at least 1.")
         if check_wait_s < 0:
             raise ValueError("check_wait_s must not be negative.")
+        if gather_s < 0 or gather_max_s < 0:
+            raise ValueError("gather_s and gather_max_s must not be negative.")
+        self.gather_s, self.gather_max_s = gather_s, gather_max_s
+        self._last_new = 0.0  # when the latest run that needs its own computation was submitted
         self.lm, self.max_batch, self.token_budget = lm, max_batch, token_budget
         self.packable = packable(lm)
         prepare(lm)  # a packed step's few rows per weight take the faster route in the engine's thread
@@ -201,6 +215,7 @@ class Engine:
             job.handles.append(handle)
             self._active[key] = job
             self._waiting.append(job)
+            self._last_new = time.monotonic()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="kvviz-engine", daemon=True)
                 self._thread.start()
@@ -224,6 +239,8 @@ class Engine:
         """Wait for work; move waiting runs into the batch while there is room; the batch."""
         with self._cond:
             self._cond.wait_for(lambda: self._waiting or self._running or self._unchecked)
+            if self.gather_s and not self._running and not self._unchecked:
+                self._gather()
             while self._waiting and len(self._running) < self.max_batch:
                 job = self._waiting.popleft()
                 if job.abandoned():
@@ -231,6 +248,16 @@ class Engine:
                     continue
                 self._running.append(job)
             return list(self._running)
+
+    def _gather(self) -> None:
+        """With the lock held and the engine idle: wait while runs keep arriving (see the module docstring)."""
+        first = time.monotonic()
+        while len(self._waiting) < self.max_batch:
+            now = time.monotonic()
+            left = min(self._last_new + self.gather_s, first + self.gather_max_s) - now
+            if left <= 0:
+                return
+            self._cond.wait(left)
 
     def _run(self, batch: list[Job]) -> None:
         try:

@@ -80,7 +80,13 @@ class AppContext:
         """The one engine that decodes every session's Generate runs together (``kvviz.engine``)."""
         if self._engine is None:
             s = self.settings
-            self._engine = Engine(self.lm, max_batch=s.batch_size, prefix_cache_bytes=s.prefix_cache_mb * 2**20)
+            self._engine = Engine(
+                self.lm,
+                max_batch=s.batch_size,
+                prefix_cache_bytes=s.prefix_cache_mb * 2**20,
+                gather_s=s.gather_ms / 1000,
+                gather_max_s=3 * s.gather_ms / 1000,
+            )
         return self._engine
 
     def on_trace(self, fn: Callable, inputs: list, outputs: list, first: bool = False) -> None:

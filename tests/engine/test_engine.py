@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -87,6 +88,27 @@ def test_runs_joining_and_leaving_equal_their_solo_runs(lm):
         eq = h.trace.equivalence
         assert eq["max_abs_logit_diff"] < 1e-3 and eq["unpatched_reference"] is True
         assert eq["max_abs_logit_diff_vs_unpatched"] < 1e-3
+
+
+def test_an_idle_engine_gathers_the_runs_of_a_room_arriving_together(lm, monkeypatch):
+    steps = []
+    real = Engine._step
+    monkeypatch.setattr(Engine, "_step", lambda self, batch: steps.append(len(batch)) or real(self, batch))
+    engine = Engine(lm, prefix_cache_bytes=0, gather_s=0.5, gather_max_s=5.0)
+    first = engine.submit("Name three colours.", chat=True, max_new_tokens=2)
+    time.sleep(0.1)  # the second student presses a moment later: still before the first step
+    second = engine.submit("Name three fruits.", chat=True, max_new_tokens=2)
+    assert wait_all([first, second], 600)
+    assert steps[0] == 2
+    steps.clear()
+    eager = Engine(lm, prefix_cache_bytes=0, gather_s=0.0)
+    alone = eager.submit("Name three colours.", chat=True, max_new_tokens=2)
+    time.sleep(0.3)
+    later = eager.submit("Name three fruits.", chat=True, max_new_tokens=2)
+    assert wait_all([alone, later], 600)
+    assert steps[0] == 1  # without gathering the first run starts at once
+    with pytest.raises(ValueError, match="gather_s"):
+        Engine(lm, gather_s=-1)
 
 
 def test_sampled_runs_keep_their_own_generator(lm):
