@@ -110,7 +110,7 @@ def attend_one(recorder, module, implementation, query, key, value, attention_ma
     checks it against the implementation on the call's last queries): the probabilities are computed
     once instead of twice. Every other call runs the implementation, then the recorder."""
     own = getattr(recorder, "own_output", None)
-    if own is not None and _plain_sdpa(module, implementation, query, kwargs):
+    if own is not None and plain_sdpa(module, implementation, query, kwargs):
 
         def probe(rows: int, mask):
             return implementation(module, query[:, :, -rows:], key, value, mask, *args, **kwargs)[0]
@@ -124,7 +124,7 @@ def attend_one(recorder, module, implementation, query, key, value, attention_ma
     return out, weights
 
 
-def _plain_sdpa(module, implementation, query, kwargs: dict) -> bool:
+def plain_sdpa(module, implementation, query, kwargs: dict) -> bool:
     """Whether a call is transformers' SDPA with nothing beyond softmax(QKᵀ·scale + causal mask)·V: no
     soft-cap, learned sinks, position bias, window argument or dropout, and causal."""
     return (

@@ -27,7 +27,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_causal_mask
 
-from kvviz.capture.attention_fn import attend_one, record_call
+from kvviz.capture.attention_fn import attend_one, plain_sdpa, record_call
+from kvviz.capture.attention_math import agree
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.models import LoadedModel
 
@@ -93,22 +94,30 @@ class PackedAttention:
         Under SDPA, the decoding segments (one query each, no mask) go through one call: their keys and
         values padded to the longest cache, the padding masked out, so each query still attends over
         exactly its own keys. Their recorders get their rows of one batched q·kᵀ. Per sequence, a decode
-        step would otherwise cost two small kernel calls per layer — more than the step's arithmetic."""
+        step would otherwise cost two small kernel calls per layer — more than the step's arithmetic.
+        A recorder's first decode step checks its rows against the layer's output; for plain SDPA calls
+        that check runs here for every decoding segment at once (:func:`check_decoding`), and their
+        recorders get no values (nothing left for them to check)."""
         layer = module.layer_idx
         parts = self.cache.current.pop(layer)
         outs: list[torch.Tensor | None] = [None] * len(parts)
         together = self.decoding if len(self.decoding) > 1 and implementation is sdpa_attention_forward else []
         if together:
             starts = [self.cache.bounds[i][0] for i in together]
+            recorders = [self.cache.segments[i].recorder for i in together]
+            check = plain_sdpa(module, implementation, query, kwargs) and any(
+                getattr(r, "checks_decode", False) for r in recorders
+            )
             outs_b, scores = _attend_decoding(
-                module, implementation, query, starts, [parts[i] for i in together], *args, **kwargs
+                module, implementation, query, starts, [parts[i] for i in together], *args, check=check, **kwargs
             )
             for j, i in enumerate(together):
-                seg, (a, b), (key, value) = self.cache.segments[i], self.cache.bounds[i], parts[i]
+                (a, b), (key, value) = self.cache.bounds[i], parts[i]
                 outs[i] = outs_b[j]
-                if seg.recorder is not None:
+                if recorders[j] is not None:
                     row = scores[j, :, : key.shape[2]]
-                    record_call(seg.recorder, module, query[:, :, a:b], key, value, None, outs_b[j], None, kwargs, row)
+                    given = None if check else value
+                    record_call(recorders[j], module, query[:, :, a:b], key, given, None, outs_b[j], None, kwargs, row)
         for i, (seg, (a, b), (key, value), mask) in enumerate(
             zip(self.cache.segments, self.cache.bounds, parts, self.masks)
         ):
@@ -120,10 +129,12 @@ class PackedAttention:
         return torch.cat(outs, dim=1), None
 
 
-def _attend_decoding(module, implementation, query, starts: list[int], parts: list, *args, **kwargs):
+def _attend_decoding(
+    module, implementation, query, starts: list[int], parts: list, *args, check: bool = False, **kwargs
+):
     """SDPA for B one-query segments at once (their query rows ``starts``, their caches' ``parts``): per
     segment its output [1, 1, Hq, Dv], and every segment's plain scores q·kᵀ [B, Hq, longest k] (fp32;
-    only the first k of a segment's row are its keys)."""
+    only the first k of a segment's row are its keys). ``check``: also :func:`check_decoding` them."""
     keys = [k for k, _ in parts]
     values = [v for _, v in parts]
     lens = [k.shape[2] for k in keys]
@@ -141,7 +152,27 @@ def _attend_decoding(module, implementation, query, starts: list[int], parts: li
     out, _ = implementation(module, q, key, value, mask, *args, **kwargs)  # [B, 1, Hq, Dv]
     hq, hkv, d = q.shape[1], key.shape[1], q.shape[-1]
     scores = torch.matmul(q.float().reshape(len(parts), hkv, hq // hkv, d), key.float().transpose(2, 3))
-    return out.split(1), scores.view(len(parts), hq, width)
+    scores = scores.view(len(parts), hq, width)
+    if check:
+        scale = kwargs.get("scaling")
+        check_decoding(module.layer_idx, scores, value, mask, out, scale if scale is not None else d**-0.5, query.dtype)
+    return out.split(1), scores
+
+
+def check_decoding(layer: int, scores, value, mask, out, scaling: float, dtype: torch.dtype) -> None:
+    """Raise :class:`~kvviz.capture.attention_fn.CaptureError` unless, for every one of B decoding
+    segments, the softmax of its scaled scores over its own keys × its values reproduces SDPA's output:
+    the check a recorder's first decode step makes (:func:`~kvviz.capture.attention_math.check_output`),
+    for the whole batch in three ops. scores: [B, Hq, k] (unscaled q·kᵀ); value: [B, Hkv, k, Dv];
+    mask: [B, 1, 1, k] (True: a key of the segment's own), or None; out: [B, 1, Hq, Dv]."""
+    b, hq, width = scores.shape
+    hkv, dv = value.shape[1], value.shape[-1]
+    logits = scores * scaling
+    if mask is not None:
+        logits = logits.masked_fill(~mask[:, 0], float("-inf"))
+    probs = torch.softmax(logits, dim=-1).view(b, hkv, hq // hkv, width)
+    mine = torch.matmul(probs, value.float()).view(b, hq, dv)
+    agree(layer, mine, out[:, 0], dtype, "its probabilities × values do not reproduce")
 
 
 def packable(lm: LoadedModel) -> bool:

@@ -130,6 +130,12 @@ class Recorder(DecodeRows):
         self._decode_checked = False  # the first decode step checks every layer's row against its output
         self.prefix_rows: torch.Tensor | None = None  # [Lyr, Hq, P, P]: the first P prompt queries' rows, kept
 
+    @property
+    def checks_decode(self) -> bool:
+        """Whether this recorder's next decode step checks its rows against the layers' outputs (its
+        first one does; a packed forward may check many recorders' rows at once, then hands them no values)."""
+        return not self._decode_checked
+
     def begin_forward(self, phase: str, t_total: int) -> None:
         """The next forward's phase ("prefill", "decode" or "outputs": attention outputs only) and the
         tokens seen once it has run."""

@@ -46,7 +46,7 @@ def test_output_check_compares_probabilities_times_values():
         check_output(3, probs, value, out * 0.9)
 
 
-def test_plain_sdpa_output_comes_from_the_recorders_probabilities(lm, monkeypatch):
+def testplain_sdpa_output_comes_from_the_recorders_probabilities(lm, monkeypatch):
     """Plain causal SDPA: the recorder's probabilities × values are the layer's output (SDPA itself only
     probes the last queries), and the run equals one where SDPA computes every output."""
     from kvviz.capture.recorder import Recorder
@@ -64,7 +64,7 @@ def test_plain_sdpa_output_comes_from_the_recorders_probabilities(lm, monkeypatc
     mine = capture(lm, "", prompt_ids=ids, max_new_tokens=6, verify=True)
     assert own and all(own) and len(own) == lm.model.config.num_hidden_layers * 6
     assert mine.equivalence["max_abs_logit_diff_vs_unpatched"] < 1e-4
-    monkeypatch.setattr(attention_fn, "_plain_sdpa", lambda *args: False)
+    monkeypatch.setattr(attention_fn, "plain_sdpa", lambda *args: False)
     theirs = capture(lm, "", prompt_ids=ids, max_new_tokens=6)
     assert mine.token_ids == theirs.token_ids
     for name in ("colsum", "sink_mass", "window_rows"):

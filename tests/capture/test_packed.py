@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import kvviz.capture.packed as packed
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.attention_fn import CaptureError, installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward
 from kvviz.capture.packed import Segment, packed_forward
@@ -59,3 +60,38 @@ def test_decoding_sequences_attend_together_and_equal_their_solo_steps(lm, monke
             np.testing.assert_allclose(
                 x.astype(np.float32), y.astype(np.float32), atol=2e-5 if x.dtype != np.float16 else 2e-3
             )
+
+
+def test_the_first_decode_step_is_checked_for_every_decoding_sequence_at_once(lm, monkeypatch):
+    checks = []
+    real = packed.check_decoding
+    monkeypatch.setattr(packed, "check_decoding", lambda *a: checks.append(a[1].shape[0]) or real(*a))
+    with torch.inference_mode(), installed(lm.model):
+        runs = [prefilled(lm, p) for p in PROMPTS]
+        for _ in range(2):
+            feeds = [g.next_feed() for g in runs]
+            segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(runs, feeds)]
+            for g, (ids, _), row in zip(runs, feeds, packed_forward(lm, segments)):
+                g.take(row[-1], len(ids))
+    assert checks == [len(PROMPTS)] * lm.model.config.num_hidden_layers  # the first step only, per layer
+    assert not any(g.rec.checks_decode for g in runs)
+
+
+def test_the_batched_decode_check_catches_an_output_its_rows_do_not_reproduce():
+    torch.manual_seed(0)
+    b, hkv, g, width, d = 3, 2, 3, 7, 8
+    q, key, value = torch.randn(b, hkv * g, 1, d), torch.randn(b, hkv, width, d), torch.randn(b, hkv, width, d)
+    lens = torch.tensor([7, 4, 2])
+    mask = (torch.arange(width) < lens[:, None])[:, None, None]  # [B, 1, 1, k]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1), attn_mask=mask
+    ).transpose(1, 2)  # [B, 1, Hq, D]
+    scores = (q.view(b, hkv, g, d) @ key.transpose(2, 3)).view(b, hkv * g, width)
+    packed.check_decoding(0, scores, value, mask, out, d**-0.5, torch.float32)
+    wrong = out.clone()
+    wrong[1, 0, 4] += 0.1  # one head of one sequence
+    with pytest.raises(CaptureError, match="layer 0 faithfully"):
+        packed.check_decoding(0, scores, value, mask, wrong, d**-0.5, torch.float32)
+    padded = value.clone()
+    padded[2, :, 2:] = 99.0  # another sequence's padding must not count
+    packed.check_decoding(0, scores, padded, mask, out, d**-0.5, torch.float32)
