@@ -352,19 +352,28 @@ def kv_stats(trace: Trace, cache) -> None:
     vnorm = knorm.copy()
     kch = np.zeros((info.layers, heads, dk), dtype=np.float32)
     vch = np.zeros((info.layers, heads, dv), dtype=np.float32)
+    plain: dict[tuple, list[int]] = {}  # layers whose keys are the last positions in order, by shape
     for i, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if keys is None or values is None or keys.numel() == 0:
             continue
-        k, v = keys[0].float(), values[0].float()  # [Hkv, n, Dk], [Hkv, n, Dv]
         pos = getattr(layer, "kv_positions", None)
         if pos is None:
-            pos = torch.arange(trace.n_fed - k.shape[1], trace.n_fed).expand(k.shape[0], -1)
+            plain.setdefault((tuple(keys.shape), tuple(values.shape)), []).append(i)
+            continue
+        k, v = keys[0].float(), values[0].float()  # [Hkv, n, Dk], [Hkv, n, Dv]
         pos = pos.cpu().numpy()
         for h in range(k.shape[0]):
             knorm[i, h, pos[h]] = k[h].norm(dim=-1).cpu().numpy()
             vnorm[i, h, pos[h]] = v[h].norm(dim=-1).cpu().numpy()
         kch[i] = k.abs().mean(1).cpu().numpy()
         vch[i] = v.abs().mean(1).cpu().numpy()
+    for ((_, _, n, _), _), idx in plain.items():  # a few ops for all of them: one run's summary, not 10 ms
+        k = torch.stack([cache.layers[i].keys[0] for i in idx]).float()  # [l, Hkv, n, Dk]
+        v = torch.stack([cache.layers[i].values[0] for i in idx]).float()
+        knorm[idx, :, trace.n_fed - n : trace.n_fed] = k.norm(dim=-1).cpu().numpy()
+        vnorm[idx, :, trace.n_fed - n : trace.n_fed] = v.norm(dim=-1).cpu().numpy()
+        kch[idx] = k.abs().mean(2).cpu().numpy()
+        vch[idx] = v.abs().mean(2).cpu().numpy()
     trace.key_norms, trace.value_norms = knorm, vnorm
     trace.key_channel_absmean, trace.value_channel_absmean = kch, vch
