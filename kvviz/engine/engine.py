@@ -22,7 +22,9 @@ is full) — a lone user's run starts that much later.
 
 Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute
 equal Traces) share one run; a finished run is kept for a while so a late duplicate gets it at once.
-Prompts start from the :class:`~kvviz.engine.prefix.PrefixStore`'s longest cached prefix.
+Prompts start from the :class:`~kvviz.engine.prefix.PrefixStore`'s longest cached prefix; a new run
+whose leading blocks another run is computing in the same step (a cold room's shared system prompt)
+waits for them to be stored, a step, instead of computing them again.
 
 Models that cannot be packed (sliding windows, MLA, legacy attention) still go through the engine,
 one forward per run per step.
@@ -281,12 +283,16 @@ class Engine:
 
     def _step_inference(self, batch: list[Job]) -> None:
         feeds, budget = [], self.token_budget
+        storing = {h for j in batch if j.claimed and j.gen.prefilling for h in j.claim.hashes[len(j.claim.held) :]}
         for job in sorted(batch, key=lambda j: j.gen.prefilling):  # decoding runs first: one token each
             g = job.gen
             if not job.claimed:
+                if self.prefix is not None and storing.intersection(self.prefix.hashes(g)):
+                    continue  # a run of this step computes blocks this one would reuse: start once they are stored
                 job.claimed = True
                 if self.prefix is not None:
                     job.claim = self.prefix.claim(g)
+                    storing.update(job.claim.hashes[len(job.claim.held) :])
             if g.prefilling and budget <= 0:
                 continue
             ids, start = g.next_feed(budget if g.prefilling else None)

@@ -81,14 +81,21 @@ class PrefixStore:
         self.block_size, self.max_tokens = block_size, max_tokens
         self.lock = threading.Lock()
 
+    def hashes(self, g: Generation) -> list[bytes]:
+        """The chained hashes of the run's prompt blocks the store could hold (none for a run it cannot seed)."""
+        usable = min(g.trace.n_prompt - 1, self.max_tokens) // self.block_size * self.block_size
+        if usable <= 0 or not g.default_cache or g.rec is None:
+            return []
+        return self.hasher(g.trace.token_ids[:usable])
+
     def claim(self, g: Generation) -> Claim:
         """Seed a fresh run from the longest cached run of its leading blocks, and ask its recorder to keep
         the rows of the blocks still to be stored. Call before the run's first forward."""
-        n_prompt, b = g.trace.n_prompt, self.block_size
-        usable = min(n_prompt - 1, self.max_tokens) // b * b
-        if usable <= 0 or not g.default_cache or g.rec is None:
+        b = self.block_size
+        hashes = self.hashes(g)
+        if not hashes:
             return Claim([], [])
-        hashes = self.hasher(g.trace.token_ids[:usable])
+        usable = len(hashes) * b
         with self.lock:
             held = self.cache.acquire(hashes)
         if held:

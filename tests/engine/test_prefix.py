@@ -37,6 +37,19 @@ def test_prefix_hits_give_the_cold_runs_trace(lm):
         assert h.trace.equivalence["max_abs_logit_diff"] < 1e-3
 
 
+def test_a_cold_room_computes_its_shared_system_prompt_once(lm):
+    engine = Engine(lm, gather_s=0.5, gather_max_s=5.0)  # the three presses start in one batch
+    handles = [engine.submit(q, chat=True, max_new_tokens=3) for q in QUESTIONS]
+    assert wait_all(handles, 600)
+    cached = [h.trace.cached_prompt_tokens for h in handles]
+    # the first computes the template's blocks; the others waited a step for them instead of computing them too
+    assert cached[0] == 0 and all(c >= 16 for c in cached[1:]), cached
+    for h, q in zip(handles, QUESTIONS):
+        cold = solo(lm, q, chat=True, max_new_tokens=3).trace
+        assert h.trace.token_ids == cold.token_ids
+        np.testing.assert_allclose(h.trace.colsum, cold.colsum, atol=2e-5, rtol=1e-4)
+
+
 def test_long_shared_prefix_with_binned_maps(lm):
     """A prompt long enough for several blocks, with display bins wider than one token: the cached
     rows are folded into the bins exactly where the cold run put them."""
