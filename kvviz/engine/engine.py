@@ -69,6 +69,7 @@ class Job:
         self.finished = False
         self.error: BaseException | None = None
         self.cond = threading.Condition()
+        self.ended = threading.Event()  # set once finished: callers waiting for the end only sleep on it
         gen.progress = self._report
         gen.should_stop = self.abandoned
 
@@ -90,6 +91,7 @@ class Job:
         self.error = error.with_traceback(None) if error is not None else None
         self.finished = True
         self.changed()
+        self.ended.set()
 
 
 class Handle:
@@ -142,9 +144,13 @@ class Handle:
             seen = version
 
     def result(self) -> Trace:
-        """Block until the run is over; its finished Trace."""
-        *_, trace = self.stream()
-        return trace
+        """Block until the run is over; its finished Trace. Raises the run's error. Sleeps until the end
+        (the many callers of one shared run do not each wake at every step)."""
+        job = self.job
+        job.ended.wait()
+        if job.error is not None:
+            raise copy.copy(job.error) from None
+        return job.gen.trace
 
 
 class Engine:
