@@ -6,7 +6,8 @@ step). kvviz packs the tokens the sequences feed this step — one each while de
 prompt while prefilling — into one row of ``N`` tokens at their own absolute positions, so every
 weight matrix multiplies them together. Attention is the one operation that must not mix them:
 :class:`PackedCache` hands each sequence's new keys and values to that sequence's own transformers
-cache, and the capture attention function (:mod:`kvviz.capture.attention_fn`) gives the query rows
+cache (the engine's short runs keep theirs side by side, :mod:`kvviz.engine.slots`, and are appended to
+together), and the capture attention function (:mod:`kvviz.capture.attention_fn`) gives the query rows
 of each sequence to the model's own attention implementation with that sequence's cache and the mask
 its solo forward would have had, and to that sequence's recorder. Each sequence therefore sees
 exactly what a run of its own sees; only the matrix products' summation order may differ (fp32: far
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -31,6 +32,9 @@ from kvviz.capture.attention_fn import attend_one, plain_sdpa, record_call
 from kvviz.capture.attention_math import agree
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.models import LoadedModel
+
+if TYPE_CHECKING:
+    from kvviz.engine.slots import SlotKV
 
 
 @dataclass
@@ -53,18 +57,32 @@ class PackedCache(Cache):
     packed mask it builds is not used: each segment gets its own).
     """
 
-    def __init__(self, segments: Sequence[Segment]):
+    def __init__(self, segments: Sequence[Segment], slots: SlotKV | None = None):
         super().__init__(layer_class_to_replicate=DynamicLayer)
         self.segments = list(segments)
         ends = torch.tensor([len(s.ids) for s in self.segments]).cumsum(0).tolist()
         self.bounds = list(zip([0, *ends[:-1]], ends))
         self.current: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.slots = slots
+        self.single = [i for i, (a, b) in enumerate(self.bounds) if b - a == 1]  # one new token each
+        self.slotted: dict[int, dict[int, Any]] = {}  # layer -> segment -> its slot layer, written together
 
     def update(self, key_states, value_states, layer_idx: int, *args: Any, **kwargs: Any):
-        self.current[layer_idx] = [
-            seg.cache.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx, *args, **kwargs)
-            for seg, (a, b) in zip(self.segments, self.bounds)
-        ]
+        """Each segment's new entries into its own cache; one-token segments whose caches all hold a slot
+        of :attr:`slots` (:mod:`kvviz.engine.slots`) in one indexed write."""
+        parts: list[Any] = [None] * len(self.segments)
+        if self.slots is not None and len(self.single) > 1:
+            owners = [self.segments[i].cache.layers[layer_idx] for i in self.single]
+            if self.slots.owns(owners):
+                rows = [self.bounds[i][0] for i in self.single]
+                self.slots.append(layer_idx, owners, key_states, value_states, rows)
+                self.slotted[layer_idx] = dict(zip(self.single, owners))
+                for i, o in zip(self.single, owners):
+                    parts[i] = (o.keys, o.values)
+        for i, (seg, (a, b)) in enumerate(zip(self.segments, self.bounds)):
+            if parts[i] is None:
+                parts[i] = seg.cache.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx, *args, **kwargs)
+        self.current[layer_idx] = parts
         return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -108,8 +126,20 @@ class PackedAttention:
             check = plain_sdpa(module, implementation, query, kwargs) and any(
                 getattr(r, "checks_decode", False) for r in recorders
             )
+            slotted = self.cache.slotted.pop(layer, {})
+            batched = None
+            if self.cache.slots is not None and all(i in slotted for i in together):
+                batched = self.cache.slots.batch(layer, [slotted[i] for i in together])
             outs_b, scores = _attend_decoding(
-                module, implementation, query, starts, [parts[i] for i in together], *args, check=check, **kwargs
+                module,
+                implementation,
+                query,
+                starts,
+                [parts[i] for i in together],
+                *args,
+                check=check,
+                batched=batched,
+                **kwargs,
             )
             for j, i in enumerate(together):
                 (a, b), (key, value) = self.cache.bounds[i], parts[i]
@@ -130,17 +160,34 @@ class PackedAttention:
 
 
 def _attend_decoding(
-    module, implementation, query, starts: list[int], parts: list, *args, check: bool = False, **kwargs
+    module,
+    implementation,
+    query,
+    starts: list[int],
+    parts: list,
+    *args,
+    check: bool = False,
+    batched: tuple | None = None,
+    **kwargs,
 ):
     """SDPA for B one-query segments at once (their query rows ``starts``, their caches' ``parts``): per
     segment its output [1, 1, Hq, Dv], and every segment's plain scores q·kᵀ [B, Hq, longest k] (fp32;
-    only the first k of a segment's row are its keys). ``check``: also :func:`check_decoding` them."""
+    only the first k of a segment's row are its keys). ``check``: also :func:`check_decoding` them.
+    ``batched``: their keys and values already side by side ([B, Hkv, longest, D] each) with their lengths
+    (:meth:`~kvviz.engine.slots.SlotKV.batch`), so nothing is padded here."""
     keys = [k for k, _ in parts]
     values = [v for _, v in parts]
     lens = [k.shape[2] for k in keys]
     width = max(lens)
     q = query[0, :, starts].transpose(0, 1).unsqueeze(2)  # [B, Hq, 1, D]
-    if min(lens) == width:
+    if batched is not None:
+        key, value, lens = batched
+        mask = None
+        if min(lens) != width:
+            mask = (torch.arange(width, device=key.device) < torch.tensor(lens, device=key.device)[:, None])[
+                :, None, None
+            ]
+    elif min(lens) == width:
         key, value, mask = torch.cat(keys), torch.cat(values), None
     else:
         key = keys[0].new_zeros(len(parts), keys[0].shape[1], width, keys[0].shape[3])
@@ -211,18 +258,19 @@ def segment_masks(lm: LoadedModel, segments: Sequence[Segment]) -> list[Any]:
 
 
 def packed_forward(
-    lm: LoadedModel, segments: Sequence[Segment], keep: Sequence[int] | None = None
+    lm: LoadedModel, segments: Sequence[Segment], keep: Sequence[int] | None = None, slots: SlotKV | None = None
 ) -> list[torch.Tensor]:
     """One forward of every segment's tokens; returns each segment's logits (fp32) at its last ``keep[i]``
     positions ([keep_i, vocab]; default 1). Each segment's cache grows by its tokens; each recorder hears
-    its own rows and is closed (``end_forward``) after the forward."""
+    its own rows and is closed (``end_forward``) after the forward. ``slots``: the store some segments'
+    caches keep their entries in (see :class:`PackedCache`)."""
     from kvviz.capture.attention_fn import RECORDER_KWARG
     from kvviz.capture.model_io import cache_kwarg
 
     keep = list(keep) if keep is not None else [1] * len(segments)
     ids = [int(t) for seg in segments for t in seg.ids]
     pos = [p for seg in segments for p in range(seg.start, seg.start + len(seg.ids))]
-    cache = PackedCache(segments)
+    cache = PackedCache(segments, slots)
     packed = PackedAttention(cache, segment_masks(lm, segments))
     rows = [i for (_, b), k in zip(cache.bounds, keep) for i in range(b - k, b)]
     out = lm.model(

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.attention_fn import attention_modules, installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
@@ -51,6 +51,7 @@ from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
 from kvviz.engine.few_rows import few_rows, prepare, threads_for
 from kvviz.engine.prefix import Claim, PrefixStore
+from kvviz.engine.slots import SlotKV
 from kvviz.models import LoadedModel
 
 log = logging.getLogger("kvviz.engine")
@@ -183,6 +184,8 @@ class Engine:
         self.packable = packable(lm)
         prepare(lm)  # a packed step's few rows per weight take the faster route in the engine's thread
         self.prefix = PrefixStore(prefix_cache_bytes, salt=f"{lm.name}:{lm.dtype}") if self.packable else None
+        # short runs keep their keys and values side by side, so a decode step appends and attends for all at once
+        self.slots = SlotKV(len(attention_modules(lm.model)), max_batch) if self.packable else None
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
@@ -254,6 +257,9 @@ class Engine:
                 if job.abandoned():
                     self._retire(job, None)
                     continue
+                g = job.gen
+                if self.slots is not None and g.default_cache and g.fed == 0:
+                    self.slots.attach(g.cache, g.trace.n_prompt + g.max_new_tokens)
                 self._running.append(job)
             return list(self._running)
 
@@ -309,7 +315,7 @@ class Engine:
             if self.packable and len(feeds) > 1:
                 segments = [Segment(ids, start, job.gen.cache, job.gen.feed_recorder) for job, ids, start in feeds]
                 with few_rows():
-                    logits = [x[-1] for x in packed_forward(self.lm, segments)]
+                    logits = [x[-1] for x in packed_forward(self.lm, segments, slots=self.slots)]
             else:
                 logits = [
                     forward(self.lm, ids, start, job.gen.cache, job.gen.feed_recorder)[-1] for job, ids, start in feeds
@@ -327,6 +333,8 @@ class Engine:
                     job.changed()
                 if g.done:
                     g.finish()
+                    if self.slots is not None:  # its Trace is complete: the check reads no cache
+                        self.slots.detach(g.cache)
                     done.append(job)
         for job in done:
             if not job.gen.verify:
@@ -376,6 +384,8 @@ class Engine:
                     self._finished.popitem(last=False)
         if self.prefix is not None:
             self.prefix.release(job.claim)
+        if self.slots is not None and job.gen.cache is not None:
+            self.slots.detach(job.gen.cache)
         job.gen.release()
         job.end(error)
 

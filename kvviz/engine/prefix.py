@@ -93,7 +93,7 @@ class PrefixStore:
         the rows of the blocks still to be stored. Call before the run's first forward."""
         b = self.block_size
         hashes = self.hashes(g)
-        if not hashes:
+        if not hashes or g.rec is None:
             return Claim([], [])
         usable = len(hashes) * b
         with self.lock:

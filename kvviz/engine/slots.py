@@ -1,0 +1,160 @@
+"""The decoding room's keys and values side by side: one buffer per layer, a slot per running sequence.
+
+A packed decode step of B sequences appends one key and one value per sequence per layer, and the
+batched SDPA call then wants all B caches as one [B, Hkv, longest, D] tensor. With a cache of its own
+per sequence (``DynamicCache``) that is 2·B concatenations and 2·B padding copies per layer per step —
+a few thousand small operations a step for a room, more than its attention arithmetic. :class:`SlotKV`
+keeps every attached sequence's cache in one zero-initialised buffer per layer, ``[slots, Hkv,
+capacity, D]``: a sequence's :class:`SlotLayer` writes its new entries into its slot and shows the
+filled part as its ``keys`` / ``values`` (views, so everything that reads a transformers cache layer
+reads it unchanged), a decode step appends for all sequences in one indexed write per layer
+(:meth:`SlotKV.append`), and the batched attention reads the buffer (:meth:`SlotKV.batch`) — a view
+when the sequences hold adjacent slots, one gather otherwise. The values are the ones a sequence's own
+cache would hold; only where they sit differs.
+
+Only short runs take a slot (at most :data:`MAX_TOKENS` prompt and new tokens): the buffer is sized by
+its longest attached run, and one long run would make every slot that long. The buffers are dropped
+when the last sequence leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeGuard
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+MAX_TOKENS = 256  # prompt + new tokens of the longest run that takes a slot
+
+
+class SlotLayer(DynamicLayer):
+    """One layer of one sequence's cache, stored in its slot of a :class:`SlotKV`."""
+
+    def __init__(self, store: SlotKV, slot: int, layer: int):
+        super().__init__()
+        self.store, self.slot, self.layer, self.length = store, slot, layer, 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.store.allocate(self.layer, key_states, value_states)
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        if self.length + n > self.store.capacity:
+            raise RuntimeError(f"slot of {self.store.capacity} tokens cannot take {self.length + n}.")
+        k, v = self.store.buffers(self.layer)
+        k[self.slot, :, self.length : self.length + n] = key_states[0]
+        v[self.slot, :, self.length : self.length + n] = value_states[0]
+        self.grown(n)
+        return self.keys, self.values
+
+    def grown(self, n: int) -> None:
+        """``n`` more entries were written into this slot: show them."""
+        self.length += n
+        k, v = self.store.buffers(self.layer)
+        self.keys = k[self.slot : self.slot + 1, :, : self.length]
+        self.values = v[self.slot : self.slot + 1, :, : self.length]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+class SlotKV:
+    """See the module docstring. ``slots`` sequences of at most ``capacity`` tokens each."""
+
+    def __init__(self, layers: int, slots: int, capacity: int = MAX_TOKENS):
+        self.layers, self.slots, self.capacity = layers, slots, capacity
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self._free = list(range(slots))
+        self._held: dict[int, list[SlotLayer]] = {}
+
+    def attach(self, cache, tokens: int) -> bool:
+        """Give an empty transformers cache of full-attention layers a slot: its layers become
+        :class:`SlotLayer` objects. False (the cache untouched) when no slot is free, the run is longer than
+        a slot, or the cache is not an empty ``DynamicLayer`` cache with one layer per model layer."""
+        layers = getattr(cache, "layers", None)
+        if (
+            not self._free
+            or tokens > self.capacity
+            or layers is None
+            or len(layers) != self.layers
+            or any(type(layer) is not DynamicLayer or layer.is_initialized for layer in layers)
+        ):
+            return False
+        slot = self._free.pop(0)
+        own = [SlotLayer(self, slot, i) for i in range(self.layers)]
+        cache.layers[:] = own
+        self._held[slot] = own
+        return True
+
+    def detach(self, cache) -> None:
+        """Free the slot of a cache :meth:`attach` gave one (a no-op for any other cache): call it once the
+        run no longer reads its cache. Its layers become empty ``DynamicLayer`` objects, so the slot's next
+        sequence is never seen through them."""
+        layers = getattr(cache, "layers", None) or []
+        mine = [layer for layer in layers if isinstance(layer, SlotLayer) and layer.store is self]
+        if not mine:
+            return
+        slot = mine[0].slot
+        for layer in mine:
+            del layer.store, layer.slot, layer.layer, layer.length
+            layer.__class__ = DynamicLayer  # type: ignore[assignment]  # a plain layer from here on
+            layer.keys = layer.values = None
+            layer.is_initialized = False
+        self._held.pop(slot, None)
+        self._free.append(slot)
+        self._free.sort()
+        if not self._held:  # the room has left: the next one sizes its own buffers
+            self.keys, self.values = [None] * self.layers, [None] * self.layers
+
+    def allocate(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if self.keys[layer] is None:
+            _, hkv, _, dk = key_states.shape
+            dtype, device = key_states.dtype, key_states.device
+            self.keys[layer] = torch.zeros(self.slots, hkv, self.capacity, dk, dtype=dtype, device=device)
+            self.values[layer] = torch.zeros(
+                self.slots, hkv, self.capacity, value_states.shape[-1], dtype=dtype, device=device
+            )
+
+    def buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s key and value buffers ([slots, Hkv, capacity, D]); allocated at its first write."""
+        k, v = self.keys[layer], self.values[layer]
+        if k is None or v is None:
+            raise RuntimeError(f"layer {layer} of the slot store holds nothing yet.")
+        return k, v
+
+    def owns(self, layers: Sequence) -> TypeGuard[Sequence[SlotLayer]]:
+        """Whether every one of these cache layers is an initialised slot of this store."""
+        return all(isinstance(x, SlotLayer) and x.store is self and x.is_initialized for x in layers)
+
+    def append(self, layer: int, owners: Sequence[SlotLayer], key_states: torch.Tensor, value_states, rows) -> None:
+        """One new entry per sequence, in one indexed write: ``owners[j]`` (all of layer ``layer``) takes
+        row ``rows[j]`` of the packed ``key_states`` / ``value_states`` ([1, Hkv, N, D])."""
+        device = key_states.device
+        slots = torch.tensor([o.slot for o in owners], device=device)
+        at = torch.tensor([o.length for o in owners], device=device)
+        if int(at.max()) >= self.capacity:
+            raise RuntimeError(f"a slot of {self.capacity} tokens is full.")
+        pick = torch.tensor(list(rows), device=device)
+        k, v = self.buffers(layer)
+        k[slots, :, at] = key_states[0][:, pick].transpose(0, 1)
+        v[slots, :, at] = value_states[0][:, pick].transpose(0, 1)
+        for o in owners:
+            o.grown(1)
+
+    def batch(self, layer: int, owners: Sequence[SlotLayer]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The owners' keys and values of layer ``layer`` as [B, Hkv, longest, D] (a view of the buffer when
+        their slots are adjacent and in order, else gathered) and each one's length."""
+        lens = [o.length for o in owners]
+        width = max(lens)
+        k, v = (x[:, :, :width] for x in self.buffers(layer))
+        first = owners[0].slot
+        if [o.slot for o in owners] == list(range(first, first + len(owners))):
+            return k[first : first + len(owners)], v[first : first + len(owners)], lens
+        idx = torch.tensor([o.slot for o in owners], device=k.device)
+        return k.index_select(0, idx), v.index_select(0, idx), lens
