@@ -12,9 +12,9 @@ reads it unchanged), a decode step appends for all sequences in one indexed writ
 when the sequences hold adjacent slots, one gather otherwise. The values are the ones a sequence's own
 cache would hold; only where they sit differs.
 
-Only short runs take a slot (at most :data:`MAX_TOKENS` prompt and new tokens): the buffer is sized by
-its longest attached run, and one long run would make every slot that long. The buffers are dropped
-when the last sequence leaves.
+Only short runs take a slot (at most :data:`MAX_TOKENS` prompt and new tokens): the buffers are sized
+by the longest attached run, and one long run would make every slot that long. They are dropped when
+the last sequence leaves.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 MAX_TOKENS = 256  # prompt + new tokens of the longest run that takes a slot
+ROUND = 32  # a slot's tokens are allocated in steps of this many
 
 
 class SlotLayer(DynamicLayer):
@@ -44,8 +45,8 @@ class SlotLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
-        if self.length + n > self.store.capacity:
-            raise RuntimeError(f"slot of {self.store.capacity} tokens cannot take {self.length + n}.")
+        if self.length + n > self.store.size[1]:
+            raise RuntimeError(f"a slot of {self.store.size[1]} tokens cannot take {self.length + n}.")
         k, v = self.store.buffers(self.layer)
         k[self.slot, :, self.length : self.length + n] = key_states[0]
         v[self.slot, :, self.length : self.length + n] = value_states[0]
@@ -64,12 +65,15 @@ class SlotLayer(DynamicLayer):
 
 
 class SlotKV:
-    """See the module docstring. ``slots`` sequences of at most ``capacity`` tokens each."""
+    """See the module docstring: at most ``slots`` sequences of at most ``capacity`` tokens each. The
+    buffers are only as large as the attached runs need — as many slots as the highest one taken, as
+    many tokens as the longest run, rounded up to :data:`ROUND` — and grow (a copy) when a run needs more."""
 
     def __init__(self, layers: int, slots: int, capacity: int = MAX_TOKENS):
         self.layers, self.slots, self.capacity = layers, slots, capacity
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
+        self.size = (0, 0)  # (slots, tokens) the buffers are, or will be, allocated with
         self._free = list(range(slots))
         self._held: dict[int, list[SlotLayer]] = {}
 
@@ -87,10 +91,30 @@ class SlotKV:
         ):
             return False
         slot = self._free.pop(0)
+        self._fit(slot + 1, min(-(-tokens // ROUND) * ROUND, self.capacity))
         own = [SlotLayer(self, slot, i) for i in range(self.layers)]
         cache.layers[:] = own
         self._held[slot] = own
         return True
+
+    def _fit(self, slots: int, tokens: int) -> None:
+        """Make the buffers hold at least ``slots`` slots of ``tokens`` tokens, copying what they hold."""
+        have_s, have_t = self.size
+        if slots <= have_s and tokens <= have_t:
+            return
+        self.size = new = (max(slots, have_s), max(tokens, have_t))
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            if k is None or v is None:
+                continue
+            bigger_k = torch.zeros(new[0], k.shape[1], new[1], k.shape[3], dtype=k.dtype, device=k.device)
+            bigger_v = torch.zeros(new[0], v.shape[1], new[1], v.shape[3], dtype=v.dtype, device=v.device)
+            bigger_k[: k.shape[0], :, : k.shape[2]] = k
+            bigger_v[: v.shape[0], :, : v.shape[2]] = v
+            self.keys[i], self.values[i] = bigger_k, bigger_v
+        for held in self._held.values():  # the layers' views now point into the new buffers
+            for layer in held:
+                if layer.is_initialized:
+                    layer.grown(0)
 
     def detach(self, cache) -> None:
         """Free the slot of a cache :meth:`attach` gave one (a no-op for any other cache): call it once the
@@ -111,15 +135,15 @@ class SlotKV:
         self._free.sort()
         if not self._held:  # the room has left: the next one sizes its own buffers
             self.keys, self.values = [None] * self.layers, [None] * self.layers
+            self.size = (0, 0)
 
     def allocate(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if self.keys[layer] is None:
-            _, hkv, _, dk = key_states.shape
+            slots, tokens = self.size
+            hkv, dk, dv = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
             dtype, device = key_states.dtype, key_states.device
-            self.keys[layer] = torch.zeros(self.slots, hkv, self.capacity, dk, dtype=dtype, device=device)
-            self.values[layer] = torch.zeros(
-                self.slots, hkv, self.capacity, value_states.shape[-1], dtype=dtype, device=device
-            )
+            self.keys[layer] = torch.zeros(slots, hkv, tokens, dk, dtype=dtype, device=device)
+            self.values[layer] = torch.zeros(slots, hkv, tokens, dv, dtype=dtype, device=device)
 
     def buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s key and value buffers ([slots, Hkv, capacity, D]); allocated at its first write."""
@@ -138,8 +162,8 @@ class SlotKV:
         device = key_states.device
         slots = torch.tensor([o.slot for o in owners], device=device)
         at = torch.tensor([o.length for o in owners], device=device)
-        if int(at.max()) >= self.capacity:
-            raise RuntimeError(f"a slot of {self.capacity} tokens is full.")
+        if int(at.max()) >= self.size[1]:
+            raise RuntimeError(f"a slot of {self.size[1]} tokens is full.")
         pick = torch.tensor(list(rows), device=device)
         k, v = self.buffers(layer)
         k[slots, :, at] = key_states[0][:, pick].transpose(0, 1)

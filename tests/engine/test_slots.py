@@ -96,3 +96,22 @@ def test_the_engine_decodes_short_runs_in_slots_and_frees_them(lm):
     assert wait_all([long], 600)
     assert seen[0] == [True, True, False]
     assert engine.slots is not None and engine.slots._free == list(range(engine.max_batch))
+
+
+def test_the_buffers_grow_to_what_the_runs_need_and_keep_what_they_hold():
+    torch.manual_seed(1)
+    store = SlotKV(LAYERS, slots=8, capacity=256)
+    a = empty_cache()
+    assert store.attach(a, 20)
+    assert store.size == (1, 32)  # one slot of 20 tokens, rounded up
+    k, v = kv(20)
+    a.update(k, v, 0)
+    assert store.keys[0] is not None and tuple(store.keys[0].shape) == (1, HKV, 32, D)
+    b = empty_cache()
+    assert store.attach(b, 100)  # a longer run in a second slot: every buffer grows, copying what it held
+    assert store.size == (2, 128) and tuple(store.keys[0].shape) == (2, HKV, 128, D)
+    assert torch.equal(a.layers[0].keys, k) and torch.equal(a.layers[0].values, v)
+    assert a.layers[0].keys.untyped_storage().data_ptr() == store.keys[0].untyped_storage().data_ptr()
+    more = kv(1)
+    a.update(*more, 0)
+    assert torch.equal(a.layers[0].keys, torch.cat([k, more[0]], dim=2))
