@@ -103,6 +103,8 @@ class PackedAttention:
         self.cache, self.masks = cache, masks
         # segments that feed one token with no mask of their own (a decode step under SDPA): attended together
         self.decoding = [i for i, ((a, b), m) in enumerate(zip(cache.bounds, masks)) if b - a == 1 and m is None]
+        # whether a decoding segment's recorder takes its first decode step (it does not change within a forward)
+        self.first_decode = any(getattr(cache.segments[i].recorder, "checks_decode", False) for i in self.decoding)
 
     def attend(self, module, implementation, query, *args, **kwargs):
         """The layer's output [1, N, Hq, Dv]: each segment's query rows against its own keys and values,
@@ -123,9 +125,7 @@ class PackedAttention:
         if together:
             starts = [self.cache.bounds[i][0] for i in together]
             recorders = [self.cache.segments[i].recorder for i in together]
-            check = plain_sdpa(module, implementation, query, kwargs) and any(
-                getattr(r, "checks_decode", False) for r in recorders
-            )
+            check = self.first_decode and plain_sdpa(module, implementation, query, kwargs)
             slotted = self.cache.slotted.pop(layer, {})
             batched = None
             if self.cache.slots is not None and all(i in slotted for i in together):

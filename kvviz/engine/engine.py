@@ -299,12 +299,13 @@ class Engine:
         for job in sorted(batch, key=lambda j: j.gen.prefilling):  # decoding runs first: one token each
             g = job.gen
             if not job.claimed:
-                if self.prefix is not None and storing.intersection(self.prefix.hashes(g)):
-                    continue  # a run of this step computes blocks this one would reuse: start once they are stored
-                job.claimed = True
                 if self.prefix is not None:
-                    job.claim = self.prefix.claim(g)
+                    hashes = self.prefix.hashes(g)
+                    if storing.intersection(hashes):
+                        continue  # a run of this step computes blocks this one would reuse: start once they are stored
+                    job.claim = self.prefix.claim(g, hashes)
                     storing.update(job.claim.hashes[len(job.claim.held) :])
+                job.claimed = True
             if g.prefilling and budget <= 0:
                 continue
             ids, start = g.next_feed(budget if g.prefilling else None)

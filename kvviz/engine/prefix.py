@@ -88,11 +88,12 @@ class PrefixStore:
             return []
         return self.hasher(g.trace.token_ids[:usable])
 
-    def claim(self, g: Generation) -> Claim:
+    def claim(self, g: Generation, hashes: list[bytes] | None = None) -> Claim:
         """Seed a fresh run from the longest cached run of its leading blocks, and ask its recorder to keep
-        the rows of the blocks still to be stored. Call before the run's first forward."""
+        the rows of the blocks still to be stored. Call before the run's first forward; ``hashes``: the
+        run's :meth:`hashes`, when the caller has them already."""
         b = self.block_size
-        hashes = self.hashes(g)
+        hashes = self.hashes(g) if hashes is None else hashes
         if not hashes or g.rec is None:
             return Claim([], [])
         usable = len(hashes) * b
