@@ -1,7 +1,8 @@
 """A lecture hall at once: N simulated students call ``/generate`` through gradio_client together.
 
-Run: ``.venv/bin/python bench/load.py [--students 24 24] [--same 100] [--new-tokens 16] [--url URL]``.
-Without ``--url`` it starts ``python app.py`` on a free port (the server's RSS is then measured).
+Run: ``.venv/bin/python bench/load.py [--students 24 24] [--same 100] [--new-tokens 16] [--url URL]
+[--client gradio|http]``. Without ``--url`` it starts ``python app.py`` on a free port (the server's RSS is
+then measured).
 Each student has their own client (= session) and presses Generate through the chat template: first
 waves of distinct one-line questions (all at once), then ``--same`` students pressing the same example
 within ``--same-spread-s`` seconds. Every answer must equal a solo run of the same prompt (greedy),
@@ -9,6 +10,13 @@ with no error, and the app must still answer afterwards. Reports p50/p95 latency
 full answer, the equivalence check included), the server's RSS after each wave (a repeated wave shows
 whether memory keeps growing), and the engine's prefix-cache hit rate and bytes held.
 Results go to ``bench/results/load.json`` (``--out``).
+
+The students' clients run in this process, on the server's machine — in a lecture each browser has a
+machine of its own. ``--client gradio`` (the default) gives each student a ``gradio_client.Client``, the
+way the figures have always been measured; on the 2-core machine 24 of them take ~1.4 s of the cores to
+send their presses, and 100 take most of both cores while they arrive. ``--client http`` presses with
+plain HTTP against the app's REST route (``POST /gradio_api/call/generate``, then its event stream),
+the same queue and handler at a few milliseconds of client work each, so the figures are the server's.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import psutil
 from gradio_client import Client
 
@@ -134,15 +143,45 @@ def ask(url: str, prompt: str, new_tokens: int) -> dict:
     return client(url).predict(prompt, new_tokens, True, 0.0, 1.0, 0, api_name="/generate")
 
 
-def wave(url: str, prompts: list[str], new_tokens: int, solo: dict[str, str], spread_s: float = 0.0) -> dict:
+class HttpStudent:
+    """A student pressing Generate with plain HTTP: the REST route's POST, then its event stream, read
+    until the ``complete`` event (its data: the endpoint's outputs, a JSON list) or an ``error``."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(timeout=120)
+
+    def predict(self, *data, api_name: str) -> dict:
+        route = f"{self.url}/gradio_api/call{api_name}"
+        posted = self.http.post(route, json={"data": list(data)})
+        posted.raise_for_status()
+        event: str | None = None
+        body: list[str] = []
+        with self.http.stream("GET", f"{route}/{posted.json()['event_id']}") as stream:
+            for line in stream.iter_lines():
+                if line.startswith("event:"):
+                    event, body = line[6:].strip(), []
+                elif line.startswith("data:"):
+                    body.append(line[5:].strip())
+                elif not line and event in ("complete", "error"):
+                    break
+        text = "\n".join(body)
+        if event != "complete":
+            raise RuntimeError(f"the server answered {event}: {text[:300]}")
+        return json.loads(text)[0]
+
+
+def wave(
+    url: str, prompts: list[str], new_tokens: int, solo: dict[str, str], spread_s: float = 0.0, kind: str = "gradio"
+) -> dict:
     """One student per prompt: all at once (a barrier releases them together), or arriving evenly over
     ``spread_s`` seconds; checks each answer against its solo run. Latency: press to full answer."""
     n = len(prompts)
     barrier = threading.Barrier(n)
-    clients = [None] * n
+    clients: list[Client | HttpStudent | None] = [None] * n
 
     def student(i: int) -> tuple[float, str | None, str | None, int]:
-        clients[i] = client(url)  # connect first, like students opening the page
+        clients[i] = client(url) if kind == "gradio" else HttpStudent(url)  # connect first, like opening the page
         barrier.wait()
         time.sleep(spread_s * i / max(n - 1, 1))
         t0 = time.perf_counter()
@@ -195,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         "at its next heartbeat, every 15 s)",
     )
     ap.add_argument("--url", help="load-test a running app instead of starting one (no RSS then)")
+    ap.add_argument(
+        "--client",
+        choices=["gradio", "http"],
+        default="gradio",
+        help="each student's client: a gradio_client.Client, or plain HTTP (see the module docstring)",
+    )
     ap.add_argument("--out", default="load.json", help="file name under bench/results/")
     args = ap.parse_args(argv)
 
@@ -227,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"solo (library): {n_max} prompts, {solo_s:.2f} s each, {distinct} distinct answers; RSS {rss0} MiB")
         waves = []
         for prompts, spread in plan:
-            w = wave(url, prompts, args.new_tokens, solo, spread)
+            w = wave(url, prompts, args.new_tokens, solo, spread, args.client)
             gc.collect()  # closes this wave's clients; let the server see their sessions end before measuring
             time.sleep(args.settle_s)
             w["rss_mib_after"] = None if pid is None else round(rss_mib(pid), 1)
@@ -244,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         load_avg = os.getloadavg()
         rss_idle = rss_mib(pid)
         report = {
+            "client": args.client,
             "new_tokens": args.new_tokens,
             "chat": True,
             "cpu_cores": os.cpu_count(),

@@ -135,9 +135,12 @@ def plain_sdpa(module, implementation, query, kwargs: dict) -> bool:
     )
 
 
-def record_call(recorder, module, query, key, value, attention_mask, out, weights, kwargs: dict, scores=None) -> None:
+def record_call(
+    recorder, module, query, key, value, attention_mask, out, weights, kwargs: dict, scores=None, probs=None
+) -> None:
     """Hand one attention call's tensors, and everything the implementation applied, to ``recorder``
-    (``scores``: a decode query's q·kᵀ, when a packed forward computed them for many sequences at once)."""
+    (``scores`` or ``probs``: a decode query's q·kᵀ or probabilities, when a packed forward computed them
+    for many sequences at once)."""
     recorder.record(
         module.layer_idx,
         query,
@@ -152,6 +155,7 @@ def record_call(recorder, module, query, key, value, attention_mask, out, weight
         bias=kwargs.get("position_bias"),
         sliding_window=kwargs.get("sliding_window"),
         scores=scores,
+        probs=probs,
     )
 
 

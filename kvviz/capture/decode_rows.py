@@ -44,18 +44,26 @@ class DecodeRows:
         def _learned(self, layer: int, device) -> torch.Tensor: ...
 
     def _record_decode(
-        self, layer, query, key, mask, scaling, softcap, extras: Extras | None, value, out, scores=None
+        self, layer, query, key, mask, scaling, softcap, extras: Extras | None, value, out, scores=None, probs=None
     ) -> None:
         """Plain layers (no mask, soft-cap, sinks or bias, keys in order) only compute their scores here;
         the softmax and every reduction run once per step for all of them in :meth:`_flush_decode`
         (a few large ops instead of ~10 tiny ones per layer). The first decode step takes the exact
-        path for every layer and checks it against the layer's output."""
+        path for every layer and checks it against the layer's output. ``scores`` / ``probs``: the
+        query's row [Hq, k], already computed by the caller (see :meth:`Recorder.record`)."""
         k_len = key.shape[2]
         pos = self._key_positions(layer, k_len)
         plain = extras is None or (extras.sinks is None and extras.bias is None and k_len <= extras.window)
         check = not self._decode_checked and value is not None and out is not None
         if mask is None and softcap is None and pos is None and plain and not check:
             hq, d, hkv = query.shape[1], query.shape[-1], key.shape[1]
+            if probs is not None:
+                if tuple(probs.shape) != (hq, k_len):
+                    raise ValueError(
+                        f"decode probabilities of shape {tuple(probs.shape)} for {hq} heads over {k_len} keys"
+                    )
+                self._pending.append((layer, probs, None))
+                return
             if scores is None:
                 q = query[0, :, 0].float().reshape(hkv, hq // hkv, d)  # [Hkv, g, D]
                 scores = self._step_view(hq * k_len, query.device).view(hkv, hq // hkv, k_len)

@@ -115,9 +115,13 @@ class PackedAttention:
         values padded to the longest cache, the padding masked out, so each query still attends over
         exactly its own keys. Their recorders get their rows of one batched q·kᵀ. Per sequence, a decode
         step would otherwise cost two small kernel calls per layer — more than the step's arithmetic.
+        For plain SDPA calls in fp32 the output is their probabilities × values, from the scores the
+        recorders need anyway (as a lone run's recorder computes its decode output,
+        :meth:`~kvviz.capture.recorder.Recorder.own_output`), and the recorders get the probabilities.
         A recorder's first decode step checks its rows against the layer's output; for plain SDPA calls
-        that check runs here for every decoding segment at once (:func:`check_decoding`), and their
-        recorders get no values (nothing left for them to check)."""
+        that check runs here for every decoding segment at once (:func:`check_decoding`: then SDPA runs
+        too, and must give the same output), and their recorders get no values (nothing left for them to
+        check)."""
         layer = module.layer_idx
         parts = self.cache.current.pop(layer)
         outs: list[torch.Tensor | None] = [None] * len(parts)
@@ -125,12 +129,13 @@ class PackedAttention:
         if together:
             starts = [self.cache.bounds[i][0] for i in together]
             recorders = [self.cache.segments[i].recorder for i in together]
-            check = self.first_decode and plain_sdpa(module, implementation, query, kwargs)
+            plain = plain_sdpa(module, implementation, query, kwargs)
+            check = self.first_decode and plain
             slotted = self.cache.slotted.pop(layer, {})
             batched = None
             if self.cache.slots is not None and all(i in slotted for i in together):
                 batched = self.cache.slots.batch(layer, [slotted[i] for i in together])
-            outs_b, scores = _attend_decoding(
+            outs_b, rows, probabilities = _attend_decoding(
                 module,
                 implementation,
                 query,
@@ -139,15 +144,19 @@ class PackedAttention:
                 *args,
                 check=check,
                 batched=batched,
+                own=plain and query.dtype == torch.float32,
                 **kwargs,
             )
             for j, i in enumerate(together):
                 (a, b), (key, value) = self.cache.bounds[i], parts[i]
                 outs[i] = outs_b[j]
                 if recorders[j] is not None:
-                    row = scores[j, :, : key.shape[2]]
+                    row = rows[j, :, : key.shape[2]]
                     given = None if check else value
-                    record_call(recorders[j], module, query[:, :, a:b], key, given, None, outs_b[j], None, kwargs, row)
+                    kind = "probs" if probabilities else "scores"
+                    record_call(
+                        recorders[j], module, query[:, :, a:b], key, given, None, outs_b[j], None, kwargs, **{kind: row}
+                    )
         for i, (seg, (a, b), (key, value), mask) in enumerate(
             zip(self.cache.segments, self.cache.bounds, parts, self.masks)
         ):
@@ -168,13 +177,16 @@ def _attend_decoding(
     *args,
     check: bool = False,
     batched: tuple | None = None,
+    own: bool = False,
     **kwargs,
 ):
-    """SDPA for B one-query segments at once (their query rows ``starts``, their caches' ``parts``): per
-    segment its output [1, 1, Hq, Dv], and every segment's plain scores q·kᵀ [B, Hq, longest k] (fp32;
-    only the first k of a segment's row are its keys). ``check``: also :func:`check_decoding` them.
-    ``batched``: their keys and values already side by side ([B, Hkv, longest, D] each) with their lengths
-    (:meth:`~kvviz.engine.slots.SlotKV.batch`), so nothing is padded here."""
+    """Attention for B one-query segments at once (their query rows ``starts``, their caches' ``parts``):
+    per segment its output [1, 1, Hq, Dv]; every segment's row [B, Hq, longest k] (fp32; only the first
+    k of a segment's row are its keys); and whether those rows are probabilities (``own``: the output is
+    computed from them) or plain scores q·kᵀ (the output is SDPA's). ``check``: also
+    :func:`check_decoding` them against SDPA. ``batched``: their keys and values already side by side
+    ([B, Hkv, longest, D] each) with their lengths (:meth:`~kvviz.engine.slots.SlotKV.batch`), so nothing
+    is padded here."""
     keys = [k for k, _ in parts]
     values = [v for _, v in parts]
     lens = [k.shape[2] for k in keys]
@@ -196,14 +208,35 @@ def _attend_decoding(
             key[j, :, : lens[j]] = k[0]
             value[j, :, : lens[j]] = v[0]
         mask = (torch.arange(width, device=key.device) < torch.tensor(lens, device=key.device)[:, None])[:, None, None]
-    out, _ = implementation(module, q, key, value, mask, *args, **kwargs)  # [B, 1, Hq, Dv]
     hq, hkv, d = q.shape[1], key.shape[1], q.shape[-1]
     scores = torch.matmul(q.float().reshape(len(parts), hkv, hq // hkv, d), key.float().transpose(2, 3))
     scores = scores.view(len(parts), hq, width)
+    scale = kwargs.get("scaling")
+    scale = scale if scale is not None else d**-0.5
+    if own:
+        probs, out = _softmax_values(scores, value, mask, scale)
+        if check:
+            ref, _ = implementation(module, q, key, value, mask, *args, **kwargs)
+            agree(module.layer_idx, out[:, 0], ref[:, 0], query.dtype, "its probabilities × values do not reproduce")
+        return out.split(1), probs, True
+    out, _ = implementation(module, q, key, value, mask, *args, **kwargs)  # [B, 1, Hq, Dv]
     if check:
-        scale = kwargs.get("scaling")
-        check_decoding(module.layer_idx, scores, value, mask, out, scale if scale is not None else d**-0.5, query.dtype)
-    return out.split(1), scores
+        check_decoding(module.layer_idx, scores, value, mask, out, scale, query.dtype)
+    return out.split(1), scores, False
+
+
+def _softmax_values(scores, value, mask, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """B decoding segments' probabilities [B, Hq, k] (softmax of their scaled scores over their own keys)
+    and their attention output [B, 1, Hq, Dv] (probabilities × values). scores: [B, Hq, k] (unscaled
+    q·kᵀ); value: [B, Hkv, k, Dv]; mask: [B, 1, 1, k] (True: a key of the segment's own), or None."""
+    b, hq, width = scores.shape
+    hkv, dv = value.shape[1], value.shape[-1]
+    logits = scores * scaling
+    if mask is not None:
+        logits = logits.masked_fill(~mask[:, 0], float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    out = torch.matmul(probs.view(b, hkv, hq // hkv, width), value.float()).view(b, 1, hq, dv)
+    return probs, out
 
 
 def check_decoding(layer: int, scores, value, mask, out, scaling: float, dtype: torch.dtype) -> None:
@@ -212,14 +245,8 @@ def check_decoding(layer: int, scores, value, mask, out, scaling: float, dtype: 
     the check a recorder's first decode step makes (:func:`~kvviz.capture.attention_math.check_output`),
     for the whole batch in three ops. scores: [B, Hq, k] (unscaled q·kᵀ); value: [B, Hkv, k, Dv];
     mask: [B, 1, 1, k] (True: a key of the segment's own), or None; out: [B, 1, Hq, Dv]."""
-    b, hq, width = scores.shape
-    hkv, dv = value.shape[1], value.shape[-1]
-    logits = scores * scaling
-    if mask is not None:
-        logits = logits.masked_fill(~mask[:, 0], float("-inf"))
-    probs = torch.softmax(logits, dim=-1).view(b, hkv, hq // hkv, width)
-    mine = torch.matmul(probs, value.float()).view(b, hq, dv)
-    agree(layer, mine, out[:, 0], dtype, "its probabilities × values do not reproduce")
+    _, mine = _softmax_values(scores, value, mask, scaling)
+    agree(layer, mine[:, 0], out[:, 0], dtype, "its probabilities × values do not reproduce")
 
 
 def packable(lm: LoadedModel) -> bool:

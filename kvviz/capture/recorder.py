@@ -183,18 +183,21 @@ class Recorder(DecodeRows):
         bias=None,
         sliding_window=None,
         scores=None,
+        probs=None,
     ) -> None:
         """One layer's attention call. ``weights``: the probabilities the implementation returned
         (eager), used as they are; otherwise they are recomputed from the query, keys, mask, scaling,
         soft-cap, learned ``sinks`` ([Hq] logits), additive ``bias`` and ``sliding_window``. ``value``
         and ``out`` let the first prefill and decode step check the probabilities against the output.
         ``scores``: a decode query's plain scores q·kᵀ [Hq, k] (fp32, unscaled) when the caller already
-        computed them for many sequences at once; used only where the plain decode path applies."""
+        computed them for many sequences at once; used only where the plain decode path applies.
+        ``probs``: likewise, that query's probabilities [Hq, k] when the caller also computed the layer's
+        output from them (and checked it against the implementation)."""
         self._recorded[layer] = True
         if query.device != self.device:  # a dispatched model's layer on another device hands its tensors over
-            query, key, mask, out, value, weights, sinks, bias, scores = (
+            query, key, mask, out, value, weights, sinks, bias, scores, probs = (
                 x.to(self.device) if isinstance(x, torch.Tensor) else x
-                for x in (query, key, mask, out, value, weights, sinks, bias, scores)
+                for x in (query, key, mask, out, value, weights, sinks, bias, scores, probs)
             )
         if self.keep_outputs:
             self._out_step[layer] = out[0].reshape(out.shape[1], -1).float()  # [q, Hq*Dv]
@@ -209,7 +212,7 @@ class Recorder(DecodeRows):
         extras = Extras(sinks, bias, sliding_window)
         if query.shape[2] == 1:
             self._record_decode(
-                layer, query, key, mask, scaling, softcap, extras if extras else None, value, out, scores
+                layer, query, key, mask, scaling, softcap, extras if extras else None, value, out, scores, probs
             )
         else:
             self._record_prefill(layer, query, key, mask, scaling, softcap, extras, value, out)

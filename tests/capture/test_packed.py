@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import kvviz.capture.packed as packed
 from kvviz.capture.attention_fn import CaptureError, installed
@@ -63,9 +66,9 @@ def test_decoding_sequences_attend_together_and_equal_their_solo_steps(lm, monke
 
 
 def test_the_first_decode_step_is_checked_for_every_decoding_sequence_at_once(lm, monkeypatch):
-    checks = []
-    real = packed.check_decoding
-    monkeypatch.setattr(packed, "check_decoding", lambda *a: checks.append(a[1].shape[0]) or real(*a))
+    checks = []  # per check: how many sequences' outputs it compared with SDPA's
+    real = packed.agree
+    monkeypatch.setattr(packed, "agree", lambda *a: checks.append(a[1].shape[0]) or real(*a))
     with torch.inference_mode(), installed(lm.model):
         runs = [prefilled(lm, p) for p in PROMPTS]
         for _ in range(2):
@@ -75,6 +78,52 @@ def test_the_first_decode_step_is_checked_for_every_decoding_sequence_at_once(lm
                 g.take(row[-1], len(ids))
     assert checks == [len(PROMPTS)] * lm.model.config.num_hidden_layers  # the first step only, per layer
     assert not any(g.rec.checks_decode for g in runs)
+
+
+def _decoding_batch(b=3, hkv=2, g=3, width=7, d=8):
+    """Random one-query segments over padded caches of lengths 7, 4 and 2, with a stand-in layer module."""
+    torch.manual_seed(0)
+    q, key, value = torch.randn(1, hkv * g, b, d), torch.randn(b, hkv, width, d), torch.randn(b, hkv, width, d)
+    lens = [7, 4, 2][:b]
+    module = types.SimpleNamespace(layer_idx=0, num_key_value_groups=g, is_causal=True, training=False)
+    parts = [(key[j : j + 1, :, :n], value[j : j + 1, :, :n]) for j, n in enumerate(lens)]
+    return module, q, parts, (key, value, lens)
+
+
+def test_decoding_outputs_from_their_own_probabilities_equal_sdpa_and_ignore_padding():
+    module, q, parts, (key, value, lens) = _decoding_batch()
+    value[2, :, 2:] = 99.0  # padding of the shortest segment: never attended
+    starts = list(range(len(parts)))
+    with torch.inference_mode():
+        mine, probs, own = packed._attend_decoding(module, sdpa_attention_forward, q, starts, parts, own=True)
+        ref, scores, plain = packed._attend_decoding(module, sdpa_attention_forward, q, starts, parts)
+        slotted = packed._attend_decoding(
+            module, sdpa_attention_forward, q, starts, parts, own=True, check=True, batched=(key, value, lens)
+        )
+    assert own and not plain
+    for a, b, c in zip(mine, ref, slotted[0]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(c, b, atol=1e-6, rtol=1e-5)
+    for j, n in enumerate(lens):
+        torch.testing.assert_close(probs[j, :, :n].sum(-1), torch.ones(probs.shape[1]))
+        assert (probs[j, :, n:] == 0).all()
+        torch.testing.assert_close(probs[j, :, :n], torch.softmax(scores[j, :, :n] * 8**-0.5, -1))
+
+
+def test_the_first_decode_check_catches_an_implementation_the_probabilities_do_not_reproduce():
+    module, q, parts, _ = _decoding_batch()
+
+    def shifted(*args, **kwargs):  # an attention variant kvviz does not model: one head of one sequence off
+        out, w = sdpa_attention_forward(*args, **kwargs)
+        out = out.clone()
+        out[1, 0, 4] += 0.1
+        return out, w
+
+    starts = list(range(len(parts)))
+    with torch.inference_mode():
+        packed._attend_decoding(module, shifted, q, starts, parts, own=True)  # not checked: later steps trust it
+        with pytest.raises(CaptureError, match="layer 0 faithfully"):
+            packed._attend_decoding(module, shifted, q, starts, parts, own=True, check=True)
 
 
 def test_the_batched_decode_check_catches_an_output_its_rows_do_not_reproduce():
