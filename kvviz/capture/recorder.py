@@ -160,10 +160,16 @@ class Recorder(DecodeRows):
             raise ValueError("cached prefix rows do not fit this run (layers, heads or length).")
         w0 = self.n_prompt - self.window_rows.shape[2]
         step = self._chunk_rows(n)
-        for layer in range(self.layers):
+        rows = rows.to(self.device)
+        if rows.numel() <= self.cfg.chunk_elements:  # a short prefix: every layer's chunks in one reduction
             for a0 in range(0, n, step):
                 a1 = min(a0 + step, n)
-                self._reduce_chunk(layer, rows[layer, :, a0:a1, :a1].to(self.device), a0, 0, w0)
+                self._reduce_chunk(slice(None), rows[:, :, a0:a1, :a1], a0, 0, w0)
+        else:
+            for layer in range(self.layers):
+                for a0 in range(0, n, step):
+                    a1 = min(a0 + step, n)
+                    self._reduce_chunk(layer, rows[layer, :, a0:a1, :a1], a0, 0, w0)
         self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])
 
     # -- called from the attention function ------------------------------------------------
@@ -396,28 +402,31 @@ class Recorder(DecodeRows):
             self._tri = torch.full((n, n), float("-inf"), device=device).triu(1)
         return self._tri[:n, :n]
 
-    def _reduce_chunk(self, layer: int, p: torch.Tensor, a0: int, koff: int, w0: int) -> None:
+    def _reduce_chunk(self, layer: int | slice, p: torch.Tensor, a0: int, koff: int, w0: int) -> None:
         """Fold one chunk's probabilities p [Hq, C, kend] (queries from absolute position a0, keys
-        from koff) into the column sums, sink mass, window rows and the binned map."""
-        n, kend, f = p.shape[1], p.shape[2], self.cfg.bin_factor
+        from koff) into the column sums, sink mass, window rows and the binned map; with ``layer`` a
+        slice of layers (keys from 0), p is [layers, Hq, C, kend]."""
+        qd = p.dim() - 2  # the query dimension
+        n, kend, f = p.shape[qd], p.shape[qd + 1], self.cfg.bin_factor
         kept = self.prefix_rows
         if kept is not None and a0 < kept.shape[2] and koff == 0:  # rows the prefix cache will store
             hi = min(a0 + n, kept.shape[2])
-            kept[layer, :, a0:hi, : min(kend, kept.shape[3])] = p[:, : hi - a0, : kept.shape[3]]
+            kept[layer, :, a0:hi, : min(kend, kept.shape[3])] = p[..., : hi - a0, : kept.shape[3]]
         self.sink_mass[layer, :, a0 : a0 + n] = p[..., : max(self.cfg.sink_k - koff, 0)].sum(-1)
         # keys koff… in order: from 0, or a sliding layer's window in a later prefill chunk (earlier keys got 0)
-        if a0 + n > w0 and a0 < self.n_prompt and (koff == 0 or self._in_order(layer)):
+        in_order = koff == 0 or (isinstance(layer, int) and self._in_order(layer))
+        if a0 + n > w0 and a0 < self.n_prompt and in_order:
             lo, hi = max(a0, w0), min(a0 + n, self.n_prompt)
-            self.window_rows[layer, :, lo - w0 : hi - w0, koff : koff + kend] = p[:, lo - a0 : hi - a0]
-        qb0, qbinned = bin_positions(p, a0, f, dim=1)  # [Hq, nqb_chunk, kend]: mass summed over each query bin
-        col = qbinned.sum(1)  # [Hq, kend]: every query of the chunk, once
+            self.window_rows[layer, :, lo - w0 : hi - w0, koff : koff + kend] = p[..., lo - a0 : hi - a0, :]
+        qb0, qbinned = bin_positions(p, a0, f, dim=qd)  # [..., Hq, nqb_chunk, kend]: mass summed over each query bin
+        col = qbinned.sum(qd)  # [..., Hq, kend]: every query of the chunk, once
         self.colsum[layer, :, koff : koff + kend] += col
         if a0 >= self.n_prompt:
             return
         if a0 + n > self.n_prompt:  # a feed that runs past the prompt: keep only the prompt queries
-            qb0, qbinned = bin_positions(p[:, : self.n_prompt - a0], a0, f, dim=1)
-        kb0, binned = bin_positions(qbinned, koff, f, dim=2)  # [Hq, nqb_chunk, nkb]
-        self.prefill_map[layer, :, qb0 : qb0 + binned.shape[1], kb0 : kb0 + binned.shape[2]] += binned
+            qb0, qbinned = bin_positions(p[..., : self.n_prompt - a0, :], a0, f, dim=qd)
+        kb0, binned = bin_positions(qbinned, koff, f, dim=qd + 1)  # [..., Hq, nqb_chunk, nkb]
+        self.prefill_map[layer, :, qb0 : qb0 + binned.shape[qd], kb0 : kb0 + binned.shape[qd + 1]] += binned
 
     def finish_prefill_map(self) -> torch.Tensor:
         """Mean row per query bin (each row of the map then sums to 1)."""

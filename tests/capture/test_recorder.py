@@ -245,3 +245,28 @@ def test_only_a_plain_causal_mask_takes_the_diagonal_block_path():
     padded = causal.clone()
     padded[..., 0] = False
     assert not is_causal(padded, k)
+
+
+def test_a_short_cached_prefix_is_replayed_for_every_layer_at_once_as_layer_by_layer():
+    # 14 cached prompt queries in chunks of 3 over display bins of 3, the last 12 prompt queries kept as
+    # window rows: the one reduction over all layers must fold in exactly what the per-layer loop does
+    torch.manual_seed(2)
+    scores = torch.randn(3, 4, 14, 14).masked_fill(torch.ones(14, 14, dtype=torch.bool).triu(1), float("-inf"))
+    rows = torch.softmax(scores, -1)
+    recs = [
+        Recorder(
+            3,
+            4,
+            30,
+            20,
+            RecorderConfig(sink_k=2, bin_factor=3, obs_window=12, chunk=5, chunk_elements=c),
+            torch.device("cpu"),
+        )
+        for c in (2**22, 16)  # 16: too small for all layers at once, so layer by layer
+    ]
+    for rec in recs:
+        rec.replay_prefix(rows)
+    together, by_layer = recs
+    for name in ("colsum", "sink_mass", "window_rows", "prefill_map", "prefill_colsum"):
+        assert torch.equal(getattr(together, name), getattr(by_layer, name)), name
+    assert together.colsum[:, :, :14].sum().item() == pytest.approx(3 * 4 * 14, rel=1e-6)  # every row once
