@@ -119,9 +119,9 @@ class PackedAttention:
         recorders need anyway (as a lone run's recorder computes its decode output,
         :meth:`~kvviz.capture.recorder.Recorder.own_output`), and the recorders get the probabilities.
         A recorder's first decode step checks its rows against the layer's output; for plain SDPA calls
-        that check runs here for every decoding segment at once (:func:`check_decoding`: then SDPA runs
-        too, and must give the same output), and their recorders get no values (nothing left for them to
-        check)."""
+        that check runs here for every decoding segment at once — in fp32 SDPA runs too and must give
+        the output computed from the probabilities, in other dtypes :func:`check_decoding` checks SDPA's
+        output against the rows — and their recorders get no values (nothing left for them to check)."""
         layer = module.layer_idx
         parts = self.cache.current.pop(layer)
         outs: list[torch.Tensor | None] = [None] * len(parts)
