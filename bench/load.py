@@ -1,4 +1,4 @@
-"""A lecture hall at once: N simulated students call ``/generate`` through gradio_client together.
+"""A lecture hall at once: N simulated students call ``/generate`` together (gradio_client or plain HTTP).
 
 Run: ``.venv/bin/python bench/load.py [--students 24 24] [--same 100] [--new-tokens 16] [--url URL]
 [--client gradio|http]``. Without ``--url`` it starts ``python app.py`` on a free port (the server's RSS is
