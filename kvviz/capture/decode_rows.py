@@ -57,11 +57,10 @@ class DecodeRows:
         check = not self._decode_checked and value is not None and out is not None
         if mask is None and softcap is None and pos is None and plain and not check:
             hq, d, hkv = query.shape[1], query.shape[-1], key.shape[1]
-            if probs is not None:
-                if tuple(probs.shape) != (hq, k_len):
-                    raise ValueError(
-                        f"decode probabilities of shape {tuple(probs.shape)} for {hq} heads over {k_len} keys"
-                    )
+            given = probs if probs is not None else scores
+            if given is not None and tuple(given.shape) != (hq, k_len):
+                raise ValueError(f"a decode row of shape {tuple(given.shape)} for {hq} heads over {k_len} keys")
+            if probs is not None:  # already softmaxed: no scale
                 self._pending.append((layer, probs, None))
                 return
             if scores is None:
@@ -69,8 +68,6 @@ class DecodeRows:
                 scores = self._step_view(hq * k_len, query.device).view(hkv, hq // hkv, k_len)
                 torch.bmm(q, key[0].float().transpose(1, 2), out=scores)
                 scores = scores.view(hq, k_len)  # [Hq, k]
-            elif tuple(scores.shape) != (hq, k_len):
-                raise ValueError(f"decode scores of shape {tuple(scores.shape)} for {hq} heads over {k_len} keys")
             scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
             self._pending.append((layer, scores, float(scale)))
             return

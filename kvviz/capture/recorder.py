@@ -161,15 +161,14 @@ class Recorder(DecodeRows):
         w0 = self.n_prompt - self.window_rows.shape[2]
         step = self._chunk_rows(n)
         rows = rows.to(self.device)
-        if rows.numel() <= self.cfg.chunk_elements:  # a short prefix: every layer's chunks in one reduction
+        # a short prefix: every layer's chunks in one reduction; a long one layer by layer
+        layers: list[int | slice] = (
+            [slice(None)] if rows.numel() <= self.cfg.chunk_elements else list(range(self.layers))
+        )
+        for layer in layers:
             for a0 in range(0, n, step):
                 a1 = min(a0 + step, n)
-                self._reduce_chunk(slice(None), rows[:, :, a0:a1, :a1], a0, 0, w0)
-        else:
-            for layer in range(self.layers):
-                for a0 in range(0, n, step):
-                    a1 = min(a0 + step, n)
-                    self._reduce_chunk(layer, rows[layer, :, a0:a1, :a1], a0, 0, w0)
+                self._reduce_chunk(layer, rows[layer, :, a0:a1, :a1], a0, 0, w0)
         self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])
 
     # -- called from the attention function ------------------------------------------------
