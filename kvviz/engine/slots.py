@@ -76,6 +76,7 @@ class SlotKV:
         self.size = (0, 0)  # (slots, tokens) the buffers are, or will be, allocated with
         self._free = list(range(slots))
         self._held: dict[int, list[SlotLayer]] = {}
+        self._last: tuple | None = None  # the latest append's key and index tensors (see _where)
 
     def attach(self, cache, tokens: int) -> bool:
         """Give an empty transformers cache of full-attention layers a slot: its layers become
@@ -159,17 +160,22 @@ class SlotKV:
     def append(self, layer: int, owners: Sequence[SlotLayer], key_states: torch.Tensor, value_states, rows) -> None:
         """One new entry per sequence, in one indexed write: ``owners[j]`` (all of layer ``layer``) takes
         row ``rows[j]`` of the packed ``key_states`` / ``value_states`` ([1, Hkv, N, D])."""
-        device = key_states.device
-        slots = torch.tensor([o.slot for o in owners], device=device)
-        at = torch.tensor([o.length for o in owners], device=device)
-        if int(at.max()) >= self.size[1]:
-            raise RuntimeError(f"a slot of {self.size[1]} tokens is full.")
-        pick = torch.tensor(list(rows), device=device)
+        slots, at, pick = self._where(owners, rows, key_states.device)
         k, v = self.buffers(layer)
         k[slots, :, at] = key_states[0][:, pick].transpose(0, 1)
         v[slots, :, at] = value_states[0][:, pick].transpose(0, 1)
         for o in owners:
             o.grown(1)
+
+    def _where(self, owners: Sequence[SlotLayer], rows, device) -> tuple[torch.Tensor, ...]:
+        """The index tensors of an append (slots, write positions, packed rows). Every layer of a decode
+        step asks for the same ones: they are made once per step, not once per layer."""
+        key = (tuple(o.slot for o in owners), tuple(o.length for o in owners), tuple(rows), device, self.size)
+        if self._last is None or self._last[0] != key:
+            if max(key[1]) >= self.size[1]:
+                raise RuntimeError(f"a slot of {self.size[1]} tokens is full.")
+            self._last = (key, tuple(torch.tensor(list(x), device=device) for x in key[:3]))
+        return self._last[1]
 
     def batch(self, layer: int, owners: Sequence[SlotLayer]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """The owners' keys and values of layer ``layer`` as [B, Hkv, longest, D] (a view of the buffer when

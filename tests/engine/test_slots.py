@@ -3,6 +3,7 @@ nothing of its last run."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -115,3 +116,17 @@ def test_the_buffers_grow_to_what_the_runs_need_and_keep_what_they_hold():
     more = kv(1)
     a.update(*more, 0)
     assert torch.equal(a.layers[0].keys, torch.cat([k, more[0]], dim=2))
+
+
+def test_a_full_slot_refuses_an_append_even_when_its_indices_were_made_for_another_layer():
+    store = SlotKV(LAYERS, slots=1, capacity=32)
+    cache = empty_cache()
+    assert store.attach(cache, 4)  # 32 tokens: a slot is allocated in steps of ROUND
+    for layer in range(LAYERS):
+        cache.update(*kv(31), layer)
+    k, v = torch.randn(1, HKV, 1, D), torch.randn(1, HKV, 1, D)
+    for layer in range(LAYERS):  # the last free entry: layer 1 reuses the indices layer 0 made
+        store.append(layer, [cache.layers[layer]], k, v, rows=[0])
+    assert cache.get_seq_length() == 32 and torch.equal(cache.layers[1].keys[:, :, -1:], k)
+    with pytest.raises(RuntimeError, match="is full"):
+        store.append(0, [cache.layers[0]], k, v, rows=[0])
