@@ -50,6 +50,7 @@ def build(args: argparse.Namespace):
     ctx = AppContext(lm=lm, settings=settings)
     demo = build_app(ctx)
     sessions.install(demo, ctx)
+    precompute.warm(ctx)  # the chat template's prefix blocks cached before the first request
     precompute.start(ctx)  # the show-me examples, in the background while the server starts
     return demo, serve(demo, settings)
 

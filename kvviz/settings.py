@@ -23,6 +23,7 @@ KVVIZ_FILE_MAX_AGE_S        exported files older than this are deleted (3600)
 KVVIZ_PUBLIC                1 = public deployment (also implied by SPACE_ID on a Hugging Face Space)
 KVVIZ_ALLOWED_MODELS        comma-separated model ids a public deployment may load
 KVVIZ_PRECOMPUTE            0 = do not compute the show-me examples in the background at start-up (1)
+KVVIZ_WARM                  0 = do not run the Generate example once at start-up to fill the prefix cache (1)
 ==========================  ===========================================================
 """
 
@@ -74,6 +75,11 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _on(name: str) -> bool:
+    """A switch that is on unless set to 0, false, no or off."""
+    return os.environ.get(name, "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
 def default_concurrency() -> int:
     """Jobs at once: one per 4 CPU cores (torch already uses every core for one job), 2 with CUDA."""
     if torch.cuda.is_available():
@@ -103,6 +109,7 @@ class Settings:
     max_rss_gb: float = 12.0
     max_key_reads: int | None = None  # None: what max_prompt_tokens + max_new_tokens cost on the loaded model
     precompute: bool = True  # compute the planned examples in a background thread at start-up
+    warm: bool = True  # run the Generate example once before serving (the engine's prefix cache, first forward)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -128,5 +135,6 @@ class Settings:
             max_job_seconds=_float("KVVIZ_MAX_JOB_SECONDS", cls.max_job_seconds, 1.0),
             max_rss_gb=_float("KVVIZ_MAX_RSS_GB", default_max_rss_gb(), 0.5),
             max_key_reads=_int("KVVIZ_MAX_KEY_READS", 0, minimum=0) or None,
-            precompute=os.environ.get("KVVIZ_PRECOMPUTE", "1").strip().lower() not in {"0", "false", "no", "off"},
+            precompute=_on("KVVIZ_PRECOMPUTE"),
+            warm=_on("KVVIZ_WARM"),
         )

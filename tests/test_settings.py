@@ -19,6 +19,8 @@ VARS = [
     "KVVIZ_PUBLIC",
     "KVVIZ_ALLOWED_MODELS",
     "KVVIZ_GATHER_MS",
+    "KVVIZ_WARM",
+    "KVVIZ_PRECOMPUTE",
     "SPACE_ID",
 ]
 
@@ -92,3 +94,12 @@ def test_public_mode_and_its_default_allowlist(monkeypatch):
 def test_a_space_is_public(monkeypatch):
     monkeypatch.setenv("SPACE_ID", "someone/kvviz")
     assert Settings.from_env().public
+
+
+@pytest.mark.parametrize("raw, on", [(None, True), ("1", True), ("0", False), (" off ", False), ("no", False)])
+def test_the_start_up_switches_are_on_unless_turned_off(monkeypatch, raw, on):
+    for name in ("KVVIZ_WARM", "KVVIZ_PRECOMPUTE"):
+        if raw is not None:
+            monkeypatch.setenv(name, raw)
+    s = Settings.from_env()
+    assert s.warm is on and s.precompute is on

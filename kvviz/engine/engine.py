@@ -233,6 +233,13 @@ class Engine:
             self._cond.notify_all()
         return handle
 
+    def warm(self, prompt: str, chat: bool = True) -> Trace:
+        """Run ``prompt`` for one new token, before a room arrives: the prefix store keeps its prompt's
+        blocks — with the chat template, the template and system prompt every chat request starts with —
+        and the engine's first forward (the weights' first reads, the first allocations) is behind it.
+        A cold room would otherwise compute those blocks in a step of their own while it waits."""
+        return self.submit(prompt, chat=chat, max_new_tokens=1).result()
+
     def snapshot(self) -> dict:
         """Counts for logs, the blocks view and the load bench."""
         with self._cond:

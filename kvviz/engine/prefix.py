@@ -10,6 +10,11 @@ values go into its cache, their rows are folded into its recorder as its own pre
 folded them (:meth:`~kvviz.capture.recorder.Recorder.replay_prefix`), and its prefill starts after
 them. Its Trace says how many prompt tokens came from the cache.
 
+Blocks are :data:`BLOCK_SIZE` tokens, finer than vLLM's 16: a block is reused only when it is full and
+every token up to its end matches, so a 16-token block would leave SmolLM2's 28-token chat template
+and system prompt 12 tokens short, recomputed by every student's request (~280 of a room of 24's ~480
+prompt rows). Smaller blocks cost a few more hashes and tensor copies per request.
+
 The prompt's last token is always computed (its logits give the first new token), and rows are
 kept for at most ``max_tokens`` prompt tokens (they grow with the square of the prefix).
 
@@ -28,6 +33,8 @@ import torch
 from kvviz.blocks.hashing import BlockHasher
 from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
 from kvviz.capture.generation import Generation
+
+BLOCK_SIZE = 4  # tokens per cached block (see the module docstring)
 
 
 @dataclass
@@ -75,16 +82,17 @@ class Claim:
 class PrefixStore:
     """Blocks of prompt KV and attention rows by chained hash (see the module docstring)."""
 
-    def __init__(self, capacity_bytes: int, block_size: int = 16, max_tokens: int = 256, salt: str = ""):
+    def __init__(self, capacity_bytes: int, block_size: int = BLOCK_SIZE, max_tokens: int = 256, salt: str = ""):
         self.cache = PrefixCache(capacity_bytes)
         self.hasher = BlockHasher(block_size, salt)
         self.block_size, self.max_tokens = block_size, max_tokens
         self.lock = threading.Lock()
 
     def hashes(self, g: Generation) -> list[bytes]:
-        """The chained hashes of the run's prompt blocks the store could hold (none for a run it cannot seed)."""
+        """The chained hashes of the run's prompt blocks the store could hold (none for a run it cannot seed,
+        or when the store may hold no bytes: no run then waits for blocks another is computing)."""
         usable = min(g.trace.n_prompt - 1, self.max_tokens) // self.block_size * self.block_size
-        if usable <= 0 or not g.default_cache or g.rec is None:
+        if usable <= 0 or not g.default_cache or g.rec is None or self.cache.capacity_bytes <= 0:
             return []
         return self.hasher(g.trace.token_ids[:usable])
 

@@ -40,6 +40,9 @@ def chapter_text() -> str:
     return (ASSETS / "chapter_kv_cache.txt").read_text(encoding="utf-8")
 
 
+GENERATE_EXAMPLE = "Chat question"  # the Generate tab's example when the page opens
+
+
 def examples() -> dict[str, tuple[str, bool]]:
     """Name → (prompt, use chat template)."""
     return {

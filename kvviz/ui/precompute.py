@@ -21,6 +21,7 @@ import gradio as gr
 
 from kvviz.admission import Refused
 from kvviz.demo_store import Compute, Entry
+from kvviz.examples import GENERATE_EXAMPLE, examples
 from kvviz.ui.context import AppContext
 
 log = logging.getLogger("kvviz")
@@ -64,6 +65,23 @@ def run_plan(ctx: AppContext, stop: threading.Event | None = None) -> None:
                 except Exception:
                     log.exception("start-up example failed: %s", entry.label)
                     return
+
+
+def warm(ctx: AppContext) -> None:
+    """Before the server takes requests (unless KVVIZ_WARM=0): the Generate tab's example through the
+    engine for one token (:meth:`~kvviz.engine.engine.Engine.warm`), so the first room finds the chat
+    template and system prompt in the prefix cache and the model's first forward already done. A failure
+    is logged; the first requests then compute everything themselves."""
+    if not ctx.settings.warm:
+        return
+    prompt, chat = examples()[GENERATE_EXAMPLE]
+    t0 = time.perf_counter()
+    try:
+        trace = ctx.engine.warm(prompt, chat=chat)
+    except Exception:
+        log.exception("start-up warm-up failed")
+        return
+    log.info("warm-up: %d prompt tokens through the engine in %.1f s", trace.n_prompt, time.perf_counter() - t0)
 
 
 def start(ctx: AppContext) -> threading.Thread | None:

@@ -10,7 +10,7 @@ import gradio as gr
 
 from kvviz.capture.loop import Sampling, encode_prompt
 from kvviz.capture.tokens import token_texts
-from kvviz.examples import examples
+from kvviz.examples import GENERATE_EXAMPLE, examples
 from kvviz.figures import generate as fig
 from kvviz.memory.capacity import max_context
 from kvviz.memory.layout import cache_layout
@@ -77,8 +77,8 @@ def build(ctx: AppContext):
     )
     with gr.Row():
         with gr.Column(scale=3):
-            prompt = gr.Textbox(label="Prompt", lines=4, value=ex["Chat question"][0], elem_id="prompt")
-            example = gr.Dropdown(list(ex), label="Examples", value="Chat question")
+            prompt = gr.Textbox(label="Prompt", lines=4, value=ex[GENERATE_EXAMPLE][0], elem_id="prompt")
+            example = gr.Dropdown(list(ex), label="Examples", value=GENERATE_EXAMPLE)
         with gr.Column(scale=2):
             chat = gr.Checkbox(value=True, label="Use the chat template")
             max_new = gr.Slider(1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens")

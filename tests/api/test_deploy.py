@@ -144,3 +144,9 @@ def test_the_readme_api_example_runs(app_server):
     assert "Paris" in scope["trace"]["text"]
     assert scope["sizes"]["bytes_per_token"] == 2 * 80 * 8 * 128 * 2  # Llama-3-70B in bf16
     assert scope["kept"]["n_kept"] == 32
+
+
+def test_the_served_engine_is_warmed_before_the_first_request(app_server_process):
+    # app.py runs the Generate example once before it serves: the chat template's blocks are cached
+    log = app_server_process.log()
+    assert re.search(r"warm-up: \d+ prompt tokens through the engine in [\d.]+ s", log), log[-2000:]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+from kvviz.engine.prefix import BLOCK_SIZE
+
 QUESTION = "Zebra zebra zebra zebra zebra zebra zebra zebra zebra zebra zebra zebra: what does the prefix cache keep?"
 
 
@@ -44,7 +46,7 @@ def test_the_room_section_lists_blocks_live(page, browser_context, app_server, s
     _text(page, "room-table", "zebra")  # refreshed by the timer: this page did nothing
     _text(page, "room-table", r"im_start\|>system")  # the chat template's first block
     _text(page, "room-summary", r"capacity; 0 held by running requests")  # the run is over: released
-    room.get_by_text(re.compile(r"[1-9][\d,]* blocks? of 16 tokens cached")).wait_for(timeout=10_000)
+    room.get_by_text(re.compile(rf"[1-9][\d,]* blocks? of {BLOCK_SIZE} tokens cached")).wait_for(timeout=10_000)
     assert re.search(r"Hit rate \d+%", room.inner_text())
     assert page.locator("#room-tree .gtitle").get_by_text(re.compile(r"cached blocks? from")).count() == 1
 

@@ -25,8 +25,9 @@ def test_prefix_hits_give_the_cold_runs_trace(lm):
     assert stats["hit_blocks"] >= 2 and stats["hit_rate"] > 0
     for h, q in zip(rest, QUESTIONS[1:]):
         # the chat template and system prompt every request starts with came from the cache
+        b = engine.prefix.block_size
         assert h.trace.cached_prompt_tokens >= 16
-        assert h.trace.cached_prompt_tokens % 16 == 0 and h.trace.cached_prompt_tokens < h.trace.n_prompt
+        assert h.trace.cached_prompt_tokens % b == 0 and h.trace.cached_prompt_tokens < h.trace.n_prompt
         cold = solo(lm, q, chat=True, max_new_tokens=5).trace
         assert h.trace.token_ids == cold.token_ids
         for name in ARRAYS:
@@ -73,3 +74,30 @@ def test_store_is_bounded_in_bytes_and_evicts_least_recently_used(lm):
     stats = engine.snapshot()["prefix_cache"]
     assert 0 < stats["bytes_held"] <= 2 * 2**20
     assert stats["evicted_blocks"] >= 1
+
+
+def test_a_warmed_engine_serves_a_cold_room_the_whole_chat_template_at_once(lm):
+    engine = Engine(lm, gather_s=0.5, gather_max_s=5.0)
+    warm = engine.warm("What is a KV cache? Answer in one sentence.")
+    assert warm.n_generated == 1 and warm.cached_prompt_tokens == 0
+    handles = [engine.submit(q, chat=True, max_new_tokens=3) for q in QUESTIONS]
+    assert wait_all(handles, 600)
+    b = engine.prefix.block_size
+    for h, q in zip(handles, QUESTIONS):
+        ids, seen = h.trace.token_ids[: h.trace.n_prompt], warm.token_ids[: warm.n_prompt]
+        common = next(i for i, (x, y) in enumerate(zip(ids, seen)) if x != y)
+        # every full block of what this prompt shares with the warm-up's came from the store, the first run's too
+        assert h.trace.cached_prompt_tokens == common // b * b >= 24, (common, h.trace.cached_prompt_tokens)
+        cold = solo(lm, q, chat=True, max_new_tokens=3).trace
+        assert h.trace.token_ids == cold.token_ids
+        np.testing.assert_allclose(h.trace.colsum, cold.colsum, atol=2e-5, rtol=1e-4)
+
+
+def test_a_store_that_may_hold_nothing_keys_nothing(lm):
+    engine = Engine(lm, prefix_cache_bytes=0, gather_s=0.5, gather_max_s=5.0)
+    handles = [engine.submit(q, chat=True, max_new_tokens=2) for q in QUESTIONS]
+    assert wait_all(handles, 600)
+    # no run waited a step for blocks that could never be stored: all three prefilled in the first forward
+    assert engine.counters["max_batch_seen"] == len(QUESTIONS)
+    assert all(h.trace.cached_prompt_tokens == 0 for h in handles)
+    assert engine.snapshot()["prefix_cache"]["queried_blocks"] == 0

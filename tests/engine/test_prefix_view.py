@@ -75,8 +75,9 @@ def test_two_engine_runs_share_the_chat_template_blocks(lm):
     b = engine.submit(QUESTIONS[1], chat=True, max_new_tokens=2)
     assert wait_all([b], 600)
     store = engine.prefix
-    full = [store.hasher(h.trace.token_ids[: (h.trace.n_prompt - 1) // 16 * 16]) for h in (a, b)]
-    shared = b.trace.cached_prompt_tokens // 16
+    size = store.block_size
+    full = [store.hasher(h.trace.token_ids[: (h.trace.n_prompt - 1) // size * size]) for h in (a, b)]
+    shared = b.trace.cached_prompt_tokens // size
     assert shared >= 1 and full[0][:shared] == full[1][:shared]
     view = store.blocks()
     by_hash = {blk.block_hash: blk for blk in view.blocks}
@@ -86,7 +87,7 @@ def test_two_engine_runs_share_the_chat_template_blocks(lm):
     for j, h in enumerate(full[0]):
         blk = by_hash[h.hex()]
         assert blk.hits == (1 if j < shared else 0)
-        assert blk.start == 16 * j and blk.token_ids == tuple(ids[16 * j : 16 * (j + 1)])
+        assert blk.start == size * j and blk.token_ids == tuple(ids[size * j : size * (j + 1)])
         assert blk.parent == (None if j == 0 else full[0][j - 1].hex())
     template = lm.tokenizer.decode(list(by_hash[full[0][0].hex()].token_ids))
     assert template.startswith("<|im_start|>system")

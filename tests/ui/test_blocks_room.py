@@ -45,7 +45,8 @@ def test_refresh_lists_the_rooms_blocks_and_skips_when_unchanged(lm):
     h = ctx.engine.submit("What is two plus two?", chat=True, max_new_tokens=2)
     assert wait_all([h], 600)
     summary, tree, table, sig2 = blocks_room.refresh(ctx, decode, sig)
-    n = (h.trace.n_prompt - 1) // 16
+    size = ctx.engine.prefix.block_size
+    n = (h.trace.n_prompt - 1) // size
     assert sig2 != sig and len(table) == n and f"**{n} block" in summary
     assert table["text"].iloc[-1].startswith("<|im_start|>system⏎") and set(table["held by"]) == {0}
-    assert list(table["tokens"])[-1] == "0–15" and tree.data[0].ids[0] == "root"
+    assert list(table["tokens"])[-1] == f"0–{size - 1}" and tree.data[0].ids[0] == "root"

@@ -94,3 +94,28 @@ def test_views_of_a_shared_trace_are_drawn_once_and_others_every_time():
     listener(own, 3)
     listener(own, 3)
     assert calls[-2:] == [(own, 3), (own, 3)]  # a session's own trace is never kept
+
+
+def test_warm_runs_the_generate_example_once_unless_turned_off(caplog):
+    from kvviz.examples import GENERATE_EXAMPLE, examples
+
+    calls = []
+
+    def warm(prompt, chat):
+        calls.append((prompt, chat))
+        return SimpleNamespace(n_prompt=37)
+
+    ctx = SimpleNamespace(settings=SimpleNamespace(warm=False), engine=SimpleNamespace(warm=warm))
+    precompute.warm(ctx)
+    assert calls == []
+    ctx.settings.warm = True
+    precompute.warm(ctx)
+    assert calls == [examples()[GENERATE_EXAMPLE]]
+
+    def broken(prompt, chat):
+        raise RuntimeError("no model today")
+
+    ctx.engine.warm = broken
+    with caplog.at_level("ERROR", logger="kvviz"):
+        precompute.warm(ctx)  # logged; the server still starts
+    assert "warm-up failed" in caplog.text
