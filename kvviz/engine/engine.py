@@ -9,9 +9,11 @@ logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a sol
 linear layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves
 the batch when it ends or every caller following it has stopped it. Runs that asked for the
 equivalence check are recomputed together (:mod:`kvviz.capture.verify`): a finished run waits for
-the runs still decoding beside it when their token budgets let them end within ``check_wait_s``, so
-a room's runs, which end a few steps apart, stall the batch for one check instead of one per step,
-and a run beside a long one is checked at once.
+the runs still decoding beside it when their token budgets let them end within ``check_wait_s`` —
+longer when more runs decode than wait, since a check stalls every run beside it while the wait
+holds back only the finished ones' verdicts — so a room's runs, which end a few steps apart (a short
+answer ends at its end-of-text token), stall the batch for one check instead of one per step, and a
+run beside a long one is checked at once.
 
 An idle engine may gather before its first step (the served app does, ``KVVIZ_GATHER_MS``): a room
 pressing Generate together reaches the server over a second, and a step, once begun, admits no one
@@ -356,14 +358,16 @@ class Engine:
     def _check_due(self) -> None:
         """Check the finished runs together unless the runs still decoding beside them will all have
         ended — by their token budgets, at the latest step's pace — before the first of them has waited
-        ``check_wait_s``; outside the capture (the model as loaded). A failed check ends only the runs
-        it was checking."""
+        ``check_wait_s`` × (runs decoding / runs waiting, at least 1): checking now would stall every
+        decoding run, waiting delays only the waiting runs' verdicts. Outside the capture (the model as
+        loaded). A failed check ends only the runs it was checking."""
         if not self._unchecked:
             return
         with self._cond:
             left = max((job.gen.steps_left for job in self._running if job.gen.verify), default=0)
+            limit = self.check_wait_s * max(1.0, len(self._running) / len(self._unchecked))
         waited = time.monotonic() - self._unchecked[0][1]
-        if left and left * self._step_s <= self.check_wait_s - waited:
+        if left and left * self._step_s <= limit - waited:
             return
         jobs = [job for job, _ in self._unchecked]
         self._unchecked.clear()

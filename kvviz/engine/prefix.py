@@ -11,9 +11,10 @@ folded them (:meth:`~kvviz.capture.recorder.Recorder.replay_prefix`), and its pr
 them. Its Trace says how many prompt tokens came from the cache.
 
 Blocks are :data:`BLOCK_SIZE` tokens, finer than vLLM's 16: a block is reused only when it is full and
-every token up to its end matches, so a 16-token block would leave SmolLM2's 28-token chat template
-and system prompt 12 tokens short, recomputed by every student's request (~280 of a room of 24's ~480
-prompt rows). Smaller blocks cost a few more hashes and tensor copies per request.
+every token up to its end matches, so 16-token blocks would hold 16 of the 24 tokens of SmolLM2's chat
+template and system prompt, and every student's request would compute the other 8 again (~180 of a
+room of 24's ~480 prompt rows). Much smaller blocks would also match the first words of questions that
+begin alike ("What is"), and the run that computes such a block first holds the others back a step.
 
 The prompt's last token is always computed (its logits give the first new token), and rows are
 kept for at most ``max_tokens`` prompt tokens (they grow with the square of the prefix).
@@ -34,7 +35,7 @@ from kvviz.blocks.hashing import BlockHasher
 from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
 from kvviz.capture.generation import Generation
 
-BLOCK_SIZE = 4  # tokens per cached block (see the module docstring)
+BLOCK_SIZE = 8  # tokens per cached block (see the module docstring)
 
 
 @dataclass

@@ -245,3 +245,21 @@ def test_a_run_beside_one_that_cannot_end_soon_is_checked_at_once(lm, monkeypatc
     stop.set()
     assert calls[:1] == [1] and during < 20, during  # checked within a step or two, not after 10 s of decoding
     assert wait_all([long], 600)
+
+
+def test_a_run_that_ends_early_in_a_room_waits_for_the_room_s_check(lm, monkeypatch):
+    from kvviz.engine import engine as engine_module
+
+    calls = []
+    real = engine_module.check
+    monkeypatch.setattr(
+        engine_module, "check", lambda lm, gens, timeout: calls.append(len(gens)) or real(lm, gens, timeout)
+    )
+    # 0.5 s alone would check the early run at once (two or three steps of twelve runs take longer on
+    # this machine); beside 12 decoding runs it may wait 6 s
+    engine = Engine(lm, check_wait_s=0.5, gather_s=0.5, gather_max_s=5.0)
+    early = engine.submit("Say yes.", chat=True, max_new_tokens=1, verify=True)
+    room = [engine.submit(f"Count to {n}.", chat=True, max_new_tokens=3, verify=True) for n in range(2, 14)]
+    assert wait_all([early, *room], 600)
+    assert calls == [13], calls  # one check for all, not the early run's alone first
+    assert early.trace.equivalence["max_abs_logit_diff"] < 1e-3
