@@ -57,6 +57,7 @@ from kvviz.engine.slots import SlotKV
 from kvviz.models import LoadedModel
 
 log = logging.getLogger("kvviz.engine")
+ROOM_WAIT = 5  # beside a room, a finished run's check waits at most this many times check_wait_s
 
 
 class Job:
@@ -358,14 +359,14 @@ class Engine:
     def _check_due(self) -> None:
         """Check the finished runs together unless the runs still decoding beside them will all have
         ended — by their token budgets, at the latest step's pace — before the first of them has waited
-        ``check_wait_s`` × (runs decoding / runs waiting, at least 1): checking now would stall every
-        decoding run, waiting delays only the waiting runs' verdicts. Outside the capture (the model as
+        ``check_wait_s`` × (runs decoding / runs waiting, from 1 to :data:`ROOM_WAIT`): checking now would
+        stall every decoding run, waiting delays only the waiting runs' verdicts. Outside the capture (the model as
         loaded). A failed check ends only the runs it was checking."""
         if not self._unchecked:
             return
         with self._cond:
             left = max((job.gen.steps_left for job in self._running if job.gen.verify), default=0)
-            limit = self.check_wait_s * max(1.0, len(self._running) / len(self._unchecked))
+            limit = self.check_wait_s * min(max(1.0, len(self._running) / len(self._unchecked)), ROOM_WAIT)
         waited = time.monotonic() - self._unchecked[0][1]
         if left and left * self._step_s <= limit - waited:
             return
