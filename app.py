@@ -36,9 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace):
-    from kvviz.ui import precompute, sessions
     from kvviz.ui.app import build_app, serve
-    from kvviz.ui.context import AppContext
+    from kvviz.ui.serving import precompute, sessions
+    from kvviz.ui.serving.context import AppContext
 
     settings = Settings.from_env()
     spec = resolve_spec(args.model)
@@ -61,7 +61,7 @@ def _interrupt(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # one line per refused request (kvviz.ui.jobs.UserError); real failures log their traceback
+    # one line per refused request (kvviz.ui.serving.jobs.UserError); real failures log their traceback
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -7,7 +7,7 @@ when ``max_waiting`` jobs are already waiting, or when the process's resident me
 ceiling. Each admitted :class:`Ticket` carries a time budget: a run polls :meth:`Ticket.expired`
 (with its Stop flag) and ends cleanly with what it has.
 
-Nothing here imports gradio; the UI wraps handlers around it (``kvviz/ui/jobs.py``).
+Nothing here imports gradio; the UI wraps handlers around it (``kvviz/ui/serving/jobs.py``).
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ class InProcessApp:
     """The app served from the test process, so tests can look inside: its context, Blocks and model."""
 
     url: str
-    ctx: object  # kvviz.ui.context.AppContext
+    ctx: object  # kvviz.ui.serving.context.AppContext
     demo: object  # gradio.Blocks
 
 
@@ -152,9 +152,9 @@ def inprocess_app(lm, tmp_path_factory) -> InProcessApp:
     """``build_app`` on the shared ``lm``, launched in this process (heartbeat 1 s so page closes are seen fast)."""
     from kvviz.safety import SessionFiles
     from kvviz.settings import Settings
-    from kvviz.ui import sessions
     from kvviz.ui.app import build_app, serve
-    from kvviz.ui.context import AppContext
+    from kvviz.ui.serving import sessions
+    from kvviz.ui.serving.context import AppContext
 
     old = os.environ.get("GRADIO_HEARTBEAT_INTERVAL")
     os.environ["GRADIO_HEARTBEAT_INTERVAL"] = "1"

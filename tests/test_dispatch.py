@@ -20,7 +20,7 @@ from kvviz.commands.common import add_placement_args, placement
 from kvviz.eviction.policies import make_policy
 from kvviz.eviction.run import run_policy
 from kvviz.models import ModelLoadError, load_model, parse_max_memory
-from kvviz.ui.tab_generate import room_for_tokens
+from kvviz.ui.generate.tab import room_for_tokens
 
 PROMPT = "The key-value cache stores what attention has already computed, so"
 

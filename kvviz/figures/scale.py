@@ -5,7 +5,7 @@ moves them all; fonts a figure sets itself (the sink map's cell numbers, a legen
 multiplied one by one. The factor is recorded in ``layout.meta`` so scaling is absolute, not cumulative:
 ``scaled(scaled(f, 1.6), 1.6)`` equals ``scaled(f, 1.6)`` and ``scaled(…, 1)`` restores the original.
 
-The page applies the same rule in the browser (``kvviz/ui/present.py``) from :func:`rule`, so the
+The page applies the same rule in the browser (``kvviz/ui/page/present.py``) from :func:`rule`, so the
 factors and the list of fonts live here once.
 """
 

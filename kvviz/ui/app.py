@@ -4,36 +4,28 @@ from __future__ import annotations
 
 import gradio as gr
 
-from kvviz.ui import (
-    deeplinks,
-    plotly_preload,
-    precompute,
-    present,
-    tab_attention,
-    tab_blocks,
-    tab_eviction,
-    tab_generate,
-    tab_leaderboard,
-    tab_learn,
-    tab_memory,
-    tab_nocache,
-    tab_quant,
-)
-from kvviz.ui.context import AppContext
+from kvviz.ui import attention, leaderboard, learn, nocache, quant
+from kvviz.ui.blocks import tab as blocks
+from kvviz.ui.eviction import tab as eviction
+from kvviz.ui.generate import tab as generate
+from kvviz.ui.memory import tab as memory
+from kvviz.ui.page import deeplinks, plotly_preload, present
+from kvviz.ui.serving import precompute
+from kvviz.ui.serving.context import AppContext
 
-# (tab title, module with ``build(ctx)``); a tab's id is its module's name (the Learn tab links by it)
+# (tab title, tab id, module with ``build(ctx)``); the Learn tab and ``?tab=`` links name a tab by its id
 TABS = [
-    ("Generate", tab_generate),
-    ("Attention", tab_attention),
-    ("Eviction", tab_eviction),
-    ("Memory", tab_memory),
-    ("Quantization", tab_quant),
-    ("Cache vs no cache", tab_nocache),
-    ("Learn", tab_learn),
+    ("Generate", "tab_generate", generate),
+    ("Attention", "tab_attention", attention),
+    ("Eviction", "tab_eviction", eviction),
+    ("Memory", "tab_memory", memory),
+    ("Quantization", "tab_quant", quant),
+    ("Cache vs no cache", "tab_nocache", nocache),
+    ("Learn", "tab_learn", learn),
     # after Learn (and after Eviction, whose inputs it fills): with large presentation fonts the last tabs may go
     # to the overflow menu
-    ("Leaderboard", tab_leaderboard),
-    ("Blocks", tab_blocks),
+    ("Leaderboard", "tab_leaderboard", leaderboard),
+    ("Blocks", "tab_blocks", blocks),
 ]
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
@@ -91,18 +83,13 @@ body.kvviz-present .caption, body.kvviz-present .learn-note, body.kvviz-present 
 def serve(demo: gr.Blocks, settings) -> dict:
     """Turn on the queue and return the ``launch`` options the app needs.
 
-    Model handlers carry no Gradio concurrency limit (the gate in ``kvviz/ui/jobs.py`` is the model's
+    Model handlers carry no Gradio concurrency limit (the gate in ``kvviz/ui/serving/jobs.py`` is the model's
     queue), so each job that waits at the gate holds a worker: there must be one for every job the
     gate may queue or the engine may follow, plus some for the quick events (checks, redraws) that must never wait behind them.
     """
     jobs = settings.queue_size + settings.concurrency + settings.room_size
     demo.queue(max_size=jobs + 16, default_concurrency_limit=settings.concurrency)
     return {"max_threads": jobs + 32}
-
-
-def tab_id(module) -> str:
-    """``kvviz.ui.tab_memory`` → ``tab_memory``: the id :mod:`kvviz.lessons.objectives` links to."""
-    return module.__name__.rsplit(".", 1)[-1]
 
 
 def build_app(ctx: AppContext) -> gr.Blocks:
@@ -116,10 +103,10 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         links = deeplinks.bar()
         generate_event = None
         with gr.Tabs() as ctx.tabs:
-            for title, module in TABS:
-                with gr.Tab(title, id=tab_id(module)):
+            for title, tab_id, module in TABS:
+                with gr.Tab(title, id=tab_id):
                     result = module.build(ctx)
-                    if module is tab_generate:
+                    if module is generate:
                         generate_event = result
         # views of a stored (show-me) trace are drawn once and reused by every session
         ctx.listeners[:] = [(precompute.memo_listener(ctx, fn), i, o) for fn, i, o in ctx.listeners]
@@ -127,5 +114,5 @@ def build_app(ctx: AppContext) -> gr.Blocks:
             for fn, inputs, outputs in ctx.listeners:
                 generate_event = generate_event.then(fn, inputs, outputs, api_name=False)
         present.install(ctx, demo)
-        deeplinks.install(ctx, demo, links, {title: tab_id(module) for title, module in TABS})
+        deeplinks.install(ctx, demo, links, {title: tab_id for title, tab_id, _ in TABS})
     return demo

@@ -1,4 +1,4 @@
-"""Canaries: the Gradio internals behind :mod:`kvviz.ui.gradio_adapter` still mean what kvviz assumes."""
+"""Canaries: the Gradio internals behind :mod:`kvviz.ui.serving.gradio_adapter` still mean what kvviz assumes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 import gradio as gr
 from gradio.state_holder import SessionState, StateHolder
 
-from kvviz.ui import gradio_adapter as adapter
+from kvviz.ui.serving import gradio_adapter as adapter
 
 
 def served_blocks() -> gr.Blocks:

@@ -50,7 +50,7 @@ def test_the_shared_model_is_never_changed_by_any_endpoint(inprocess_app):
 
 
 def test_model_handlers_wait_at_the_gate_not_in_a_gradio_group(inprocess_app):
-    """The gate (kvviz/ui/jobs.py) is the model's one queue: a Gradio limit on a model handler would make its
+    """The gate (kvviz/ui/serving/jobs.py) is the model's one queue: a Gradio limit on a model handler would make its
     checks and refusals wait behind running jobs, and too few workers would stall the whole queue."""
     demo, settings = inprocess_app.demo, inprocess_app.ctx.settings
     model_handlers = {

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from kvviz.capture.recorder import is_installed
 from kvviz.capture.trace import Trace
-from kvviz.ui.gradio_adapter import state_values
+from kvviz.ui.serving.gradio_adapter import state_values
 
 LONG_PROMPT = "Write a long story about a dragon who learns to bake bread."
 # long enough that Stop and a closed tab always arrive mid-run, even when the test process (which also

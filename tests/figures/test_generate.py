@@ -46,7 +46,7 @@ def test_gauge_says_how_many_tokens_fit(trace):
 
 
 def test_room_for_tokens_uses_the_memory_module(lm):
-    from kvviz.ui.tab_generate import room_for_tokens
+    from kvviz.ui.generate.tab import room_for_tokens
 
     info_bytes = 2 * 30 * 3 * 64 * 4
     weights = sum(p.numel() * 4 for p in lm.model.parameters())

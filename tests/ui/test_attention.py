@@ -7,8 +7,8 @@ import pytest
 
 from kvviz.capture.loop import capture, model_info
 from kvviz.settings import Settings
-from kvviz.ui import tab_attention as tab
-from kvviz.ui.context import AppContext
+from kvviz.ui import attention as tab
+from kvviz.ui.serving.context import AppContext
 
 pytestmark = pytest.mark.slow  # the handlers redraw a real capture
 

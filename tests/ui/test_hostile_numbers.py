@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from kvviz.admission import current_rss
 from kvviz.limits import CONFIG_BOUNDS
 from kvviz.settings import Settings
-from kvviz.ui import tab_eviction, tab_generate, tab_memory
-from kvviz.ui.context import AppContext
+from kvviz.ui.eviction import tab as tab_eviction
+from kvviz.ui.generate import tab as tab_generate
+from kvviz.ui.memory import tab as tab_memory
+from kvviz.ui.serving.context import AppContext
 
 NUMBERS = st.one_of(
     st.integers(min_value=-(10**30), max_value=10**30),

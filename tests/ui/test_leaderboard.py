@@ -9,8 +9,9 @@ import pytest
 
 from kvviz.leaderboard import results
 from kvviz.settings import Settings
-from kvviz.ui import tab_eviction, tab_leaderboard
-from kvviz.ui.context import AppContext
+from kvviz.ui import leaderboard as tab_leaderboard
+from kvviz.ui.eviction import tab as tab_eviction
+from kvviz.ui.serving.context import AppContext
 from tests.figures.test_leaderboard import fake_result
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvviz.lessons.objectives import LLAMA70, OBJECTIVES
 from kvviz.settings import Settings
 from kvviz.ui.app import build_app
-from kvviz.ui.context import AppContext
+from kvviz.ui.serving.context import AppContext
 
 
 def button_id(sm) -> str:

@@ -6,8 +6,8 @@ import gradio as gr
 import pytest
 
 from kvviz.settings import Settings
-from kvviz.ui import tab_nocache as tab
-from kvviz.ui.context import AppContext
+from kvviz.ui import nocache as tab
+from kvviz.ui.serving.context import AppContext
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,13 @@ import gradio as gr
 import pytest
 
 from kvviz.settings import Settings
-from kvviz.ui import tab_attention, tab_blocks, tab_eviction, tab_memory, tab_nocache, tab_quant
-from kvviz.ui.context import AppContext
+from kvviz.ui import attention as tab_attention
+from kvviz.ui import nocache as tab_nocache
+from kvviz.ui import quant as tab_quant
+from kvviz.ui.blocks import tab as tab_blocks
+from kvviz.ui.eviction import tab as tab_eviction
+from kvviz.ui.memory import tab as tab_memory
+from kvviz.ui.serving.context import AppContext
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 
 from kvviz.examples import needle_prompt
 from kvviz.settings import Settings
-from kvviz.ui import tab_quant as tab
-from kvviz.ui.context import AppContext
+from kvviz.ui import quant as tab
+from kvviz.ui.serving.context import AppContext
 
 pytestmark = pytest.mark.slow  # every handler quantizes the real model's cache
 

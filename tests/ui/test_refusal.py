@@ -6,9 +6,12 @@ import gradio as gr
 import pytest
 
 from kvviz.settings import Settings
-from kvviz.ui import tab_eviction, tab_memory, tab_nocache, tab_quant
-from kvviz.ui.context import AppContext
-from kvviz.ui.widgets import REFUSED, stale_values
+from kvviz.ui import nocache as tab_nocache
+from kvviz.ui import quant as tab_quant
+from kvviz.ui.eviction import tab as tab_eviction
+from kvviz.ui.memory import tab as tab_memory
+from kvviz.ui.page.widgets import REFUSED, stale_values
+from kvviz.ui.serving.context import AppContext
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvviz.ui.generate_stream import waste_text
+from kvviz.ui.generate.stream import waste_text
 from kvviz.units import plural
 
 

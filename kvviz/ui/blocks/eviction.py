@@ -1,0 +1,119 @@
+"""Blocks tab section: eviction meets paging — tokens evicted against blocks actually freed, and compaction.
+
+Checks the prompt, budget and policies, admits one job for all the policy runs and calls
+:func:`kvviz.blocks.live.evict_and_page`; figures from :mod:`kvviz.figures.blocks`. No arithmetic here.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from kvviz.blocks.live import evict_and_page
+from kvviz.capture.loop import encode_prompt
+from kvviz.eviction.policies import POLICIES, make_policy
+from kvviz.examples import needle_prompt
+from kvviz.figures import blocks as fig
+from kvviz.safety import whole_number
+from kvviz.ui.page.widgets import captioned_plot, waiting_table
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.sessions import user_errors
+
+CHOICES = ["streaming_llm", "h2o", "snapkv"]
+DEFAULT_BUDGET = 64
+
+
+def make(name: str, budget: int):
+    """A policy with its default parameters; SnapKV's observation window is at most half the budget."""
+    if name == "snapkv":
+        return make_policy(name, window_size=max(1, min(64, budget // 2)))
+    return make_policy(name)
+
+
+def check_policy(name, budget):
+    """The API's optional policy and budget, checked (None when no policy is asked for)."""
+    if name in (None, "") and budget in (None, ""):
+        return None
+    with user_errors():
+        if name not in POLICIES or name == "full":
+            raise ValueError(f"Pick a policy: {', '.join(n for n in POLICIES if n != 'full')}.")
+        b = whole_number(budget, "Budget", 1, 10**6)
+        return make(name, b)
+
+
+def build(ctx: AppContext, block_size: gr.Radio) -> None:
+    """The section, inside the Blocks tab (``block_size`` is the tab's block-size control)."""
+    from kvviz.ui.blocks.tab import block_size_of, check_prompt
+
+    gr.Markdown(
+        "### Eviction meets paging\nStreamingLLM, H2O and SnapKV each compress the prompt's prefill to the "
+        "same budget per layer and KV head. A paged engine gets memory back only for a block whose **every** "
+        "slot was evicted; moving the survivors together (compaction) frees the rest but copies bytes. "
+        "SnapKV's observation window is set to half the budget (at most 64)."
+    )
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(needle_prompt(6, 6), label="Prompt", lines=4, elem_id="evblocks-prompt")
+            chat = gr.Checkbox(True, label="Use the chat template", elem_id="evblocks-chat")
+        with gr.Column(scale=2):
+            budget = gr.Number(
+                DEFAULT_BUDGET,
+                precision=0,
+                label="Budget: entries kept per layer and KV head",
+                elem_id="evblocks-budget",
+            )
+            chosen = gr.CheckboxGroup(
+                [(POLICIES[n].title, n) for n in CHOICES], value=CHOICES, label="Policies", elem_id="evblocks-policies"
+            )
+            button = gr.Button("Evict and count blocks", variant="primary", elem_id="evblocks-run")
+    note = gr.Markdown(elem_id="evblocks-note")
+    bars = captioned_plot("Tokens evicted vs blocks freed", "evblocks-bars", fig.CAPTIONS["freed"])
+    table = gr.Dataframe(
+        waiting_table("Press Evict and count blocks to see each policy's freed blocks"),
+        label="Per policy",
+        interactive=False,
+        elem_id="evblocks-table",
+        wrap=True,
+    )
+    gr.Markdown(fig.CAPTIONS["evict_table"], elem_classes="caption")
+    pick = gr.Dropdown(
+        [(POLICIES[n].title, n) for n in CHOICES], value="h2o", label="Survivors of", elem_id="evblocks-pick"
+    )
+    grid = captioned_plot("Survivors per block", "evblocks-grid", fig.CAPTIONS["survivors"])
+    runs_state = gr.State(None)
+    ctx.components.update({"blocks.evict_run": button, "blocks.evict_budget": budget})
+
+    def request_of(text, use_chat, b, names, size):
+        size = block_size_of(size)
+        text, n, _ = check_prompt(ctx, text, use_chat, 1)
+        with user_errors():
+            kept = whole_number(DEFAULT_BUDGET if b is None else b, "Budget", 1, 10**6)
+            if not names:
+                raise ValueError("Tick at least one policy.")
+            policies = [make(name, kept) for name in names if name in CHOICES]
+        return text, n, kept, policies, size
+
+    def check(text, use_chat, b, names, size, request: gr.Request):
+        _, n, _, policies, _ = request_of(text, use_chat, b, names, size)
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction × paging", n, 1, runs=len(policies)))
+
+    def run(text, use_chat, b, names, size, shown, request: gr.Request):
+        text, n, kept, policies, size = request_of(text, use_chat, b, names, size)
+        ids = encode_prompt(ctx.lm, text, bool(use_chat))
+        with (
+            ctx.jobs.start(request, "eviction × paging", n, 1, runs=len(policies)) as ticket,
+            user_errors("Eviction × paging"),
+        ):
+            runs = evict_and_page(ctx.lm, ids, policies, kept, size, should_stop=ticket.expired)
+        return (runs, fig.eviction_note(runs), fig.freed_bars(runs), fig.eviction_table(runs), survivors(runs, shown))
+
+    def survivors(runs, name):
+        if not runs:
+            return None
+        return fig.survivor_grid(next((r for r in runs if r.name == name), runs[0]))
+
+    inputs = [prompt, chat, budget, chosen, block_size]
+    button.click(check, inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
+        gpu(run), [*inputs, pick], [runs_state, note, bars, table, grid], api_name=False, concurrency_limit=None
+    )
+    pick.change(survivors, [runs_state, pick], grid, api_name=False, show_progress="hidden")

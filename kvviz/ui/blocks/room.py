@@ -1,0 +1,102 @@
+"""Blocks tab section: the engine's real prefix cache, live, as the room's Generate runs fill and reuse it.
+
+Reads :meth:`kvviz.engine.prefix.PrefixStore.blocks` (a copy taken under the store's lock: no model
+work, no tensors) every :data:`REFRESH_S` seconds while the Blocks tab is shown, and only redraws when
+the cache changed; the figures come from :mod:`kvviz.figures.blocks_room`. No arithmetic here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+
+import gradio as gr
+from gradio.context import Context
+
+from kvviz.engine.prefix import StoreView
+from kvviz.figures import blocks_room as fig
+from kvviz.ui.page.widgets import captioned_plot, waiting_table
+from kvviz.ui.serving.context import AppContext
+
+REFRESH_S = 2.0
+EXPLAIN = (
+    "Blocks the engine keeps from earlier requests: a new request whose prompt starts with the same tokens "
+    "reuses their keys and values instead of recomputing them."
+)
+NO_STORE = "This model's runs cannot be packed, so the engine keeps no prefix cache for it."
+
+
+def signature(view: StoreView | None) -> tuple:
+    """What the section shows, in a form cheap to compare: unchanged → nothing is sent to the page."""
+    if view is None:
+        return ()
+    blocks = tuple((b.block_hash, b.ref_count, b.hits) for b in view.blocks)
+    return blocks, tuple(sorted(view.stats.items()))
+
+
+def decoder(ctx: AppContext) -> Callable[[tuple[int, ...]], str]:
+    """Token ids → text, memoized: a cached block's text never changes, and every viewer asks for it."""
+    tokenizer = ctx.lm.tokenizer
+
+    @lru_cache(maxsize=4096)
+    def decode(ids: tuple[int, ...]) -> str:
+        return tokenizer.decode(list(ids))
+
+    return decode
+
+
+def refresh(ctx: AppContext, decode: Callable[[tuple[int, ...]], str], last) -> tuple:
+    """Summary, tree, table and the new signature; every output skipped when the cache is as shown."""
+    store = ctx.engine.prefix
+    view = None if store is None else store.blocks()
+    sig = signature(view)
+    if sig == last:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    if view is None:
+        return NO_STORE, None, None, sig
+    texts = [decode(b.token_ids) for b in view.blocks]
+    return fig.room_summary(view), fig.room_tree(view, texts), fig.room_table(view, texts), sig
+
+
+def _enclosing_tab() -> gr.Tab | None:
+    block = Context.block
+    while block is not None and not isinstance(block, gr.Tab):
+        block = block.parent
+    return block
+
+
+def build(ctx: AppContext) -> None:
+    """The section, inside the Blocks tab."""
+    gr.Markdown(f"### The room's prefix cache, live\n{EXPLAIN}")
+    summary = gr.Markdown("Open this tab to read the engine's prefix cache.", elem_id="room-summary")
+    tree = captioned_plot("Cached blocks by prefix", "room-tree", fig.CAPTIONS["tree"])
+    table = gr.Dataframe(
+        waiting_table("Press Generate on the Generate tab: the prompt blocks the engine keeps appear here"),
+        label="Cached blocks, next to evict first",
+        interactive=False,
+        elem_id="room-table",
+        max_height=400,
+    )
+    gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
+    shown = gr.State(None)  # the signature on the page
+    decode = decoder(ctx)
+
+    def tick(last):
+        return refresh(ctx, decode, last)
+
+    outputs = [summary, tree, table, shown]
+    tab = _enclosing_tab()
+    timer = gr.Timer(REFRESH_S, active=tab is None or ctx.tabs is None)
+    timer.tick(tick, shown, outputs, api_name=False, show_progress="hidden", queue=False)
+    if tab is None or ctx.tabs is None:
+        return
+
+    def opened(last):
+        return *tick(last), gr.Timer(active=True)
+
+    def switched(evt: gr.SelectData):
+        return gr.Timer(active=evt.value == tab.label)
+
+    # Tab.select also fires when another view switches to this tab; Tabs.select when the user leaves it
+    tab.select(opened, shown, [*outputs, timer], api_name=False, show_progress="hidden", queue=False)
+    ctx.tabs.select(switched, None, timer, api_name=False, show_progress="hidden", queue=False)

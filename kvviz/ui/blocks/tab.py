@@ -1,0 +1,238 @@
+"""Blocks tab: the bundled model's live cache in fixed-size blocks, prefix sharing, and eviction × paging.
+
+The live view reads the session's latest Generate run (``ctx.trace_state``, refreshed after every
+generation) or runs its own prompt through the gate; its numbers come from :mod:`kvviz.blocks` and
+its figures from :mod:`kvviz.figures.blocks`. The sharing and eviction sections live in
+``blocks_sharing.py`` and ``blocks_eviction.py``. No arithmetic here: handlers check inputs and wire
+events. The named endpoint ``/blocks`` returns the JSON of ``python -m kvviz blocks --json``.
+The engine's real prefix cache, live, is the section in ``blocks_room.py``.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from kvviz.blocks.table import allocations, from_trace
+from kvviz.capture.loop import capture, encode_prompt
+from kvviz.figures import blocks as fig
+from kvviz.safety import clean_prompt, whole_number
+from kvviz.ui.blocks import eviction as blocks_eviction
+from kvviz.ui.blocks import room as blocks_room
+from kvviz.ui.blocks import sharing as blocks_sharing
+from kvviz.ui.page.play import play_button
+from kvviz.ui.page.widgets import captioned_plot, waiting_table
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.sessions import user_errors
+
+BLOCK_SIZES = [8, 16, 32]
+DEFAULT_PROMPT = "In two sentences: why does a serving engine store the KV cache in fixed-size blocks?"
+EMPTY = "Press **Run** (or generate on the **Generate** tab) to lay the live cache out in blocks."
+
+
+def block_size_of(value) -> int:
+    """The chosen block size, one of :data:`BLOCK_SIZES` (gr.Error otherwise)."""
+    with user_errors():
+        b = whole_number(value, "Block size", 1, 4096)
+        if b not in BLOCK_SIZES:
+            raise ValueError(f"Block size must be one of {', '.join(map(str, BLOCK_SIZES))} tokens.")
+    return b
+
+
+def views(trace, block_size, step, layer):
+    """Summary, block grid, one layer's slots, paged vs contiguous and the per-layer table after ``step``."""
+    if trace is None or not trace.steps:
+        return EMPTY, None, None, None, None
+    b = block_size_of(block_size)
+    with user_errors():
+        s = whole_number(0 if step is None else step, "Step", 0, 10**6)
+        lyr = whole_number(0 if layer is None else layer, "Layer", 0, trace.model.layers - 1)
+    s = min(s, len(trace.steps) - 1)
+    table = from_trace(trace, b, s)
+    m = trace.model
+    windows = [m.sliding_window if k == "sliding_attention" else None for k in m.layer_kinds]
+    allocs = allocations(
+        table, trace.n_prompt + int(trace.settings.get("max_new_tokens", 0)), m.context_length, windows
+    )
+    what = "after the prefill" if s == 0 else f"after decode step {s}"
+    return (
+        fig.table_summary(table, allocs, f"{m.name}, {what}"),
+        fig.block_grid(table),
+        fig.block_slots(table, trace.tokens, trace.n_prompt, lyr),
+        fig.allocation_bars(allocs),
+        fig.layer_table(table),
+    )
+
+
+def check_prompt(ctx: AppContext, prompt, chat, max_new) -> tuple[str, int, int]:
+    """The prompt, its length in tokens and the number of new tokens, checked before any model work."""
+    with user_errors():
+        text = clean_prompt(prompt, ctx.settings.max_prompt_chars)
+        n_new = whole_number(max_new, "Tokens to generate", 1, ctx.settings.max_new_tokens)
+        n = len(encode_prompt(ctx.lm, text, bool(chat)))
+        limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
+        if n + n_new > limit:
+            raise ValueError(
+                f"The prompt is {n:,} tokens; with {n_new} new tokens that exceeds the limit of "
+                f"{limit:,} tokens. Shorten it or generate fewer tokens."
+            )
+    return text, n, n_new
+
+
+def run_prompt(ctx: AppContext, prompt, chat, max_new, request: gr.Request | None):
+    """Generate through the gate and return the finished trace (greedy; the cache is what is shown)."""
+    text, _, n_new = check_prompt(ctx, prompt, chat, max_new)
+    with (
+        ctx.jobs.start_prompt(request, "block view", ctx.lm, text, bool(chat), n_new) as ticket,
+        user_errors("Block view run"),
+    ):
+        return capture(ctx.lm, text, chat=bool(chat), max_new_tokens=n_new, should_stop=ticket.expired)
+
+
+def status(trace, source: str) -> str:
+    if trace is None:
+        return EMPTY
+    return (
+        f"Showing the cache of **{source}**: {trace.n_prompt} prompt + {trace.n_generated} generated tokens "
+        f"({len(trace.steps)} steps; step 0 is the prefill)."
+    )
+
+
+def build(ctx: AppContext) -> None:
+    """Build the tab inside the caller's ``gr.Tab``."""
+    info = ctx.info
+    gr.Markdown(
+        f"A paged engine (vLLM, SGLang) stores the KV cache in **fixed-size blocks** and gives a sequence a new "
+        f"block only when its last one is full. Below is **{info.name}**'s real cache for one run laid out that way: "
+        f'{info.layers} layers × {info.kv_heads} KV heads, {info.dtype}. The chapter: engines "carve [GPU memory] '
+        'into blocks" and "prefix caching … avoid[s] recomputing the same prefill".'
+    )
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(
+                DEFAULT_PROMPT, label="Prompt (or generate on the Generate tab)", lines=2, elem_id="blocks-prompt"
+            )
+            chat = gr.Checkbox(True, label="Use the chat template", elem_id="blocks-chat")
+        with gr.Column(scale=2):
+            block_size = gr.Radio(BLOCK_SIZES, value=16, label="Block size (tokens per block)", elem_id="blocks-size")
+            max_new = gr.Slider(
+                1,
+                min(64, ctx.settings.max_new_tokens),
+                value=24,
+                step=1,
+                label="Tokens to generate",
+                elem_id="blocks-max-new",
+            )
+            run_btn = gr.Button("Run", variant="primary", elem_id="blocks-run")
+    state = gr.State(None)
+    source = gr.Markdown(EMPTY, elem_id="blocks-status")
+    with gr.Row():
+        step = gr.Slider(
+            0,
+            1,
+            value=0,
+            step=1,
+            label="Step (0 = after the prefill, then one per generated token)",
+            elem_id="blocks-step",
+        )
+        play_button(step, "blocks-play")
+        layer = gr.Slider(0, info.layers - 1, value=0, step=1, label="Layer (slot view)", elem_id="blocks-layer")
+    summary = gr.Markdown(elem_id="blocks-summary")
+    grid = captioned_plot("Blocks per layer and KV head", "blocks-grid", fig.CAPTIONS["grid"])
+    slots = captioned_plot("One layer, slot by slot", "blocks-slots", fig.CAPTIONS["slots"])
+    alloc = captioned_plot("Paged vs contiguous", "blocks-alloc", fig.CAPTIONS["alloc"])
+    table = gr.Dataframe(
+        waiting_table("Press Run to see the blocks of every layer"),
+        label="Per layer",
+        interactive=False,
+        elem_id="blocks-table",
+        max_height=300,
+    )
+    gr.Markdown(fig.CAPTIONS["layers"], elem_classes="caption")
+
+    ctx.components.update(
+        {"blocks.prompt": prompt, "blocks.block_size": block_size, "blocks.run": run_btn, "blocks.step": step}
+    )
+    view_outputs = [summary, grid, slots, alloc, table]
+
+    def shown(trace, src, b):
+        last = len(trace.steps) - 1
+        return (
+            trace,
+            status(trace, src),
+            gr.Slider(minimum=0, maximum=max(1, last), value=last),
+            *views(trace, b, last, 0),
+        )
+
+    def check(prompt_text, use_chat, n_new, request: gr.Request):
+        _, n, n_new = check_prompt(ctx, prompt_text, use_chat, n_new)
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "block view", n, n_new))
+
+    def run(prompt_text, use_chat, n_new, b, request: gr.Request):
+        block_size_of(b)
+        return shown(run_prompt(ctx, prompt_text, use_chat, n_new, request), "this prompt", b)
+
+    run_btn.click(
+        check, [prompt, chat, max_new], None, api_name=False, show_progress="hidden", concurrency_limit=None
+    ).success(
+        gpu(run),
+        [prompt, chat, max_new, block_size],
+        [state, source, step, *view_outputs],
+        api_name=False,
+        concurrency_limit=None,
+    )
+    for control in (block_size, step, layer):
+        control.change(views, [state, block_size, step, layer], view_outputs, api_name=False, show_progress="hidden")
+
+    def from_generate(trace, b):
+        if trace is None or not trace.steps:
+            return (gr.skip(),) * (3 + len(view_outputs))
+        return shown(trace, "the latest Generate run", b)
+
+    if ctx.trace_state is not None:
+        ctx.on_trace(from_generate, [ctx.trace_state, block_size], [state, source, step, *view_outputs])
+
+    blocks_sharing.build(ctx, block_size)
+    blocks_room.build(ctx)
+    blocks_eviction.build(ctx, block_size)
+
+    def blocks(
+        prompts: list[str],
+        chat: bool = True,
+        block_size: int = 16,
+        policy: str | None = None,
+        budget: int | None = None,
+        request: gr.Request = None,
+    ) -> dict:
+        """Blocks, prefix sharing and eviction × paging: the JSON of ``python -m kvviz blocks --json``."""
+        return api_blocks(ctx, prompts, chat, block_size, policy, budget, request)
+
+    gr.api(gpu(blocks), api_name="blocks", concurrency_limit=None)
+
+
+def api_blocks(
+    ctx: AppContext,
+    prompts,
+    chat: bool = True,
+    block_size: int = 16,
+    policy: str | None = None,
+    budget: int | None = None,
+    request: gr.Request | None = None,
+) -> dict:
+    """The CLI's JSON for one to four prompts (and optionally a policy and budget), through the gate."""
+    from kvviz.commands.blocks import result
+
+    b = block_size_of(block_size)
+    texts = blocks_sharing.check_prompts(ctx, prompts)
+    pol = blocks_eviction.check_policy(policy, budget)
+    ids = blocks_sharing.token_ids(ctx, texts, chat)
+    runs = len(texts) * (2 if pol is not None else 1)
+    with ctx.jobs.start(request, "block view", max(map(len, ids)), 1, runs=runs), user_errors("Block view"):
+        return result(
+            ctx.lm,
+            [(f"prompt {i + 1}", t) for i, t in enumerate(texts)],
+            bool(chat),
+            b,
+            pol,
+            None if pol is None else int(budget),
+        )

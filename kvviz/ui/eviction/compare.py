@@ -1,0 +1,176 @@
+"""Eviction tab section: the full cache and several policies side by side, on the tab's prompt and budget.
+
+:func:`kvviz.eviction.compare.compare` runs them (one job through the gate for all); the table and
+charts come from :mod:`kvviz.figures.eviction`. The comparison the tab opens with is planned at
+start-up, so its first click answers at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gradio as gr
+
+from kvviz.eviction.compare import compare
+from kvviz.eviction.policies import POLICIES, make_policy
+from kvviz.eviction.run import EvictionRequest, resolve_budget
+from kvviz.examples import NEEDLE_ANSWER
+from kvviz.figures import eviction as fig
+from kvviz.ui.eviction.request import library_call
+from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.precompute import live_box, origin, shared
+
+
+@dataclass
+class CompareSection:
+    """The section's controls and outputs, laid out where the tab places them."""
+
+    chosen: gr.CheckboxGroup
+    button: gr.Button
+    live: gr.Checkbox
+    verdict: gr.Markdown
+    table: gr.Dataframe
+    bytes_plot: gr.Plot
+    kl_plot: gr.Plot
+
+    @property
+    def outputs(self) -> list:
+        return [self.verdict, self.table, self.bytes_plot, self.kl_plot]
+
+
+def layout() -> CompareSection:
+    """The heading, the policies to compare, the button, the verdict, the table and two charts."""
+    gr.Markdown("### Side by side: full cache vs policies (same prompt, same budget)")
+    with gr.Row():
+        chosen = gr.CheckboxGroup(
+            [(cls.title, n) for n, cls in POLICIES.items() if n != "full"],
+            value=["streaming_llm", "h2o", "snapkv"],
+            label="Policies to compare (default parameters; the selected policy uses yours)",
+            elem_id="evict-compare-policies",
+        )
+        with gr.Column(scale=0, min_width=260):
+            button = gr.Button("Compare", elem_id="evict-compare")
+            live = live_box("evict-compare-live")
+    verdict = gr.Markdown(elem_id="evict-verdict")
+    table = gr.Dataframe(
+        waiting_table("Press Compare to see each policy's answer next to the full cache's"),
+        label="Answers and agreement with the full cache",
+        elem_id="evict-table",
+        wrap=True,
+    )
+    gr.Markdown(fig.CAPTIONS["comparison"], elem_classes="caption")
+    with gr.Row():
+        bytes_plot = captioned_plot("Cache bytes", "evict-bytes", fig.CAPTIONS["bytes"])
+        kl_plot = captioned_plot("KL per step", "evict-kl", fig.CAPTIONS["kl"])
+    return CompareSection(chosen, button, live, verdict, table, bytes_plot, kl_plot)
+
+
+def outputs(cmp, found: dict | None = None) -> tuple:
+    """The section's verdict line, table and charts for a comparison (``found``: the needle demo's
+    policy → whether its answer kept the fact)."""
+    text = f"Full cache answered: *{cmp.full.text.strip()}*"
+    if found is not None:
+        text = " · ".join(
+            f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}" for n, ok in found.items()
+        )
+    return text, fig.comparison_table(cmp), fig.bytes_figure(cmp), fig.kl_figure(cmp)
+
+
+def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Callable[..., EvictionRequest]) -> None:
+    """Check, run and plan comparisons of the tab's request (``gather(*main_inputs)``) with the ticked policies."""
+
+    def compare_request(names, *args):
+        req = gather(*args)
+        if not names:
+            raise UserError("Tick at least one policy to compare with the full cache.")
+        pols = [req.policy if n == req.policy.name else make_policy(n) for n in names if n in POLICIES]
+        for p in pols:
+            library_call(resolve_budget, p, req.n_compress, req.budget, req.ratio)
+        return req, pols
+
+    def check_compare(request: gr.Request, names, *args):
+        req, pols = compare_request(names, *args)
+        ctx.jobs.hold(
+            request, ctx.jobs.admit(request, "comparison", len(req.ids), req.max_new_tokens, runs=len(pols) + 1)
+        )
+
+    def compare_key(req, pols) -> tuple:
+        return (
+            ctx.lm.name,
+            "compare",
+            tuple(req.ids),
+            tuple(repr(p) for p in pols),
+            req.budget,
+            req.ratio,
+            req.n_compress,
+            req.max_new_tokens,
+        )
+
+    def compare_job(req, pols):
+        def compute(report, should_stop):
+            return library_call(
+                lambda: compare(
+                    ctx.lm,
+                    req.ids,
+                    pols,
+                    budget=req.budget,
+                    ratio=req.ratio,
+                    n_compress=req.n_compress,
+                    max_new_tokens=req.max_new_tokens,
+                    progress=report,
+                    should_stop=should_stop,
+                ),
+                what="Comparison",
+            )
+
+        return compute
+
+    def run_compare(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
+        live, *args = args
+        req, pols = compare_request(*args)
+        cmp, entry = shared(
+            ctx,
+            request,
+            compare_key(req, pols),
+            compare_job(req, pols),
+            live=bool(live),
+            what="comparison",
+            cost=(len(req.ids), req.max_new_tokens),
+            runs=len(pols) + 1,
+            progress=lambda f, d: progress(f, desc=d),
+        )
+        text, *rest = outputs(cmp)
+        return (f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
+
+    def plan_compare(names, *args) -> None:
+        """The comparison the tab opens with (the needle passage, three policies): ready before a click."""
+        req, pols = compare_request(names, *args)
+        ctx.store.plan(compare_key(req, pols), "eviction comparison", compare_job(req, pols))
+
+    compared = section.button.click(
+        check_compare,
+        [section.chosen, *main_inputs],
+        None,
+        api_name=False,
+        show_progress="hidden",
+        concurrency_limit=None,
+    )
+    clear_on_refusal(compared, section.outputs)
+    clear_on_refusal(
+        compared.success(
+            gpu(run_compare),
+            [section.live, section.chosen, *main_inputs],
+            section.outputs,
+            api_name=False,
+            concurrency_limit=None,
+        ),
+        section.outputs,
+    )
+    # a deployment whose limits refuse the tab's opening settings computes the comparison on a click instead
+    with contextlib.suppress(UserError, gr.Error):
+        plan_compare(section.chosen.value, *[c.value for c in main_inputs])

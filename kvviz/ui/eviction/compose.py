@@ -1,0 +1,92 @@
+"""Eviction tab section: Compose — the policy's kept entries stored under a quantization scheme.
+
+The chapter's fixes for a cache that does not fit, measured together on the tab's prompt and policy:
+:func:`kvviz.eviction.compose.compose` runs the full cache, the policy, the quantization and both;
+the table comes from :mod:`kvviz.figures.eviction`. One job through the gate for all seven runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gradio as gr
+
+from kvviz.eviction.compose import compose
+from kvviz.eviction.compose import schemes as compose_schemes
+from kvviz.eviction.run import EvictionRequest
+from kvviz.figures import eviction as fig
+from kvviz.ui.page.widgets import waiting_table
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.sessions import user_errors
+
+RUNS = 7  # the full cache, then the policy, the quantization and both, each teacher-forced and free
+
+
+@dataclass
+class ComposeSection:
+    """The section's controls, laid out where the tab places them and wired once its inputs exist."""
+
+    scheme: gr.Dropdown
+    button: gr.Button
+    table: gr.Dataframe
+
+
+def layout() -> ComposeSection:
+    """The heading, the scheme picker, the button and the table (inside the caller's Blocks)."""
+    gr.Markdown("### Compose: the policy's kept entries, quantized")
+    with gr.Row():
+        scheme = gr.Dropdown(
+            list(compose_schemes()),
+            value="KIVI-4",
+            label="Quantization of what the policy keeps",
+            elem_id="evict-scheme",
+        )
+        button = gr.Button("Compose", elem_id="evict-compose")
+    table = gr.Dataframe(
+        waiting_table("Press Compose to see bytes and answers side by side"),
+        label="Full cache · policy · quantization · both",
+        elem_id="evict-compose-table",
+        wrap=True,
+    )
+    gr.Markdown(fig.CAPTIONS["compose"], elem_classes="caption")
+    return ComposeSection(scheme, button, table)
+
+
+def wire(ctx: AppContext, section: ComposeSection, main_inputs: list, gather: Callable[..., EvictionRequest]) -> None:
+    """Check (admitted at once, or refused) then run through the gate, as the tab's other buttons do."""
+
+    def compose_request(name, *args) -> EvictionRequest:
+        if name not in compose_schemes():
+            raise UserError(f"Pick a quantization: {', '.join(compose_schemes())}.")
+        return gather(*args)
+
+    def check_compose(request: gr.Request, name, *args):
+        req = compose_request(name, *args)
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "composition", len(req.ids), req.max_new_tokens, runs=RUNS))
+
+    def run_compose(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
+        name, *rest = args
+        req = compose_request(name, *rest)
+        ticket = ctx.jobs.start(request, "composition", len(req.ids), req.max_new_tokens, runs=RUNS)
+        with ticket, user_errors("Composition"):  # a library ValueError says what to fix; the job ends either way
+            comp = compose(
+                ctx.lm,
+                req.ids,
+                req.policy,
+                compose_schemes()[name],
+                budget=req.budget,
+                ratio=req.ratio,
+                n_compress=req.n_compress,
+                max_new_tokens=req.max_new_tokens,
+                should_stop=ticket.expired,
+                progress=lambda f, d: progress(f, desc=d),
+            )
+        return fig.composition_table(comp)
+
+    inputs = [section.scheme, *main_inputs]
+    section.button.click(
+        check_compose, inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None
+    ).success(gpu(run_compose), inputs, section.table, api_name=False, concurrency_limit=None)

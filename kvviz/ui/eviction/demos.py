@@ -1,0 +1,158 @@
+"""Eviction tab section: the two demos — a needle SnapKV keeps and StreamingLLM loses, and why sinks matter.
+
+Both are computed once when the server starts (:mod:`kvviz.ui.serving.precompute`), so their buttons and the
+Learn tab's show-mes answer at once; *Recompute live* runs them again. The needle demo fills the
+tab's form with its settings and shows its SnapKV run and its comparison where the tab shows its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from kvviz.eviction.demos import NEEDLE_BUDGET, NEEDLE_FILLER, SINKS_CACHE, SINKS_TOKENS, needle_demo, sinks_demo
+from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
+from kvviz.figures import eviction as fig
+from kvviz.ui.eviction import compare as eviction_compare
+from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call, quiet_progress, status_text, views
+from kvviz.ui.serving.context import AppContext, ShowMeAnswer
+from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.precompute import live_box, origin, shared
+
+
+@dataclass
+class DemosSection:
+    """The demos' buttons, their "recompute live" box and the sinks demo's outputs."""
+
+    needle: gr.Button
+    sinks: gr.Button
+    live: gr.Checkbox
+    sinks_text: gr.Markdown
+    sinks_plot: gr.Plot
+
+
+def layout() -> DemosSection:
+    """The heading, both buttons, one sentence on each demo, and the sinks demo's result."""
+    gr.Markdown("### Demos")
+    with gr.Row():
+        needle = gr.Button(f"Needle: who keeps the code {NEEDLE_ANSWER}?", elem_id="evict-needle")
+        sinks = gr.Button("Sinks matter: perplexity with and without the first 4 tokens", elem_id="evict-sinks")
+    live = live_box("evict-demo-live")
+    gr.Markdown(
+        f"**Needle** compares the full cache, StreamingLLM and SnapKV at {NEEDLE_BUDGET} kept tokens on a "
+        "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
+        f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
+        f"{SINKS_CACHE}-entry cache. Both are computed once when the server starts; tick *Recompute live* to run "
+        "them again now (a minute on a CPU).",
+        elem_classes="caption",
+    )
+    sinks_text = gr.Markdown(elem_id="evict-sinks-result")
+    sinks_plot = gr.Plot(label="Sinks matter", elem_id="evict-sinks-plot")
+    gr.Markdown(fig.CAPTIONS["sinks"], elem_classes="caption")
+    return DemosSection(needle, sinks, live, sinks_text, sinks_plot)
+
+
+def wire(
+    ctx: AppContext,
+    section: DemosSection,
+    compress: gr.Radio,
+    form_outputs: list,
+    comparison: eviction_compare.CompareSection,
+) -> None:
+    """Plan both demos, register them for the Learn tab, and wire their buttons. ``form_outputs``: the tab's
+    prompt, question, chat, policy, budget mode and budget boxes, then its run state, status, answer, step
+    slider and five views — what the needle demo fills in, before the comparison section's outputs."""
+    last_layer = ctx.info.layers - 1
+
+    def needle_key(comp) -> tuple:
+        return ctx.lm.name, "needle", comp != COMPRESS_CONTEXT
+
+    def needle_job(comp):
+        def compute(report, should_stop):
+            return library_call(
+                lambda: needle_demo(ctx.lm, compress_question=comp != COMPRESS_CONTEXT, progress=report),
+                what="Needle demo",
+            )
+
+        return compute
+
+    def plan_needle(values: dict) -> tuple:
+        comp = values.get("eviction.compress", compress.value)
+        ctx.store.plan(needle_key(comp), "needle demo", needle_job(comp))
+        return needle_key(comp)
+
+    ctx.planners["eviction.needle"] = plan_needle
+    plan_needle({})
+
+    def run_needle(comp, live, request: gr.Request, progress=gr.Progress()):
+        res, entry = shared(
+            ctx,
+            request,
+            needle_key(comp),
+            needle_job(comp),
+            live=bool(live),
+            what="needle demo",
+            cost=(NEEDLE_TOKENS, 16),
+            runs=3,
+            progress=lambda f, d: progress(f, desc=d),
+        )
+        snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
+        run = snap.run
+        text, *rest = eviction_compare.outputs(res.comparison, res.found())
+        return (
+            needle_passage(*NEEDLE_FILLER),
+            f"Question: {NEEDLE_QUESTION}",
+            True,
+            "snapkv",
+            "tokens",
+            NEEDLE_BUDGET,
+            run,
+            status_text(run, snap.policy),
+            run.text,
+            gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
+            *views(run, last_layer, 0, 0, snap.policy.score_label),
+            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*",
+            *rest,
+        )
+
+    def stored_needle(request: gr.Request, comp, live):
+        """The needle demo's outputs when its result is stored (for a show-me), else None."""
+        entry = ctx.store.entry(needle_key(comp))
+        done = entry is not None and entry.state == "done"
+        return run_needle(comp, False, request, progress=quiet_progress) if done else None
+
+    needle_outputs = [*form_outputs, *comparison.outputs]
+    ctx.answers["eviction.needle"] = ShowMeAnswer([compress, section.live], needle_outputs, stored_needle)
+    section.needle.click(
+        gpu(run_needle), [compress, section.live], needle_outputs, api_name=False, concurrency_limit=None
+    )
+
+    def sinks_job(report, should_stop):
+        return library_call(lambda: sinks_demo(ctx.lm, progress=report), what="Sinks demo")
+
+    ctx.store.plan((ctx.lm.name, "sinks"), "sinks demo", sinks_job)
+    ctx.planners["eviction.sinks"] = lambda values: (ctx.lm.name, "sinks")
+
+    def run_sinks(live, request: gr.Request, progress=gr.Progress()):
+        res, entry = shared(
+            ctx,
+            request,
+            (ctx.lm.name, "sinks"),
+            sinks_job,
+            live=bool(live),
+            what="sinks demo",
+            cost=(SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE),
+            runs=3,
+            window=SINKS_CACHE,
+            progress=lambda f, d: progress(f, desc=d),
+        )
+        ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
+        return (
+            f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} · *{origin(entry)}*",
+            fig.sinks_figure(res),
+        )
+
+    section.sinks.click(
+        gpu(run_sinks), [section.live], [section.sinks_text, section.sinks_plot], api_name=False, concurrency_limit=None
+    )

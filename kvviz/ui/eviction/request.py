@@ -1,0 +1,161 @@
+"""The Eviction tab's one policy run: its request checked from raw widget values, its status line and its views.
+
+Shared by the tab's sections (:mod:`kvviz.ui.eviction.tab`, :mod:`kvviz.ui.eviction.compare`,
+:mod:`kvviz.ui.eviction.demos`) and the ``/evict`` endpoint; no tensor math here.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from kvviz.eviction.demos import split_question
+from kvviz.eviction.policies import POLICIES, check_params, make_policy
+from kvviz.eviction.run import EvictionRequest, resolve_budget
+from kvviz.figures import eviction as fig
+from kvviz.safety import clean_prompt, real_number, whole_number
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.sessions import user_errors
+from kvviz.units import format_bytes, plural
+
+# what is compressed after the prefill: (what the page says, the value handlers compare)
+COMPRESS_QUESTION, COMPRESS_CONTEXT = "question", "context"
+COMPRESS = [
+    ("with the question (it votes)", COMPRESS_QUESTION),
+    ("only the context (question fed after, uncompressed)", COMPRESS_CONTEXT),
+]
+BUDGET_MODES = ["tokens", "ratio"]
+NEEDLE_TOKENS = 512  # the needle demo's prompt (496 tokens), for its cost estimate
+EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
+
+
+def quiet_progress(fraction: float, desc: str = "") -> None:
+    """Progress nobody watches (a stored result shown in a show-me's event)."""
+
+
+def library_call(fn, *args, what: str = "Eviction run"):
+    """Call the library; its ValueErrors become gr.Errors, anything else a clean job-failed message."""
+    with user_errors(what):  # the job dies, the app does not
+        return fn(*args)
+
+
+def check_request(
+    ctx: AppContext, context, question, chat, policy_name, mode, budget, ratio, max_new, params: dict | None, compress
+) -> EvictionRequest:
+    """Everything a run needs, checked (gr.Error with what to fix before any model work)."""
+    with user_errors():
+        if policy_name not in POLICIES:
+            raise ValueError(f"Pick a policy: {', '.join(POLICIES)}.")
+        text = clean_prompt(context, ctx.settings.max_prompt_chars)
+        q = "" if question is None or not str(question).strip() else clean_prompt(question, 2000)
+        n_new = whole_number(max_new, "Max new tokens", 1, ctx.settings.max_new_tokens)
+        if mode not in BUDGET_MODES:
+            raise ValueError("Budget mode must be 'tokens' or 'ratio'.")
+        b = whole_number(budget, "Budget (tokens kept)", 1, 10**6) if mode == "tokens" else None
+        r = real_number(ratio, "Compression ratio", 0.0, 0.99) if mode == "ratio" else None
+        policy = make_policy(policy_name, **check_params(policy_name, params))
+        if compress not in (COMPRESS_QUESTION, COMPRESS_CONTEXT):
+            raise ValueError(f"What is compressed must be {COMPRESS_QUESTION!r} or {COMPRESS_CONTEXT!r}.")
+        context_only = compress == COMPRESS_CONTEXT
+        if context_only and not q:
+            raise ValueError("Compressing only the context needs a question: type one in the Question box.")
+        ids, n_context = split_question(ctx.lm, text, q, bool(chat))
+        limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
+        if len(ids) + n_new > limit:
+            raise ValueError(
+                f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit "
+                f"of {limit:,} tokens. Shorten it or generate fewer tokens."
+            )
+        n_c = n_context if context_only else len(ids)
+        try:  # validates the policy against the budget, no model work
+            resolve_budget(policy, n_c, b, r)
+        except ValueError as exc:
+            if r is None:
+                raise
+            raise ValueError(
+                f"Compression ratio {r:g} evicts too much of the {n_c:,} compressed tokens: {exc} "
+                "Lower the compression ratio."
+            ) from None
+    return EvictionRequest(ids=ids, policy=policy, budget=b, ratio=r, n_compress=n_c, max_new_tokens=n_new)
+
+
+def api_evict(
+    ctx: AppContext,
+    prompt_text: str,
+    policy_name: str = "snapkv",
+    budget: int | None = None,
+    ratio: float | None = None,
+    chat: bool = True,
+    max_new_tokens: int = 32,
+    params: dict | None = None,
+    question: str = "",
+    compress_context_only: bool = False,
+    request: gr.Request | None = None,
+) -> dict:
+    """The ``/evict`` endpoint: the JSON of ``python -m kvviz evict --json``; ``params`` holds the policy's own
+    parameters by name (its field specs), e.g. ``{"sinks": 4}``."""
+    if (budget is None) == (ratio is None):
+        raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
+    req = check_request(
+        ctx,
+        prompt_text,
+        question,
+        chat,
+        policy_name,
+        "tokens" if budget is not None else "ratio",
+        budget,
+        ratio,
+        max_new_tokens,
+        params,
+        COMPRESS_CONTEXT if compress_context_only else COMPRESS_QUESTION,
+    )
+    with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
+        result = library_call(lambda: req.run(ctx.lm, record_history=False, should_stop=ticket.expired))
+    out = result.summary()
+    if ticket.timed_out:
+        out["note"] = ctx.jobs.timeout_note(ticket).lstrip(" ·")
+    return out
+
+
+def status_text(run, policy) -> str:
+    mode = (
+        "**Positions:** kept keys keep their original RoPE positions (a kept entry's cache slot differs "
+        "from its position)."
+        if run.position_mode == "original"
+        else "**Positions:** re-positioned as in the StreamingLLM paper: kept keys are re-rotated so their RoPE "
+        "position is their cache slot, and new tokens are fed at the slot position."
+    )
+    compressed = (
+        f"the first {run.n_compressed} of {run.n_prompt} prompt tokens (the rest was fed afterwards)"
+        if run.n_compressed < run.n_prompt
+        else f"all {run.n_prompt} prompt tokens"
+    )
+    return (
+        f"**{policy.title}** compressed {compressed} to **n_kept = {run.n_kept}** entries per layer and KV "
+        f"head. Cache now **{format_bytes(run.cache_bytes)}** (measured from the tensors) vs "
+        f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}"
+    )
+
+
+def policy_text(name: str) -> str:
+    """The chosen policy's paper, idea and score, shown beside its parameters."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        return ""
+    score = f"**Score:** {cls.score_label}." if cls.score_label else "**Score:** none — position alone decides."
+    return f"**{cls.title}** — *{cls.paper}*. {cls.summary} {score}"
+
+
+def views(run, layer, head, step, score_label=""):
+    """Strip, kept map, timeline, scores and slot table for the chosen layer, KV head and step."""
+    if run is None:
+        return (gr.skip(),) * 5
+    step = min(int(step or 0), len(run.history) - 1)
+    layer, head = int(layer or 0), int(head or 0)
+    return (
+        fig.token_strip(run, layer, head, step),
+        fig.kept_map(run, step),
+        fig.timeline(run, layer, head),
+        fig.scores_figure(run, layer, head, score_label),
+        fig.slot_table(run, layer, head, step),
+    )

@@ -1,0 +1,277 @@
+"""Eviction tab: what each registered policy keeps per layer and KV head, and what that does to the answer.
+
+Handlers check raw widget values (``gr.Error`` says what to fix), call :mod:`kvviz.eviction.run`,
+:mod:`kvviz.eviction.compare` and :mod:`kvviz.eviction.demos`, and draw with
+:mod:`kvviz.figures.eviction`; no tensor math here. The tab's sections live beside it: the checked request
+and views in :mod:`kvviz.ui.eviction.request`, the side-by-side comparison in :mod:`kvviz.ui.eviction.compare`,
+Compose in :mod:`kvviz.ui.eviction.compose`, the demos in :mod:`kvviz.ui.eviction.demos`. The named endpoint ``/evict`` returns the same
+dict as ``python -m kvviz evict --json``.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from kvviz.eviction.demos import NEEDLE_BUDGET, NEEDLE_FILLER
+from kvviz.eviction.policies import POLICIES, field_specs
+from kvviz.examples import NEEDLE_QUESTION, needle_passage
+from kvviz.figures import eviction as fig
+from kvviz.ui.eviction import compare as eviction_compare
+from kvviz.ui.eviction import compose as eviction_compose
+from kvviz.ui.eviction import demos as eviction_demos
+from kvviz.ui.eviction.request import (  # noqa: F401  (re-exported: the tab's request, texts and views, where tests find them)
+    BUDGET_MODES,
+    COMPRESS,
+    COMPRESS_CONTEXT,
+    COMPRESS_QUESTION,
+    EMPTY,
+    api_evict,
+    check_request,
+    library_call,
+    policy_text,
+    status_text,
+    views,
+)
+from kvviz.ui.page.play import play_button
+from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.gpu import gpu
+
+
+def build(ctx: AppContext) -> None:
+    """Build the tab inside the caller's ``gr.Tab``."""
+    info = ctx.info
+    gr.Markdown(
+        "Which cache entries each policy keeps, per layer and KV head, and what dropping the rest does to the "
+        f"answer. The cache is stored per KV head ({info.kv_heads} per layer here, each shared by "
+        f"{info.group_size} query heads), so score-based policies **average their scores over the query heads of "
+        "each KV group**. The generation below really drops the entries: the cache tensors shrink."
+    )
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(
+                label="Context (compressed)", lines=6, elem_id="evict-prompt", value=needle_passage(*NEEDLE_FILLER)
+            )
+            question = gr.Textbox(
+                label="Question (appended after a blank line; optional)",
+                lines=1,
+                elem_id="evict-question",
+                value=f"Question: {NEEDLE_QUESTION}",
+            )
+            chat = gr.Checkbox(True, label="Use the chat template", elem_id="evict-chat")
+            compress = gr.Radio(
+                COMPRESS,
+                value=COMPRESS_QUESTION,
+                label="What is compressed after the prefill",
+                elem_id="evict-compress",
+            )
+        with gr.Column(scale=2):
+            policy = gr.Dropdown(
+                [(cls.title, name) for name, cls in POLICIES.items()],
+                value="snapkv",
+                label="Policy",
+                elem_id="evict-policy",
+            )
+            mode = gr.Radio(BUDGET_MODES, value="tokens", label="Budget as", elem_id="evict-mode")
+            budget = gr.Number(
+                NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head", elem_id="evict-budget"
+            )
+            # plain number boxes: a slider would clamp −0.2 to 0 silently; the handler refuses it by name
+            ratio = gr.Number(
+                0.5, label="Compression ratio r (fraction evicted, 0 to 0.99)", elem_id="evict-ratio", visible=False
+            )
+            max_new = gr.Number(
+                16,
+                precision=0,
+                label=f"Max new tokens (1 to {min(128, ctx.settings.max_new_tokens)})",
+                elem_id="evict-max-new",
+            )
+            about = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
+            param_boxes, groups = {}, {}
+            for name, cls in POLICIES.items():
+                specs = field_specs(cls)
+                with gr.Group(visible=name == "snapkv") as groups[name]:
+                    if specs:
+                        gr.Markdown(f"**{cls.title}** parameters")
+                    for s in specs:
+                        key = f"{name}.{s['name']}"
+                        label = f"{s['name'].replace('_', ' ')} — {s['help']}"
+                        if s["type"] == "bool":
+                            param_boxes[key] = gr.Checkbox(s["default"], label=label)
+                        elif s["choices"]:
+                            param_boxes[key] = gr.Radio(s["choices"], value=s["default"], label=label)
+                        elif s["type"] == "float":
+                            param_boxes[key] = gr.Slider(s["min"], s["max"], value=s["default"], step=0.05, label=label)
+                        else:
+                            param_boxes[key] = gr.Number(
+                                s["default"], precision=0, label=label, minimum=s["min"], maximum=s["max"]
+                            )
+            run_btn = gr.Button("Run policy", variant="primary", elem_id="evict-run")
+    status = gr.Markdown(EMPTY, elem_id="evict-status")
+    answer = gr.Textbox(label="Answer under the policy", lines=2, elem_id="evict-answer")
+    with gr.Row():
+        layer = gr.Slider(0, info.layers - 1, value=info.layers - 1, step=1, label="Layer", elem_id="evict-layer")
+        head = gr.Dropdown(
+            [
+                (f"KV head {h} (query heads {h * info.group_size}–{(h + 1) * info.group_size - 1})", h)
+                for h in range(info.kv_heads)
+            ],
+            value=0,
+            label="KV head",
+            elem_id="evict-head",
+        )
+        step = gr.Slider(
+            0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)", elem_id="evict-step"
+        )
+        play_button(step, "evict-play")
+    strip = gr.HighlightedText(
+        label="Tokens: kept / evicted / sink / window / heavy hitter",
+        elem_id="evict-strip",
+        color_map=fig.ROLE_COLORS,
+        combine_adjacent=False,
+        show_legend=True,
+        show_inline_category=False,
+    )
+    gr.Markdown(fig.CAPTIONS["strip"], elem_classes="caption")
+    kept_plot = gr.Plot(label="Layers × positions", elem_id="evict-map")
+    gr.Markdown(fig.CAPTIONS["map"], elem_classes="caption")
+    time_plot = gr.Plot(label="Over decode steps", elem_id="evict-timeline")
+    gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
+    score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
+    gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
+    with gr.Row():
+        budget_plot = captioned_plot("Budget per layer and KV head", "evict-budgets", fig.CAPTIONS["budgets"])
+        with gr.Column():
+            budget_table = gr.Dataframe(
+                waiting_table("Press Run policy to see the bytes each store holds for the kept set"),
+                label="What the kept set costs",
+                elem_id="evict-budget-bytes",
+            )
+            gr.Markdown(fig.CAPTIONS["budget_bytes"], elem_classes="caption")
+    slots = gr.Dataframe(
+        waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"),
+        label="The chosen KV head's cache: slot, original position, RoPE position",
+        elem_id="evict-slots",
+        max_height=260,
+    )
+    gr.Markdown(
+        "Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
+        "position its key is rotated with (the status line above says which mode is in force).",
+        elem_classes="caption",
+    )
+
+    comparison = eviction_compare.layout()
+
+    composition = eviction_compose.layout()
+
+    demos = eviction_demos.layout()
+
+    run_state = gr.State(None)
+    ctx.components.update(
+        {
+            "eviction.prompt": prompt,
+            "eviction.question": question,
+            "eviction.chat": chat,
+            "eviction.policy": policy,
+            "eviction.mode": mode,
+            "eviction.budget": budget,
+            "eviction.ratio": ratio,
+            "eviction.compress": compress,
+            "eviction.max_new": max_new,
+            "eviction.run": run_btn,
+            "eviction.needle": demos.needle,
+            "eviction.sinks": demos.sinks,
+            "eviction.compare": comparison.button,
+            "eviction.layer": layer,
+            "eviction.head": head,
+            "eviction.step": step,
+        }
+    )
+    keys = list(param_boxes)
+    main_inputs = [prompt, question, chat, policy, mode, budget, ratio, max_new, compress, *param_boxes.values()]
+    view_outputs = [strip, kept_plot, time_plot, score_plot, slots]
+
+    def gather(context, q, use_chat, name, md, b, r, n_new, comp, *pvals):
+        values = {k.split(".", 1)[1]: v for k, v in zip(keys, pvals) if k.startswith(f"{name}.")}
+        return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
+
+    def check(request: gr.Request, *args):
+        req = gather(*args)
+        ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction run", len(req.ids), req.max_new_tokens))
+
+    def run(request: gr.Request, *args):
+        req = gather(*args)
+        with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
+            result = library_call(lambda: req.run(ctx.lm, should_stop=ticket.expired))
+        return (
+            result,
+            status_text(result, req.policy),
+            result.text,
+            gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
+            *views(result, info.layers - 1, 0, 0, req.policy.score_label),
+            fig.budget_map(result),
+            fig.budget_bytes(result),
+        )
+
+    run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
+    checked = run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None)
+    clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
+    clear_on_refusal(
+        checked.success(gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None),
+        [status, run_state, answer, *view_outputs],
+    )
+
+    def redraw(result, lyr, hd, st):
+        label = POLICIES[result.policy].score_label if result is not None else ""
+        return views(result, lyr, hd, st, label)
+
+    for control in (layer, head, step):
+        control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
+    policy.change(
+        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)],
+        policy,
+        [*groups.values(), about],
+        api_name=False,
+        queue=False,
+    )
+    mode.change(
+        lambda m: (gr.Number(visible=m == "tokens"), gr.Number(visible=m == "ratio")),
+        mode,
+        [budget, ratio],
+        api_name=False,
+        queue=False,
+    )
+
+    eviction_compare.wire(ctx, comparison, main_inputs, gather)
+    eviction_compose.wire(ctx, composition, main_inputs, gather)
+    form = [prompt, question, chat, policy, mode, budget]
+    eviction_demos.wire(ctx, demos, compress, [*form, run_state, status, answer, step, *view_outputs], comparison)
+
+    def evict(
+        prompt_text: str,
+        policy_name: str = "snapkv",
+        budget: int | None = None,
+        ratio: float | None = None,
+        chat: bool = True,
+        max_new_tokens: int = 32,
+        params: dict | None = None,
+        question: str = "",
+        compress_context_only: bool = False,
+        request: gr.Request = None,
+    ) -> dict:
+        """Generate under an eviction policy; ``params``: the policy's parameters by name, e.g. {"sinks": 4}."""
+        return api_evict(
+            ctx,
+            prompt_text,
+            policy_name,
+            budget,
+            ratio,
+            chat,
+            max_new_tokens,
+            params,
+            question,
+            compress_context_only,
+            request,
+        )
+
+    gr.api(gpu(evict), api_name="evict", concurrency_limit=None)

@@ -1,0 +1,168 @@
+"""What the Generate tab shows while a run streams, and how often.
+
+The model runs in a worker (:class:`kvviz.ui.serving.streaming.Background`); :class:`LiveRun` turns the
+snapshots it hands the handler into the tab's outputs. The status line, the chips and the text go
+out every :data:`STATUS_S` seconds; the two plotly charts, the costliest to build, send and redraw,
+every :data:`FIGURES_S`; everything once at the end. Gradio sends a streamed output as a diff of its
+previous value, so the chips cost one new entry per token on the wire, and the charts draw at most
+:data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update never costs more as the run grows.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+
+import gradio as gr
+
+from kvviz.capture.loop import Progress
+from kvviz.capture.trace import ModelInfo, Trace
+from kvviz.figures import generate as fig
+from kvviz.lessons.waste import forward_passes
+from kvviz.ui.serving.streaming import Snapshot
+from kvviz.units import format_bytes, plural
+
+STATUS_S = 0.5  # status line, chips and text at most this often while streaming
+FIGURES_S = 2.0  # the cache-growth chart and the memory gauge at most this often
+PENDING_CHECK = "Cached vs full recompute: checked when generation ends."
+
+
+def mark(trace: Trace) -> tuple[int, str]:
+    """Taken in the worker as each step is yielded: the steps done and the text so far (O(1))."""
+    return len(trace.steps), trace.text
+
+
+def view(snap: Snapshot[Trace]) -> Trace | None:
+    """The trace as it was when the snapshot's step was yielded (the worker keeps appending to it)."""
+    trace = snap.item
+    if trace is None or snap.done:
+        return trace
+    n_steps, text = snap.mark
+    cut = copy.copy(trace)  # shallow: the lists are sliced, the arrays (None while running) shared
+    cut.steps = trace.steps[:n_steps]
+    cut.token_ids = trace.token_ids[: trace.n_prompt + n_steps]
+    cut.tokens = trace.tokens[: trace.n_prompt + n_steps]
+    cut.text = text
+    return cut
+
+
+def progress_line(progress: Progress | None, generated: int) -> str | None:
+    """What the worker is doing between steps, if it says: a long prefill, or the check."""
+    if progress is None:
+        return None
+    if progress.phase == "prefill" and generated == 0:
+        return (
+            f"Prefill: {progress.done:,} / {progress.total:,} prompt tokens through the model "
+            "(the whole prompt in parallel, one chunk at a time)…"
+        )
+    if progress.phase == "verify":
+        return (
+            "Checking: the whole sequence again from scratch, without the cache and without kvviz's capture… "
+            f"({plural(generated, 'token')} generated)"
+        )
+    return None
+
+
+def waste_text(trace: Trace) -> str:
+    """The chapter's waste counter for this run, and why its formula gives a larger number than the loop's count."""
+    length, n = trace.n_prompt, trace.n_generated
+    fp = forward_passes(length, n)
+    one = (
+        " With one generated token there is nothing to re-run yet: both loops make the same single pass over "
+        "the prompt."
+        if n == 1
+        else ""
+    )
+    return (
+        f"**Token-forward passes for this run** ({length} prompt + {plural(n, 'generated token')}): "
+        f"with the cache **{fp.with_cache:,}** (the prompt once, then each new token but the last), without it "
+        f"**{fp.without_cache:,}** (step i re-runs all {length} + i tokens, i = 0 … {n - 1}) — "
+        f"**{fp.ratio:,.1f}×** the work.{one}\n\n"
+        f"**Exact count vs the chapter's formula.** The count above is what a loop feeds: "
+        f"{length} + ({length} + 1) + … + ({length} + {n - 1}) = NL + N(N − 1)/2 = {fp.without_cache:,}. "
+        f"The chapter writes the sum over t = L … L + N, which has one more term: a pass over all "
+        f"{length} + {n} = {length + n} tokens, which no loop needs (the last token is never fed back). "
+        f"That sum is {fp.chapter_without_cache:,} = {fp.without_cache:,} + {fp.chapter_extra:,}, which the "
+        "chapter rounds to NL + N²/2; for long runs the extra term is negligible, for short ones it dominates "
+        "the gap."
+    )
+
+
+def replay_range(snap: Snapshot[Trace]):
+    """The replay slider's update for a snapshot: the finished run's steps, at its last one (else left alone)."""
+    trace = snap.item
+    if not snap.done or trace is None or trace.colsum is None:
+        return gr.skip()
+    return gr.Slider(maximum=max(1, len(trace.steps) - 1), value=len(trace.steps) - 1)
+
+
+class LiveRun:
+    """One run's rendering. Per-run constants (the gauge's budget and room for tokens) are fixed here,
+    once; :meth:`outputs` renders a snapshot as the tab's ten outputs, skipping what is not due."""
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        budget_name: str,
+        budget_bytes: float | None,
+        room_tokens: int | None,
+        prompt_tokens: list[str],
+        export: Callable[[Trace], tuple[str, str]],
+    ):
+        self.info, self.budget_bytes, self.room_tokens = info, budget_bytes, room_tokens
+        self.prompt_spans = [(fig.chip_text(t), "prompt") for t in prompt_tokens]
+        self.budget_label = budget_name.split(" (")[0]
+        self.export = export
+        self._figures_at = float("-inf")
+        self._figures_steps = -1
+
+    def outputs(self, snap: Snapshot[Trace], note: str = "") -> tuple:
+        """(trace state, status, chips, text, growth, gauge, check, waste, npz, csv) for one snapshot."""
+        trace = view(snap)
+        final = snap.done and trace is not None and trace.colsum is not None
+        generated = trace.n_generated if trace is not None else 0
+        status = progress_line(snap.progress, generated) if not snap.done else None
+        if trace is None:  # still in the prefill: the prompt's chips, the previous run's text and check gone
+            return (
+                gr.skip(),
+                status or "Starting…",
+                self.prompt_spans,
+                "",
+                gr.skip(),
+                gr.skip(),
+                PENDING_CHECK,
+                gr.skip(),
+                None,
+                None,
+            )
+        if status is None:
+            status = (
+                f"{'Done' if final else 'Generating'}: {plural(generated, 'token')}, cache "
+                f"{format_bytes(trace.cache_bytes)} ({trace.steps[-1].cache_lens[0]} tokens in layer 0)"
+            )
+            if final:
+                status += (
+                    f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"
+                )
+        growth = gauge = gr.skip()
+        now = time.monotonic()
+        if final or (now - self._figures_at >= FIGURES_S and len(trace.steps) != self._figures_steps):
+            self._figures_at, self._figures_steps = now, len(trace.steps)
+            growth = fig.cache_growth(trace)
+            gauge = fig.memory_gauge(
+                trace.cache_bytes, self.info.weight_bytes, self.budget_bytes, self.budget_label, self.room_tokens
+            )
+        files = self.export(trace) if final else (None, None)
+        check = fig.equivalence_text(trace) if final else PENDING_CHECK
+        return (
+            trace if final else gr.skip(),
+            status,
+            fig.token_spans(trace),
+            trace.text,
+            growth,
+            gauge,
+            check,
+            waste_text(trace),
+            *files,
+        )

@@ -1,0 +1,334 @@
+"""Learn tab: the chapter's objectives with "show me" actions, live-computed answers, pitfalls, presentation mode.
+
+Built last, so the other tabs' registered components (``ctx.components``) exist: a "show me" sets
+them, switches ``ctx.tabs`` to the view and presses its button (by element id, once the tab is
+mounted). Components a build lacks are listed under the button instead of failing. Presentation
+mode's toggle is built here and wired by ``kvviz/ui/page/present.py`` (large type, high contrast, no
+captions, larger charts; ← / → step the visible step slider).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import gradio as gr
+
+from kvviz.capture.loop import capture
+from kvviz.demo_store import Compute, Progress
+from kvviz.lessons.guesses import judge
+from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, ShowMe, decode_step_view
+from kvviz.lessons.questions import QUESTIONS, Answer, Question
+from kvviz.ui.page.present import STEP_CLASS
+from kvviz.ui.serving import precompute
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.sessions import user_errors
+
+EXAMPLE_PROMPT = "Once upon a time"
+PRESS_JS = """(mode) => {
+  const press = mode === 'stored' ? null : __PRESS__, anchor = __ANCHOR__, controls = __CONTROLS__, t0 = Date.now();
+  const shown = (el) => el && el.getClientRects().length > 0;
+  const spot = () => {  // once the view is on screen: bring it into sight and outline it and its controls
+    const a = anchor ? document.getElementById(anchor) : null;
+    if (!shown(a)) return Date.now() - t0 < 120000 ? setTimeout(spot, 100) : null;
+    let moved = false;
+    for (const ev of ['wheel', 'touchmove', 'mousedown']) addEventListener(ev, () => { moved = true; }, {once: true, passive: true});
+    const centre = () => a.scrollIntoView({behavior: 'instant', block: a.offsetHeight > innerHeight ? 'start' : 'center'});
+    const marked = [a, ...controls.map((id) => document.getElementById(id)).filter(shown)];
+    for (const el of marked) { el.classList.remove('kvviz-spot'); void el.offsetWidth; el.classList.add('kvviz-spot'); }
+    setTimeout(() => marked.forEach((el) => el.classList.remove('kvviz-spot')), 4000);
+    let last = null;
+    const settle = (since) => {  // results arriving move the layout: keep the view in sight until it settles
+      if (moved || Date.now() - since > 6000) return;
+      const r = a.getBoundingClientRect(), now = `${Math.round(r.top)}:${Math.round(r.height)}`;
+      if (now !== last) { centre(); last = (() => { const q = a.getBoundingClientRect(); return `${Math.round(q.top)}:${Math.round(q.height)}`; })(); }
+      setTimeout(() => settle(since), 150);
+    };
+    settle(Date.now());
+  };
+  const tick = () => {
+    const el = press ? document.getElementById(press) : null;
+    if (press && !el && Date.now() - t0 < 10000) return setTimeout(tick, 100);
+    if (el) (el.tagName === 'BUTTON' ? el : (el.querySelector('button') || el)).click();
+    spot();
+  };
+  setTimeout(tick, 150);
+  return [];
+}"""
+READY_POLL_S = 2.0  # how often an open Learn tab refreshes the "ready examples" line until all are ready
+
+
+def _prefix(tab: str) -> str:
+    return tab.removeprefix("tab_")
+
+
+def _elem_id(component, key: str) -> str:
+    """The component's element id, giving it one if its tab did not (read when the page config is built)."""
+    if not getattr(component, "elem_id", None):
+        component.elem_id = "kvviz-" + key.replace(".", "-").replace("_", "-")
+    return component.elem_id
+
+
+def resolve(ctx: AppContext, sm: ShowMe) -> tuple[list[tuple[str, object]], list[str], str | None, bool]:
+    """What this build has for a show-me: (key, component) targets, missing keys, press elem id, available?"""
+    comps = ctx.components
+    targets = [(k, comps[k]) for k in sm.values if k in comps]
+    missing = [k for k in [*sm.values, *([sm.press] if sm.press else [])] if k not in comps]
+    built = {k.split(".", 1)[0] for k in comps}
+    available = _prefix(sm.tab) in built
+    press = _elem_id(comps[sm.press], sm.press) if sm.press in comps else None
+    return targets, missing, press, available
+
+
+def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State) -> None:
+    """A button that loads ``sm`` into its view; a note lists what this build lacks."""
+    targets, missing, press, available = resolve(ctx, sm)
+    btn = gr.Button(
+        f"▶ Show me: {sm.label}", elem_id=elem_id, variant="primary" if available else "secondary", size="lg"
+    )
+    note = f"*Look for:* {sm.look_for}"
+    if not available:
+        note += f" *(The {_prefix(sm.tab).capitalize()} view is not in this build yet.)*"
+    elif missing:
+        note += f" *(Not in this build: {', '.join(missing)}; the rest is loaded.)*"
+    gr.Markdown(note, elem_classes="learn-note", elem_id=f"{elem_id}-note")
+    press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
+    via_generate = bool(press and press_tab == "generate" and _prefix(sm.tab) != "generate")
+    first_tab = "tab_generate" if via_generate else sm.tab
+    # a view drawn from a generation that is already stored loads in this one event, without the Generate detour
+    fast = via_generate and available and "generate.button" in ctx.planners and ctx.trace_state is not None
+    key = ctx.planners["generate.button"](sm.values) if fast else None
+    views = [o for _, _, o in ctx.listeners if ctx.tabs not in o] if fast else []
+    view_outputs = [c for o in views for c in o]
+    # a button whose result is at hand (stored, or arithmetic) answers in this event too, instead of being pressed
+    answer = ctx.answers.get(sm.press or "") if available and not fast else None
+    mode = gr.Textbox(visible=False) if fast or answer is not None else None
+    by_target = {id(c): k for k, c in targets}
+    answer_inputs = answer.inputs if answer is not None else []
+
+    def stored_views(trace) -> list:
+        """Every trace view of a stored generation (drawn once at start-up, so these calls are quick)."""
+        out: list = []
+        for fn, inputs, outputs in ctx.listeners:
+            if any(outputs is o for o in views):
+                values = fn(trace, *[getattr(c, "value", None) for c in inputs[1:]])
+                out.extend(values if len(outputs) > 1 else [values])
+        return out
+
+    def answered(request: gr.Request, current: list) -> list | None:
+        """The pressed button's outputs for the show-me's values (the session's own for the rest), or None."""
+        assert answer is not None
+        values = [sm.values[by_target[id(c)]] if id(c) in by_target else v for c, v in zip(answer.inputs, current)]
+        try:
+            out = answer.fn(request, *values)
+        except Exception:  # a refusal (the session's other settings) is the button's to show: press it
+            return None
+        return None if out is None else (list(out) if isinstance(out, (list, tuple)) else [out])
+
+    def load(request: gr.Request, *current):
+        values = [sm.values[k] for k, _ in targets]
+        if not available:
+            gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
+            return [gr.skip()] * len(targets) + [gr.skip(), gr.skip()]
+        if answer is not None:
+            out = answered(request, list(current))
+            if out is None:
+                return [*values, gr.Tabs(selected=first_tab), None, "press", *[gr.skip()] * len(answer.outputs)]
+            return [*values, gr.Tabs(selected=sm.tab), None, "stored", *out]
+        if not fast:
+            return [*values, gr.Tabs(selected=first_tab), sm.tab if via_generate else None]
+        entry = ctx.store.entry(key)
+        if entry is not None and entry.state == "done":
+            trace = entry.value[0]
+            return [*values, gr.Tabs(selected=sm.tab), None, "stored", trace, *stored_views(trace)]
+        return [*values, gr.Tabs(selected=first_tab), sm.tab, "press", gr.skip(), *[gr.skip()] * len(view_outputs)]
+
+    if fast:
+        extra = [mode, ctx.trace_state, *view_outputs]
+    elif answer is not None:
+        extra = [mode, *answer.outputs]
+    else:
+        extra = []
+    outputs = [c for _, c in targets] + [ctx.tabs, pending, *extra]
+    assert len({id(c) for c in outputs}) == len(outputs), f"{sm.label}: a show-me sets a component twice"
+    event = btn.click(load, answer_inputs, outputs, api_name=False, queue=False)
+    if available:
+        controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
+        js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))
+        event.then(None, [mode] if mode is not None else None, None, js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
+
+
+def plan_show_mes(ctx: AppContext) -> None:
+    """Plan every show-me's result (and the answers that run the model) in the order a lecture reaches them."""
+    keys = []
+    for sm in [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
+        planner = ctx.planners.get(sm.press or "")
+        if planner is not None:
+            keys.append(planner(sm.values))
+    for i, q in enumerate(QUESTIONS, 1):
+        if q.needs_model:
+            keys.append(_answer_key(ctx, i))
+            ctx.store.plan(keys[-1], f"answer {i}", _answer_job(ctx, q))
+    ctx.store.put_first(keys)
+
+
+def _answer_job(ctx: AppContext, q: Question) -> Compute:
+    """An answer that runs the model, as a store computation."""
+
+    def compute(report: Progress, should_stop: Callable[[], bool]) -> Answer:
+        with user_errors():
+            return q.compute(ctx.lm)
+
+    return compute
+
+
+def _answer_key(ctx: AppContext, i: int) -> tuple:
+    return ctx.lm.name, "answer", i
+
+
+def reveal(q: Question, ctx: AppContext, guess: object = None, answer: Answer | None = None) -> str:
+    """The student's guess beside the answer kvviz computes, then the chapter's answer."""
+    if answer is None:
+        with user_errors():
+            answer = q.compute(ctx.lm if q.needs_model else None)
+    mine = judge(q.guess, guess, answer.values) + "\n\n" if q.guess is not None else ""
+    return f"{mine}**The chapter:** {q.chapter_answer}\n\n**Computed by kvviz now:** {answer.text}"
+
+
+def walkthrough(trace, step):
+    """Token strip and one sentence for a decode step of the session's trace."""
+    if trace is None:
+        return [], "No generation yet: press **Load the example** (or generate in the Generate tab)."
+    step = max(0, min(int(step or 0), len(trace.steps) - 1))
+    with user_errors():
+        return decode_step_view(trace, step)
+
+
+def build(ctx: AppContext) -> None:
+    """Build the Learn tab inside the caller's ``gr.Tab`` (after every other tab)."""
+    pending = gr.State(None)  # a view to open once a generation started by "show me" has finished
+    walk_trace = gr.State(None)
+    with gr.Row():
+        gr.Markdown(
+            "## The KV cache, in five objectives\nEach objective has a **Show me** button that loads a ready "
+            "example into the view that demonstrates it. Go through them in order; no typing needed."
+        )
+        present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
+    ready = gr.Markdown(lambda: precompute.readiness(ctx), elem_id="learn-ready")  # read on every page load
+    timer = gr.Timer(READY_POLL_S, active=bool(ctx.store.entries()))
+    timer.tick(
+        lambda: (precompute.readiness(ctx), gr.Timer(active=ctx.store.counts()["done"] < len(ctx.store.entries()))),
+        None,
+        [ready, timer],
+        api_name=False,
+        queue=False,
+        show_progress="hidden",
+    )
+
+    n = len(OBJECTIVES)
+    ids = [f"learn-{o.number}" for o in OBJECTIVES] + ["learn-questions", "learn-pitfalls"]
+    with gr.Tabs(elem_id="learn-tabs") as inner:
+        for i, obj in enumerate(OBJECTIVES):
+            with gr.Tab(f"{obj.number} {obj.title}", id=ids[i]):
+                gr.Markdown(
+                    f"### Objective {obj.number} of {n}\n> {obj.chapter}\n\n{obj.explanation}",
+                    elem_classes="learn-objective",
+                )
+                for j, sm in enumerate(obj.show_me):
+                    show_me_button(ctx, sm, f"showme-{obj.number}-{j + 1}", pending)
+                if obj.number == 2:
+                    _walkthrough(ctx, walk_trace, pending)
+                nxt = gr.Button(
+                    "Next objective ›" if i + 1 < n else "Check your understanding ›",
+                    elem_id=f"learn-next-{obj.number}",
+                    size="lg",
+                )
+                nxt.click(lambda target=ids[i + 1]: gr.Tabs(selected=target), None, inner, api_name=False, queue=False)
+        with gr.Tab("Questions", id=ids[n]):
+            gr.Markdown("Commit to a guess first, then reveal: kvviz puts its computed answer next to yours.")
+            for i, q in enumerate(QUESTIONS, 1):
+                gr.Markdown(f"**Q{i}.** {q.question}", elem_classes="learn-question")
+                guess = _guess_input(q, i)
+                btn = gr.Button(
+                    f"Reveal answer {i}" + (" (runs the model)" if q.needs_model else ""),
+                    elem_id=f"reveal-{i}",
+                    size="lg",
+                )
+                out = gr.Markdown(elem_id=f"answer-{i}")
+                btn.click(
+                    gpu(_revealer(ctx, q, i)),
+                    None if guess is None else [guess],
+                    out,
+                    api_name=False,
+                    concurrency_limit=None,
+                )
+            to_pitfalls = gr.Button("Common pitfalls ›", elem_id="learn-next-questions", size="lg")
+            to_pitfalls.click(lambda: gr.Tabs(selected=ids[n + 1]), None, inner, api_name=False, queue=False)
+        with gr.Tab("Pitfalls", id=ids[n + 1]):
+            for i, p in enumerate(PITFALLS, 1):
+                gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
+                show_me_button(ctx, p.show_me, f"pitfall-{i}", pending)
+    ctx.components.update({"learn.tabs": inner, "learn.present": present})
+    plan_show_mes(ctx)
+
+
+def _guess_input(q: Question, i: int) -> gr.components.Component | None:
+    """Where the student commits to a guess: a number box or a choice."""
+    if q.guess is None:
+        return None
+    if q.guess.is_number:
+        return gr.Number(None, label=q.guess.prompt, elem_id=f"guess-{i}")
+    return gr.Radio(list(q.guess.choices), value=None, label=q.guess.prompt, elem_id=f"guess-{i}")
+
+
+def _revealer(ctx: AppContext, q: Question, i: int):
+    """The handler of one Reveal button; an answer that runs the model is read from the shared store."""
+
+    def show(request: gr.Request, guess: object = None) -> str:
+        if not q.needs_model:
+            return reveal(q, ctx, guess)
+
+        answer, _ = precompute.shared(
+            ctx, request, _answer_key(ctx, i), _answer_job(ctx, q), live=False, what="answer", cost=(64, 64)
+        )
+        return reveal(q, ctx, guess, answer)
+
+    return show
+
+
+def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> None:
+    """Step through a real generation's decode steps (← / → in presentation mode)."""
+    gr.Markdown("#### Decode, step by step\nEach step feeds only the new token; its K and V join the cache.")
+    load = gr.Button("Load the example (“Once upon a time”, 12 tokens)", elem_id="learn-load-example")
+    step = gr.Slider(
+        0, 1, value=0, step=1, label="Decode step (0 = prefill)", elem_id="learn-step", elem_classes=[STEP_CLASS]
+    )
+    strip = gr.HighlightedText(
+        label="Tokens",
+        elem_id="learn-strip",
+        show_legend=True,
+        combine_adjacent=False,
+        color_map={"in cache": "#cfe2ff", "computed this step": "#ffd8a8", "predicted next": "#b2f2bb"},
+    )
+    text = gr.Markdown(elem_id="learn-step-text")
+
+    def run_example(request: gr.Request):
+        with ctx.jobs.start_prompt(request, "walkthrough example", ctx.lm, EXAMPLE_PROMPT, False, 12):
+            trace = capture(ctx.lm, EXAMPLE_PROMPT, chat=False, max_new_tokens=12)
+        spans, md = walkthrough(trace, 0)
+        return trace, gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0), spans, md
+
+    load.click(gpu(run_example), None, [walk_trace, step, strip, text], api_name=False, concurrency_limit=None)
+    step.change(walkthrough, [walk_trace, step], [strip, text], api_name=False, queue=False)
+
+    def from_generate(trace, target):
+        spans, md = walkthrough(trace, 0)
+        slider = gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0) if trace else gr.skip()
+        return trace, slider, spans, md, (gr.Tabs(selected=target) if target else gr.skip()), None
+
+    if ctx.trace_state is not None:
+        # first: a show-me that generated switches to its view at once, while the views redraw behind it
+        ctx.on_trace(
+            from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending], first=True
+        )

@@ -1,0 +1,203 @@
+"""Ready examples: the show-me results computed once in the background, shared by every session.
+
+Tabs plan the results their demo buttons need on ``ctx.store`` (:class:`~kvviz.demo_store.DemoStore`)
+and read them with :func:`shared`; :func:`start` computes the plan in a daemon thread after the app
+is built, one result at a time, each through the admission gate (session ``kvviz-precompute``) and
+only while no user job runs or waits (Generate runs included), so the server starts at once and people never queue long
+behind it. A request for a result still being prepared waits for that computation and shows its
+progress; "Recompute live" skips the store and runs through the gate like any job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from datetime import datetime, timezone
+from typing import Any
+
+import gradio as gr
+
+from kvviz.admission import Refused
+from kvviz.demo_store import Compute, Entry
+from kvviz.examples import GENERATE_EXAMPLE, examples
+from kvviz.ui.serving.context import AppContext
+
+log = logging.getLogger("kvviz")
+SESSION = "kvviz-precompute"
+IDLE_POLL_S = 0.5
+LIVE_LABEL = "Recompute live (skip the result computed at start-up)"
+
+
+def live_box(elem_id: str) -> gr.Checkbox:
+    """The "Recompute live" checkbox beside a demo button."""
+    return gr.Checkbox(False, label=LIVE_LABEL, elem_id=elem_id, container=False)
+
+
+def _gate_idle(ctx: AppContext) -> bool:
+    """No user job runs or waits: neither at the gate nor among the Generate runs the engine decodes
+    (they pass the room's own gate, and a start-up example beside them would take half the cores)."""
+    snaps = [ctx.jobs.gate.snapshot(), ctx.jobs.room.snapshot()]
+    return all(s["running"] == 0 and s["waiting"] == 0 for s in snaps)
+
+
+def run_plan(ctx: AppContext, stop: threading.Event | None = None) -> None:
+    """Compute every pending planned result, each when the gate is idle (users go first)."""
+    for entry in ctx.store.entries():
+        while entry.state == "pending" and not (stop and stop.is_set()):
+            if not _gate_idle(ctx):
+                time.sleep(IDLE_POLL_S)
+                continue
+            try:
+                ticket = ctx.jobs.gate.admit(SESSION, f"start-up example: {entry.label}")
+            except Refused:
+                time.sleep(IDLE_POLL_S)
+                continue
+            with ticket:
+                ticket.wait()
+                claimed, mine = ctx.store.claim(entry.key)
+                if not mine:
+                    break
+                try:
+                    ctx.store.run(entry, "start-up")
+                    log.info("ready example: %s (%.1f s)", entry.label, entry.seconds or 0.0)
+                except Exception:
+                    log.exception("start-up example failed: %s", entry.label)
+                    return
+
+
+def warm(ctx: AppContext) -> None:
+    """Before the server takes requests (unless KVVIZ_WARM=0): the Generate tab's example through the
+    engine for one token (:meth:`~kvviz.engine.engine.Engine.warm`), so the first room finds the chat
+    template and system prompt in the prefix cache and the model's first forward already done. A failure
+    is logged; the first requests then compute everything themselves."""
+    if not ctx.settings.warm:
+        return
+    prompt, chat = examples()[GENERATE_EXAMPLE]
+    t0 = time.perf_counter()
+    try:
+        trace = ctx.engine.warm(prompt, chat=chat)
+    except Exception:
+        log.exception("start-up warm-up failed")
+        return
+    log.info("warm-up: %d prompt tokens through the engine in %.1f s", trace.n_prompt, time.perf_counter() - t0)
+
+
+def start(ctx: AppContext) -> threading.Thread | None:
+    """Compute the plan in the background (unless KVVIZ_PRECOMPUTE=0); returns the thread."""
+    if not ctx.settings.precompute or not ctx.store.entries():
+        return None
+    thread = threading.Thread(target=run_plan, args=(ctx,), name="kvviz-precompute", daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_for(entry: Entry, progress: Callable[[float, str], None] | None = None, poll: float = 0.25) -> bool:
+    """Wait for the computation running for ``entry``, reporting its progress; True once it is done."""
+    while entry.state == "running":
+        entry.wait(poll)
+        if progress is not None and entry.state == "running":
+            progress(entry.fraction, f"Being prepared at start-up ({entry.label}): {entry.desc}".rstrip(": "))
+    return entry.state == "done"
+
+
+def shared(
+    ctx: AppContext,
+    request: gr.Request | None,
+    key: Hashable,
+    compute: Compute,
+    *,
+    live: bool,
+    what: str,
+    cost: tuple[int, int],
+    runs: int = 1,
+    window: int | None = None,
+    progress: Callable[[float, str], None] | None = None,
+) -> tuple[Any, Entry | None]:
+    """The result for ``key`` and its store entry (None when computed just for this request).
+
+    Ready: returned at once. Being computed: waited for. Otherwise computed now, through the gate
+    under this session's ticket, and kept if ``key`` is planned. ``live`` always computes afresh.
+    """
+    entry = None if live else ctx.store.entry(key)
+    if entry is not None and entry.state != "pending":
+        held = ctx.jobs.take(request)  # a check step may have queued this session: the store answers instead
+        if held is not None:
+            held.release()
+        if wait_for(entry, progress):
+            return entry.value, entry
+    with ctx.jobs.start(request, what, cost[0], cost[1], runs, window) as ticket:
+        claimed, mine = (None, False) if live else ctx.store.claim(key)
+        if claimed is not None and not mine:  # someone else started it while this job waited its turn
+            ticket.release()
+            if wait_for(claimed, progress):
+                return claimed.value, claimed
+            return compute(progress or (lambda f, d: None), ticket.expired), None
+        if claimed is not None:
+            value = ctx.store.run(claimed, "a request", ticket.expired, progress)
+            return value, (claimed if claimed.state == "done" else None)
+        return compute(progress or (lambda f, d: None), ticket.expired), None
+
+
+MEMO_LIMIT = 256  # outputs kept per trace listener (a few per stored trace and setting)
+
+
+def memo_listener(ctx: AppContext, fn: Callable) -> Callable:
+    """A trace listener that keeps its outputs for shared (stored) traces, so every session's show-me reuses
+    them; other traces are drawn each time."""
+    kept: dict[tuple, Any] = {}
+    lock = threading.Lock()
+
+    def listener(*args):
+        trace = args[0] if args else None
+        if trace is None or not ctx.store.is_shared(trace):
+            return fn(*args)
+        key = (id(trace), repr(args[1:]))
+        with lock:
+            if key in kept:
+                return kept[key]
+        out = fn(*args)
+        with lock:
+            if len(kept) >= MEMO_LIMIT:
+                kept.clear()
+            kept[key] = out
+        return out
+
+    listener.__name__ = getattr(fn, "__name__", "listener")
+    return listener
+
+
+def share_trace(ctx: AppContext, trace: Any) -> None:
+    """A stored trace: mark it shared and draw every view of it once, with the views' opening settings."""
+    ctx.store.share(trace)
+    for fn, inputs, _ in ctx.listeners:
+        if not inputs or inputs[0] is not ctx.trace_state:
+            continue
+        try:
+            fn(trace, *[getattr(c, "value", None) for c in inputs[1:]])
+        except Exception:
+            log.exception("drawing a stored trace's view failed")
+
+
+def origin(entry: Entry | None) -> str:
+    """Where a shown result came from, for the page: "computed at start-up (20:51 UTC, 18.3 s)", or "computed now"."""
+    if entry is None or entry.finished_at is None:
+        return "computed now"
+    when = datetime.fromtimestamp(entry.finished_at, tz=timezone.utc).strftime("%H:%M UTC")
+    where = "at start-up" if entry.source == "start-up" else "on a first request"
+    return f"computed {where} ({when}, took {entry.seconds or 0.0:.1f} s)"
+
+
+def readiness(ctx: AppContext) -> str:
+    """One line for the Learn tab: how many ready examples are there, and what is being computed."""
+    entries = ctx.store.entries()
+    done = sum(e.state == "done" for e in entries)
+    if not entries:
+        return ""
+    if done == len(entries):
+        return f"**Ready:** all {len(entries)} show-me examples are computed; every show-me answers at once."
+    running = [e for e in entries if e.state == "running"]
+    now = f" Now: {running[0].label} ({100 * running[0].fraction:.0f} %)." if running else ""
+    off = "" if ctx.settings.precompute else " (Start-up computing is off: each is computed on its first click.)"
+    return f"**Preparing examples:** {done} of {len(entries)} ready.{now}{off}"

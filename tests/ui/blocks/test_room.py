@@ -1,0 +1,52 @@
+"""The Blocks tab's live prefix-cache section: reads the app's engine, redraws only on change, polls only when shown."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from kvviz.engine.engine import wait_all
+from kvviz.settings import Settings
+from kvviz.ui.blocks import room as blocks_room
+from kvviz.ui.serving.context import AppContext
+
+
+def _timers(demo: gr.Blocks) -> list[gr.Timer]:
+    return [b for b in demo.blocks.values() if isinstance(b, gr.Timer)]
+
+
+def test_the_timer_starts_only_when_the_tab_is_opened(lm):
+    ctx = AppContext(lm=lm, settings=Settings())
+    with gr.Blocks() as demo, gr.Tabs() as ctx.tabs:
+        with gr.Tab("Other"):
+            gr.Markdown("other")
+        with gr.Tab("Blocks") as tab:
+            blocks_room.build(ctx)
+    (timer,) = _timers(demo)
+    assert timer.active is False and timer.value == blocks_room.REFRESH_S
+    targets = {(d.targets[0][0], d.targets[0][1]) for d in demo.fns.values()}
+    assert (tab._id, "select") in targets and (ctx.tabs._id, "select") in targets and (timer._id, "tick") in targets
+
+
+def test_outside_tabs_it_polls_from_the_start(lm):
+    ctx = AppContext(lm=lm, settings=Settings())
+    with gr.Blocks() as demo:
+        blocks_room.build(ctx)
+    assert _timers(demo)[0].active is True
+
+
+@pytest.mark.slow
+def test_refresh_lists_the_rooms_blocks_and_skips_when_unchanged(lm):
+    ctx = AppContext(lm=lm, settings=Settings())
+    decode = blocks_room.decoder(ctx)
+    summary, tree, table, sig = blocks_room.refresh(ctx, decode, None)
+    assert "No blocks yet" in summary and "Hit rate 0%" in summary and len(table) == 0
+    assert all(isinstance(x, type(gr.skip())) for x in blocks_room.refresh(ctx, decode, sig)), "unchanged: skipped"
+    h = ctx.engine.submit("What is two plus two?", chat=True, max_new_tokens=2)
+    assert wait_all([h], 600)
+    summary, tree, table, sig2 = blocks_room.refresh(ctx, decode, sig)
+    size = ctx.engine.prefix.block_size
+    n = (h.trace.n_prompt - 1) // size
+    assert sig2 != sig and len(table) == n and f"**{n} block" in summary
+    assert table["text"].iloc[-1].startswith("<|im_start|>system⏎") and set(table["held by"]) == {0}
+    assert list(table["tokens"])[-1] == f"0–{size - 1}" and tree.data[0].ids[0] == "root"

@@ -1,0 +1,203 @@
+"""Memory tab handlers, in-process on the real bundled model: outputs, validation, the live cache check."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+import pytest
+
+from kvviz.settings import Settings
+from kvviz.ui.memory import tab
+from kvviz.ui.serving.context import AppContext
+
+H100 = "H100 80GB (SXM)"
+
+
+@pytest.fixture(scope="module")
+def ctx(lm):
+    return AppContext(lm=lm, settings=Settings())
+
+
+def calc(
+    ctx,
+    source="Preset",
+    preset="Llama-3-70B",
+    pasted="",
+    upload=None,
+    context=8192,
+    batch=1,
+    kv_dtype="bf16",
+    group_size=0,
+    tp=0,
+    gpu=H100,
+    gpus=8,
+    mem=80,
+    bw=3.35,
+    reserve=0.1,
+    weights=None,
+    compare=("Llama-3-8B",),
+):
+    return tab.calculate(
+        ctx,
+        source,
+        preset,
+        pasted,
+        upload,
+        context,
+        batch,
+        kv_dtype,
+        group_size,
+        tp,
+        gpu,
+        gpus,
+        mem,
+        bw,
+        reserve,
+        weights,
+        list(compare),
+    )
+
+
+def test_chapter_example_is_the_default_view(ctx):
+    summary, formula, table, size, cap, dec, gauge = calc(ctx, batch=162, weights=0)  # the box's default
+    assert "**320 KiB/token**" in summary and "Weights: 140 GB, the figure the source uses" in summary
+    assert "141.1 GB" in summary and "KV budget 436 GB = 406.1 GiB" in summary and "**162 sequences**" in summary
+    assert "weights 5.22 ms + KV 16.23 ms" in summary
+    assert "2 × 80 layers × 8 KV heads × 128 × 2 B" in formula
+    assert list(table["KV per token"]) == ["2.5 MiB", "320 KiB", "40 KiB", "90 KiB"]
+    assert [t.name for t in size.data] == ["Llama-3-70B (full)", "Llama-3-8B (full)"]
+    assert "436 GB" in cap.layout.title.text and "8 × 3.35 TB/s" in dec.layout.title.text
+    assert [t.name for t in dec.data] == ["weights (140 GB)", "KV of 162 sequences"]
+    assert gauge.data[0].value == pytest.approx(100 * 434_865_438_720 / 436e9)  # 162 × 8K of the 436 GB budget
+
+
+def test_typed_weights_override_the_stated_figure(ctx):
+    summary, *_ = calc(ctx, batch=162, weights=141.1)
+    assert "weights 5.26 ms" in summary and "the figure the source uses" not in summary
+
+
+def test_a_stated_head_dim_is_a_lesson(ctx):
+    """Qwen3-0.6B states head_dim 128 where 1024 / 16 = 64: the page says why it doubles the article's 1.75 GB."""
+    summary, *_ = calc(ctx, preset="Qwen3-0.6B", context=32_768)
+    assert "**3.5 GiB/sequence**" in summary
+    assert "states head_dim = 128, not hidden_size / heads = 1,024 / 16 = 64" in summary and "2×" in summary
+    assert "head_dim" not in calc(ctx, preset="Llama-3-8B")[0]
+
+
+def test_weights_that_do_not_fit_keep_the_sizes(ctx):
+    summary, formula, *_, cap, dec, gauge = calc(ctx, preset="DeepSeek-V3", context=131_072)
+    assert "**8.6 GiB/sequence**" in summary and "do not fit" in summary
+    assert "**68.6 KiB/token**" in summary
+    assert "**68.6 GiB in total** (8.6 GiB per GPU)" in summary and "stored on 8 GPUs, so × 8" in summary
+    assert cap is None and dec is None and gauge is None and "(512 + 64)" in formula
+
+
+def test_pasted_config_and_upload(ctx, tmp_path):
+    cfg = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "hidden_size": 1024,
+    }
+    summary, *_ = calc(ctx, source="Paste JSON", pasted=json.dumps(cfg), context=32_768)
+    assert "1,879,048,192 B = **1.8 GiB/sequence**" in summary and "Give the weights" in summary
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    summary2, *_ = calc(ctx, source="Upload config.json", upload=str(path), context=32_768, weights=1.2)
+    assert "1,879,048,192 B" in summary2 and "sequences" in summary2
+
+
+def test_loaded_model_uses_its_real_weights(ctx):
+    summary, formula, *_ = calc(ctx, source="Loaded model", context=1000, gpus=1, gpu="L4 24GB", mem=24, bw=0.3)
+    assert ctx.info.name in formula
+    assert "2 × 30 layers × 3 KV heads × 64 × 2 B = **23,040 B = 22.5 KiB**" in formula
+    assert f"minus weights {ctx.info.weight_bytes / 1e9:.2f} GB" in summary
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"source": "Paste JSON", "pasted": "/etc/passwd"}, "not valid JSON"),
+        ({"source": "Paste JSON", "pasted": "{" + " " * (300 * 1024) + "}"}, "the limit is 262,144 bytes"),
+        ({"source": "Paste JSON", "pasted": ""}, "Paste the model's config"),
+        ({"source": "Upload config.json", "upload": None}, "Upload a config.json"),
+        ({"preset": "Llama-9"}, "Unknown preset"),
+        ({"context": 1.5}, "Context must be a whole number"),
+        ({"context": 0}, "Context = 0 is outside the allowed range 1 … 134,217,728"),
+        ({"batch": "many"}, "Batch must be a whole number"),
+        ({"tp": 3}, "cannot split"),
+        ({"kv_dtype": "fp6"}, "Unknown KV dtype"),
+        ({"kv_dtype": "bf16", "group_size": 32}, "no per-group scales"),
+        ({"mem": -1}, "GPU memory (GB) = -1 is outside the allowed range 0.001 …"),
+    ],
+)
+def test_bad_input_is_a_readable_error(ctx, kwargs, message):
+    with pytest.raises(gr.Error) as err:
+        calc(ctx, **kwargs)
+    assert message in err.value.message and not err.value.message.startswith(("'", '"'))
+
+
+def test_upload_must_be_json(ctx, tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"\x00\x01")
+    with pytest.raises(gr.Error, match="Upload a .json file"):
+        calc(ctx, source="Upload config.json", upload=str(path))
+
+
+@pytest.mark.slow
+def test_live_comparison_agrees_after_generate(ctx, lm):
+    from kvviz.capture.loop import capture
+
+    assert "run **Generate** first" in tab.live_comparison(ctx, None)
+    trace = capture(lm, "The KV cache", chat=False, max_new_tokens=3, verify=False)
+    text = tab.live_comparison(ctx, trace)
+    assert "they agree, layer by layer ✓" in text
+    assert f"{trace.cache_bytes:,} B" in text
+
+
+def test_api_memory_matches_the_cli_json(ctx):
+    from kvviz.memory.estimate import cache_layout
+    from kvviz.memory.report import report
+
+    out = tab.api_memory(ctx, "llama-3-70b", 8192, 162, "bf16", None, 8, 80, 0.1, 140, 3.35)
+    assert (
+        out
+        == report(cache_layout("Llama-3-70B"), 8192, 162, "bf16", None, None, 8, 80, 0.1, 140, "bf16", 3.35).to_json()
+    )
+    assert out["max_sequences"] == 162
+    with pytest.raises(gr.Error, match="config must be a preset"):
+        tab.api_memory(ctx, "/etc/hosts")
+
+
+def test_live_architecture_section_shows_the_real_cache_next_to_the_formula():
+    from kvviz.ui.memory.architectures import show_architecture
+
+    summary, table, chart = show_architecture("MLA", "The KV cache")
+    assert "equal, layer by layer ✓" in summary and "no factor 2 and no head count" in summary
+    assert list(table["tensors"]) == ["latent [1, 1, 19, 32] + RoPE key [1, 1, 19, 8]"] * 2
+    assert [t.name for t in chart.data] == [
+        "measured (cache tensors)",
+        "formula (memory calculator)",
+        "per-head K/V (the pitfall)",
+    ]
+    summary, table, _ = show_architecture("sliding", "The KV cache")
+    assert set(table["tokens held"]) == {7} and "✓" in summary  # window 8: transformers keeps 7
+
+
+@pytest.mark.parametrize(
+    "kind, prompt, message",
+    [
+        ("Mamba", "hi", "Pick one of the architectures"),
+        ("GQA", "   ", "Type a short prompt"),
+        ("GQA", "é" * 101, "at most 200 bytes"),
+        ("GQA", None, "Type a short prompt"),
+    ],
+)
+def test_live_architecture_bad_input_is_a_readable_error(kind, prompt, message):
+    from kvviz.ui.memory.architectures import show_architecture
+
+    with pytest.raises(gr.Error, match=message):
+        show_architecture(kind, prompt)
