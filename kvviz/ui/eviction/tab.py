@@ -29,13 +29,14 @@ from kvviz.ui.eviction.request import (  # noqa: F401  (re-exported: the tab's r
     check_request,
     library_call,
     policy_text,
+    request_size,
     status_text,
     views,
 )
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.model_job import ModelJob
 
 
 def build(ctx: AppContext) -> None:
@@ -195,14 +196,9 @@ def build(ctx: AppContext) -> None:
         values = {k.split(".", 1)[1]: v for k, v in zip(keys, pvals) if k.startswith(f"{name}.")}
         return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
 
-    def check(request: gr.Request, *args):
-        req = gather(*args)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction run", len(req.ids), req.max_new_tokens))
-
-    def run(request: gr.Request, *args):
-        req = gather(*args)
-        with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
-            result = library_call(lambda: req.run(ctx.lm, should_stop=ticket.expired))
+    def run(job):
+        req = job.req
+        result = req.run(ctx.lm, should_stop=job.should_stop)
         return (
             result,
             status_text(result, req.policy),
@@ -213,13 +209,11 @@ def build(ctx: AppContext) -> None:
             fig.budget_bytes(result),
         )
 
+    policy_run = ModelJob("eviction run", check=lambda _ctx, *args: gather(*args), run=run, size=request_size)
     run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
-    checked = run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None)
+    checked, ran = policy_run.button(ctx, run_btn, main_inputs, run_outputs)
     clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
-    clear_on_refusal(
-        checked.success(gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None),
-        [status, run_state, answer, *view_outputs],
-    )
+    clear_on_refusal(ran, [status, run_state, answer, *view_outputs])
 
     def redraw(result, lyr, hd, st):
         label = POLICIES[result.policy].score_label if result is not None else ""
@@ -247,31 +241,4 @@ def build(ctx: AppContext) -> None:
     form = [prompt, question, chat, policy, mode, budget]
     eviction_demos.wire(ctx, demos, compress, [*form, run_state, status, answer, step, *view_outputs], comparison)
 
-    def evict(
-        prompt_text: str,
-        policy_name: str = "snapkv",
-        budget: int | None = None,
-        ratio: float | None = None,
-        chat: bool = True,
-        max_new_tokens: int = 32,
-        params: dict | None = None,
-        question: str = "",
-        compress_context_only: bool = False,
-        request: gr.Request = None,
-    ) -> dict:
-        """Generate under an eviction policy; ``params``: the policy's parameters by name, e.g. {"sinks": 4}."""
-        return api_evict(
-            ctx,
-            prompt_text,
-            policy_name,
-            budget,
-            ratio,
-            chat,
-            max_new_tokens,
-            params,
-            question,
-            compress_context_only,
-            request,
-        )
-
-    gr.api(gpu(evict), api_name="evict", concurrency_limit=None)
+    api_evict.api(ctx, api_name="evict")
