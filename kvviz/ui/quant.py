@@ -214,7 +214,10 @@ def generate(
 
 
 def build(ctx: AppContext) -> None:
-    """Build the Quantization tab inside the caller's ``gr.Tab``."""
+    """Build the Quantization tab inside the caller's ``gr.Tab``.
+
+    Long because it lays the tab's widgets out in page order and wires each once; its model work is declared
+    as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
     info = ctx.info
     gr.Markdown(
         "Quantize the cache of the real model and see what breaks. Keys have a few **outlier channels** "

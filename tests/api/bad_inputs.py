@@ -171,7 +171,7 @@ def answered(endpoint: str, result) -> bool:
 def endpoints_in_source() -> set[str]:
     """Endpoints the app defines, read from kvviz/ui (collection must not start the app)."""
     found = set()
-    for path in UI.glob("*.py"):
+    for path in UI.rglob("*.py"):
         found.update(re.findall(r"api_name\s*=\s*[\"']([A-Za-z_]+)[\"']", path.read_text()))
     return found
 

@@ -10,6 +10,8 @@ dict as ``python -m kvviz evict --json``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from kvviz.eviction.demos import NEEDLE_BUDGET, NEEDLE_FILLER
@@ -40,7 +42,10 @@ from kvviz.ui.serving.model_job import ModelJob
 
 
 def build(ctx: AppContext) -> None:
-    """Build the tab inside the caller's ``gr.Tab``."""
+    """Build the tab inside the caller's ``gr.Tab``.
+
+    Long because it lays the tab's widgets out in page order and wires each once; its model work is declared
+    as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
     info = ctx.info
     gr.Markdown(
         "Which cache entries each policy keeps, per layer and KV head, and what dropping the rest does to the "
@@ -88,78 +93,14 @@ def build(ctx: AppContext) -> None:
                 elem_id="evict-max-new",
             )
             about = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
-            param_boxes, groups = {}, {}
-            for name, cls in POLICIES.items():
-                specs = field_specs(cls)
-                with gr.Group(visible=name == "snapkv") as groups[name]:
-                    if specs:
-                        gr.Markdown(f"**{cls.title}** parameters")
-                    for s in specs:
-                        key = f"{name}.{s['name']}"
-                        label = f"{s['name'].replace('_', ' ')} — {s['help']}"
-                        if s["type"] == "bool":
-                            param_boxes[key] = gr.Checkbox(s["default"], label=label)
-                        elif s["choices"]:
-                            param_boxes[key] = gr.Radio(s["choices"], value=s["default"], label=label)
-                        elif s["type"] == "float":
-                            param_boxes[key] = gr.Slider(s["min"], s["max"], value=s["default"], step=0.05, label=label)
-                        else:
-                            param_boxes[key] = gr.Number(
-                                s["default"], precision=0, label=label, minimum=s["min"], maximum=s["max"]
-                            )
+            param_boxes, groups = _policy_params()
             run_btn = gr.Button("Run policy", variant="primary", elem_id="evict-run")
     status = gr.Markdown(EMPTY, elem_id="evict-status")
     answer = gr.Textbox(label="Answer under the policy", lines=2, elem_id="evict-answer")
-    with gr.Row():
-        layer = gr.Slider(0, info.layers - 1, value=info.layers - 1, step=1, label="Layer", elem_id="evict-layer")
-        head = gr.Dropdown(
-            [
-                (f"KV head {h} (query heads {h * info.group_size}–{(h + 1) * info.group_size - 1})", h)
-                for h in range(info.kv_heads)
-            ],
-            value=0,
-            label="KV head",
-            elem_id="evict-head",
-        )
-        step = gr.Slider(
-            0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)", elem_id="evict-step"
-        )
-        play_button(step, "evict-play")
-    strip = gr.HighlightedText(
-        label="Tokens: kept / evicted / sink / window / heavy hitter",
-        elem_id="evict-strip",
-        color_map=fig.ROLE_COLORS,
-        combine_adjacent=False,
-        show_legend=True,
-        show_inline_category=False,
-    )
-    gr.Markdown(fig.CAPTIONS["strip"], elem_classes="caption")
-    kept_plot = gr.Plot(label="Layers × positions", elem_id="evict-map")
-    gr.Markdown(fig.CAPTIONS["map"], elem_classes="caption")
-    time_plot = gr.Plot(label="Over decode steps", elem_id="evict-timeline")
-    gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
-    score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
-    gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
-    with gr.Row():
-        budget_plot = captioned_plot("Budget per layer and KV head", "evict-budgets", fig.CAPTIONS["budgets"])
-        with gr.Column():
-            budget_table = gr.Dataframe(
-                waiting_table("Press Run policy to see the bytes each store holds for the kept set"),
-                label="What the kept set costs",
-                elem_id="evict-budget-bytes",
-            )
-            gr.Markdown(fig.CAPTIONS["budget_bytes"], elem_classes="caption")
-    slots = gr.Dataframe(
-        waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"),
-        label="The chosen KV head's cache: slot, original position, RoPE position",
-        elem_id="evict-slots",
-        max_height=260,
-    )
-    gr.Markdown(
-        "Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
-        "position its key is rotated with (the status line above says which mode is in force).",
-        elem_classes="caption",
-    )
+    shown = _views(info)
+    layer, head, step, slots = shown.layer, shown.head, shown.step, shown.slots
+    strip, kept_plot, time_plot, score_plot = shown.strip, shown.kept_plot, shown.time_plot, shown.score_plot
+    budget_plot, budget_table = shown.budget_plot, shown.budget_table
 
     comparison = eviction_compare.layout()
 
@@ -242,3 +183,99 @@ def build(ctx: AppContext) -> None:
     eviction_demos.wire(ctx, demos, compress, [*form, run_state, status, answer, step, *view_outputs], comparison)
 
     api_evict.api(ctx, api_name="evict")
+
+
+def _policy_params() -> tuple[dict, dict]:
+    """One group of parameter controls per policy, from its field specs (only the chosen policy's is visible):
+    the controls by "<policy>.<field>", and the groups by policy."""
+    param_boxes, groups = {}, {}
+    for name, cls in POLICIES.items():
+        specs = field_specs(cls)
+        with gr.Group(visible=name == "snapkv") as groups[name]:
+            if specs:
+                gr.Markdown(f"**{cls.title}** parameters")
+            for s in specs:
+                key = f"{name}.{s['name']}"
+                label = f"{s['name'].replace('_', ' ')} — {s['help']}"
+                if s["type"] == "bool":
+                    param_boxes[key] = gr.Checkbox(s["default"], label=label)
+                elif s["choices"]:
+                    param_boxes[key] = gr.Radio(s["choices"], value=s["default"], label=label)
+                elif s["type"] == "float":
+                    param_boxes[key] = gr.Slider(s["min"], s["max"], value=s["default"], step=0.05, label=label)
+                else:
+                    param_boxes[key] = gr.Number(
+                        s["default"], precision=0, label=label, minimum=s["min"], maximum=s["max"]
+                    )
+    return param_boxes, groups
+
+
+@dataclass
+class _Views:
+    """The run's views: layer, KV head and step pickers, the token strip, three charts and two tables."""
+
+    layer: gr.Slider
+    head: gr.Dropdown
+    step: gr.Slider
+    strip: gr.HighlightedText
+    kept_plot: gr.Plot
+    time_plot: gr.Plot
+    score_plot: gr.Plot
+    budget_plot: gr.Plot
+    budget_table: gr.Dataframe
+    slots: gr.Dataframe
+
+
+def _views(info) -> _Views:
+    with gr.Row():
+        layer = gr.Slider(0, info.layers - 1, value=info.layers - 1, step=1, label="Layer", elem_id="evict-layer")
+        head = gr.Dropdown(
+            [
+                (f"KV head {h} (query heads {h * info.group_size}–{(h + 1) * info.group_size - 1})", h)
+                for h in range(info.kv_heads)
+            ],
+            value=0,
+            label="KV head",
+            elem_id="evict-head",
+        )
+        step = gr.Slider(
+            0, 1, value=0, step=1, label="Step (0 = after the prefill, then one per fed token)", elem_id="evict-step"
+        )
+        play_button(step, "evict-play")
+    strip = gr.HighlightedText(
+        label="Tokens: kept / evicted / sink / window / heavy hitter",
+        elem_id="evict-strip",
+        color_map=fig.ROLE_COLORS,
+        combine_adjacent=False,
+        show_legend=True,
+        show_inline_category=False,
+    )
+    gr.Markdown(fig.CAPTIONS["strip"], elem_classes="caption")
+    kept_plot = gr.Plot(label="Layers × positions", elem_id="evict-map")
+    gr.Markdown(fig.CAPTIONS["map"], elem_classes="caption")
+    time_plot = gr.Plot(label="Over decode steps", elem_id="evict-timeline")
+    gr.Markdown(fig.CAPTIONS["timeline"], elem_classes="caption")
+    score_plot = gr.Plot(label="Scores behind the choice", elem_id="evict-scores")
+    gr.Markdown(fig.CAPTIONS["scores"], elem_classes="caption")
+    with gr.Row():
+        budget_plot = captioned_plot("Budget per layer and KV head", "evict-budgets", fig.CAPTIONS["budgets"])
+        with gr.Column():
+            budget_table = gr.Dataframe(
+                waiting_table("Press Run policy to see the bytes each store holds for the kept set"),
+                label="What the kept set costs",
+                elem_id="evict-budget-bytes",
+            )
+            gr.Markdown(fig.CAPTIONS["budget_bytes"], elem_classes="caption")
+    slots = gr.Dataframe(
+        waiting_table("Press Run policy to see the chosen KV head's cache, slot by slot"),
+        label="The chosen KV head's cache: slot, original position, RoPE position",
+        elem_id="evict-slots",
+        max_height=260,
+    )
+    gr.Markdown(
+        "Each row is one held entry: its slot in the cache tensor, the token's original position, and the "
+        "position its key is rotated with (the status line above says which mode is in force).",
+        elem_classes="caption",
+    )
+
+    return _Views(layer, head, step, strip, kept_plot, time_plot, score_plot, budget_plot, budget_table, slots)

@@ -241,7 +241,10 @@ def api_memory(
 
 # ---- the page ----------------------------------------------------------------------------------------
 def build(ctx: AppContext) -> None:
-    """Build the Memory tab inside the caller's ``gr.Tab``."""
+    """Build the Memory tab inside the caller's ``gr.Tab``.
+
+    Long because it lays the calculator's widgets out in page order and wires each once; the arithmetic is
+    :func:`calculate` and :mod:`kvviz.memory`."""
     gpus_by_name = gpu_presets()
     gr.Markdown(
         "Size the KV cache of any model from its config: per token, per sequence and per batch, how many "
