@@ -5,7 +5,8 @@ A public app serves many people from one model. :class:`Gate` admits model jobs 
 already has a job queued or running (one job per session, so a script cannot fill the queue),
 when ``max_waiting`` jobs are already waiting, or when the process's resident memory is above its
 ceiling. Each admitted :class:`Ticket` carries a time budget: a run polls :meth:`Ticket.expired`
-(with its Stop flag) and ends cleanly with what it has.
+(with its Stop flag) and ends cleanly with what it has; a job still running at :data:`REAP_AFTER` times its
+budget (it ignored the budget, or its caller never ended it) loses its slot to the line behind it.
 
 Nothing here imports gradio; the UI wraps handlers around it (``kvviz/ui/serving/jobs.py``).
 """
@@ -18,6 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+REAP_AFTER = 2.0  # × a ticket's budget: past it the gate frees the slot itself (the job should long have stopped)
+WAIT_POLL_S = 1.0  # a waiting job looks for slots to free this often
 
 
 class Refused(ValueError):
@@ -108,6 +112,7 @@ class Gate:
         """A ticket in line, or :class:`Refused` at once with the reason."""
         session = session or "anonymous"
         with self._cond:
+            self._reap()
             self._refuse_second(session)
             if len(self._waiting) >= self.max_waiting:
                 raise Refused(
@@ -179,14 +184,24 @@ class Gate:
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._cond.wait(left)
+                self._cond.wait(WAIT_POLL_S if left is None else min(left, WAIT_POLL_S))
+                self._reap()
             return True
+
+    def _reap(self) -> None:
+        """Free the slots of jobs running past :data:`REAP_AFTER` × their budget (marked ``timed_out``)."""
+        now = time.monotonic()
+        for ticket in [t for t in self._running if now - (t.started or now) > REAP_AFTER * t.max_seconds]:
+            ticket.timed_out = True
+            self._free(ticket)
 
     def release(self, ticket: Ticket) -> None:
         """The job ended (or its caller went away): free its slot or its place in line."""
         with self._cond:
-            if ticket.released:
-                return
+            self._free(ticket)
+
+    def _free(self, ticket: Ticket) -> None:
+        if not ticket.released:
             ticket.released = True
             if ticket in self._running:
                 self._running.remove(ticket)

@@ -200,3 +200,51 @@ def check_cost(cost: JobCost, max_key_reads: int, max_bytes: int | None) -> None
             f"This job would need ~{cost.bytes / 2**20:,.0f} MiB for its cache and trace; the server "
             f"can spare {max_bytes / 2**20:,.0f} MiB now. Use a shorter prompt or fewer new tokens."
         )
+
+
+# ---- the app's own inputs (kvviz/ui) --------------------------------------------------------------------
+MAX_QUESTION_CHARS = 2000  # the Eviction tab's question box: a sentence or two, fed after the context
+MAX_BUDGET_TOKENS = 10**6  # entries a policy keeps per layer and KV head (far above any prompt the app takes)
+MAX_STEP = 10**6  # a replay slider's step (clamped to the run's last step afterwards)
+MAX_BLOCK_SIZE = 4096  # tokens per paged block
+MAX_SEED = 2**32 - 1
+NO_CONTEXT_LIMIT = 10**9  # a model whose config states no context length: the deployment's prompt limit decides
+
+
+def prompt_limit(max_prompt_tokens: int, context_length: int | None) -> int:
+    """Tokens a request's prompt and generation may fill: the deployment's limit, or the model's context if smaller."""
+    return min(max_prompt_tokens, context_length or NO_CONTEXT_LIMIT)
+
+
+def check_prompt_length(n_prompt: int, n_new: int, limit: int, which: str = "The prompt") -> None:
+    """ValueError when ``n_prompt`` tokens plus ``n_new`` new ones pass ``limit``, saying what to shorten."""
+    if n_prompt + n_new <= limit:
+        return
+    if n_new == 0:
+        raise ValueError(f"{which} is {n_prompt:,} tokens; the limit is {limit:,}.")
+    new = f"{n_new:,} new token" + ("" if n_new == 1 else "s")
+    raise ValueError(
+        f"{which} is {n_prompt:,} tokens; with {new} that exceeds the limit of {limit:,} tokens. "
+        "Shorten the prompt or generate fewer tokens."
+    )
+
+
+# ---- a GPU lease (ZeroGPU's ``spaces.GPU(duration=…)``) -------------------------------------------------
+# What one model job asks the GPU for, from its cost estimate: ZeroGPU checks the asked duration against the
+# visitor's remaining daily quota (about two minutes for a visitor who is not logged in), so a short chat
+# must not ask for what a 4K-token prompt needs. The rates are generous upper bounds for the bundled
+# 135M-parameter model with kvviz's recorder on a ZeroGPU slice.
+GPU_LEASE_FLOOR_S = 10  # start-up, the verification pass and a margin: no job asks for less
+GPU_LEASE_CEILING_S = 120  # no job asks for more (the longest run the deployment's limits allow)
+GPU_LAYER_STEP_S = 2e-3  # one decode step through one layer, recorder included
+GPU_LAYER_TOKEN_S = 2e-5  # one prompt token through one layer in the prefill
+GPU_KEY_READ_S = 1e-9  # one attention key read (the quadratic part of a long prompt)
+
+
+def lease_seconds(cost: JobCost, ceiling: float = GPU_LEASE_CEILING_S, floor: float = GPU_LEASE_FLOOR_S) -> int:
+    """Whole seconds of GPU a job with this cost asks for: its estimated run time plus a quarter, within
+    [floor, ceiling]."""
+    decode = cost.runs * cost.new_tokens * cost.layers * GPU_LAYER_STEP_S
+    prefill = cost.runs * cost.prompt_tokens * cost.layers * GPU_LAYER_TOKEN_S
+    estimate = floor + 1.25 * (decode + prefill + cost.key_reads * GPU_KEY_READ_S)
+    return int(math.ceil(min(max(estimate, floor), max(ceiling, floor))))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kvviz.admission import Gate, Refused, current_rss
+from kvviz.admission import REAP_AFTER, WAIT_POLL_S, Gate, Refused, current_rss
 
 
 def test_second_job_of_a_session_is_refused_with_its_place_in_line():
@@ -84,6 +84,18 @@ def test_a_waiting_ticket_released_leaves_the_line_and_wait_times_out():
     assert gate.snapshot()["waiting"] == 0
     with pytest.raises(Refused, match="cancelled"):
         waiting.wait(0.01)
+
+
+def test_a_job_that_outlives_its_budget_loses_its_slot_to_the_line():
+    """A job that never ends (it ignored ``expired``, or its caller vanished) does not hold the line for ever."""
+    gate = Gate(slots=1, max_seconds=0.2)
+    stuck = gate.admit("stuck")
+    waiting = gate.admit("next")
+    assert waiting.wait(0.1) is False  # within its budget the stuck job keeps the slot
+    assert waiting.wait(REAP_AFTER * 0.2 + 2 * WAIT_POLL_S)  # past it, the waiting job gets the slot
+    assert stuck.timed_out and stuck.released and gate.snapshot() == {"running": 1, "waiting": 0, "sessions": 1}
+    stuck.release()  # the stuck job's own release, when it comes, changes nothing
+    assert gate.snapshot()["running"] == 1 and waiting.position() == 0
 
 
 def test_current_rss_reads_this_process():

@@ -23,8 +23,8 @@ from kvviz.leaderboard.tasks import TASKS, make_samples
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
 from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
 
 MAX_OWN_SAMPLES = 4  # a sweep run from the page: samples per task, at 512 tokens
@@ -70,7 +70,10 @@ def needle_note(sample: dict) -> str:
 
 
 def build(ctx: AppContext) -> None:
-    """Build the tab inside the caller's ``gr.Tab`` (after the Eviction tab, whose inputs it fills)."""
+    """Build the tab inside the caller's ``gr.Tab`` (after the Eviction tab, whose inputs it fills).
+
+    Long because it lays the tab's widgets out in page order and wires each once; its model work is declared
+    as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
     data = results.load_result()
     gr.Markdown(
         "Score against compression ratio, one line per policy, like kvpress's leaderboard — on the bundled "
@@ -213,22 +216,12 @@ def build(ctx: AppContext) -> None:
                 raise ValueError("Tick at least one task.")
             return list(pols), list(tasks), whole_number(n, "Samples per task", 1, MAX_OWN_SAMPLES)
 
-    def run_own(pols, tasks, n, m, md, x, request: gr.Request, progress=gr.Progress()):
-        pols, tasks, n = check(pols, tasks, n)
-        flag = ctx.stop_flag(request)
-        flag.clear()
-        with ctx.jobs.start(request, "sweep", OWN_LENGTH, 10, runs=2 * len(tasks) * n) as ticket, user_errors("Sweep"):
-            samples_ = make_samples(ctx.lm, tasks, [OWN_LENGTH], n)
-            res = run_sweep(
-                ctx.lm,
-                samples_,
-                pols,
-                list(RATIOS),
-                MODES,
-                10,
-                progress=lambda f, d: progress(f, desc=d),
-                should_stop=lambda: flag.is_set() or ticket.expired(),
-            )
+    def run_own(job):
+        (pols, tasks, n), m, md, x = job.req
+        samples_ = make_samples(ctx.lm, tasks, [OWN_LENGTH], n)
+        res = run_sweep(
+            ctx.lm, samples_, pols, list(RATIOS), MODES, 10, progress=job.progress, should_stop=job.should_stop
+        )
         d = json.loads(json.dumps(res.to_json()))
         if not d["records"]:
             raise UserError("Stopped before the first sample finished.")
@@ -241,12 +234,19 @@ def build(ctx: AppContext) -> None:
             *choices(d),
         )
 
-    run_btn.click(
-        gpu(run_own),
+    sweep = ModelJob(
+        "sweep",
+        check=lambda _ctx, pols, tasks, n, m, md, x: (check(pols, tasks, n), m, md, x),
+        run=run_own,
+        size=lambda r: Size(OWN_LENGTH, 10, runs=2 * len(r[0][1]) * r[0][2]),
+        stop=True,
+        progress=True,
+    )
+    sweep.event(
+        ctx,
+        run_btn.click,
         [own_policies, own_tasks, own_n, metric, mode, x_axis],
         [state, info, plot, points, policy, ratio],
-        api_name=False,
-        concurrency_limit=None,
     )
 
     def stop(request: gr.Request):

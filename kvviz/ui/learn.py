@@ -22,7 +22,7 @@ from kvviz.lessons.questions import QUESTIONS, Answer, Question
 from kvviz.ui.page.present import STEP_CLASS
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.model_job import ModelJob, Size, prompt_ids
 from kvviz.ui.serving.sessions import user_errors
 
 EXAMPLE_PROMPT = "Once upon a time"
@@ -256,13 +256,7 @@ def build(ctx: AppContext) -> None:
                     size="lg",
                 )
                 out = gr.Markdown(elem_id=f"answer-{i}")
-                btn.click(
-                    gpu(_revealer(ctx, q, i)),
-                    None if guess is None else [guess],
-                    out,
-                    api_name=False,
-                    concurrency_limit=None,
-                )
+                _reveal(ctx, q, i, btn, None if guess is None else [guess], out)
             to_pitfalls = gr.Button("Common pitfalls ›", elem_id="learn-next-questions", size="lg")
             to_pitfalls.click(lambda: gr.Tabs(selected=ids[n + 1]), None, inner, api_name=False, queue=False)
         with gr.Tab("Pitfalls", id=ids[n + 1]):
@@ -282,19 +276,20 @@ def _guess_input(q: Question, i: int) -> gr.components.Component | None:
     return gr.Radio(list(q.guess.choices), value=None, label=q.guess.prompt, elem_id=f"guess-{i}")
 
 
-def _revealer(ctx: AppContext, q: Question, i: int):
-    """The handler of one Reveal button; an answer that runs the model is read from the shared store."""
+def _reveal(ctx: AppContext, q: Question, i: int, btn: gr.Button, inputs: list | None, out: gr.Markdown) -> None:
+    """Wire one Reveal button; an answer that runs the model is a model job, read from the shared store."""
+    if not q.needs_model:
+        btn.click(lambda guess=None: reveal(q, ctx, guess), inputs, out, api_name=False, concurrency_limit=None)
+        return
 
-    def show(request: gr.Request, guess: object = None) -> str:
-        if not q.needs_model:
-            return reveal(q, ctx, guess)
+    def show(job):
+        answer, _ = precompute.shared(job, _answer_key(ctx, i), _answer_job(ctx, q), live=False)
+        return reveal(q, ctx, job.req, answer)
 
-        answer, _ = precompute.shared(
-            ctx, request, _answer_key(ctx, i), _answer_job(ctx, q), live=False, what="answer", cost=(64, 64)
-        )
-        return reveal(q, ctx, guess, answer)
-
-    return show
+    answer = ModelJob(
+        "answer", check=lambda _ctx, guess=None: guess, run=show, size=lambda _g: Size(64, 64), store=True
+    )
+    answer.event(ctx, btn.click, inputs, out)
 
 
 def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> None:
@@ -313,13 +308,18 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
     )
     text = gr.Markdown(elem_id="learn-step-text")
 
-    def run_example(request: gr.Request):
-        with ctx.jobs.start_prompt(request, "walkthrough example", ctx.lm, EXAMPLE_PROMPT, False, 12):
-            trace = capture(ctx.lm, EXAMPLE_PROMPT, chat=False, max_new_tokens=12)
+    def run_example(job):
+        trace = capture(ctx.lm, EXAMPLE_PROMPT, chat=False, max_new_tokens=12, should_stop=job.should_stop)
         spans, md = walkthrough(trace, 0)
         return trace, gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0), spans, md
 
-    load.click(gpu(run_example), None, [walk_trace, step, strip, text], api_name=False, concurrency_limit=None)
+    example = ModelJob(
+        "walkthrough example",
+        check=lambda _ctx: len(prompt_ids(ctx, EXAMPLE_PROMPT, False, 12)[1]),
+        run=run_example,
+        size=lambda n: Size(n, 12),
+    )
+    example.event(ctx, load.click, None, [walk_trace, step, strip, text])
     step.change(walkthrough, [walk_trace, step], [strip, text], api_name=False, queue=False)
 
     def from_generate(trace, target):

@@ -11,8 +11,8 @@ from kvviz.lessons.nocache import compare_cache, table_for_prompt
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
 from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.model_job import ModelJob, Size, prompt_ids
 from kvviz.ui.serving.precompute import live_box, origin, shared
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.units import plural
@@ -140,10 +140,15 @@ def build(ctx: AppContext) -> None:
         }
     )
 
-    def run_table(p, c, s, request: gr.Request):
+    def run_table(job):
+        p, c, n, _ = job.req
+        return table(ctx, p, c, n)
+
+    def table_request(_ctx, p, c, s):
         n = _whole(s, "Table steps", 1, 16)
-        with ctx.jobs.start_prompt(request, "no-cache table", ctx.lm, p, c, n, runs=2):
-            return table(ctx, p, c, n)
+        return p, c, n, len(prompt_ids(ctx, p, c, n)[1])
+
+    table_run = ModelJob("no-cache table", check=table_request, run=run_table, size=lambda r: Size(r[3], r[2], runs=2))
 
     def job(p, c, n: int) -> tuple[tuple, Compute]:
         """The store key and computation of one timing (the prompt checked and tokenized first)."""
@@ -167,28 +172,22 @@ def build(ctx: AppContext) -> None:
 
     ctx.planners["nocache.button"] = plan
 
-    def run_measure(p, c, n, fresh, request: gr.Request, progress=gr.Progress()):
-        key, compute = job(p, c, n)
-        cmp, entry = shared(
-            ctx,
-            request,
-            key,
-            compute,
-            live=bool(fresh),
-            what="cache vs no-cache timing",
-            cost=(len(key[2]), key[4]),
-            runs=2 + key[4] // 4,
-            progress=lambda f, d: progress(f, desc=d),
-        )
+    def run_measure(job):
+        fresh, key, compute = job.req
+        cmp, entry = shared(job, key, compute, live=fresh)
         when = "measured now on this machine" if entry is None else f"measured on this machine, {origin(entry)}"
         return present(cmp, when.replace("computed ", ""))
 
-    table_btn.click(gpu(run_table), [prompt, chat, steps], tbl, api_name=False, concurrency_limit=None)
-    measured = run_btn.click(
-        gpu(run_measure),
-        [prompt, chat, new_tokens, live],
-        [time_plot, passes_plot, summary, numbers],
-        api_name=False,
-        concurrency_limit=None,
+    measure_run = ModelJob(
+        "cache vs no-cache timing",
+        check=lambda _ctx, p, c, n, fresh: (bool(fresh), *job(p, c, n)),
+        run=run_measure,
+        size=lambda r: Size(len(r[1][2]), r[1][4], runs=2 + r[1][4] // 4),
+        store=True,
+        progress=True,
+    )
+    table_run.event(ctx, table_btn.click, [prompt, chat, steps], tbl)
+    measured = measure_run.event(
+        ctx, run_btn.click, [prompt, chat, new_tokens, live], [time_plot, passes_plot, summary, numbers]
     )
     clear_on_refusal(measured, [summary, time_plot, passes_plot])

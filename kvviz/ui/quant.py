@@ -15,8 +15,8 @@ from kvviz.quant.schemes import AXES, FORMATS, QuantSpec, Scheme, preset_schemes
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
-from kvviz.ui.serving.gpu import gpu
 from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.model_job import ModelJob, Size, prompt_ids
 from kvviz.ui.serving.precompute import live_box, shared
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.units import format_bytes
@@ -214,7 +214,10 @@ def generate(
 
 
 def build(ctx: AppContext) -> None:
-    """Build the Quantization tab inside the caller's ``gr.Tab``."""
+    """Build the Quantization tab inside the caller's ``gr.Tab``.
+
+    Long because it lays the tab's widgets out in page order and wires each once; its model work is declared
+    as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
     info = ctx.info
     gr.Markdown(
         "Quantize the cache of the real model and see what breaks. Keys have a few **outlier channels** "
@@ -332,29 +335,41 @@ def build(ctx: AppContext) -> None:
 
     ctx.planners["quant.button"] = plan
 
-    def run_analyze(request: gr.Request, progress=gr.Progress(), *values):  # Gradio injects both
-        live, *settings = values
-        key, compute = analysis_job(settings)
-        out, _ = shared(
-            ctx,
-            request,
-            key,
-            compute,
-            live=bool(live),
-            what="quantization analysis",
-            cost=(key[2], 0),
-            progress=lambda f, d: progress(f, desc=d),
-        )
-        return out
+    def run_analyze(job):
+        live, key, compute = job.req
+        return shared(job, key, compute, live=live)[0]
 
-    def run_maps(request: gr.Request, *values):
-        with ctx.jobs.start_prompt(request, "key/value maps", ctx.lm, values[0], values[1], 0):
-            return maps(ctx, *values)
+    def run_maps(job):
+        return maps(ctx, *job.req[0])
 
-    def run_generate(request: gr.Request, progress=gr.Progress(), *values):  # Gradio injects both
+    def run_generate(job):
+        return generate(ctx, *job.req[0], progress=job.progress)
+
+    def gen_request(_ctx, *values):
         n_new = _max_new(ctx, values[8])
-        with ctx.jobs.start_prompt(request, "quantized generation", ctx.lm, values[0], values[1], n_new, runs=2):
-            return generate(ctx, *values, progress=progress)
+        return values, len(prompt_ids(ctx, values[0], values[1], n_new)[1]), n_new
+
+    analysis_run = ModelJob(
+        "quantization analysis",
+        check=lambda _ctx, live, *settings: (bool(live), *analysis_job(settings)),
+        run=run_analyze,
+        size=lambda r: Size(r[1][2], 0),
+        store=True,
+        progress=True,
+    )
+    maps_run = ModelJob(
+        "key/value maps",
+        check=lambda _ctx, *values: (values, len(prompt_ids(ctx, values[0], values[1])[1])),
+        run=run_maps,
+        size=lambda r: Size(r[1], 0),
+    )
+    generate_run = ModelJob(
+        "quantized generation",
+        check=gen_request,
+        run=run_generate,
+        size=lambda r: Size(r[1], r[2], runs=2),
+        progress=True,
+    )
 
     analysis = [headline, kplot, vplot, maps_md, table, errors, sizes, layers_plot]
     analysis_outputs = [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot]  # run_analyze's order
@@ -365,29 +380,12 @@ def build(ctx: AppContext) -> None:
         return entry.value if entry is not None and entry.state == "done" else None
 
     ctx.answers["quant.button"] = ShowMeAnswer([live, *controls], analysis_outputs, stored_analysis)
-    clear_on_refusal(
-        analyze_btn.click(
-            gpu(run_analyze),
-            [live, *controls],
-            analysis_outputs,
-            api_name=False,
-            concurrency_limit=None,
-        ),
-        analysis,
-    )
-    gr.on(
-        [layer.release, head.release],
-        gpu(run_maps),
-        [prompt, chat, layer, head],
-        [kplot, vplot, maps_md],
-        api_name=False,
-        concurrency_limit=None,
-    )
-    generated = gen_btn.click(
-        gpu(run_generate),
+    clear_on_refusal(analysis_run.event(ctx, analyze_btn.click, [live, *controls], analysis_outputs), analysis)
+    maps_run.event(ctx, [layer.release, head.release], [prompt, chat, layer, head], [kplot, vplot, maps_md])
+    generated = generate_run.event(
+        ctx,
+        gen_btn.click,
         [prompt, chat, scheme, fmt, key_axis, value_axis, group, window, max_new, history],
         [full_text, quant_text, gen_md, tokens, agreement, history],
-        api_name=False,
-        concurrency_limit=None,
     )
     clear_on_refusal(generated, [gen_md, full_text, quant_text, tokens])  # the session's agreement history stays

@@ -13,10 +13,11 @@ from kvviz.capture.loop import encode_prompt
 from kvviz.eviction.policies import POLICIES, make_policy
 from kvviz.examples import needle_prompt
 from kvviz.figures import blocks as fig
+from kvviz.limits import MAX_BUDGET_TOKENS
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
 
 CHOICES = ["streaming_llm", "h2o", "snapkv"]
@@ -37,7 +38,7 @@ def check_policy(name, budget):
     with user_errors():
         if name not in POLICIES or name == "full":
             raise ValueError(f"Pick a policy: {', '.join(n for n in POLICIES if n != 'full')}.")
-        b = whole_number(budget, "Budget", 1, 10**6)
+        b = whole_number(budget, "Budget", 1, MAX_BUDGET_TOKENS)
         return make(name, b)
 
 
@@ -87,24 +88,16 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
         size = block_size_of(size)
         text, n, _ = check_prompt(ctx, text, use_chat, 1)
         with user_errors():
-            kept = whole_number(DEFAULT_BUDGET if b is None else b, "Budget", 1, 10**6)
+            kept = whole_number(DEFAULT_BUDGET if b is None else b, "Budget", 1, MAX_BUDGET_TOKENS)
             if not names:
                 raise ValueError("Tick at least one policy.")
             policies = [make(name, kept) for name in names if name in CHOICES]
         return text, n, kept, policies, size
 
-    def check(text, use_chat, b, names, size, request: gr.Request):
-        _, n, _, policies, _ = request_of(text, use_chat, b, names, size)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction × paging", n, 1, runs=len(policies)))
-
-    def run(text, use_chat, b, names, size, shown, request: gr.Request):
-        text, n, kept, policies, size = request_of(text, use_chat, b, names, size)
-        ids = encode_prompt(ctx.lm, text, bool(use_chat))
-        with (
-            ctx.jobs.start(request, "eviction × paging", n, 1, runs=len(policies)) as ticket,
-            user_errors("Eviction × paging"),
-        ):
-            runs = evict_and_page(ctx.lm, ids, policies, kept, size, should_stop=ticket.expired)
+    def run(job):
+        text, _, kept, policies, size, use_chat, shown = job.req
+        ids = encode_prompt(ctx.lm, text, use_chat)
+        runs = evict_and_page(ctx.lm, ids, policies, kept, size, should_stop=job.should_stop)
         return (runs, fig.eviction_note(runs), fig.freed_bars(runs), fig.eviction_table(runs), survivors(runs, shown))
 
     def survivors(runs, name):
@@ -112,8 +105,15 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
             return None
         return fig.survivor_grid(next((r for r in runs if r.name == name), runs[0]))
 
-    inputs = [prompt, chat, budget, chosen, block_size]
-    button.click(check, inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
-        gpu(run), [*inputs, pick], [runs_state, note, bars, table, grid], api_name=False, concurrency_limit=None
+    paging = ModelJob(
+        "eviction × paging",
+        check=lambda _ctx, text, use_chat, b, names, size, shown: (
+            *request_of(text, use_chat, b, names, size),
+            bool(use_chat),
+            shown,
+        ),
+        run=run,
+        size=lambda r: Size(r[1], 1, runs=len(r[3])),
     )
+    paging.button(ctx, button, [prompt, chat, budget, chosen, block_size, pick], [runs_state, note, bars, table, grid])
     pick.change(survivors, [runs_state, pick], grid, api_name=False, show_progress="hidden")

@@ -11,10 +11,11 @@ import gradio as gr
 from kvviz.blocks.live import share_prompts
 from kvviz.capture.loop import encode_prompt
 from kvviz.figures import blocks as fig
+from kvviz.limits import check_prompt_length, prompt_limit
 from kvviz.safety import clean_prompt
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
 
 MAX_PROMPTS = 4
@@ -45,13 +46,12 @@ def check_prompts(ctx: AppContext, prompts) -> list[str]:
 
 def token_ids(ctx: AppContext, texts: list[str], chat) -> list[list[int]]:
     """Each prompt's token ids, each within the prompt limit."""
-    limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
+    limit = prompt_limit(ctx.settings.max_prompt_tokens, ctx.info.context_length)
     out = []
     with user_errors():
         for i, text in enumerate(texts):
             ids = encode_prompt(ctx.lm, text, bool(chat))
-            if len(ids) > limit:
-                raise ValueError(f"Prompt {i + 1} is {len(ids):,} tokens; the limit is {limit:,}.")
+            check_prompt_length(len(ids), 0, limit, f"Prompt {i + 1}")
             out.append(ids)
     return out
 
@@ -93,21 +93,16 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
         prompts = check_prompts(ctx, list(texts))
         return size, prompts, token_ids(ctx, prompts, use_chat)
 
-    def check(b, use_chat, first, second, third, request: gr.Request):
-        _, prompts, ids = request_of(b, use_chat, first, second, third)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "prefix sharing", max(map(len, ids)), 1, runs=len(ids)))
-
-    def run(b, use_chat, first, second, third, request: gr.Request):
-        size, prompts, ids = request_of(b, use_chat, first, second, third)
+    def run(job):
+        size, _, ids = job.req
         names = [f"prompt {i + 1}" for i in range(len(ids))]
-        with (
-            ctx.jobs.start(request, "prefix sharing", max(map(len, ids)), 1, runs=len(ids)) as ticket,
-            user_errors("Prefix sharing"),
-        ):
-            s = share_prompts(ctx.lm, ids, size, names, should_stop=ticket.expired)
+        s = share_prompts(ctx.lm, ids, size, names, should_stop=job.should_stop)
         return fig.sharing_summary(s), fig.sharing_figure(s), fig.sharing_table(s)
 
-    inputs = [block_size, chat, *boxes]
-    button.click(check, inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None).success(
-        gpu(run), inputs, [summary, figure, table], api_name=False, concurrency_limit=None
+    sharing = ModelJob(
+        "prefix sharing",
+        check=lambda _ctx, b, use_chat, *texts: request_of(b, use_chat, *texts),
+        run=run,
+        size=lambda r: Size(max(map(len, r[2])), 1, runs=len(r[2])),
     )
+    sharing.button(ctx, button, [block_size, chat, *boxes], [summary, figure, table])

@@ -15,6 +15,7 @@ import gradio as gr
 from kvviz.blocks.table import allocations, from_trace
 from kvviz.capture.loop import capture, encode_prompt
 from kvviz.figures import blocks as fig
+from kvviz.limits import MAX_BLOCK_SIZE, MAX_STEP, check_prompt_length, prompt_limit
 from kvviz.safety import clean_prompt, whole_number
 from kvviz.ui.blocks import eviction as blocks_eviction
 from kvviz.ui.blocks import room as blocks_room
@@ -22,7 +23,7 @@ from kvviz.ui.blocks import sharing as blocks_sharing
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
 
 BLOCK_SIZES = [8, 16, 32]
@@ -33,7 +34,7 @@ EMPTY = "Press **Run** (or generate on the **Generate** tab) to lay the live cac
 def block_size_of(value) -> int:
     """The chosen block size, one of :data:`BLOCK_SIZES` (gr.Error otherwise)."""
     with user_errors():
-        b = whole_number(value, "Block size", 1, 4096)
+        b = whole_number(value, "Block size", 1, MAX_BLOCK_SIZE)
         if b not in BLOCK_SIZES:
             raise ValueError(f"Block size must be one of {', '.join(map(str, BLOCK_SIZES))} tokens.")
     return b
@@ -45,7 +46,7 @@ def views(trace, block_size, step, layer):
         return EMPTY, None, None, None, None
     b = block_size_of(block_size)
     with user_errors():
-        s = whole_number(0 if step is None else step, "Step", 0, 10**6)
+        s = whole_number(0 if step is None else step, "Step", 0, MAX_STEP)
         lyr = whole_number(0 if layer is None else layer, "Layer", 0, trace.model.layers - 1)
     s = min(s, len(trace.steps) - 1)
     table = from_trace(trace, b, s)
@@ -70,23 +71,30 @@ def check_prompt(ctx: AppContext, prompt, chat, max_new) -> tuple[str, int, int]
         text = clean_prompt(prompt, ctx.settings.max_prompt_chars)
         n_new = whole_number(max_new, "Tokens to generate", 1, ctx.settings.max_new_tokens)
         n = len(encode_prompt(ctx.lm, text, bool(chat)))
-        limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
-        if n + n_new > limit:
-            raise ValueError(
-                f"The prompt is {n:,} tokens; with {n_new} new tokens that exceeds the limit of "
-                f"{limit:,} tokens. Shorten it or generate fewer tokens."
-            )
+        check_prompt_length(n, n_new, prompt_limit(ctx.settings.max_prompt_tokens, ctx.info.context_length))
     return text, n, n_new
 
 
-def run_prompt(ctx: AppContext, prompt, chat, max_new, request: gr.Request | None):
+def prompt_request(ctx: AppContext, prompt, chat, max_new, block_size=None) -> tuple[str, bool, int, int, int | None]:
+    """(text, chat, prompt tokens, new tokens, block size) of a block-view run, checked."""
+    text, n, n_new = check_prompt(ctx, prompt, chat, max_new)
+    return text, bool(chat), n, n_new, None if block_size is None else block_size_of(block_size)
+
+
+def capture_prompt(job) -> object:
+    """Generate greedily (the cache is what is shown) and return the finished trace."""
+    text, chat, _, n_new, _ = job.req
+    return capture(job.ctx.lm, text, chat=chat, max_new_tokens=n_new, should_stop=job.should_stop)
+
+
+block_view = ModelJob(
+    "block view", check=prompt_request, run=capture_prompt, size=lambda r: Size(r[2], r[3]), failed="Block view run"
+)
+
+
+def run_prompt(ctx: AppContext, prompt, chat, max_new, request: gr.Request | None = None):
     """Generate through the gate and return the finished trace (greedy; the cache is what is shown)."""
-    text, _, n_new = check_prompt(ctx, prompt, chat, max_new)
-    with (
-        ctx.jobs.start_prompt(request, "block view", ctx.lm, text, bool(chat), n_new) as ticket,
-        user_errors("Block view run"),
-    ):
-        return capture(ctx.lm, text, chat=bool(chat), max_new_tokens=n_new, should_stop=ticket.expired)
+    return block_view(ctx, prompt, chat, max_new, request=request)
 
 
 def status(trace, source: str) -> str:
@@ -164,22 +172,11 @@ def build(ctx: AppContext) -> None:
             *views(trace, b, last, 0),
         )
 
-    def check(prompt_text, use_chat, n_new, request: gr.Request):
-        _, n, n_new = check_prompt(ctx, prompt_text, use_chat, n_new)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "block view", n, n_new))
+    def run(job):
+        return shown(capture_prompt(job), "this prompt", job.req[4])
 
-    def run(prompt_text, use_chat, n_new, b, request: gr.Request):
-        block_size_of(b)
-        return shown(run_prompt(ctx, prompt_text, use_chat, n_new, request), "this prompt", b)
-
-    run_btn.click(
-        check, [prompt, chat, max_new], None, api_name=False, show_progress="hidden", concurrency_limit=None
-    ).success(
-        gpu(run),
-        [prompt, chat, max_new, block_size],
-        [state, source, step, *view_outputs],
-        api_name=False,
-        concurrency_limit=None,
+    block_view.with_(run=run).button(
+        ctx, run_btn, [prompt, chat, max_new, block_size], [state, source, step, *view_outputs]
     )
     for control in (block_size, step, layer):
         control.change(views, [state, block_size, step, layer], view_outputs, api_name=False, show_progress="hidden")
@@ -196,43 +193,37 @@ def build(ctx: AppContext) -> None:
     blocks_room.build(ctx)
     blocks_eviction.build(ctx, block_size)
 
-    def blocks(
-        prompts: list[str],
-        chat: bool = True,
-        block_size: int = 16,
-        policy: str | None = None,
-        budget: int | None = None,
-        request: gr.Request = None,
-    ) -> dict:
-        """Blocks, prefix sharing and eviction × paging: the JSON of ``python -m kvviz blocks --json``."""
-        return api_blocks(ctx, prompts, chat, block_size, policy, budget, request)
-
-    gr.api(gpu(blocks), api_name="blocks", concurrency_limit=None)
+    api_blocks.api(ctx, api_name="blocks")
 
 
-def api_blocks(
+def blocks(
     ctx: AppContext,
-    prompts,
+    prompts: list[str],
     chat: bool = True,
     block_size: int = 16,
     policy: str | None = None,
     budget: int | None = None,
-    request: gr.Request | None = None,
-) -> dict:
-    """The CLI's JSON for one to four prompts (and optionally a policy and budget), through the gate."""
-    from kvviz.commands.blocks import result
-
+) -> tuple:
+    """Blocks, prefix sharing and eviction × paging: the JSON of ``python -m kvviz blocks --json``."""
     b = block_size_of(block_size)
     texts = blocks_sharing.check_prompts(ctx, prompts)
     pol = blocks_eviction.check_policy(policy, budget)
     ids = blocks_sharing.token_ids(ctx, texts, chat)
-    runs = len(texts) * (2 if pol is not None else 1)
-    with ctx.jobs.start(request, "block view", max(map(len, ids)), 1, runs=runs), user_errors("Block view"):
-        return result(
-            ctx.lm,
-            [(f"prompt {i + 1}", t) for i, t in enumerate(texts)],
-            bool(chat),
-            b,
-            pol,
-            None if pol is None else int(budget),
-        )
+    return texts, bool(chat), b, pol, None if pol is None else int(budget), ids
+
+
+def blocks_json(job) -> dict:
+    """The CLI's JSON for one to four prompts (and optionally a policy and budget)."""
+    from kvviz.commands.blocks import result
+
+    texts, chat, b, pol, budget, _ = job.req
+    return result(job.ctx.lm, [(f"prompt {i + 1}", t) for i, t in enumerate(texts)], chat, b, pol, budget)
+
+
+def _blocks_size(req) -> Size:
+    ids, pol = req[5], req[3]
+    return Size(max(map(len, ids)), 1, runs=len(ids) * (2 if pol is not None else 1))
+
+
+# the ``/blocks`` endpoint (and ``api_blocks(ctx, prompts, …)`` in tests)
+api_blocks = ModelJob("block view", check=blocks, run=blocks_json, size=_blocks_size)

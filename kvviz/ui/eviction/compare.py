@@ -21,8 +21,8 @@ from kvviz.figures import eviction as fig
 from kvviz.ui.eviction.request import library_call
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
 from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.precompute import live_box, origin, shared
 
 
@@ -93,11 +93,9 @@ def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Ca
             library_call(resolve_budget, p, req.n_compress, req.budget, req.ratio)
         return req, pols
 
-    def check_compare(request: gr.Request, names, *args):
+    def check(_ctx, live, names, *args):
         req, pols = compare_request(names, *args)
-        ctx.jobs.hold(
-            request, ctx.jobs.admit(request, "comparison", len(req.ids), req.max_new_tokens, runs=len(pols) + 1)
-        )
+        return req, pols, bool(live)
 
     def compare_key(req, pols) -> tuple:
         return (
@@ -130,47 +128,31 @@ def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Ca
 
         return compute
 
-    def run_compare(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
-        live, *args = args
-        req, pols = compare_request(*args)
-        cmp, entry = shared(
-            ctx,
-            request,
-            compare_key(req, pols),
-            compare_job(req, pols),
-            live=bool(live),
-            what="comparison",
-            cost=(len(req.ids), req.max_new_tokens),
-            runs=len(pols) + 1,
-            progress=lambda f, d: progress(f, desc=d),
-        )
+    def run_compare(job):
+        req, pols, live = job.req
+        cmp, entry = shared(job, compare_key(req, pols), compare_job(req, pols), live=live)
         text, *rest = outputs(cmp)
         return (f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
+
+    comparison = ModelJob(
+        "comparison",
+        check=check,
+        run=run_compare,
+        size=lambda r: Size(len(r[0].ids), r[0].max_new_tokens, runs=len(r[1]) + 1),
+        store=True,
+        progress=True,
+    )
 
     def plan_compare(names, *args) -> None:
         """The comparison the tab opens with (the needle passage, three policies): ready before a click."""
         req, pols = compare_request(names, *args)
         ctx.store.plan(compare_key(req, pols), "eviction comparison", compare_job(req, pols))
 
-    compared = section.button.click(
-        check_compare,
-        [section.chosen, *main_inputs],
-        None,
-        api_name=False,
-        show_progress="hidden",
-        concurrency_limit=None,
+    compared, ran = comparison.button(
+        ctx, section.button, [section.live, section.chosen, *main_inputs], section.outputs
     )
     clear_on_refusal(compared, section.outputs)
-    clear_on_refusal(
-        compared.success(
-            gpu(run_compare),
-            [section.live, section.chosen, *main_inputs],
-            section.outputs,
-            api_name=False,
-            concurrency_limit=None,
-        ),
-        section.outputs,
-    )
+    clear_on_refusal(ran, section.outputs)
     # a deployment whose limits refuse the tab's opening settings computes the comparison on a click instead
     with contextlib.suppress(UserError, gr.Error):
         plan_compare(section.chosen.value, *[c.value for c in main_inputs])

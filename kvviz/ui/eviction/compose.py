@@ -18,9 +18,8 @@ from kvviz.eviction.run import EvictionRequest
 from kvviz.figures import eviction as fig
 from kvviz.ui.page.widgets import waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
 from kvviz.ui.serving.jobs import UserError
-from kvviz.ui.serving.sessions import user_errors
+from kvviz.ui.serving.model_job import ModelJob, Size
 
 RUNS = 7  # the full cache, then the policy, the quantization and both, each teacher-forced and free
 
@@ -63,30 +62,28 @@ def wire(ctx: AppContext, section: ComposeSection, main_inputs: list, gather: Ca
             raise UserError(f"Pick a quantization: {', '.join(compose_schemes())}.")
         return gather(*args)
 
-    def check_compose(request: gr.Request, name, *args):
-        req = compose_request(name, *args)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "composition", len(req.ids), req.max_new_tokens, runs=RUNS))
-
-    def run_compose(request: gr.Request, progress=gr.Progress(), *args):  # Gradio injects both
-        name, *rest = args
-        req = compose_request(name, *rest)
-        ticket = ctx.jobs.start(request, "composition", len(req.ids), req.max_new_tokens, runs=RUNS)
-        with ticket, user_errors("Composition"):  # a library ValueError says what to fix; the job ends either way
-            comp = compose(
-                ctx.lm,
-                req.ids,
-                req.policy,
-                compose_schemes()[name],
-                budget=req.budget,
-                ratio=req.ratio,
-                n_compress=req.n_compress,
-                max_new_tokens=req.max_new_tokens,
-                should_stop=ticket.expired,
-                progress=lambda f, d: progress(f, desc=d),
-            )
+    def run_compose(job):
+        name, req = job.req
+        comp = compose(
+            ctx.lm,
+            req.ids,
+            req.policy,
+            compose_schemes()[name],
+            budget=req.budget,
+            ratio=req.ratio,
+            n_compress=req.n_compress,
+            max_new_tokens=req.max_new_tokens,
+            should_stop=job.should_stop,
+            progress=job.progress,
+        )
         return fig.composition_table(comp)
 
+    composition = ModelJob(
+        "composition",
+        check=lambda _ctx, name, *args: (name, compose_request(name, *args)),
+        run=run_compose,
+        size=lambda r: Size(len(r[1].ids), r[1].max_new_tokens, runs=RUNS),
+        progress=True,
+    )
     inputs = [section.scheme, *main_inputs]
-    section.button.click(
-        check_compose, inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None
-    ).success(gpu(run_compose), inputs, section.table, api_name=False, concurrency_limit=None)
+    composition.button(ctx, section.button, inputs, section.table)

@@ -15,9 +15,9 @@ from kvviz.eviction.demos import NEEDLE_BUDGET, NEEDLE_FILLER, SINKS_CACHE, SINK
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as fig
 from kvviz.ui.eviction import compare as eviction_compare
-from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call, quiet_progress, status_text, views
+from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call, status_text, views
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
-from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.precompute import live_box, origin, shared
 
 
@@ -85,18 +85,9 @@ def wire(
     ctx.planners["eviction.needle"] = plan_needle
     plan_needle({})
 
-    def run_needle(comp, live, request: gr.Request, progress=gr.Progress()):
-        res, entry = shared(
-            ctx,
-            request,
-            needle_key(comp),
-            needle_job(comp),
-            live=bool(live),
-            what="needle demo",
-            cost=(NEEDLE_TOKENS, 16),
-            runs=3,
-            progress=lambda f, d: progress(f, desc=d),
-        )
+    def run_needle(job):
+        comp, live = job.req
+        res, entry = shared(job, needle_key(comp), needle_job(comp), live=live)
         snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
         run = snap.run
         text, *rest = eviction_compare.outputs(res.comparison, res.found())
@@ -120,13 +111,19 @@ def wire(
         """The needle demo's outputs when its result is stored (for a show-me), else None."""
         entry = ctx.store.entry(needle_key(comp))
         done = entry is not None and entry.state == "done"
-        return run_needle(comp, False, request, progress=quiet_progress) if done else None
+        return needle(ctx, comp, False, request=request) if done else None
 
+    needle = ModelJob(
+        "needle demo",
+        check=lambda _ctx, comp, live: (comp, bool(live)),
+        run=run_needle,
+        size=lambda _req: Size(NEEDLE_TOKENS, 16, runs=3),
+        store=True,
+        progress=True,
+    )
     needle_outputs = [*form_outputs, *comparison.outputs]
     ctx.answers["eviction.needle"] = ShowMeAnswer([compress, section.live], needle_outputs, stored_needle)
-    section.needle.click(
-        gpu(run_needle), [compress, section.live], needle_outputs, api_name=False, concurrency_limit=None
-    )
+    needle.event(ctx, section.needle.click, [compress, section.live], needle_outputs)
 
     def sinks_job(report, should_stop):
         return library_call(lambda: sinks_demo(ctx.lm, progress=report), what="Sinks demo")
@@ -134,25 +131,20 @@ def wire(
     ctx.store.plan((ctx.lm.name, "sinks"), "sinks demo", sinks_job)
     ctx.planners["eviction.sinks"] = lambda values: (ctx.lm.name, "sinks")
 
-    def run_sinks(live, request: gr.Request, progress=gr.Progress()):
-        res, entry = shared(
-            ctx,
-            request,
-            (ctx.lm.name, "sinks"),
-            sinks_job,
-            live=bool(live),
-            what="sinks demo",
-            cost=(SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE),
-            runs=3,
-            window=SINKS_CACHE,
-            progress=lambda f, d: progress(f, desc=d),
-        )
+    def run_sinks(job):
+        res, entry = shared(job, (ctx.lm.name, "sinks"), sinks_job, live=job.req)
         ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
         return (
             f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} · *{origin(entry)}*",
             fig.sinks_figure(res),
         )
 
-    section.sinks.click(
-        gpu(run_sinks), [section.live], [section.sinks_text, section.sinks_plot], api_name=False, concurrency_limit=None
+    sinks = ModelJob(
+        "sinks demo",
+        check=lambda _ctx, live: bool(live),
+        run=run_sinks,
+        size=lambda _req: Size(SINKS_CACHE, SINKS_TOKENS - SINKS_CACHE, runs=3, window=SINKS_CACHE),
+        store=True,
+        progress=True,
     )
+    sinks.event(ctx, section.sinks.click, [section.live], [section.sinks_text, section.sinks_plot])

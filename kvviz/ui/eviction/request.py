@@ -12,11 +12,13 @@ from kvviz.eviction.demos import split_question
 from kvviz.eviction.policies import POLICIES, check_params, make_policy
 from kvviz.eviction.run import EvictionRequest, resolve_budget
 from kvviz.figures import eviction as fig
+from kvviz.limits import MAX_BUDGET_TOKENS, MAX_QUESTION_CHARS, check_prompt_length, prompt_limit
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.model_job import Job, ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
-from kvviz.units import format_bytes, plural
+from kvviz.units import format_bytes
 
 # what is compressed after the prefill: (what the page says, the value handlers compare)
 COMPRESS_QUESTION, COMPRESS_CONTEXT = "question", "context"
@@ -27,10 +29,6 @@ COMPRESS = [
 BUDGET_MODES = ["tokens", "ratio"]
 NEEDLE_TOKENS = 512  # the needle demo's prompt (496 tokens), for its cost estimate
 EMPTY = "Press **Run policy** (or a demo button) to see what the policy keeps."
-
-
-def quiet_progress(fraction: float, desc: str = "") -> None:
-    """Progress nobody watches (a stored result shown in a show-me's event)."""
 
 
 def library_call(fn, *args, what: str = "Eviction run"):
@@ -47,11 +45,11 @@ def check_request(
         if policy_name not in POLICIES:
             raise ValueError(f"Pick a policy: {', '.join(POLICIES)}.")
         text = clean_prompt(context, ctx.settings.max_prompt_chars)
-        q = "" if question is None or not str(question).strip() else clean_prompt(question, 2000)
+        q = "" if question is None or not str(question).strip() else clean_prompt(question, MAX_QUESTION_CHARS)
         n_new = whole_number(max_new, "Max new tokens", 1, ctx.settings.max_new_tokens)
         if mode not in BUDGET_MODES:
             raise ValueError("Budget mode must be 'tokens' or 'ratio'.")
-        b = whole_number(budget, "Budget (tokens kept)", 1, 10**6) if mode == "tokens" else None
+        b = whole_number(budget, "Budget (tokens kept)", 1, MAX_BUDGET_TOKENS) if mode == "tokens" else None
         r = real_number(ratio, "Compression ratio", 0.0, 0.99) if mode == "ratio" else None
         policy = make_policy(policy_name, **check_params(policy_name, params))
         if compress not in (COMPRESS_QUESTION, COMPRESS_CONTEXT):
@@ -60,12 +58,7 @@ def check_request(
         if context_only and not q:
             raise ValueError("Compressing only the context needs a question: type one in the Question box.")
         ids, n_context = split_question(ctx.lm, text, q, bool(chat))
-        limit = min(ctx.settings.max_prompt_tokens, ctx.info.context_length or 10**9)
-        if len(ids) + n_new > limit:
-            raise ValueError(
-                f"The prompt is {len(ids):,} tokens; with {plural(n_new, 'new token')} that exceeds the limit "
-                f"of {limit:,} tokens. Shorten it or generate fewer tokens."
-            )
+        check_prompt_length(len(ids), n_new, prompt_limit(ctx.settings.max_prompt_tokens, ctx.info.context_length))
         n_c = n_context if context_only else len(ids)
         try:  # validates the policy against the budget, no model work
             resolve_budget(policy, n_c, b, r)
@@ -79,7 +72,12 @@ def check_request(
     return EvictionRequest(ids=ids, policy=policy, budget=b, ratio=r, n_compress=n_c, max_new_tokens=n_new)
 
 
-def api_evict(
+def request_size(req: EvictionRequest) -> Size:
+    """One policy run: its prompt and new tokens."""
+    return Size(len(req.ids), req.max_new_tokens)
+
+
+def evict(
     ctx: AppContext,
     prompt_text: str,
     policy_name: str = "snapkv",
@@ -90,13 +88,11 @@ def api_evict(
     params: dict | None = None,
     question: str = "",
     compress_context_only: bool = False,
-    request: gr.Request | None = None,
-) -> dict:
-    """The ``/evict`` endpoint: the JSON of ``python -m kvviz evict --json``; ``params`` holds the policy's own
-    parameters by name (its field specs), e.g. ``{"sinks": 4}``."""
+) -> EvictionRequest:
+    """Generate under an eviction policy; ``params``: the policy's parameters by name, e.g. {"sinks": 4}."""
     if (budget is None) == (ratio is None):
         raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
-    req = check_request(
+    return check_request(
         ctx,
         prompt_text,
         question,
@@ -109,12 +105,18 @@ def api_evict(
         params,
         COMPRESS_CONTEXT if compress_context_only else COMPRESS_QUESTION,
     )
-    with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
-        result = library_call(lambda: req.run(ctx.lm, record_history=False, should_stop=ticket.expired))
-    out = result.summary()
-    if ticket.timed_out:
-        out["note"] = ctx.jobs.timeout_note(ticket).lstrip(" ·")
+
+
+def evict_summary(job: Job[EvictionRequest]) -> dict:
+    """The JSON of ``python -m kvviz evict --json`` for a checked request."""
+    out = job.req.run(job.ctx.lm, record_history=False, should_stop=job.should_stop).summary()
+    if job.timed_out:
+        out["note"] = job.timeout_note().lstrip(" ·")
     return out
+
+
+# the ``/evict`` endpoint (and ``api_evict(ctx, prompt_text, …)`` in tests)
+api_evict = ModelJob("eviction run", check=evict, run=evict_summary, size=request_size)
 
 
 def status_text(run, policy) -> str:

@@ -10,6 +10,8 @@ dict as ``python -m kvviz evict --json``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from kvviz.eviction.demos import NEEDLE_BUDGET, NEEDLE_FILLER
@@ -29,17 +31,21 @@ from kvviz.ui.eviction.request import (  # noqa: F401  (re-exported: the tab's r
     check_request,
     library_call,
     policy_text,
+    request_size,
     status_text,
     views,
 )
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.model_job import ModelJob
 
 
 def build(ctx: AppContext) -> None:
-    """Build the tab inside the caller's ``gr.Tab``."""
+    """Build the tab inside the caller's ``gr.Tab``.
+
+    Long because it lays the tab's widgets out in page order and wires each once; its model work is declared
+    as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
     info = ctx.info
     gr.Markdown(
         "Which cache entries each policy keeps, per layer and KV head, and what dropping the rest does to the "
@@ -87,28 +93,140 @@ def build(ctx: AppContext) -> None:
                 elem_id="evict-max-new",
             )
             about = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
-            param_boxes, groups = {}, {}
-            for name, cls in POLICIES.items():
-                specs = field_specs(cls)
-                with gr.Group(visible=name == "snapkv") as groups[name]:
-                    if specs:
-                        gr.Markdown(f"**{cls.title}** parameters")
-                    for s in specs:
-                        key = f"{name}.{s['name']}"
-                        label = f"{s['name'].replace('_', ' ')} — {s['help']}"
-                        if s["type"] == "bool":
-                            param_boxes[key] = gr.Checkbox(s["default"], label=label)
-                        elif s["choices"]:
-                            param_boxes[key] = gr.Radio(s["choices"], value=s["default"], label=label)
-                        elif s["type"] == "float":
-                            param_boxes[key] = gr.Slider(s["min"], s["max"], value=s["default"], step=0.05, label=label)
-                        else:
-                            param_boxes[key] = gr.Number(
-                                s["default"], precision=0, label=label, minimum=s["min"], maximum=s["max"]
-                            )
+            param_boxes, groups = _policy_params()
             run_btn = gr.Button("Run policy", variant="primary", elem_id="evict-run")
     status = gr.Markdown(EMPTY, elem_id="evict-status")
     answer = gr.Textbox(label="Answer under the policy", lines=2, elem_id="evict-answer")
+    shown = _views(info)
+    layer, head, step, slots = shown.layer, shown.head, shown.step, shown.slots
+    strip, kept_plot, time_plot, score_plot = shown.strip, shown.kept_plot, shown.time_plot, shown.score_plot
+    budget_plot, budget_table = shown.budget_plot, shown.budget_table
+
+    comparison = eviction_compare.layout()
+
+    composition = eviction_compose.layout()
+
+    demos = eviction_demos.layout()
+
+    run_state = gr.State(None)
+    ctx.components.update(
+        {
+            "eviction.prompt": prompt,
+            "eviction.question": question,
+            "eviction.chat": chat,
+            "eviction.policy": policy,
+            "eviction.mode": mode,
+            "eviction.budget": budget,
+            "eviction.ratio": ratio,
+            "eviction.compress": compress,
+            "eviction.max_new": max_new,
+            "eviction.run": run_btn,
+            "eviction.needle": demos.needle,
+            "eviction.sinks": demos.sinks,
+            "eviction.compare": comparison.button,
+            "eviction.layer": layer,
+            "eviction.head": head,
+            "eviction.step": step,
+        }
+    )
+    keys = list(param_boxes)
+    main_inputs = [prompt, question, chat, policy, mode, budget, ratio, max_new, compress, *param_boxes.values()]
+    view_outputs = [strip, kept_plot, time_plot, score_plot, slots]
+
+    def gather(context, q, use_chat, name, md, b, r, n_new, comp, *pvals):
+        values = {k.split(".", 1)[1]: v for k, v in zip(keys, pvals) if k.startswith(f"{name}.")}
+        return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
+
+    def run(job):
+        req = job.req
+        result = req.run(ctx.lm, should_stop=job.should_stop)
+        return (
+            result,
+            status_text(result, req.policy),
+            result.text,
+            gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
+            *views(result, info.layers - 1, 0, 0, req.policy.score_label),
+            fig.budget_map(result),
+            fig.budget_bytes(result),
+        )
+
+    policy_run = ModelJob("eviction run", check=lambda _ctx, *args: gather(*args), run=run, size=request_size)
+    run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
+    checked, ran = policy_run.button(ctx, run_btn, main_inputs, run_outputs)
+    clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
+    clear_on_refusal(ran, [status, run_state, answer, *view_outputs])
+
+    def redraw(result, lyr, hd, st):
+        label = POLICIES[result.policy].score_label if result is not None else ""
+        return views(result, lyr, hd, st, label)
+
+    for control in (layer, head, step):
+        control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
+    policy.change(
+        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)],
+        policy,
+        [*groups.values(), about],
+        api_name=False,
+        queue=False,
+    )
+    mode.change(
+        lambda m: (gr.Number(visible=m == "tokens"), gr.Number(visible=m == "ratio")),
+        mode,
+        [budget, ratio],
+        api_name=False,
+        queue=False,
+    )
+
+    eviction_compare.wire(ctx, comparison, main_inputs, gather)
+    eviction_compose.wire(ctx, composition, main_inputs, gather)
+    form = [prompt, question, chat, policy, mode, budget]
+    eviction_demos.wire(ctx, demos, compress, [*form, run_state, status, answer, step, *view_outputs], comparison)
+
+    api_evict.api(ctx, api_name="evict")
+
+
+def _policy_params() -> tuple[dict, dict]:
+    """One group of parameter controls per policy, from its field specs (only the chosen policy's is visible):
+    the controls by "<policy>.<field>", and the groups by policy."""
+    param_boxes, groups = {}, {}
+    for name, cls in POLICIES.items():
+        specs = field_specs(cls)
+        with gr.Group(visible=name == "snapkv") as groups[name]:
+            if specs:
+                gr.Markdown(f"**{cls.title}** parameters")
+            for s in specs:
+                key = f"{name}.{s['name']}"
+                label = f"{s['name'].replace('_', ' ')} — {s['help']}"
+                if s["type"] == "bool":
+                    param_boxes[key] = gr.Checkbox(s["default"], label=label)
+                elif s["choices"]:
+                    param_boxes[key] = gr.Radio(s["choices"], value=s["default"], label=label)
+                elif s["type"] == "float":
+                    param_boxes[key] = gr.Slider(s["min"], s["max"], value=s["default"], step=0.05, label=label)
+                else:
+                    param_boxes[key] = gr.Number(
+                        s["default"], precision=0, label=label, minimum=s["min"], maximum=s["max"]
+                    )
+    return param_boxes, groups
+
+
+@dataclass
+class _Views:
+    """The run's views: layer, KV head and step pickers, the token strip, three charts and two tables."""
+
+    layer: gr.Slider
+    head: gr.Dropdown
+    step: gr.Slider
+    strip: gr.HighlightedText
+    kept_plot: gr.Plot
+    time_plot: gr.Plot
+    score_plot: gr.Plot
+    budget_plot: gr.Plot
+    budget_table: gr.Dataframe
+    slots: gr.Dataframe
+
+
+def _views(info) -> _Views:
     with gr.Row():
         layer = gr.Slider(0, info.layers - 1, value=info.layers - 1, step=1, label="Layer", elem_id="evict-layer")
         head = gr.Dropdown(
@@ -160,118 +278,4 @@ def build(ctx: AppContext) -> None:
         elem_classes="caption",
     )
 
-    comparison = eviction_compare.layout()
-
-    composition = eviction_compose.layout()
-
-    demos = eviction_demos.layout()
-
-    run_state = gr.State(None)
-    ctx.components.update(
-        {
-            "eviction.prompt": prompt,
-            "eviction.question": question,
-            "eviction.chat": chat,
-            "eviction.policy": policy,
-            "eviction.mode": mode,
-            "eviction.budget": budget,
-            "eviction.ratio": ratio,
-            "eviction.compress": compress,
-            "eviction.max_new": max_new,
-            "eviction.run": run_btn,
-            "eviction.needle": demos.needle,
-            "eviction.sinks": demos.sinks,
-            "eviction.compare": comparison.button,
-            "eviction.layer": layer,
-            "eviction.head": head,
-            "eviction.step": step,
-        }
-    )
-    keys = list(param_boxes)
-    main_inputs = [prompt, question, chat, policy, mode, budget, ratio, max_new, compress, *param_boxes.values()]
-    view_outputs = [strip, kept_plot, time_plot, score_plot, slots]
-
-    def gather(context, q, use_chat, name, md, b, r, n_new, comp, *pvals):
-        values = {k.split(".", 1)[1]: v for k, v in zip(keys, pvals) if k.startswith(f"{name}.")}
-        return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
-
-    def check(request: gr.Request, *args):
-        req = gather(*args)
-        ctx.jobs.hold(request, ctx.jobs.admit(request, "eviction run", len(req.ids), req.max_new_tokens))
-
-    def run(request: gr.Request, *args):
-        req = gather(*args)
-        with ctx.jobs.start(request, "eviction run", len(req.ids), req.max_new_tokens) as ticket:
-            result = library_call(lambda: req.run(ctx.lm, should_stop=ticket.expired))
-        return (
-            result,
-            status_text(result, req.policy),
-            result.text,
-            gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
-            *views(result, info.layers - 1, 0, 0, req.policy.score_label),
-            fig.budget_map(result),
-            fig.budget_bytes(result),
-        )
-
-    run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
-    checked = run_btn.click(check, main_inputs, None, api_name=False, show_progress="hidden", concurrency_limit=None)
-    clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
-    clear_on_refusal(
-        checked.success(gpu(run), main_inputs, run_outputs, api_name=False, concurrency_limit=None),
-        [status, run_state, answer, *view_outputs],
-    )
-
-    def redraw(result, lyr, hd, st):
-        label = POLICIES[result.policy].score_label if result is not None else ""
-        return views(result, lyr, hd, st, label)
-
-    for control in (layer, head, step):
-        control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
-    policy.change(
-        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)],
-        policy,
-        [*groups.values(), about],
-        api_name=False,
-        queue=False,
-    )
-    mode.change(
-        lambda m: (gr.Number(visible=m == "tokens"), gr.Number(visible=m == "ratio")),
-        mode,
-        [budget, ratio],
-        api_name=False,
-        queue=False,
-    )
-
-    eviction_compare.wire(ctx, comparison, main_inputs, gather)
-    eviction_compose.wire(ctx, composition, main_inputs, gather)
-    form = [prompt, question, chat, policy, mode, budget]
-    eviction_demos.wire(ctx, demos, compress, [*form, run_state, status, answer, step, *view_outputs], comparison)
-
-    def evict(
-        prompt_text: str,
-        policy_name: str = "snapkv",
-        budget: int | None = None,
-        ratio: float | None = None,
-        chat: bool = True,
-        max_new_tokens: int = 32,
-        params: dict | None = None,
-        question: str = "",
-        compress_context_only: bool = False,
-        request: gr.Request = None,
-    ) -> dict:
-        """Generate under an eviction policy; ``params``: the policy's parameters by name, e.g. {"sinks": 4}."""
-        return api_evict(
-            ctx,
-            prompt_text,
-            policy_name,
-            budget,
-            ratio,
-            chat,
-            max_new_tokens,
-            params,
-            question,
-            compress_context_only,
-            request,
-        )
-
-    gr.api(gpu(evict), api_name="evict", concurrency_limit=None)
+    return _Views(layer, head, step, strip, kept_plot, time_plot, score_plot, budget_plot, budget_table, slots)

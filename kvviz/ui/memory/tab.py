@@ -33,6 +33,7 @@ from kvviz.ui.memory import startup as memory_engine
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.model_job import endpoint
 from kvviz.ui.serving.sessions import user_errors
 
 SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
@@ -208,7 +209,8 @@ def api_memory(
     bandwidth_tbps: float | None = None,
     group_size: int | None = None,
 ) -> dict:
-    """The CLI's JSON for a preset name, ``"loaded"`` (the served model) or config JSON text."""
+    """KV-cache size, capacity and decode time: the JSON of ``python -m kvviz memory --json`` for a preset name,
+    ``"loaded"`` (the served model) or config JSON text."""
     text = (config or "").strip()
     if text.startswith("{"):
         layout = resolve_layout(ctx, "Paste JSON", "", text, None)
@@ -239,7 +241,10 @@ def api_memory(
 
 # ---- the page ----------------------------------------------------------------------------------------
 def build(ctx: AppContext) -> None:
-    """Build the Memory tab inside the caller's ``gr.Tab``."""
+    """Build the Memory tab inside the caller's ``gr.Tab``.
+
+    Long because it lays the calculator's widgets out in page order and wires each once; the arithmetic is
+    :func:`calculate` and :mod:`kvviz.memory`."""
     gpus_by_name = gpu_presets()
     gr.Markdown(
         "Size the KV cache of any model from its config: per token, per sequence and per batch, how many "
@@ -388,24 +393,6 @@ def build(ctx: AppContext) -> None:
     if ctx.trace_state is not None:
         ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
 
-    def memory(
-        config: str,
-        context: int = 8192,
-        batch: int = 1,
-        kv_dtype: str = "bf16",
-        tp: int | None = None,
-        gpus: int = 1,
-        gpu_mem_gb: float | None = None,
-        reserve: float = 0.1,
-        weights_gb: float | None = None,
-        bandwidth_tbps: float | None = None,
-        group_size: int | None = None,
-    ) -> dict:
-        """KV-cache size, capacity and decode time: the JSON of ``python -m kvviz memory --json``."""
-        return api_memory(
-            ctx, config, context, batch, kv_dtype, tp, gpus, gpu_mem_gb, reserve, weights_gb, bandwidth_tbps, group_size
-        )
-
-    gr.api(memory, api_name="memory", concurrency_limit=None)
+    gr.api(endpoint(ctx, api_memory), api_name="memory", concurrency_limit=None)
     memory_architectures.build(ctx)
     memory_engine.build(ctx)

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 import gradio as gr
 
-from kvviz.limits import bounded_int, calculator_number
+from kvviz.limits import MAX_BUDGET_TOKENS, bounded_int, calculator_number
 from kvviz.ui.serving.context import AppContext
 
 MAX_PARAM_CHARS = 200  # longer values are refused before parsing
@@ -30,7 +30,7 @@ PARAMS: dict[str, dict[str, str]] = {
 NUMBER_CHECKS: dict[str, Callable[[Any], int | float]] = {
     "memory.context": lambda v: calculator_number("context", v, "context"),
     "memory.batch": lambda v: calculator_number("batch", v, "batch"),
-    "eviction.budget": lambda v: bounded_int(_number(v, "budget"), "budget", 1, 10**6),
+    "eviction.budget": lambda v: bounded_int(_number(v, "budget"), "budget", 1, MAX_BUDGET_TOKENS),
 }
 OTHER_PARAMS = {"tab", "present", "__theme", "view"}  # read elsewhere (or by Gradio itself)
 

@@ -111,6 +111,4 @@ class AppContext:
     def end_session(self, request: gr.Request | None) -> None:
         """The user closed the page: drop their Stop flag and delete their files."""
         self.forget_session(request)
-        if self._jobs is not None:
-            self._jobs.forget(request)
         self.files.forget(getattr(request, "session_hash", None))

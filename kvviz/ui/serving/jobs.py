@@ -1,13 +1,16 @@
-"""Model jobs in the app: checked and admitted before they wait, run under a time budget, refused politely.
+"""The app's gates to the model: admission with the deployment's limits, refused politely.
 
-Every handler that runs the model follows the same three steps:
+Every handler that runs the model is a :class:`~kvviz.ui.serving.model_job.ModelJob`, which follows the
+same steps here:
 
-1. check its inputs (``kvviz.safety`` / ``kvviz.limits``) — a bad request is told at once;
-2. :meth:`Jobs.admit` — the job's cost is estimated and checked, and the session gets its one place
-   in line (a second job of the same session, a full line or a server short of memory is refused
-   at once, with the reason);
-3. wait for its turn (:meth:`Jobs.turns` yields the line position for a streaming handler), run
-   with ``ticket.expired`` polled beside the Stop flag, and release the ticket in ``finally``.
+1. its inputs are checked (``kvviz.safety`` / ``kvviz.limits``) — a bad request is told at once; a
+   button's check step also asks :meth:`Jobs.precheck` whether the job would be refused now, and takes
+   nothing (a client that sends only checks holds no place);
+2. when the run step starts, :meth:`Jobs.admit` — the job's cost is estimated and checked, and the session
+   gets its one place in line (a second job of the same session, a full line or a server short of memory
+   is refused at once, with the reason);
+3. it waits for its turn (:meth:`Jobs.turns` yields the line position for a streaming handler), runs
+   with ``ticket.expired`` polled beside the Stop flag, and releases the ticket in ``finally``.
 
 Handlers are registered with no Gradio concurrency limit: the gates are the queues for the model,
 so checks and refusals never wait behind running jobs. Generate runs pass :attr:`Jobs.room`, whose
@@ -23,10 +26,8 @@ from collections.abc import Iterator
 import gradio as gr
 
 from kvviz.admission import Gate, Refused, Ticket
-from kvviz.capture.loop import encode_prompt
 from kvviz.capture.trace import ModelInfo
 from kvviz.limits import check_cost, job_cost
-from kvviz.safety import clean_prompt
 from kvviz.settings import Settings
 
 log = logging.getLogger("kvviz")
@@ -69,21 +70,6 @@ class Jobs:
             settings.max_prompt_tokens, settings.max_new_tokens, info.layers, info.kv_bytes_per_token, runs=4
         )
         self.max_key_reads = settings.max_key_reads or ceiling.key_reads
-        self._held: dict[str, Ticket] = {}
-
-    def hold(self, request: gr.Request | None, ticket: Ticket) -> None:
-        """Keep a ticket admitted by a button's check step for the run step that follows it."""
-        self._held[session_of(request)] = ticket
-
-    def take(self, request: gr.Request | None) -> Ticket | None:
-        """The ticket the check step admitted for this session, if any."""
-        return self._held.pop(session_of(request), None)
-
-    def forget(self, request: gr.Request | None) -> None:
-        """The session ended: a ticket admitted for a run that never started goes back."""
-        ticket = self._held.pop(session_of(request), None)
-        if ticket is not None:
-            ticket.release()
 
     def admit(
         self,
@@ -96,48 +82,46 @@ class Jobs:
         room: bool = False,
     ) -> Ticket:
         """A place in line for this session's job, or :class:`UserError` at once (see :func:`job_cost`);
-        ``room``: a Generate run, admitted to the engine's gate."""
-        cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
-        gate, other = (self.room, self.gate) if room else (self.gate, self.room)
-        session = session_of(request)
+        ``room``: a Generate run, admitted to the engine's gate. Only a run step that is about to run asks."""
+        gate = self._refusals(request, prompt_tokens, new_tokens, runs, window, room)
         try:
-            gate.check_memory()
-            check_cost(cost, self.max_key_reads, gate.spare_bytes())
-            other.refuse_second(session)
-            return gate.admit(session, what)
-        except (Refused, ValueError) as exc:
+            return gate.admit(session_of(request), what)
+        except Refused as exc:
             raise UserError(str(exc)) from None
 
-    def start(
+    def precheck(
         self,
         request: gr.Request | None,
-        what: str,
         prompt_tokens: int,
         new_tokens: int,
         runs: int = 1,
         window: int | None = None,
-    ) -> Ticket:
-        """The session's held ticket (or a new one), once it is this job's turn: use it as ``with``."""
-        ticket = self.take(request) or self.admit(request, what, prompt_tokens, new_tokens, runs, window)
+        room: bool = False,
+    ) -> None:
+        """:class:`UserError` now if :meth:`admit` would refuse this job now; takes no place in line (a button's
+        check step asks, so its refusal is a toast while the page keeps its results)."""
+        gate = self._refusals(request, prompt_tokens, new_tokens, runs, window, room)
+        snap = gate.snapshot()
+        if snap["running"] >= gate.slots and snap["waiting"] >= gate.max_waiting:
+            raise UserError(
+                f"The server is busy: {snap['waiting']} jobs are waiting, the most it queues. Try again in a minute."
+            )
         try:
-            ticket.wait()
-        except BaseException:
-            ticket.release()
-            raise
-        return ticket
-
-    def start_prompt(
-        self, request: gr.Request | None, what: str, lm, prompt, chat: bool, new_tokens: int, runs: int = 1
-    ) -> Ticket:
-        """:meth:`start` for a job on a raw prompt: checked and counted in tokens first."""
-        try:
-            text = clean_prompt(prompt, self.settings.max_prompt_chars)
-        except ValueError as exc:
+            gate.refuse_second(session_of(request))
+        except Refused as exc:
             raise UserError(str(exc)) from None
-        n = len(encode_prompt(lm, text, bool(chat)))
-        if n > self.settings.max_prompt_tokens:
-            raise UserError(f"The prompt is {n:,} tokens; the limit is {self.settings.max_prompt_tokens:,}.")
-        return self.start(request, what, n, new_tokens, runs)
+
+    def _refusals(self, request, prompt_tokens, new_tokens, runs, window, room) -> Gate:
+        """The gate this job would pass; :class:`UserError` for memory, cost or a second job elsewhere."""
+        cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
+        gate, other = (self.room, self.gate) if room else (self.gate, self.room)
+        try:
+            gate.check_memory()
+            check_cost(cost, self.max_key_reads, gate.spare_bytes())
+            other.refuse_second(session_of(request))
+        except (Refused, ValueError) as exc:
+            raise UserError(str(exc)) from None
+        return gate
 
     def turns(self, ticket: Ticket, poll: float = 1.0) -> Iterator[str]:
         """While the ticket waits: a line like "Queued: position 3 of 7" every ``poll`` seconds."""

@@ -23,6 +23,7 @@ from kvviz.admission import Refused
 from kvviz.demo_store import Compute, Entry
 from kvviz.examples import GENERATE_EXAMPLE, examples
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.model_job import Job
 
 log = logging.getLogger("kvviz")
 SESSION = "kvviz-precompute"
@@ -102,42 +103,28 @@ def wait_for(entry: Entry, progress: Callable[[float, str], None] | None = None,
     return entry.state == "done"
 
 
-def shared(
-    ctx: AppContext,
-    request: gr.Request | None,
-    key: Hashable,
-    compute: Compute,
-    *,
-    live: bool,
-    what: str,
-    cost: tuple[int, int],
-    runs: int = 1,
-    window: int | None = None,
-    progress: Callable[[float, str], None] | None = None,
-) -> tuple[Any, Entry | None]:
+def shared(job: Job, key: Hashable, compute: Compute, *, live: bool) -> tuple[Any, Entry | None]:
     """The result for ``key`` and its store entry (None when computed just for this request).
 
     Ready: returned at once. Being computed: waited for. Otherwise computed now, through the gate
-    under this session's ticket, and kept if ``key`` is planned. ``live`` always computes afresh.
+    under this call's slot (:meth:`Job.slot`, the job's declared size), and kept if ``key`` is planned.
+    ``live`` always computes afresh.
     """
+    ctx, progress = job.ctx, job.progress
     entry = None if live else ctx.store.entry(key)
-    if entry is not None and entry.state != "pending":
-        held = ctx.jobs.take(request)  # a check step may have queued this session: the store answers instead
-        if held is not None:
-            held.release()
-        if wait_for(entry, progress):
-            return entry.value, entry
-    with ctx.jobs.start(request, what, cost[0], cost[1], runs, window) as ticket:
-        claimed, mine = (None, False) if live else ctx.store.claim(key)
-        if claimed is not None and not mine:  # someone else started it while this job waited its turn
-            ticket.release()
-            if wait_for(claimed, progress):
-                return claimed.value, claimed
-            return compute(progress or (lambda f, d: None), ticket.expired), None
-        if claimed is not None:
-            value = ctx.store.run(claimed, "a request", ticket.expired, progress)
-            return value, (claimed if claimed.state == "done" else None)
-        return compute(progress or (lambda f, d: None), ticket.expired), None
+    if entry is not None and entry.state != "pending" and wait_for(entry, progress):
+        return entry.value, entry
+    job.slot()
+    claimed, mine = (None, False) if live else ctx.store.claim(key)
+    if claimed is not None and not mine:  # someone else started it while this job waited its turn
+        job.release()
+        if wait_for(claimed, progress):
+            return claimed.value, claimed
+        return compute(progress, job.should_stop), None
+    if claimed is not None:
+        value = ctx.store.run(claimed, "a request", job.should_stop, progress)
+        return value, (claimed if claimed.state == "done" else None)
+    return compute(progress, job.should_stop), None
 
 
 MEMO_LIMIT = 256  # outputs kept per trace listener (a few per stored trace and setting)

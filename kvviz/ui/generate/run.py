@@ -1,0 +1,247 @@
+"""The Generate tab's model jobs: the checked request, the streamed run through the engine's room, a stored
+(show-me) run, and the ``/generate`` endpoint.
+
+:data:`generation` streams: the model runs in a worker (:meth:`~kvviz.ui.serving.model_job.Job.background`)
+and the handler renders its latest state at the page's pace (:mod:`kvviz.ui.generate.stream`).
+:data:`api_generate` is the same job answering once, with the trace summary.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from kvviz.capture.loop import Sampling
+from kvviz.capture.tokens import token_texts
+from kvviz.limits import MAX_SEED
+from kvviz.memory.capacity import max_context
+from kvviz.memory.layout import cache_layout
+from kvviz.safety import real_number, whole_number
+from kvviz.ui.generate.stream import STATUS_S, LiveRun, mark, replay_range
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.model_job import Job, ModelJob, Size, prompt_ids
+from kvviz.ui.serving.precompute import origin, share_trace
+from kvviz.ui.serving.sessions import user_errors
+from kvviz.ui.serving.streaming import Snapshot
+from kvviz.units import plural
+
+GPU_BUDGETS = {
+    "none": None,
+    "T4 (16 GB)": 16e9,
+    "L4 (24 GB)": 24e9,
+    "RTX 4090 (24 GB)": 24e9,
+    "A100 (80 GB)": 80e9,
+    "H100 (80 GB)": 80e9,
+    "H200 (141 GB)": 141e9,
+}
+N_OUTPUTS = 11  # trace state, status, chips, text, growth, gauge, check, waste, npz, csv, replay slider
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A checked Generate request, and how the tab shows it (the gauge's budget, "Recompute live")."""
+
+    text: str
+    chat: bool
+    ids: list[int]
+    n_new: int
+    sampling: Sampling
+    budget_name: str = "none"
+    fresh: bool = True
+
+
+def validate_request(
+    ctx: AppContext, prompt: str, chat: bool, max_new_tokens: float, temperature: float, top_p: float, seed: float
+) -> tuple[list[int], int, Sampling]:
+    """Turn raw inputs into checked values, or raise gr.Error with what to fix (before any model work)."""
+    with user_errors():  # every input checked by kvviz.safety: NaN, fractions, text, control characters
+        n_new = whole_number(max_new_tokens, "Max new tokens", 1, ctx.settings.max_new_tokens)
+        sampling = Sampling(
+            real_number(0.0 if temperature is None else temperature, "Temperature", 0.0, 5.0),
+            real_number(1.0 if top_p is None else top_p, "Top-p", 0.0, 1.0, lo_open=True),
+            whole_number(0 if seed is None else seed, "Seed", 0, MAX_SEED),
+        )
+        sampling.validate()
+    return prompt_ids(ctx, prompt, chat, n_new)[1], n_new, sampling
+
+
+def ask(ctx: AppContext, prompt, chat, max_new, temperature, top_p, seed, budget_name="none", fresh=True) -> Ask:
+    """The tab's inputs, checked."""
+    ids, n_new, sampling = validate_request(ctx, prompt, chat, max_new, temperature, top_p, seed)
+    return Ask(str(prompt), bool(chat), ids, n_new, sampling, str(budget_name), bool(fresh))
+
+
+def api_generate(
+    ctx: AppContext,
+    prompt_text: str,
+    max_new_tokens: int = 48,
+    chat: bool = True,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> Ask:
+    """Generate with the captured model and return the trace summary (JSON)."""
+    return ask(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
+
+
+def submit(ctx: AppContext, a: Ask, should_stop):
+    """A checked Generate request to the engine, with the equivalence check, as the tab and /generate run it."""
+    return ctx.engine.submit(
+        a.text,
+        chat=a.chat,
+        max_new_tokens=a.n_new,
+        sampling=a.sampling,
+        prompt_ids=a.ids,
+        verify=True,
+        should_stop=should_stop,
+    )
+
+
+def gen_key(ctx: AppContext, a: Ask) -> tuple:
+    s = a.sampling
+    return ctx.lm.name, "generate", tuple(a.ids), a.n_new, s.temperature, s.top_p, s.seed
+
+
+def plan(ctx: AppContext, values: dict, defaults: dict) -> tuple:
+    """A show-me's generation, planned so it is ready before the click (greedy, as the tab opens)."""
+    a = ask(ctx, *[values.get(k, v) for k, v in defaults.items()])
+
+    def compute(report, should_stop):
+        handle = submit(ctx, a, should_stop)
+        trace = None
+        for trace in handle.stream():
+            report(trace.n_generated / a.n_new, f"{plural(trace.n_generated, 'token')}")
+        if trace is not None and not should_stop():
+            share_trace(ctx, trace)
+        return trace, export_bytes(trace)
+
+    key = gen_key(ctx, a)
+    ctx.store.plan(key, f"generation of {plural(a.n_new, 'token')}", compute)
+    return key
+
+
+def room_for_tokens(lm, budget_bytes: float | None, weight_bytes: int) -> int | None:
+    """Cached tokens that fit beside the weights, by the memory module (windows and MLA included)."""
+    if not budget_bytes:
+        return None
+    layout = cache_layout(lm.config)
+    bytes_per_element = lm.model.dtype.itemsize
+    return max_context(layout, int(max(budget_bytes - weight_bytes, 0)), kv_dtype=bytes_per_element)
+
+
+def _status(line: str) -> tuple:
+    """Only the status line changes."""
+    return (gr.skip(), line, *[gr.skip()] * (N_OUTPUTS - 2))
+
+
+def _live(ctx: AppContext, a: Ask, prompt_ids_: list[int], export) -> LiveRun:
+    budget = GPU_BUDGETS.get(a.budget_name)
+    return LiveRun(
+        ctx.info,
+        a.budget_name,
+        budget,
+        room_for_tokens(ctx.lm, budget, ctx.info.weight_bytes),
+        token_texts(ctx.lm.tokenizer, prompt_ids_),
+        export=export,
+    )
+
+
+def stored_run(job: Job[Ask], entry):
+    """Serve a stored generation: wait while it is being prepared, then the final outputs at once."""
+    while entry.state == "running":
+        entry.wait(0.5)
+        yield _status(f"Being prepared at start-up: {100 * entry.fraction:.0f} % ({entry.desc})")
+    if entry.state == "done":
+        trace, files = entry.value
+        live = _live(
+            job.ctx,
+            job.req,
+            trace.token_ids[: trace.n_prompt],
+            lambda _t: write_files(files, job.ctx.session_dir(job.request)),
+        )
+        snap = Snapshot(item=trace, mark=None, progress=None, items=1, done=True)
+        yield (*live.outputs(snap, note=f" · {origin(entry)}"), replay_range(snap))
+
+
+def run(job: Job[Ask]):
+    """The tab's run: a stored result if there is one, else its place in the room, then the run streamed."""
+    ctx, a = job.ctx, job.req
+    entry = None if a.fresh else ctx.store.entry(gen_key(ctx, a))
+    if entry is not None and entry.state != "pending":
+        yield from stored_run(job, entry)
+        if entry.state == "done":
+            return
+    mine = False
+    try:  # a fault, Stop, the time budget or a disconnect ends this job only; the cache goes with it
+        for line in job.turns():
+            if job.stopped:
+                yield _status("Stopped before it started: the run left the queue.")
+                return
+            yield _status(line)
+        live = _live(ctx, a, a.ids, lambda trace: export(trace, ctx.session_dir(job.request)))
+        if entry is not None:  # a planned generation nobody started yet: this run computes it for all
+            entry, mine = ctx.store.claim(entry.key)
+
+        def work(report):
+            handle = submit(ctx, a, job.should_stop)
+            t0, trace = time.perf_counter(), None
+            for trace in handle.stream(report):
+                if mine and entry is not None:
+                    entry.report(trace.n_generated / a.n_new, plural(trace.n_generated, "token"))
+                yield trace
+            done = trace is not None and trace.stop_reason != "stopped" and not job.timed_out
+            if mine and entry is not None and done:
+                share_trace(ctx, trace)
+                ctx.store.fulfil(entry, (trace, export_bytes(trace)), "a request", time.perf_counter() - t0)
+
+        # the model runs in its own thread and releases the slot there when it has stopped; this generator
+        # only renders the latest state at the page's pace
+        for snap in job.background(work, mark=mark, name="kvviz-generate").snapshots(STATUS_S):
+            yield (*live.outputs(snap, note=job.timeout_note()), replay_range(snap))
+    finally:
+        if mine and entry is not None and entry.state == "running":
+            ctx.store.fail(entry)
+
+
+def summary(job: Job[Ask]) -> dict:
+    """``/generate``'s answer: the trace summary, and a note when the time budget ended the run."""
+    out = submit(job.ctx, job.req, job.should_stop).result().summary()
+    if job.timed_out:
+        out["note"] = job.timeout_note().lstrip(" ·")
+    return out
+
+
+def _size(a: Ask) -> Size:
+    return Size(len(a.ids), a.n_new, runs=2)  # the run and its check against a full recompute
+
+
+generation = ModelJob("generation", check=ask, run=run, size=_size, room=True, stop=True)
+# the ``/generate`` endpoint (and ``api_generate_job(ctx, prompt_text, …)`` in tests)
+api_generate_job = generation.with_(check=api_generate, run=summary, stop=False)
+
+
+def export(trace, folder: Path) -> tuple[str, str]:
+    """Write this session's trace and step table to its own temporary folder (per run, deleted with the session)."""
+    npz = trace.save(folder / "kvviz-trace.npz")
+    csv = folder / "kvviz-steps.csv"
+    trace.step_frame().to_csv(csv, index=False)
+    return str(npz), str(csv)
+
+
+def export_bytes(trace) -> dict[str, bytes]:
+    """The two export files of a stored run, as bytes (written once; each session gets a copy)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return {Path(p).name: Path(p).read_bytes() for p in export(trace, Path(tmp))}
+
+
+def write_files(files: dict[str, bytes], folder: Path) -> tuple[str, str]:
+    """Copy a stored run's export files into this session's folder."""
+    paths = []
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        paths.append(str(folder / name))
+    return paths[0], paths[1]

@@ -1,0 +1,300 @@
+"""One wrapper for every handler that runs the shared model: validation first, then the gate, the GPU lease,
+progress, Stop and user errors — in that order, here and nowhere else.
+
+A tab declares a :class:`ModelJob`: what it is, how its raw inputs are checked (``check(ctx, *inputs)``
+returns the request; no model work, no slot), what the request costs (``size(request)``, for the gate's
+estimate and the GPU lease) and how it runs (``run(job)``: call kvviz, format the outputs). Then it wires
+it: :meth:`ModelJob.button` (a quick check step, then the run step), :meth:`ModelJob.event` (one step) or
+:meth:`ModelJob.api` (a named endpoint whose parameters are the check function's own signature). Tests
+call a declaration directly: ``job(ctx, *inputs)``.
+
+A button's check step only validates and asks the gates whether they would refuse now
+(:meth:`~kvviz.ui.serving.jobs.Jobs.precheck`); it never takes a place in line, so a client that sends
+only checks — private steps are still callable by ``fn_index`` — holds nothing. The slot is taken when the
+run step starts and released in ``finally`` (by the worker thread of a streaming job, once the model has
+stopped), and by the gate itself should a job outlive its time budget (:data:`kvviz.admission.REAP_AFTER`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import gradio as gr
+
+from kvviz.admission import Ticket
+from kvviz.capture.loop import encode_prompt
+from kvviz.limits import GPU_LEASE_CEILING_S, check_prompt_length, job_cost, lease_seconds, prompt_limit
+from kvviz.safety import clean_prompt
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.sessions import user_errors
+from kvviz.ui.serving.streaming import Background
+
+R = TypeVar("R")
+# every step Gradio calls for a model job carries this attribute: its ModelJob (tests list them)
+MARK = "model_job"
+# how each step is registered: no Gradio concurrency group (the gates are the model's queues) and, for a
+# button's check, nothing to call through the client libraries
+STEP = {"api_name": False, "concurrency_limit": None}
+
+
+@dataclass(frozen=True)
+class Size:
+    """What a job will compute, for its cost estimate (:func:`kvviz.limits.job_cost`) and its GPU lease."""
+
+    prompt_tokens: int
+    new_tokens: int
+    runs: int = 1
+    window: int | None = None
+
+
+class Job(Generic[R]):
+    """One call of a model job: its checked request, its place at the gate once taken, its Stop and progress."""
+
+    def __init__(self, ctx: AppContext, spec: ModelJob[R], req: R, request, progress):
+        self.ctx, self.spec, self.req, self.request = ctx, spec, req, request
+        self._progress = progress
+        self.ticket: Ticket | None = None
+        self._worker: Background | None = None
+        self.flag: threading.Event | None = ctx.stop_flag(request) if spec.stop else None
+        if self.flag is not None:
+            self.flag.clear()
+
+    # ---- the gate -----------------------------------------------------------------------------------
+    def admit(self, size: Size | None = None) -> Ticket:
+        """This call's place in line (refused at once with the reason); ``size`` overrides the declared one."""
+        if self.ticket is None:
+            s = size or self.spec.size(self.req)
+            self.ticket = self.ctx.jobs.admit(
+                self.request, self.spec.what, s.prompt_tokens, s.new_tokens, s.runs, s.window, room=self.spec.room
+            )
+        return self.ticket
+
+    def slot(self, size: Size | None = None) -> Ticket:
+        """Admitted, then waited for: the job may run now."""
+        ticket = self.admit(size)
+        ticket.wait()
+        return ticket
+
+    def turns(self) -> Iterator[str]:
+        """Admitted, then "Queued: position 3 of 7" lines while it waits (a streaming job yields them)."""
+        yield from self.ctx.jobs.turns(self.admit())
+
+    def release(self) -> None:
+        if self.ticket is not None:
+            self.ticket.release()
+
+    # ---- while it runs --------------------------------------------------------------------------------
+    @property
+    def stopped(self) -> bool:
+        """The session pressed Stop (for jobs declared with ``stop=True``)."""
+        return self.flag is not None and self.flag.is_set()
+
+    def should_stop(self) -> bool:
+        """Stop pressed, the time budget spent, or the page went away: the library call should end now."""
+        return (
+            self.stopped
+            or (self.ticket is not None and self.ticket.expired())
+            or (self._worker is not None and self._worker.cancelled)
+        )
+
+    def progress(self, fraction: float, desc: str = "") -> None:
+        """Gradio's progress bar (a no-op where the job was declared without ``progress``)."""
+        if self._progress is not None:
+            self._progress(fraction, desc)
+
+    @property
+    def timed_out(self) -> bool:
+        return self.ticket is not None and self.ticket.timed_out
+
+    def timeout_note(self) -> str:
+        return self.ctx.jobs.timeout_note(self.ticket) if self.ticket is not None else ""
+
+    def background(
+        self, work: Callable[[Callable[[Any], None]], Iterable], mark: Callable | None = None, name: str = "kvviz-job"
+    ) -> Background:
+        """Run ``work`` in a worker thread (:class:`~kvviz.ui.serving.streaming.Background`); the slot goes
+        back there once the model has really stopped, so the next job never overlaps this one."""
+        self._worker = Background(work, mark=mark, on_exit=[self.release], name=name)
+        return self._worker.start()
+
+    def close(self) -> None:
+        if self._worker is not None and self._worker.started:
+            self._worker.cancel()  # a page that went away: the worker stops at its next step and releases
+        else:
+            self.release()
+        if self.flag is not None:
+            self.ctx.forget_session(self.request)
+
+
+@dataclass(frozen=True)
+class ModelJob(Generic[R]):
+    """A handler that runs the model, declared once (see the module docstring).
+
+    ``run`` may be a generator (a streaming job): it then takes its slot itself with :meth:`Job.turns`.
+    ``store``: the run looks in the shared store first and takes its slot itself (:meth:`Job.slot`, e.g.
+    through :func:`kvviz.ui.serving.precompute.shared`) only when it must compute. ``failed`` names the
+    job in the message when it dies mid-way ("Eviction run failed: …"). ``stop``: the session's Stop
+    button ends it. ``progress``: Gradio's progress bar is passed in (:meth:`Job.progress`).
+    """
+
+    what: str
+    check: Callable[..., R]
+    run: Callable[[Job[R]], Any]
+    size: Callable[[R], Size]
+    room: bool = False
+    store: bool = False
+    failed: str | None = None
+    stop: bool = False
+    progress: bool = False
+
+    def __call__(self, ctx: AppContext, *inputs, request=None, progress=None, check: Callable[..., R] | None = None):
+        """Check the inputs, then run through the gate: every wiring below calls this."""
+        return self.start(ctx, (check or self.check)(ctx, *inputs), request, progress)
+
+    def start(self, ctx: AppContext, req: R, request=None, progress=None):
+        """Run an already checked request through the gate (its slot released whatever happens)."""
+        job = Job(ctx, self, req, request, progress)
+        if inspect.isgeneratorfunction(self.run):
+            return self._stream(job)
+        try:
+            with user_errors(self.failed or self.what.capitalize()):
+                if not self.store:
+                    job.slot()
+                return self.run(job)
+        finally:
+            job.close()
+
+    def _stream(self, job: Job[R]) -> Iterator:
+        try:
+            with user_errors(self.failed or self.what.capitalize()):
+                yield from self.run(job)
+        finally:
+            job.close()
+
+    def with_(self, **changes) -> ModelJob[R]:
+        """The same job with other parts (an endpoint's own check and run beside the tab's)."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- the GPU lease ------------------------------------------------------------------------------
+    def lease(self, ctx: AppContext, check: Callable[..., R], inputs: tuple) -> int:
+        """Seconds of GPU this call asks for, from its own cost estimate (the floor for a request that will
+        be refused: it ends before any model work)."""
+        ceiling = min(ctx.settings.max_job_seconds, GPU_LEASE_CEILING_S)
+        try:
+            s = self.size(check(ctx, *inputs))
+        except Exception:
+            return lease_seconds(job_cost(0, 0, 1, 0), ceiling)
+        info = ctx.info
+        cost = job_cost(s.prompt_tokens, s.new_tokens, info.layers, info.kv_bytes_per_token, s.runs, s.window)
+        return lease_seconds(cost, ceiling)
+
+    # ---- Gradio steps -------------------------------------------------------------------------------
+    def handler(self, ctx: AppContext, check: Callable[..., R] | None = None, name: str | None = None) -> Callable:
+        """The run step as Gradio calls it, ``fn(request, [progress,] *inputs)``, inside its GPU lease."""
+        check = check or self.check
+        if inspect.isgeneratorfunction(self.run):
+
+            def fn(request: gr.Request, *inputs):
+                yield from self(ctx, *inputs, request=request, check=check)
+
+        elif self.progress:
+
+            def fn(request: gr.Request, progress=gr.Progress(), *inputs):  # noqa: B008 — Gradio injects it
+                return self(ctx, *inputs, request=request, progress=_bar(progress), check=check)
+
+        else:
+
+            def fn(request: gr.Request, *inputs):
+                return self(ctx, *inputs, request=request, check=check)
+
+        fn.__name__ = fn.__qualname__ = name or getattr(self.run, "__name__", "run")
+        skip = 2 if self.progress and not inspect.isgeneratorfunction(self.run) else 1
+        wrapped = gpu(fn, duration=lambda *args, **kwargs: self.lease(ctx, check, args[skip:]))
+        setattr(wrapped, MARK, self)
+        return wrapped
+
+    def checker(self, ctx: AppContext, check: Callable[..., R] | None = None) -> Callable:
+        """A button's check step: the inputs checked and the gates asked, nothing taken (see :meth:`Jobs.precheck`)."""
+        check = check or self.check
+
+        def fn(request: gr.Request, *inputs) -> None:
+            s = self.size(check(ctx, *inputs))
+            ctx.jobs.precheck(request, s.prompt_tokens, s.new_tokens, s.runs, s.window, room=self.room)
+
+        fn.__name__ = fn.__qualname__ = f"check_{getattr(self.run, '__name__', 'run')}"
+        setattr(fn, MARK, self)
+        return fn
+
+    def button(self, ctx: AppContext, trigger, inputs: list, outputs: list, **run_options):
+        """``trigger.click(check).success(run)``: bad input (or a refusal) is answered by a quick step with no
+        outputs, so its message is a toast and the previous results stay. Returns (check event, run event)."""
+        checked = trigger.click(self.checker(ctx), inputs, None, show_progress="hidden", **STEP)
+        ran = checked.success(self.handler(ctx), inputs, outputs, **STEP, **run_options)
+        return checked, ran
+
+    def event(self, ctx: AppContext, triggers, inputs: list | None, outputs: list, **run_options):
+        """One step on ``triggers`` (an event listener such as ``button.click``, or a list of them)."""
+        listeners = triggers if isinstance(triggers, list) else [triggers]
+        return gr.on(listeners, self.handler(ctx), inputs, outputs, **STEP, **run_options)
+
+    def api(self, ctx: AppContext, api_name: str, returns: type = dict) -> None:
+        """A named endpoint: its parameters, name and docstring are the check function's own (less ``ctx``)."""
+        gr.api(endpoint(ctx, self.check, self, returns), api_name=api_name, concurrency_limit=None)
+
+
+def prompt_ids(ctx: AppContext, prompt, chat, new_tokens: int = 0, which: str = "The prompt") -> tuple[str, list[int]]:
+    """A raw prompt cleaned (:func:`kvviz.safety.clean_prompt`) and tokenized, within the deployment's prompt
+    limit with ``new_tokens`` more (:func:`kvviz.limits.check_prompt_length`): the one prompt check."""
+    with user_errors():
+        text = clean_prompt(prompt, ctx.settings.max_prompt_chars)
+        ids = encode_prompt(ctx.lm, text, bool(chat))
+        check_prompt_length(
+            len(ids), new_tokens, prompt_limit(ctx.settings.max_prompt_tokens, ctx.info.context_length), which
+        )
+    return text, ids
+
+
+def endpoint(ctx: AppContext, fn: Callable, job: ModelJob | None = None, returns: type = dict) -> Callable:
+    """``fn(ctx, …)`` as a Gradio endpoint with ``fn``'s own signature less ``ctx`` (plus the request):
+    ``job`` given, ``fn`` is its check and the call runs the job; else ``fn`` is called itself (arithmetic)."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())[1:]
+    if job is not None:
+        params.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None))
+    shown = signature.replace(parameters=params, return_annotation=returns)
+
+    def call(*args, **kwargs):
+        bound = shown.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        if job is None:
+            return fn(ctx, *values.values())
+        request = values.pop("request")
+        return job(ctx, *values.values(), request=request, check=fn)
+
+    functools.update_wrapper(call, fn)
+    call.__signature__ = shown  # type: ignore[attr-defined]
+    hints = {k: v for k, v in fn.__annotations__.items() if k not in ("ctx", "return")}
+    call.__annotations__ = {**hints, **({"request": gr.Request} if job is not None else {}), "return": returns}
+    if job is None:
+        return call
+    leased = gpu(call, duration=lambda *args, **kwargs: job.lease(ctx, fn, _inputs(shown, args, kwargs)))
+    setattr(leased, MARK, job)
+    return leased
+
+
+def _inputs(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple:
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(v for k, v in bound.arguments.items() if k != "request")
+
+
+def _bar(progress: gr.Progress) -> Callable[[float, str], None]:
+    return lambda fraction, desc="": progress(fraction, desc=desc)
