@@ -270,9 +270,11 @@ def decode_step_view(trace, step: int) -> tuple[list[tuple[str, str | None]], st
     spans.append((s.token, "predicted next"))
     new = fed_end - fed_start
     fed = f"fed {new} tokens, computed their K and V" if new > 1 else "fed 1 token, computed its K and V"
+    layers = len(s.layer_bytes)
     md = (
-        f"**Step {step}{' (prefill)' if step == 0 else ''}:** {fed} and appended them; the cache now holds **{s.cache_lens[0]} tokens per layer = "
-        f"{format_bytes(s.cache_bytes)}**. Without a cache this step would recompute K/V for all {fed_end} tokens "
+        f"**Step {step}{' (prefill)' if step == 0 else ''}:** {fed} and appended them; the cache now holds "
+        f"**{s.cache_lens[0]} tokens per layer** ({format_bytes(s.layer_bytes[0])} in layer 0) — "
+        f"**{format_bytes(s.cache_bytes)} over all {layers} layers**. Without a cache this step would recompute K/V for all {fed_end} tokens "
         f"({fed_end - new} of them redundant). Predicted next: **{s.token!r}**."
     )
     return spans, md

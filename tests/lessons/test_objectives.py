@@ -8,6 +8,7 @@ from kvviz.capture.loop import capture
 from kvviz.examples import chapter_text
 from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, decode_step_view
 from kvviz.lessons.questions import QUESTIONS
+from kvviz.units import format_bytes
 
 
 def test_the_lesson_is_the_chapters():
@@ -34,6 +35,13 @@ def test_decode_step_view(lm):
     spans, md = decode_step_view(trace, 2)
     assert [c for _, c in spans].count("in cache") == 5 and "fed 1 token" in md
     assert "(5 of them redundant)" in md
+    # the total is over every layer: one layer holds 1/30 of it, and the text says which is which
+    s = trace.steps[2]
+    layers = lm.config.num_hidden_layers
+    assert len(s.layer_bytes) == layers and s.cache_bytes == layers * s.layer_bytes[0]
+    assert f"**6 tokens per layer** ({format_bytes(s.layer_bytes[0])} in layer 0)" in md
+    assert f"**{format_bytes(s.cache_bytes)} over all {layers} layers**" in md
+    assert f"per layer = {format_bytes(s.cache_bytes)}" not in md
     with pytest.raises(ValueError):
         decode_step_view(trace, 9)
     with pytest.raises(ValueError):
