@@ -18,13 +18,16 @@ from kvviz.memory.estimate import (
     CacheLayout,
     Estimate,
     attention_variants,
+    cache_layout,
     estimate,
     format_bytes,
     format_gb,
     layer_groups,
 )
+from kvviz.memory.report import copies_phrase, heads_phrase
 
 GiB = 2**30
+REAL_MLA = "DeepSeek-V3"  # the preset whose MLA the chapter works through
 DEFAULT_CONTEXTS = [2**k for k in range(7, 18)]  # 128 … 131,072 tokens
 
 CAPTIONS = {
@@ -32,8 +35,8 @@ CAPTIONS = {
     "numbers read from its config; windowed layers stop at their window and MLA layers store one "
     "latent plus a RoPE key instead of per-head keys and values.",
     "table": "The same layers with each attention design: MHA gives every query head its own K/V, GQA shares "
-    "them in groups, MQA keeps one, and MLA caches one compressed latent per token — rows the model "
-    "does not use are hypothetical.",
+    "them in groups, MQA keeps one, and MLA caches one compressed latent per token per layer — rows the "
+    "model does not use are hypothetical (a made-up MLA row sits beside DeepSeek-V3's real 68.6 KiB).",
     "size": "Cache of one sequence as the context grows: full-attention layers grow linearly, sliding-window "
     "layers stop at their window, so windowed and hybrid models bend away from their dashed "
     "all-full-attention counterfactual.",
@@ -55,9 +58,7 @@ def formula_markdown(layout: CacheLayout, est: Estimate) -> str:
     b = KV_DTYPES[est.kv_dtype] / 8
     groups = layer_groups(layout, est)
     header = (
-        f"**{layout.name}** — {layout.attention}, {layout.num_layers} layers, "
-        f"{layout.num_attention_heads} query heads / {layout.num_key_value_heads} KV heads, head_dim "
-        f"{layout.head_dim}; KV stored as **{est.kv_dtype}** ({b:g} B per element"
+        f"**{layout.name}** — {layout.attention}, {layout.num_layers} layers, {heads_phrase(layout)}; KV stored as **{est.kv_dtype}** ({b:g} B per element"
         + (f", plus an fp16 scale and zero point per {est.group_size} elements" if est.group_size else "")
         + ")"
     )
@@ -85,7 +86,11 @@ def formula_markdown(layout: CacheLayout, est: Estimate) -> str:
             f"{_num(est.bytes_per_token)} B = **{format_bytes(est.bytes_per_token)}** "
             "(a token that every layer still holds)"
         )
-    rep = f" × {est.replication:g} (KV heads replicated over TP = {est.tp})" if est.replication != 1 else ""
+    rep = (
+        f" × {est.replication:g} ({copies_phrase(layout, est, f'KV heads replicated over TP = {est.tp}')})"
+        if est.replication != 1
+        else ""
+    )
     paragraphs = [
         header,
         "\n".join(table),
@@ -109,18 +114,31 @@ def comparison_table(layout: CacheLayout, context: int = 131_072, kv_dtype: str 
     return pd.DataFrame(
         [
             {
-                "Attention": v.attention + (" (this model)" if v.actual else " (hypothetical)"),
+                "Attention": v.attention + (" (this model)" if v.actual else _hypothetical(layout, v)),
                 "KV heads": "1 latent" if v.attention == "MLA" else v.kv_heads,
                 "KV per token": format_bytes(v.bytes_per_token),
                 f"{context:,}-token sequence": format_bytes(v.bytes_per_sequence),
                 "vs this model": f"{v.bytes_per_sequence / actual.bytes_per_sequence:.3g}×",
-                "per-token arithmetic": v.detail,
+                "per-token arithmetic": v.detail + _real_mla(layout, v, kv_dtype),
                 "bytes_per_token": v.bytes_per_token,
                 "bytes_per_sequence": v.bytes_per_sequence,
             }
             for v in rows
         ]
     )
+
+
+def _hypothetical(layout: CacheLayout, v) -> str:
+    layers = sum(1 for layer in layout.layers if layer.vectors)
+    return f" (hypothetical: a latent on these {layers} layers)" if v.attention == "MLA" else " (hypothetical)"
+
+
+def _real_mla(layout: CacheLayout, v, kv_dtype: str) -> str:
+    """Beside a made-up MLA row, the real one (DeepSeek-V3's 68.6 KiB), so the two are never confused."""
+    if v.attention != "MLA" or layout.mla:
+        return ""
+    ds = cache_layout(REAL_MLA)
+    return f"; the real MLA, {REAL_MLA} ({ds.num_layers} layers): {format_bytes(estimate(ds, 1, kv_dtype=kv_dtype).bytes_per_token)}"
 
 
 # ---- charts ------------------------------------------------------------------------------------------

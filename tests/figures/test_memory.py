@@ -44,7 +44,27 @@ def test_comparison_table_is_the_chapters_for_70b():
     assert (rows["MHA"]["KV per token"], rows["MHA"]["131,072-token sequence"]) == ("2.5 MiB", "320 GiB")
     assert (rows["GQA"]["KV per token"], rows["GQA"]["131,072-token sequence"]) == ("320 KiB", "40 GiB")
     assert (rows["MQA"]["KV per token"], rows["MQA"]["131,072-token sequence"]) == ("40 KiB", "5 GiB")
-    assert rows["GQA"]["Attention"] == "GQA (this model)" and rows["MLA"]["Attention"].endswith("(hypothetical)")
+    assert rows["GQA"]["Attention"] == "GQA (this model)" and "hypothetical" in rows["MLA"]["Attention"]
+
+
+def test_mla_formula_names_a_latent_not_heads():
+    """DeepSeek-V3 caches one latent per layer: the text must not call its 128 query heads KV heads."""
+    layout = cache_layout("DeepSeek-V3")
+    text = fig.formula_markdown(layout, estimate(layout, 131_072, tp=8))
+    assert "128 KV heads" not in text and "head_dim 192" not in text and "KV heads replicated" not in text
+    assert "one 512-dim latent + 64-dim RoPE key per token per layer" in text
+    assert "× 8 (one latent per layer, copied on each of the 8 TP ranks): **73,685,532,672 B = 68.6 GiB**" in text
+    assert "70,272 B = **68.6 KiB**" in text
+
+
+def test_a_made_up_mla_row_sits_beside_the_real_one():
+    df = fig.comparison_table(cache_layout("Llama-3-70B"), 131_072)
+    mla = df[df["Attention"].str.startswith("MLA")].iloc[0]
+    assert mla["Attention"] == "MLA (hypothetical: a latent on these 80 layers)"
+    assert (mla["KV per token"], mla["131,072-token sequence"]) == ("90 KiB", "11.2 GiB")
+    assert mla["per-token arithmetic"].endswith("the real MLA, DeepSeek-V3 (61 layers): 68.6 KiB")
+    real = fig.comparison_table(cache_layout("DeepSeek-V3"), 131_072)
+    assert "the real MLA" not in " ".join(real["per-token arithmetic"])
 
 
 def test_comparison_table_deepseek_71x():

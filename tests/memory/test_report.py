@@ -29,3 +29,11 @@ def test_the_cli_and_the_tab_print_the_same_sentences():
     assert plain[-len(markdown) :] == markdown  # the CLI adds the model line and the layer groups before them
     assert "80 full layers: 2 × 8 KV heads × 128 × 2 B" in plain[1]
     assert "**KV budget 436 GB = 406.1 GiB**" in summary(r, markdown=True)
+
+
+def test_mla_has_no_kv_heads_in_either_text():
+    r = report(cache_layout("DeepSeek-V3"), 131_072, tp=8)
+    for text in (summary(r), summary(r, markdown=True)):
+        assert "KV head" not in text.replace("no KV heads in the cache", "")
+        assert "one latent per layer, copied on each of the 8 TP ranks, so × 8" in text
+    assert "128 query heads, but no KV heads in the cache: one 512-dim latent" in summary(r)

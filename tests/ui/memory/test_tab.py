@@ -89,7 +89,9 @@ def test_weights_that_do_not_fit_keep_the_sizes(ctx):
     summary, formula, *_, cap, dec, gauge = calc(ctx, preset="DeepSeek-V3", context=131_072)
     assert "**8.6 GiB/sequence**" in summary and "do not fit" in summary
     assert "**68.6 KiB/token**" in summary
-    assert "**68.6 GiB in total** (8.6 GiB per GPU)" in summary and "stored on 8 GPUs, so × 8" in summary
+    assert (
+        "**68.6 GiB in total** (8.6 GiB per GPU)" in summary and "copied on each of the 8 TP ranks, so × 8" in summary
+    )
     assert cap is None and dec is None and gauge is None and "(512 + 64)" in formula
 
 
