@@ -155,6 +155,13 @@ def copies_phrase(layout: CacheLayout, est: Estimate, heads: str) -> str:
     return heads
 
 
+def _configured(r: CapacityReport, ctx_max: int) -> str:
+    """The context the config is set for, with one sequence's cache there, so a long-context example (the
+    chapter's 128K on Llama-3-70B) is never read as that model's own setting."""
+    at = estimate(r.layout, ctx_max, 1, r.kv_dtype, r.estimate.tp).bytes_per_sequence
+    return f" (the config is set for {ctx_max:,} tokens, where one sequence holds {format_bytes(at)})"
+
+
 def summary(r: CapacityReport, markdown: bool = False) -> str:
     """The report in words: plain lines with the layer groups (CLI), or Markdown paragraphs (the tab, whose
     formula panel shows the layers)."""
@@ -204,7 +211,7 @@ def summary(r: CapacityReport, markdown: bool = False) -> str:
             f" → {b(f'{cap.max_sequences:,} sequences')} at {est.context:,} tokens; {seqs} "
             f"fit{'s' if est.batch == 1 else ''} up to "
             + ("any context (windows cap the cache)" if mc is None else b(f"{mc:,} tokens"))
-            + (f" (the model itself is configured for {ctx_max:,})" if mc and ctx_max and mc > ctx_max else "")
+            + (_configured(r, ctx_max) if mc and ctx_max and mc > ctx_max else "")
             + ("" if cap.fits else f" — {b('the requested batch does not fit')}")
         )
     if r.decode is not None:

@@ -8,6 +8,7 @@ from kvviz.capture.loop import capture
 from kvviz.examples import chapter_text
 from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, decode_step_view
 from kvviz.lessons.questions import QUESTIONS
+from kvviz.memory.estimate import cache_layout, estimate
 from kvviz.units import format_bytes
 
 
@@ -24,6 +25,19 @@ def test_the_lesson_is_the_chapters():
     assert {"tab_generate", "tab_memory", "tab_attention", "tab_eviction", "tab_quant"} <= views
     for sm in [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
         assert all("." in k for k in sm.values) and (sm.press is None or "." in sm.press)
+
+
+def test_objective_3_shows_the_8k_case_beside_128k():
+    """The chapter works Llama-3-70B at 8K (2.5 GiB, the context its config is set for) and at 128K (40 GiB)."""
+    (obj,) = [o for o in OBJECTIVES if o.number == 3]
+    shown = {}
+    for sm in obj.show_me:
+        layout = cache_layout(sm.values["memory.preset"])
+        est = estimate(layout, sm.values["memory.context"], sm.values["memory.batch"])
+        shown[sm.values["memory.context"]] = format_bytes(est.bytes_per_sequence)
+        assert f"{shown[sm.values['memory.context']]} " in sm.look_for + " "
+    assert shown == {8192: "2.5 GiB", 131072: "40 GiB"}
+    assert cache_layout("Llama-3-70B").max_position_embeddings == 8192
 
 
 @pytest.mark.slow
