@@ -43,7 +43,9 @@ CAPTIONS = {
     "capacity": "How many sequences fit in the KV budget left after the weights and the reserve: capacity falls "
     "as 1/context, which is why long-context serving costs more per token.",
     "decode": "Bytes every decode step must read, as time at full memory bandwidth (a lower bound on time per "
-    "output token): the weights cost the same at any context, the batch's KV grows with it.",
+    "output token), for the batch that fits at each context: the weights cost the same everywhere, while the "
+    "KV read grows with the context until the budget caps the batch — past a few thousand tokens it "
+    "outweighs the weights.",
     "gauge": "The cache's bytes against the KV budget (GPU memory minus the reserve and the weights).",
 }
 
@@ -222,6 +224,30 @@ def capacity_vs_context(
     return fig
 
 
+def decode_batches(
+    layout: CacheLayout,
+    batch: int,
+    contexts: list[int],
+    kv_budget_bytes: int | None,
+    kv_dtype: str = "bf16",
+    tp: int = 1,
+) -> list[int]:
+    """The batch each context can really run: the requested one, capped by what fits in the KV budget."""
+    if kv_budget_bytes is None:
+        return [batch] * len(contexts)
+    return [min(batch, max_sequences(layout, kv_budget_bytes, t, kv_dtype, tp)) for t in contexts]
+
+
+def decode_sentence(step, context: int, batch: int) -> str:
+    """The chapter's comparison in one line: what reading the weights and reading the KV cost per step."""
+    kv, w = step.ms_kv, step.ms_weights
+    who = "the KV cache, not the weights, sets" if kv > w else "the weights, not the KV cache, set"
+    return (
+        f"At {context:,} tokens × {batch:,} sequence{'s' if batch != 1 else ''}: reading the weights takes "
+        f"{w:.1f} ms, reading the KV cache {kv:.1f} ms per decode step — {who} the time per token."
+    )
+
+
 def decode_time_vs_context(
     layout: CacheLayout,
     weight_bytes: int,
@@ -231,39 +257,59 @@ def decode_time_vs_context(
     contexts: list[int] | None = None,
     kv_dtype: str = "bf16",
     tp: int = 1,
+    kv_budget_bytes: int | None = None,
+    mark: int | None = None,
 ) -> go.Figure:
-    """Stacked bars: ms to read the weights and ms to read the batch's KV per decode step."""
+    """Stacked bars labelled in ms: reading the weights and the batch's KV per decode step.
+
+    With ``kv_budget_bytes`` each context runs the batch that fits there (``batch`` at most), never a batch
+    that cannot exist; ``mark`` (the requested context) is highlighted and its numbers lead the title.
+    """
     contexts = contexts or DEFAULT_CONTEXTS
+    batches = decode_batches(layout, batch, contexts, kv_budget_bytes, kv_dtype, tp)
     steps = [
-        decode_step(weight_bytes, estimate(layout, t, batch, kv_dtype, tp).total_bytes, bandwidth_tbps, gpus)
-        for t in contexts
+        decode_step(weight_bytes, estimate(layout, t, b, kv_dtype, tp).total_bytes if b else 0, bandwidth_tbps, gpus)
+        for t, b in zip(contexts, batches)
     ]
-    x = [f"{t:,}" for t in contexts]
+    x = [f"{t:,}<br>× {b:,}" for t, b in zip(contexts, batches)]
+    fade = [1.0 if mark is None or t == mark else 0.45 for t in contexts]
+    label = dict(textposition="inside", insidetextanchor="middle", textfont=dict(size=10))
     fig = go.Figure(
         [
             go.Bar(
                 x=x,
                 y=[s.ms_weights for s in steps],
+                text=[f"{s.ms_weights:.1f} ms" for s in steps],
                 name=f"weights ({format_gb(weight_bytes)})",
-                marker_color="#1f77b4",
+                marker=dict(color="#1f77b4", opacity=fade),
                 hovertemplate="%{x} tokens: %{y:.3g} ms<extra>weights</extra>",
+                **label,
             ),
             go.Bar(
                 x=x,
                 y=[s.ms_kv for s in steps],
-                name=f"KV of {batch:,} sequence{'s' if batch > 1 else ''}",
-                marker_color="#d62728",
+                text=[f"{s.ms_kv:.1f} ms" if b else "none fit" for s, b in zip(steps, batches)],
+                name=f"KV of {batch:,} sequence{'s' if batch != 1 else ''}"
+                + (" (or as many as fit)" if kv_budget_bytes is not None else ""),
+                marker=dict(color="#d62728", opacity=fade),
                 customdata=[format_bytes(s.kv_bytes) for s in steps],
-                hovertemplate="%{x} tokens: %{y:.3g} ms (%{customdata})<extra>KV cache</extra>",
+                hovertemplate="%{x} sequences: %{y:.3g} ms (%{customdata})<extra>KV cache</extra>",
+                **label,
             ),
         ]
     )
+    where = f"{gpus} × {bandwidth_tbps:g} TB/s"
+    title = f"{layout.name}: bytes read per decode step at {where}"
+    if mark in contexts:
+        i = contexts.index(mark)
+        title = decode_sentence(steps[i], mark, batches[i]).replace(" — ", "<br>") + f"<br><sup>{title}</sup>"
     fig.update_layout(
         barmode="stack",
-        height=380,
-        margin=dict(l=60, r=20, t=50, b=50),
-        title=f"{layout.name}: bytes read per decode step at {gpus} × {bandwidth_tbps:g} TB/s",
-        xaxis_title="context (tokens)",
+        height=400,
+        margin=dict(l=60, r=20, t=90, b=60),
+        title=dict(text=title, font=dict(size=13)),
+        xaxis_title="context (tokens) × sequences in the batch"
+        + (" (as many as fit, at most the requested batch)" if kv_budget_bytes is not None else ""),
         yaxis_title="time per step at full bandwidth (ms)",
     )
     return fig

@@ -103,6 +103,23 @@ def test_decode_time_bars_split_weights_and_kv():
     assert f.layout.barmode == "stack" and "ms" in f.layout.yaxis.title.text
 
 
+def test_decode_time_runs_the_batch_that_fits_with_ms_labels():
+    """The chapter: 162 sequences fit at 8K but only 10 at 128K; weights 5.2 ms vs KV ≈ 16 ms at 162 × 8K."""
+    layout, budget = cache_layout("Llama-3-70B"), 436 * 10**9
+    contexts = [1024, 8192, 131_072]
+    f = fig.decode_time_vs_context(layout, 140 * 10**9, 162, 3.35, 8, contexts, tp=8, kv_budget_bytes=budget, mark=8192)
+    weights, kv = f.data
+    assert fig.decode_batches(layout, 162, contexts, budget, tp=8) == [162, 162, 10]
+    assert list(kv.x) == ["1,024<br>× 162", "8,192<br>× 162", "131,072<br>× 10"]
+    assert kv.y[2] == pytest.approx(10 * 40 * GiB / 26.8e12 * 1e3) and kv.y[2] < 17  # not 162 × 40 GiB ≈ 260 ms
+    assert list(weights.text) == ["5.2 ms"] * 3 and list(kv.text) == ["2.0 ms", "16.2 ms", "16.0 ms"]
+    assert list(kv.marker.opacity) == [0.45, 1.0, 0.45]  # the requested context stands out
+    assert f.layout.title.text.startswith(
+        "At 8,192 tokens × 162 sequences: reading the weights takes 5.2 ms, reading the KV cache 16.2 ms"
+    )
+    assert "the KV cache, not the weights, sets the time per token" in f.layout.title.text
+
+
 def test_budget_gauge():
     f = fig.budget_gauge(int(2.5 * GiB), 10 * GiB)
     assert f.data[0].value == pytest.approx(25) and "2.5 GiB of 10 GiB" in f.data[0].title.text

@@ -68,7 +68,8 @@ def test_chapter_example_is_the_default_view(ctx):
     assert list(table["KV per token"]) == ["2.5 MiB", "320 KiB", "40 KiB", "90 KiB"]
     assert [t.name for t in size.data] == ["Llama-3-70B (full)", "Llama-3-8B (full)"]
     assert "436 GB" in cap.layout.title.text and "8 × 3.35 TB/s" in dec.layout.title.text
-    assert [t.name for t in dec.data] == ["weights (140 GB)", "KV of 162 sequences"]
+    assert [t.name for t in dec.data] == ["weights (140 GB)", "KV of 162 sequences (or as many as fit)"]
+    assert dec.data[1].x[-1] == "131,072<br>× 10" and dec.layout.title.text.startswith("At 8,192 tokens × 162")
     assert gauge.data[0].value == pytest.approx(100 * 434_865_438_720 / 436e9)  # 162 × 8K of the 436 GB budget
 
 
