@@ -6,7 +6,7 @@ import pytest
 
 from kvviz.capture.loop import capture
 from kvviz.examples import chapter_text
-from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, decode_step_view
+from kvviz.lessons.objectives import NOCACHE, OBJECTIVES, PITFALLS, decode_step_view
 from kvviz.lessons.questions import QUESTIONS
 from kvviz.memory.estimate import cache_layout, estimate
 from kvviz.units import format_bytes
@@ -25,6 +25,12 @@ def test_the_lesson_is_the_chapters():
     assert {"tab_generate", "tab_memory", "tab_attention", "tab_eviction", "tab_quant"} <= views
     for sm in [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
         assert all("." in k for k in sm.values) and (sm.press is None or "." in sm.press)
+
+
+def test_nocache_show_me_does_not_promise_a_parabola():
+    """Its ~300-token prompt and 24 tokens give N ≪ L: the passes are a near-straight line dominated by N·L."""
+    assert "parabola" not in NOCACHE.look_for and "N·L dominates" in NOCACHE.look_for
+    assert "750×" in NOCACHE.look_for and NOCACHE.values["nocache.new_tokens"] == 24
 
 
 def test_objective_3_shows_the_8k_case_beside_128k():

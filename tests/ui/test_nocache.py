@@ -23,7 +23,7 @@ def test_table_and_measurement(ctx):
     assert tab.REGIME in text
     assert "**Same tokens:** yes" in text and "**8** token-forward passes with the cache vs **30** without" in text
     assert list(numbers["passes without cache"]) == [4, 9, 15, 22, 30]
-    assert len(passes_fig.data) == 4 and len(time_fig.data) == 2
+    assert len(passes_fig.data) == 8 and len(time_fig.data) == 2
 
 
 @pytest.mark.parametrize("prompt,n,match", [("", 4, "empty"), ("Hi", 0, "N must"), ("Hi", 2.5, "N must")])
