@@ -14,11 +14,19 @@ import plotly.graph_objects as go
 from kvviz.eviction.compare import Comparison
 from kvviz.eviction.compose import Composition
 from kvviz.eviction.demos import SinksResult
-from kvviz.eviction.policies import EVICTED, HEAVY, KEPT, ROLE_NAMES, SINK, WINDOW
+from kvviz.eviction.policies import EVICTED, HEAVY, KEPT, POLICIES, ROLE_NAMES, SINK, WINDOW
 from kvviz.eviction.run import PolicyRun
 from kvviz.units import format_bytes
 
 MAX_COLS = 1200
+
+
+def needle_scope(policies: tuple[str, ...]) -> str:
+    """What the needle demo ran, said beside its rows: the tab's ticked policies may be more than it shows."""
+    names = " and ".join(POLICIES[p].title for p in policies)
+    return f"The needle demo runs {names} only; press **Compare** to run the policies ticked above on the same passage."
+
+
 NOT_SEEN = -1
 ROLE_COLORS = {
     "evicted": "#d9d9d9",

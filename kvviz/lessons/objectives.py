@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvviz.eviction.demos import NEEDLE_POLICIES
 from kvviz.examples import CHAT_QUESTION, needle_passage, needle_prompt
 from kvviz.units import format_bytes
 
@@ -118,10 +119,11 @@ SINKS = ShowMe(
 NEEDLE = ShowMe(
     "Needle demo under eviction",
     "tab_eviction",
-    {"eviction.compress": "question"},
+    {"eviction.compress": "question", "eviction.compare_policies": list(NEEDLE_POLICIES)},
     "eviction.needle",
     "evict-verdict",
-    "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it.",
+    "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it "
+    "(the demo runs those two; tick H2O and press Compare to add it).",
 )
 SINKS_MATTER = ShowMe(
     "Perplexity with and without the sink tokens",

@@ -66,3 +66,11 @@ def test_decode_step_view(lm):
         decode_step_view(trace, 9)
     with pytest.raises(ValueError):
         decode_step_view(None, 0)
+
+
+def test_needle_show_me_ticks_only_what_the_demo_shows():
+    from kvviz.eviction.demos import NEEDLE_POLICIES
+    from kvviz.lessons.objectives import NEEDLE
+
+    assert NEEDLE.values["eviction.compare_policies"] == list(NEEDLE_POLICIES) == ["streaming_llm", "snapkv"]
+    assert "H2O" in NEEDLE.look_for and "Compare" in NEEDLE.look_for  # says how to add the unticked one

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from kvviz.eviction.demos import NEEDLE_BUDGET, NEEDLE_FILLER, SINKS_CACHE, SINKS_TOKENS, needle_demo, sinks_demo
+from kvviz.eviction.demos import (
+    NEEDLE_BUDGET,
+    NEEDLE_FILLER,
+    NEEDLE_POLICIES,
+    SINKS_CACHE,
+    SINKS_TOKENS,
+    needle_demo,
+    sinks_demo,
+)
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as fig
 from kvviz.ui.eviction import compare as eviction_compare
@@ -112,7 +120,7 @@ def wire(
             run.text,
             gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
             *views(run, last_layer, 0, 0, snap.policy.score_label),
-            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*",
+            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*\n\n{fig.needle_scope(NEEDLE_POLICIES)}",
             *rest,
         )
 
