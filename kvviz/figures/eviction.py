@@ -21,6 +21,15 @@ from kvviz.units import format_bytes
 MAX_COLS = 1200
 
 
+LEADERBOARD_LINK = "?tab=leaderboard"
+LEADERBOARD_NOTE = (
+    "SnapKV keeps this needle, yet the [Leaderboard]("
+    + LEADERBOARD_LINK
+    + ") scores it at a few per cent from r = 0.25: on its passkey prompts it keeps most of the needle but "
+    "writes only the answer's first digits (the Leaderboard says why)."
+)
+
+
 def needle_scope(policies: tuple[str, ...]) -> str:
     """What the needle demo ran, said beside its rows: the tab's ticked policies may be more than it shows."""
     names = " and ".join(POLICIES[p].title for p in policies)

@@ -52,7 +52,7 @@ def layout() -> DemosSection:
         "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
         f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
         f"{SINKS_CACHE}-entry cache. Both are computed once when the server starts; tick *Recompute live* to run "
-        "them again now (a minute on a CPU).",
+        f"them again now (a minute on a CPU). {fig.LEADERBOARD_NOTE}",
         elem_classes="caption",
     )
     sinks_text = gr.Markdown(elem_id="evict-sinks-result")
