@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvviz.eviction.demos import NEEDLE_POLICIES
-from kvviz.examples import CHAT_QUESTION, needle_passage, needle_prompt
+from kvviz.examples import CHAT_QUESTION, needle_prompt
+from kvviz.lessons.nocache import DRAMATIC
 from kvviz.units import format_bytes
 
 H100 = "H100 80GB (SXM)"
@@ -58,7 +59,7 @@ EQUIVALENCE = ShowMe(
 NOCACHE = ShowMe(
     "Time both loops (cache vs no cache)",
     "tab_nocache",
-    {"nocache.prompt": needle_passage(), "nocache.chat": False, "nocache.new_tokens": 24},
+    {"nocache.prompt": DRAMATIC.prompt, "nocache.chat": DRAMATIC.chat, "nocache.new_tokens": DRAMATIC.new_tokens},
     "nocache.button",
     "nocache-passes",
     "With a ~300-token prompt the loop without a cache is several times slower and the tokens are "
