@@ -14,11 +14,28 @@ import plotly.graph_objects as go
 from kvviz.eviction.compare import Comparison
 from kvviz.eviction.compose import Composition
 from kvviz.eviction.demos import SinksResult
-from kvviz.eviction.policies import EVICTED, HEAVY, KEPT, ROLE_NAMES, SINK, WINDOW
+from kvviz.eviction.policies import EVICTED, HEAVY, KEPT, POLICIES, ROLE_NAMES, SINK, WINDOW
 from kvviz.eviction.run import PolicyRun
 from kvviz.units import format_bytes
 
 MAX_COLS = 1200
+
+
+LEADERBOARD_LINK = "?tab=leaderboard"
+LEADERBOARD_NOTE = (
+    "SnapKV keeps this needle, yet the [Leaderboard]("
+    + LEADERBOARD_LINK
+    + ") scores it at a few per cent from r = 0.25: on its passkey prompts it keeps most of the needle but "
+    "writes only the answer's first digits (the Leaderboard says why)."
+)
+
+
+def needle_scope(policies: tuple[str, ...]) -> str:
+    """What the needle demo ran, said beside its rows: the tab's ticked policies may be more than it shows."""
+    names = " and ".join(POLICIES[p].title for p in policies)
+    return f"The needle demo runs {names} only; press **Compare** to run the policies ticked above on the same passage."
+
+
 NOT_SEEN = -1
 ROLE_COLORS = {
     "evicted": "#d9d9d9",

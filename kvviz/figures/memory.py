@@ -18,13 +18,16 @@ from kvviz.memory.estimate import (
     CacheLayout,
     Estimate,
     attention_variants,
+    cache_layout,
     estimate,
     format_bytes,
     format_gb,
     layer_groups,
 )
+from kvviz.memory.report import copies_phrase, heads_phrase
 
 GiB = 2**30
+REAL_MLA = "DeepSeek-V3"  # the preset whose MLA the chapter works through
 DEFAULT_CONTEXTS = [2**k for k in range(7, 18)]  # 128 … 131,072 tokens
 
 CAPTIONS = {
@@ -32,15 +35,17 @@ CAPTIONS = {
     "numbers read from its config; windowed layers stop at their window and MLA layers store one "
     "latent plus a RoPE key instead of per-head keys and values.",
     "table": "The same layers with each attention design: MHA gives every query head its own K/V, GQA shares "
-    "them in groups, MQA keeps one, and MLA caches one compressed latent per token — rows the model "
-    "does not use are hypothetical.",
+    "them in groups, MQA keeps one, and MLA caches one compressed latent per token per layer — rows the "
+    "model does not use are hypothetical (a made-up MLA row sits beside DeepSeek-V3's real 68.6 KiB).",
     "size": "Cache of one sequence as the context grows: full-attention layers grow linearly, sliding-window "
     "layers stop at their window, so windowed and hybrid models bend away from their dashed "
     "all-full-attention counterfactual.",
     "capacity": "How many sequences fit in the KV budget left after the weights and the reserve: capacity falls "
     "as 1/context, which is why long-context serving costs more per token.",
     "decode": "Bytes every decode step must read, as time at full memory bandwidth (a lower bound on time per "
-    "output token): the weights cost the same at any context, the batch's KV grows with it.",
+    "output token), for the batch that fits at each context: the weights cost the same everywhere, while the "
+    "KV read grows with the context until the budget caps the batch — past a few thousand tokens it "
+    "outweighs the weights.",
     "gauge": "The cache's bytes against the KV budget (GPU memory minus the reserve and the weights).",
 }
 
@@ -55,9 +60,7 @@ def formula_markdown(layout: CacheLayout, est: Estimate) -> str:
     b = KV_DTYPES[est.kv_dtype] / 8
     groups = layer_groups(layout, est)
     header = (
-        f"**{layout.name}** — {layout.attention}, {layout.num_layers} layers, "
-        f"{layout.num_attention_heads} query heads / {layout.num_key_value_heads} KV heads, head_dim "
-        f"{layout.head_dim}; KV stored as **{est.kv_dtype}** ({b:g} B per element"
+        f"**{layout.name}** — {layout.attention}, {layout.num_layers} layers, {heads_phrase(layout)}; KV stored as **{est.kv_dtype}** ({b:g} B per element"
         + (f", plus an fp16 scale and zero point per {est.group_size} elements" if est.group_size else "")
         + ")"
     )
@@ -85,7 +88,11 @@ def formula_markdown(layout: CacheLayout, est: Estimate) -> str:
             f"{_num(est.bytes_per_token)} B = **{format_bytes(est.bytes_per_token)}** "
             "(a token that every layer still holds)"
         )
-    rep = f" × {est.replication:g} (KV heads replicated over TP = {est.tp})" if est.replication != 1 else ""
+    rep = (
+        f" × {est.replication:g} ({copies_phrase(layout, est, f'KV heads replicated over TP = {est.tp}')})"
+        if est.replication != 1
+        else ""
+    )
     paragraphs = [
         header,
         "\n".join(table),
@@ -109,18 +116,31 @@ def comparison_table(layout: CacheLayout, context: int = 131_072, kv_dtype: str 
     return pd.DataFrame(
         [
             {
-                "Attention": v.attention + (" (this model)" if v.actual else " (hypothetical)"),
+                "Attention": v.attention + (" (this model)" if v.actual else _hypothetical(layout, v)),
                 "KV heads": "1 latent" if v.attention == "MLA" else v.kv_heads,
                 "KV per token": format_bytes(v.bytes_per_token),
                 f"{context:,}-token sequence": format_bytes(v.bytes_per_sequence),
                 "vs this model": f"{v.bytes_per_sequence / actual.bytes_per_sequence:.3g}×",
-                "per-token arithmetic": v.detail,
+                "per-token arithmetic": v.detail + _real_mla(layout, v, kv_dtype),
                 "bytes_per_token": v.bytes_per_token,
                 "bytes_per_sequence": v.bytes_per_sequence,
             }
             for v in rows
         ]
     )
+
+
+def _hypothetical(layout: CacheLayout, v) -> str:
+    layers = sum(1 for layer in layout.layers if layer.vectors)
+    return f" (hypothetical: a latent on these {layers} layers)" if v.attention == "MLA" else " (hypothetical)"
+
+
+def _real_mla(layout: CacheLayout, v, kv_dtype: str) -> str:
+    """Beside a made-up MLA row, the real one (DeepSeek-V3's 68.6 KiB), so the two are never confused."""
+    if v.attention != "MLA" or layout.mla:
+        return ""
+    ds = cache_layout(REAL_MLA)
+    return f"; the real MLA, {REAL_MLA} ({ds.num_layers} layers): {format_bytes(estimate(ds, 1, kv_dtype=kv_dtype).bytes_per_token)}"
 
 
 # ---- charts ------------------------------------------------------------------------------------------
@@ -204,6 +224,30 @@ def capacity_vs_context(
     return fig
 
 
+def decode_batches(
+    layout: CacheLayout,
+    batch: int,
+    contexts: list[int],
+    kv_budget_bytes: int | None,
+    kv_dtype: str = "bf16",
+    tp: int = 1,
+) -> list[int]:
+    """The batch each context can really run: the requested one, capped by what fits in the KV budget."""
+    if kv_budget_bytes is None:
+        return [batch] * len(contexts)
+    return [min(batch, max_sequences(layout, kv_budget_bytes, t, kv_dtype, tp)) for t in contexts]
+
+
+def decode_sentence(step, context: int, batch: int) -> str:
+    """The chapter's comparison in one line: what reading the weights and reading the KV cost per step."""
+    kv, w = step.ms_kv, step.ms_weights
+    who = "the KV cache, not the weights, sets" if kv > w else "the weights, not the KV cache, set"
+    return (
+        f"At {context:,} tokens × {batch:,} sequence{'s' if batch != 1 else ''}: reading the weights takes "
+        f"{w:.1f} ms, reading the KV cache {kv:.1f} ms per decode step — {who} the time per token."
+    )
+
+
 def decode_time_vs_context(
     layout: CacheLayout,
     weight_bytes: int,
@@ -213,39 +257,59 @@ def decode_time_vs_context(
     contexts: list[int] | None = None,
     kv_dtype: str = "bf16",
     tp: int = 1,
+    kv_budget_bytes: int | None = None,
+    mark: int | None = None,
 ) -> go.Figure:
-    """Stacked bars: ms to read the weights and ms to read the batch's KV per decode step."""
+    """Stacked bars labelled in ms: reading the weights and the batch's KV per decode step.
+
+    With ``kv_budget_bytes`` each context runs the batch that fits there (``batch`` at most), never a batch
+    that cannot exist; ``mark`` (the requested context) is highlighted and its numbers lead the title.
+    """
     contexts = contexts or DEFAULT_CONTEXTS
+    batches = decode_batches(layout, batch, contexts, kv_budget_bytes, kv_dtype, tp)
     steps = [
-        decode_step(weight_bytes, estimate(layout, t, batch, kv_dtype, tp).total_bytes, bandwidth_tbps, gpus)
-        for t in contexts
+        decode_step(weight_bytes, estimate(layout, t, b, kv_dtype, tp).total_bytes if b else 0, bandwidth_tbps, gpus)
+        for t, b in zip(contexts, batches)
     ]
-    x = [f"{t:,}" for t in contexts]
+    x = [f"{t:,}<br>× {b:,}" for t, b in zip(contexts, batches)]
+    fade = [1.0 if mark is None or t == mark else 0.45 for t in contexts]
+    label = dict(textposition="inside", insidetextanchor="middle", textfont=dict(size=10))
     fig = go.Figure(
         [
             go.Bar(
                 x=x,
                 y=[s.ms_weights for s in steps],
+                text=[f"{s.ms_weights:.1f} ms" for s in steps],
                 name=f"weights ({format_gb(weight_bytes)})",
-                marker_color="#1f77b4",
+                marker=dict(color="#1f77b4", opacity=fade),
                 hovertemplate="%{x} tokens: %{y:.3g} ms<extra>weights</extra>",
+                **label,
             ),
             go.Bar(
                 x=x,
                 y=[s.ms_kv for s in steps],
-                name=f"KV of {batch:,} sequence{'s' if batch > 1 else ''}",
-                marker_color="#d62728",
+                text=[f"{s.ms_kv:.1f} ms" if b else "none fit" for s, b in zip(steps, batches)],
+                name=f"KV of {batch:,} sequence{'s' if batch != 1 else ''}"
+                + (" (or as many as fit)" if kv_budget_bytes is not None else ""),
+                marker=dict(color="#d62728", opacity=fade),
                 customdata=[format_bytes(s.kv_bytes) for s in steps],
-                hovertemplate="%{x} tokens: %{y:.3g} ms (%{customdata})<extra>KV cache</extra>",
+                hovertemplate="%{x} sequences: %{y:.3g} ms (%{customdata})<extra>KV cache</extra>",
+                **label,
             ),
         ]
     )
+    where = f"{gpus} × {bandwidth_tbps:g} TB/s"
+    title = f"{layout.name}: bytes read per decode step at {where}"
+    if mark in contexts:
+        i = contexts.index(mark)
+        title = decode_sentence(steps[i], mark, batches[i]).replace(" — ", "<br>") + f"<br><sup>{title}</sup>"
     fig.update_layout(
         barmode="stack",
-        height=380,
-        margin=dict(l=60, r=20, t=50, b=50),
-        title=f"{layout.name}: bytes read per decode step at {gpus} × {bandwidth_tbps:g} TB/s",
-        xaxis_title="context (tokens)",
+        height=400,
+        margin=dict(l=60, r=20, t=90, b=60),
+        title=dict(text=title, font=dict(size=13)),
+        xaxis_title="context (tokens) × sequences in the batch"
+        + (" (as many as fit, at most the requested batch)" if kv_budget_bytes is not None else ""),
         yaxis_title="time per step at full bandwidth (ms)",
     )
     return fig

@@ -20,8 +20,44 @@ CAPTIONS = {
     "16-bit recent window), against the same cache in 16-bit.",
     "layers": "Attention-output error (%) per layer for the selected schemes: where in the model quantization hurts.",
     "agreement": "Top-1 agreement (%) of next-token predictions with the full-precision cache, feeding both the "
-    "full cache's own continuation, and the mean KL divergence (nats) of their distributions.",
+    "full cache's own continuation, and the mean KL divergence (nats) of their distributions; a 2-bit cache "
+    "that is off by about half in the attention output can still agree on most next tokens (see why above).",
 }
+OUTPUT_VS_ANSWER = (
+    "**A large output error next to a right answer.** A 2-bit cache can leave each layer's attention output off "
+    "by about half and still pick the full cache's next token most of the time (the top-1 agreement under "
+    "*Generate*): that error is relative to one attention output, which each layer only adds to the residual "
+    "stream beside the token's own state, and a next token needs only its logit to stay on top."
+)
+
+
+def values_story(tok, ch, both_ch) -> str:
+    """Why KIVI groups values per token, led by the measure that carries the claim: the attention output
+    (what the next layer receives), with the values' own error, which can point the other way, second.
+
+    ``tok``: 2-bit per token (K and V); ``ch``: K per channel, V per token; ``both_ch``: K and V per channel.
+    """
+    v_tok, v_ch = 100 * tok.value_error, 100 * both_ch.value_error
+    o_tok, o_ch = 100 * ch.output_error, 100 * both_ch.output_error
+    verdict = (
+        "per token is better, as KIVI chooses: each output is a weighted sum of value *rows*, and a per-token "
+        "scale keeps each row's error to itself"
+        if o_tok <= o_ch
+        else "per channel is better on this prompt: KIVI's choice is not supported here"
+    )
+    other = (
+        f"The values' own error points the other way (per channel {v_ch:.1f} % vs per token {v_tok:.1f} %) "
+        "because it counts every entry alike, while the output weighs each value row by its attention weight, "
+        "which sits on a few rows — a per-token scale fits each of those rows alone."
+        if v_ch < v_tok and o_tok <= o_ch
+        else f"The values' own error: per token {v_tok:.1f} %, per channel {v_ch:.1f} %."
+    )
+    return (
+        f"**Values at 2 bits, judged by the attention output** (keys per channel in both): values per token "
+        f"**{o_tok:.1f} %** vs per channel **{o_ch:.1f} %** — {verdict}. {other}"
+    )
+
+
 MAX_COLUMNS = 512  # tokens shown in a magnitude map before max-pooling columns
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvviz.examples import CHAT_QUESTION, needle_passage, needle_prompt
+from kvviz.eviction.demos import NEEDLE_POLICIES
+from kvviz.examples import CHAT_QUESTION, needle_prompt
+from kvviz.lessons.nocache import DRAMATIC
 from kvviz.units import format_bytes
 
 H100 = "H100 80GB (SXM)"
@@ -57,12 +59,13 @@ EQUIVALENCE = ShowMe(
 NOCACHE = ShowMe(
     "Time both loops (cache vs no cache)",
     "tab_nocache",
-    {"nocache.prompt": needle_passage(), "nocache.chat": False, "nocache.new_tokens": 24},
+    {"nocache.prompt": DRAMATIC.prompt, "nocache.chat": DRAMATIC.chat, "nocache.new_tokens": DRAMATIC.new_tokens},
     "nocache.button",
     "nocache-passes",
-    "With a ~300-token prompt the loop without a cache is several times slower: passes grow as a "
-    "line with the cache and as a parabola without; the tokens are identical. (A few-token prompt "
-    "hides this: each forward's fixed overhead outweighs the tokens it re-runs.)",
+    "With a ~300-token prompt the loop without a cache is several times slower and the tokens are "
+    "identical. Its passes look straight: with N ≪ L, N·L dominates and the N²/2 term is a few per "
+    "cent; the chart's right panel shows where it takes over — the chapter's 1,000 + 1,000, 750×. (A "
+    "few-token prompt hides the time gap: each forward's fixed overhead outweighs the tokens it re-runs.)",
 )
 WASTE = ShowMe(
     "Count the waste of a real run",
@@ -72,13 +75,23 @@ WASTE = ShowMe(
     "waste",
     "Token-forward passes with and without the cache for this run.",
 )
+LLAMA70_8K = ShowMe(
+    "Calculator on Llama-3-70B at 8K",
+    "tab_memory",
+    {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 8192, "memory.batch": 1},
+    "memory.button",
+    "memory-formula",
+    "2 × 80 layers × 8 KV heads × 128 × 2 B = 320 KiB per token; 8,192 tokens (the context this config "
+    "is set for) × 320 KiB = 2.5 GiB per sequence.",
+)
 LLAMA70 = ShowMe(
-    "Calculator on Llama-3-70B",
+    "… and at 128K",
     "tab_memory",
     {**_MEM, "memory.preset": "Llama-3-70B", "memory.context": 131072, "memory.batch": 1},
     "memory.button",
     "memory-formula",
-    "2 × 80 layers × 8 KV heads × 128 × 2 B = 320 KiB per token; 40 GiB at 128K tokens.",
+    "The same 320 KiB per token, 16× the tokens: 40 GiB at 128K — half an 80 GB H100 for one user. The "
+    "config is set for 8,192 tokens; 128K is the chapter's long-context case on the same shape.",
 )
 CAPACITY = ShowMe(
     "Batch capacity on 8 × H100",
@@ -107,10 +120,11 @@ SINKS = ShowMe(
 NEEDLE = ShowMe(
     "Needle demo under eviction",
     "tab_eviction",
-    {"eviction.compress": "question"},
+    {"eviction.compress": "question", "eviction.compare_policies": list(NEEDLE_POLICIES)},
     "eviction.needle",
     "evict-verdict",
-    "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it.",
+    "The full cache answers 4721; StreamingLLM at a small budget has evicted the fact, SnapKV kept it "
+    "(the demo runs those two; tick H2O and press Compare to add it).",
 )
 SINKS_MATTER = ShowMe(
     "Perplexity with and without the sink tokens",
@@ -165,7 +179,7 @@ OBJECTIVES = (
         "vs GQA vs MQA vs MLA.",
         "Per token: 2 (K and V) × layers × KV heads × head dim × bytes. The number of KV heads — not query "
         "heads — is what GQA, MQA and MLA shrink.",
-        (LLAMA70,),
+        (LLAMA70_8K, LLAMA70),
     ),
     Objective(
         4,
@@ -270,9 +284,11 @@ def decode_step_view(trace, step: int) -> tuple[list[tuple[str, str | None]], st
     spans.append((s.token, "predicted next"))
     new = fed_end - fed_start
     fed = f"fed {new} tokens, computed their K and V" if new > 1 else "fed 1 token, computed its K and V"
+    layers = len(s.layer_bytes)
     md = (
-        f"**Step {step}{' (prefill)' if step == 0 else ''}:** {fed} and appended them; the cache now holds **{s.cache_lens[0]} tokens per layer = "
-        f"{format_bytes(s.cache_bytes)}**. Without a cache this step would recompute K/V for all {fed_end} tokens "
+        f"**Step {step}{' (prefill)' if step == 0 else ''}:** {fed} and appended them; the cache now holds "
+        f"**{s.cache_lens[0]} tokens per layer** ({format_bytes(s.layer_bytes[0])} in layer 0) — "
+        f"**{format_bytes(s.cache_bytes)} over all {layers} layers**. Without a cache this step would recompute K/V for all {fed_end} tokens "
         f"({fed_end - new} of them redundant). Predicted next: **{s.token!r}**."
     )
     return spans, md

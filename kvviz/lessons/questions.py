@@ -14,7 +14,7 @@ import torch
 from kvviz.capture.trace import EQUIVALENCE_TOLERANCE
 from kvviz.examples import needle_prompt
 from kvviz.lessons.guesses import Guess
-from kvviz.memory.capacity import decode_step
+from kvviz.memory.capacity import decode_step, kv_budget, max_sequences
 from kvviz.memory.estimate import cache_layout, estimate
 from kvviz.models import LoadedModel
 from kvviz.units import format_bytes
@@ -70,17 +70,30 @@ def why_no_query_cache(lm: LoadedModel | None) -> Answer:
 def doubling_the_batch(lm: LoadedModel | None = None, batch: int = 162, context: int = 8192) -> Answer:
     layout = cache_layout("Llama-3-70B")
     weights = 140 * 10**9
+    budget = kv_budget(8, 80, weights, 0.1).kv_budget_bytes  # the chapter's 8 × H100: 436 GB ≈ 406 GiB
     one = decode_step(weights, estimate(layout, context, batch).total_bytes, 3.35, gpus=8)
     two = decode_step(weights, estimate(layout, context, 2 * batch).total_bytes, 3.35, gpus=8)
+    fits = (one.kv_bytes <= budget, two.kv_bytes <= budget)
+    most = max_sequences(layout, budget, context)
+    caveat = (
+        f" But {2 * batch} sequences no longer fit: {format_bytes(two.kv_bytes)} of KV is more than the "
+        f"{format_bytes(budget)} budget these GPUs leave (at most {most} sequences at {context:,} tokens), so "
+        "the doubled batch needs more GPUs or a smaller (FP8) cache."
+        if not fits[1]
+        else f" Both fit in the {format_bytes(budget)} KV budget."
+    )
     return Answer(
         f"Llama-3-70B on 8 × H100 at {context:,} tokens: batch {batch} → {2 * batch} reads the same "
         f"**{weights / 1e9:.0f} GB of weights** ({one.ms_weights:.1f} ms both times) but "
         f"**{format_bytes(one.kv_bytes)} → {format_bytes(two.kv_bytes)}** of KV "
-        f"({one.ms_kv:.1f} → {two.ms_kv:.1f} ms per step).",
+        f"({one.ms_kv:.1f} → {two.ms_kv:.1f} ms per step).{caveat}",
         {
             "weight_bytes": (one.weight_bytes, two.weight_bytes),
             "kv_bytes": (one.kv_bytes, two.kv_bytes),
             "kv_ratio": two.kv_bytes / one.kv_bytes,
+            "kv_budget_bytes": budget,
+            "fits": fits,
+            "max_sequences": most,
         },
     )
 

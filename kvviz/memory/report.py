@@ -133,6 +133,35 @@ def report(
     return CapacityReport(layout, dtype, est, w, capacity, step)
 
 
+def heads_phrase(layout: CacheLayout) -> str:
+    """What the cache is made of, in words: MLA caches one latent per layer and no heads at all, so its
+    query-head count must not be printed as "KV heads" (the chapter's pitfall "forgetting MLA's shape")."""
+    if layout.mla:
+        m = layout.mla
+        return (
+            f"{layout.num_attention_heads} query heads, but no KV heads in the cache: one "
+            f"{m['kv_lora_rank']}-dim latent + {m['qk_rope_head_dim']}-dim RoPE key per token per layer"
+        )
+    return (
+        f"{layout.num_attention_heads} query heads / {layout.num_key_value_heads} KV heads, head_dim {layout.head_dim}"
+    )
+
+
+def copies_phrase(layout: CacheLayout, est: Estimate, heads: str) -> str:
+    """Why tensor parallelism multiplies the total: ``heads`` (KV heads stored on several GPUs), or for MLA,
+    which has no heads to split, its latent on every rank."""
+    if layout.mla:
+        return f"one latent per layer, copied on each of the {est.tp} TP ranks"
+    return heads
+
+
+def _configured(r: CapacityReport, ctx_max: int) -> str:
+    """The context the config is set for, with one sequence's cache there, so a long-context example (the
+    chapter's 128K on Llama-3-70B) is never read as that model's own setting."""
+    at = estimate(r.layout, ctx_max, 1, r.kv_dtype, r.estimate.tp).bytes_per_sequence
+    return f" (the config is set for {ctx_max:,} tokens, where one sequence holds {format_bytes(at)})"
+
+
 def summary(r: CapacityReport, markdown: bool = False) -> str:
     """The report in words: plain lines with the layer groups (CLI), or Markdown paragraphs (the tab, whose
     formula panel shows the layers)."""
@@ -146,8 +175,7 @@ def summary(r: CapacityReport, markdown: bool = False) -> str:
         dtype = r.kv_dtype
         lines.append(
             f"{layout.name} ({layout.model_type}): {est.attention}, {layout.num_layers} layers, "
-            f"{layout.num_attention_heads} query / {layout.num_key_value_heads} KV heads, head_dim "
-            f"{layout.head_dim}, KV dtype {dtype.name}"
+            f"{heads_phrase(layout)}, KV dtype {dtype.name}"
             + (f" (+fp16 scale & zero per {dtype.group_size})" if dtype.group_size else "")
         )
         for g in layer_groups(layout, est):
@@ -158,7 +186,7 @@ def summary(r: CapacityReport, markdown: bool = False) -> str:
             )
     seqs = f"{est.batch:,} sequence{'s' if est.batch > 1 else ''}"
     copies = (
-        f"; each KV head is stored on {est.replication:g} GPUs, so × {est.replication:g}"
+        f"; {copies_phrase(layout, est, f'each KV head is stored on {est.replication:g} GPUs')}, so × {est.replication:g}"
         if est.replication != 1
         else ""
     )
@@ -183,7 +211,7 @@ def summary(r: CapacityReport, markdown: bool = False) -> str:
             f" → {b(f'{cap.max_sequences:,} sequences')} at {est.context:,} tokens; {seqs} "
             f"fit{'s' if est.batch == 1 else ''} up to "
             + ("any context (windows cap the cache)" if mc is None else b(f"{mc:,} tokens"))
-            + (f" (the model itself is configured for {ctx_max:,})" if mc and ctx_max and mc > ctx_max else "")
+            + (_configured(r, ctx_max) if mc and ctx_max and mc > ctx_max else "")
             + ("" if cap.fits else f" — {b('the requested batch does not fit')}")
         )
     if r.decode is not None:

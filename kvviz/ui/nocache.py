@@ -7,7 +7,7 @@ import gradio as gr
 from kvviz.capture.loop import encode_prompt
 from kvviz.demo_store import Compute
 from kvviz.figures import nocache as fig
-from kvviz.lessons.nocache import compare_cache, table_for_prompt
+from kvviz.lessons.nocache import DRAMATIC, compare_cache, table_for_prompt
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
@@ -23,9 +23,16 @@ DEFAULT_PROMPT = "Once upon a time"
 REGIME = (
     "Why short runs hide it: every forward pays a fixed cost (launching the model's ~30 layers, reading "
     "its weights) whether it re-runs 5 tokens or 1, so with a few-token prompt both loops take about "
-    "the same time; the quadratic waste shows once the prompt is hundreds of tokens (paste a few "
-    "paragraphs, or use the Learn tab's “Time both loops”, which loads a ~300-token passage)."
+    "the same time; the waste shows in time once the prompt is hundreds of tokens (paste a few "
+    "paragraphs, or press “" + DRAMATIC.label + "”, which loads a ~300-token passage and runs both loops)."
 )
+RUN_JS = """() => {
+  setTimeout(() => {
+    const el = document.getElementById('nocache-run');
+    if (el) (el.tagName === 'BUTTON' ? el : (el.querySelector('button') || el)).click();
+  }, 300);
+  return [];
+}"""  # after the dramatic setting is filled in, press the run button as a user would
 
 
 def _ids(ctx: AppContext, prompt, chat) -> list[int]:
@@ -116,6 +123,7 @@ def build(ctx: AppContext) -> None:
         )
         with gr.Column():
             run_btn = gr.Button("Generate with and without the cache", variant="primary", elem_id="nocache-run")
+            dramatic = gr.Button(DRAMATIC.label, elem_id="nocache-dramatic")
             live = live_box("nocache-live")
     gr.Markdown(REGIME, elem_classes="caption")
     summary = gr.Markdown(elem_id="nocache-summary")
@@ -191,3 +199,10 @@ def build(ctx: AppContext) -> None:
         ctx, run_btn.click, [prompt, chat, new_tokens, live], [time_plot, passes_plot, summary, numbers]
     )
     clear_on_refusal(measured, [summary, time_plot, passes_plot])
+    dramatic.click(
+        lambda: (DRAMATIC.prompt, DRAMATIC.chat, DRAMATIC.new_tokens),
+        None,
+        [prompt, chat, new_tokens],
+        api_name=False,
+        queue=False,
+    ).then(None, None, None, js=RUN_JS)

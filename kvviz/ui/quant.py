@@ -76,25 +76,8 @@ def maps_text(qkv: QKV, layer: int, head: int) -> str:
 
 
 def values_text(tok, ch, both_ch) -> str:
-    """What the value columns say about KIVI's per-token values: the V error alone may not support it."""
-    v_tok, v_ch = 100 * tok.value_error, 100 * both_ch.value_error
-    o_tok, o_ch = 100 * ch.output_error, 100 * both_ch.output_error
-    alone = (
-        "so the value error alone does **not** support grouping values per token"
-        if v_ch < v_tok
-        else "so here the value error alone agrees with KIVI"
-    )
-    verdict = (
-        "per token is better, which is the column that supports KIVI's choice: each output is a weighted "
-        "sum of value *rows*, and a per-token scale keeps each row's error to itself"
-        if o_tok <= o_ch
-        else "per channel is better on this prompt too: KIVI's choice is not supported here"
-    )
-    return (
-        f"**Values at 2 bits:** per channel {v_ch:.1f} % vs per token {v_tok:.1f} % of their norm — {alone}. "
-        f"What matters is the attention output (keys per channel in both): values per token "
-        f"{o_tok:.1f} % vs per channel {o_ch:.1f} % — {verdict}."
-    )
+    """What the value columns say about KIVI's per-token values (the text lives in the figures module)."""
+    return fig.values_story(tok, ch, both_ch)
 
 
 def analyze(
@@ -134,6 +117,7 @@ def analyze(
             f"attention output is off by {100 * ch.output_error:.1f} % vs {100 * tok.output_error:.1f} %. "
             f"Every row scores the same first {scored.n_tokens} of {qkv.n_tokens} tokens (per-channel groups "
             f"of {int(group)} tokens are quantized only once full).\n\n{values_text(tok, ch, both_ch)}"
+            f"\n\n{fig.OUTPUT_VS_ANSWER}"
         )
     headline = (
         f"{first}\n\n**Your scheme** ({mine.scheme.key.label} for keys; {mine.scheme.value.label} for "

@@ -10,7 +10,7 @@ import pytest
 
 from kvviz.capture.loop import encode_prompt
 from kvviz.eviction.compare import compare
-from kvviz.eviction.demos import SinksResult
+from kvviz.eviction.demos import NEEDLE_POLICIES, SinksResult
 from kvviz.eviction.policies import make_policy
 from kvviz.eviction.run import run_policy
 from kvviz.figures import eviction as fig
@@ -97,3 +97,12 @@ def test_sinks_figure_uses_a_log_axis():
 def test_every_view_has_a_caption():
     for key in ("strip", "map", "timeline", "scores", "comparison", "bytes", "kl", "sinks"):
         assert fig.CAPTIONS[key].endswith(".")
+
+
+def test_the_needle_demo_says_which_policies_it_ran():
+    """The tab ticks StreamingLLM, H2O and SnapKV; the demo runs two: its rows must say so and point to Compare."""
+    text = fig.needle_scope(NEEDLE_POLICIES)
+    assert text.startswith(
+        "The needle demo runs StreamingLLM (sinks + recent) and SnapKV (observation-window votes) only"
+    )
+    assert "H2O" not in text and "**Compare**" in text

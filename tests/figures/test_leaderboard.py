@@ -79,3 +79,20 @@ def test_bad_choices_are_refused():
         fig.curves(table, "accuracy")
     with pytest.raises(ValueError, match="x must be"):
         fig.curves(table, "string_match", x="bytes")
+
+
+def test_snapkv_is_reconciled_with_the_needle_demo():
+    """The stored sweep's SnapKV: 4–8 % string match from r = 0.25, 78 % of the needle kept at 0.5 (aware)."""
+    from kvviz.eviction.demos import NEEDLE_BUDGET
+    from kvviz.examples import NEEDLE_ANSWER
+
+    rows = [("query_aware", 0.0, 0.76, 1.0), ("query_aware", 0.25, 0.08, 0.88), ("query_aware", 0.5, 0.04, 0.78)]
+    rows += [("query_agnostic", 0.25, 0.08, 0.82), ("query_agnostic", 0.875, 0.08, 0.25)]
+    table = pd.DataFrame(
+        [{"policy": "snapkv", "mode": m, "ratio": r, "string_match": s, "needle_retention": n} for m, r, s, n in rows]
+    )
+    text = fig.needle_vs_demo(table)
+    assert "[needle demo](?tab=eviction)" in text and "answers only 4–8 % of these samples" in text
+    assert "holds 78 % of the needle's entries at r = 0.5" in text and "first digits" in text
+    assert f"keeping {NEEDLE_BUDGET} tokens, it keeps the code {NEEDLE_ANSWER}" in text
+    assert fig.needle_vs_demo(table.assign(policy="knorm")) is None  # no SnapKV in the sweep: nothing to say

@@ -44,7 +44,27 @@ def test_comparison_table_is_the_chapters_for_70b():
     assert (rows["MHA"]["KV per token"], rows["MHA"]["131,072-token sequence"]) == ("2.5 MiB", "320 GiB")
     assert (rows["GQA"]["KV per token"], rows["GQA"]["131,072-token sequence"]) == ("320 KiB", "40 GiB")
     assert (rows["MQA"]["KV per token"], rows["MQA"]["131,072-token sequence"]) == ("40 KiB", "5 GiB")
-    assert rows["GQA"]["Attention"] == "GQA (this model)" and rows["MLA"]["Attention"].endswith("(hypothetical)")
+    assert rows["GQA"]["Attention"] == "GQA (this model)" and "hypothetical" in rows["MLA"]["Attention"]
+
+
+def test_mla_formula_names_a_latent_not_heads():
+    """DeepSeek-V3 caches one latent per layer: the text must not call its 128 query heads KV heads."""
+    layout = cache_layout("DeepSeek-V3")
+    text = fig.formula_markdown(layout, estimate(layout, 131_072, tp=8))
+    assert "128 KV heads" not in text and "head_dim 192" not in text and "KV heads replicated" not in text
+    assert "one 512-dim latent + 64-dim RoPE key per token per layer" in text
+    assert "× 8 (one latent per layer, copied on each of the 8 TP ranks): **73,685,532,672 B = 68.6 GiB**" in text
+    assert "70,272 B = **68.6 KiB**" in text
+
+
+def test_a_made_up_mla_row_sits_beside_the_real_one():
+    df = fig.comparison_table(cache_layout("Llama-3-70B"), 131_072)
+    mla = df[df["Attention"].str.startswith("MLA")].iloc[0]
+    assert mla["Attention"] == "MLA (hypothetical: a latent on these 80 layers)"
+    assert (mla["KV per token"], mla["131,072-token sequence"]) == ("90 KiB", "11.2 GiB")
+    assert mla["per-token arithmetic"].endswith("the real MLA, DeepSeek-V3 (61 layers): 68.6 KiB")
+    real = fig.comparison_table(cache_layout("DeepSeek-V3"), 131_072)
+    assert "the real MLA" not in " ".join(real["per-token arithmetic"])
 
 
 def test_comparison_table_deepseek_71x():
@@ -81,6 +101,23 @@ def test_decode_time_bars_split_weights_and_kv():
     assert list(weights.y) == pytest.approx([5.2239, 5.2239], abs=1e-3)
     assert kv.y[1] == pytest.approx(16.23, abs=0.01) and kv.y[0] == pytest.approx(kv.y[1] / 8)
     assert f.layout.barmode == "stack" and "ms" in f.layout.yaxis.title.text
+
+
+def test_decode_time_runs_the_batch_that_fits_with_ms_labels():
+    """The chapter: 162 sequences fit at 8K but only 10 at 128K; weights 5.2 ms vs KV ≈ 16 ms at 162 × 8K."""
+    layout, budget = cache_layout("Llama-3-70B"), 436 * 10**9
+    contexts = [1024, 8192, 131_072]
+    f = fig.decode_time_vs_context(layout, 140 * 10**9, 162, 3.35, 8, contexts, tp=8, kv_budget_bytes=budget, mark=8192)
+    weights, kv = f.data
+    assert fig.decode_batches(layout, 162, contexts, budget, tp=8) == [162, 162, 10]
+    assert list(kv.x) == ["1,024<br>× 162", "8,192<br>× 162", "131,072<br>× 10"]
+    assert kv.y[2] == pytest.approx(10 * 40 * GiB / 26.8e12 * 1e3) and kv.y[2] < 17  # not 162 × 40 GiB ≈ 260 ms
+    assert list(weights.text) == ["5.2 ms"] * 3 and list(kv.text) == ["2.0 ms", "16.2 ms", "16.0 ms"]
+    assert list(kv.marker.opacity) == [0.45, 1.0, 0.45]  # the requested context stands out
+    assert f.layout.title.text.startswith(
+        "At 8,192 tokens × 162 sequences: reading the weights takes 5.2 ms, reading the KV cache 16.2 ms"
+    )
+    assert "the KV cache, not the weights, sets the time per token" in f.layout.title.text
 
 
 def test_budget_gauge():

@@ -40,3 +40,21 @@ def test_nocache_figures():
     assert abs(cmp.speedup - 1.8 / 0.7) < 1e-9
     assert "1,501,500" in nfig.chapter_text() and "750.75×" in nfig.chapter_text()
     assert "N" in nfig.time_vs_n(cmp).layout.xaxis.title.text
+
+
+def test_values_story_leads_with_the_output_error_and_explains_the_other_measure():
+    """The app's 2-bit numbers: V error favours per channel (36.2 % vs 41.2 %), the attention output favours
+    per token (51.3 % vs 77.6 %); the story must lead with the output and say why the V error disagrees."""
+    from types import SimpleNamespace as R
+
+    tok, ch, both = R(value_error=0.412), R(output_error=0.513), R(value_error=0.362, output_error=0.776)
+    text = qfig.values_story(tok, ch, both)
+    assert text.startswith("**Values at 2 bits, judged by the attention output**")
+    assert text.index("**51.3 %** vs per channel **77.6 %**") < text.index("per channel 36.2 % vs per token 41.2 %")
+    assert "points the other way" in text and "counts every entry alike" in text and "as KIVI chooses" in text
+    agree = qfig.values_story(R(value_error=0.30), ch, both)
+    assert "points the other way" not in agree and "per token 30.0 %, per channel 36.2 %" in agree
+    assert "not supported here" in qfig.values_story(tok, R(output_error=0.9), both)
+    # a ≈ 50 % output error beside a right answer: the sentence that reconciles them, beside the agreement chart
+    assert "off by about half" in qfig.OUTPUT_VS_ANSWER and "residual stream" in qfig.OUTPUT_VS_ANSWER
+    assert "off by about half" in qfig.CAPTIONS["agreement"]

@@ -28,6 +28,11 @@ def test_doubling_the_batch_keeps_weights_and_doubles_kv():
     assert w1 == w2
     assert a.values["kv_ratio"] == 2.0
     assert "16.2 → 32.5 ms" in a.text  # the chapter's ≈ 16 ms at 162 × 8K, doubled
+    # the chapter's 406 GiB budget holds 162 × 2.5 GiB, not 324: the answer must say the doubled batch does not fit
+    assert a.values["kv_budget_bytes"] == 436 * 10**9 and a.values["max_sequences"] == 162
+    assert a.values["fits"] == (True, False)
+    assert "405 GiB → 810 GiB" in a.text
+    assert "324 sequences no longer fit: 810 GiB of KV is more than the 406.1 GiB budget" in a.text
 
 
 def test_streaming_llm_cannot_recall_5000_tokens_back():

@@ -29,3 +29,19 @@ def test_the_cli_and_the_tab_print_the_same_sentences():
     assert plain[-len(markdown) :] == markdown  # the CLI adds the model line and the layer groups before them
     assert "80 full layers: 2 × 8 KV heads × 128 × 2 B" in plain[1]
     assert "**KV budget 436 GB = 406.1 GiB**" in summary(r, markdown=True)
+
+
+def test_mla_has_no_kv_heads_in_either_text():
+    r = report(cache_layout("DeepSeek-V3"), 131_072, tp=8)
+    for text in (summary(r), summary(r, markdown=True)):
+        assert "KV head" not in text.replace("no KV heads in the cache", "")
+        assert "one latent per layer, copied on each of the 8 TP ranks, so × 8" in text
+    assert "128 query heads, but no KV heads in the cache: one 512-dim latent" in summary(r)
+
+
+def test_a_context_beyond_the_config_shows_the_configured_case():
+    """At 128K the summary names the 8,192 Llama-3-70B's config is set for, with one sequence's 2.5 GiB there."""
+    r = report(cache_layout("Llama-3-70B"), **{**CHAPTER, "context": 131_072, "batch": 1})
+    assert "**10 sequences** at 131,072 tokens" in summary(r, markdown=True)
+    assert "(the config is set for 8,192 tokens, where one sequence holds 2.5 GiB)" in summary(r)
+    assert "configured for" not in summary(report(cache_layout("Llama-3-70B"), **CHAPTER))

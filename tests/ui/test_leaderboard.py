@@ -85,3 +85,25 @@ def test_the_tab_builds_after_the_eviction_tab_with_the_stored_curves(lm, stored
     assert "2 samples" in by_id["lb-about"].value
     assert by_id["lb-curves"].value is not None  # the stored curves, drawn at build time
     assert len(by_id["lb-samples"].value["data"]) == 2  # SnapKV at 0.5, query-aware: both samples
+
+
+def test_the_leaderboard_and_the_needle_demo_link_to_each_other(lm, stored):
+    """Each view says why SnapKV differs between them and links the other; the links are deep links to real tabs."""
+    from kvviz.figures import eviction as efig
+    from kvviz.figures import leaderboard as lfig
+    from kvviz.ui.app import TABS
+    from kvviz.ui.page.deeplinks import parse_link
+
+    ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=16))
+    with gr.Blocks() as demo, gr.Tabs() as ctx.tabs:
+        with gr.Tab("Eviction", id="tab_eviction"):
+            tab_eviction.build(ctx)
+        with gr.Tab("Leaderboard", id="tab_leaderboard"):
+            tab_leaderboard.build(ctx)
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    assert lfig.DEMO_LINK in by_id["lb-vs-needle"].value
+    texts = [getattr(b, "value", None) for b in demo.blocks.values() if isinstance(b, gr.Markdown)]
+    assert any(efig.LEADERBOARD_NOTE in (t or "") for t in texts)
+    tab_ids = [tab_id for _, tab_id, _ in TABS]
+    for link, tab in ((lfig.DEMO_LINK, "tab_eviction"), (efig.LEADERBOARD_LINK, "tab_leaderboard")):
+        assert parse_link(dict([link.removeprefix("?").split("=")]), {}, tab_ids).tab == tab

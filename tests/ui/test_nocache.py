@@ -23,7 +23,7 @@ def test_table_and_measurement(ctx):
     assert tab.REGIME in text
     assert "**Same tokens:** yes" in text and "**8** token-forward passes with the cache vs **30** without" in text
     assert list(numbers["passes without cache"]) == [4, 9, 15, 22, 30]
-    assert len(passes_fig.data) == 4 and len(time_fig.data) == 2
+    assert len(passes_fig.data) == 8 and len(time_fig.data) == 2
 
 
 @pytest.mark.parametrize("prompt,n,match", [("", 4, "empty"), ("Hi", 0, "N must"), ("Hi", 2.5, "N must")])
@@ -40,3 +40,28 @@ def test_show_me_uses_a_long_prompt(lm):
     values = NOCACHE.values
     assert len(encode_prompt(lm, values["nocache.prompt"], values["nocache.chat"])) >= 256
     assert "fixed cost" in tab.REGIME and "hundreds of tokens" in tab.REGIME
+
+
+def test_one_click_fills_the_dramatic_case_and_runs_it(ctx):
+    """The article's 'Once upon a time' shows ≈ 2× in time against ≈ 18× in passes; one button loads the
+    ~300-token setting (the Learn show-me's, so it is precomputed) and presses Generate."""
+    from kvviz.lessons.nocache import DRAMATIC
+    from kvviz.lessons.objectives import NOCACHE
+
+    with gr.Blocks() as demo:
+        tab.build(ctx)
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    button = by_id["nocache-dramatic"]
+    (click,) = [f for f in demo.fns.values() if (button._id, "click") in f.targets]
+    assert [o._id for o in click.outputs] == [by_id[k]._id for k in ("nocache-prompt",)] + [
+        ctx.components["nocache.chat"]._id,
+        by_id["nocache-n"]._id,
+    ]
+    assert click.fn() == (DRAMATIC.prompt, DRAMATIC.chat, DRAMATIC.new_tokens)
+    assert any("nocache-run" in (f.js or "") for f in demo.fns.values())  # then it presses the run button
+    assert NOCACHE.values == {
+        "nocache.prompt": DRAMATIC.prompt,
+        "nocache.chat": DRAMATIC.chat,
+        "nocache.new_tokens": DRAMATIC.new_tokens,
+    }
+    assert DRAMATIC.label in tab.REGIME

@@ -6,6 +6,7 @@ import gradio as gr
 import pytest
 
 from kvviz.examples import needle_prompt
+from kvviz.figures import quant as fig
 from kvviz.settings import Settings
 from kvviz.ui import quant as tab
 from kvviz.ui.serving.context import AppContext
@@ -27,7 +28,11 @@ def test_analyze_shows_maps_table_and_the_direction(ctx):
         ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress
     )
     assert "keys per channel lose" in headline and "× worse" in headline
-    assert "Every row scores the same first" in headline and "**Values at 2 bits:**" in headline
+    assert (
+        "Every row scores the same first" in headline
+        and "**Values at 2 bits, judged by the attention output**" in headline
+    )
+    assert fig.OUTPUT_VS_ANSWER in headline
     assert set(table["tokens quantized (K / V)"].iloc[:-2]) == {table["tokens quantized (K / V)"].iloc[0]}
     assert table["cache"].str.endswith(("KiB", "MiB")).all()
     assert "the largest key channel averages" in maps_md
@@ -50,8 +55,7 @@ def test_values_text_names_the_column_that_supports_kivi():
 
     tok, ch, both = R(value_error=0.412), R(output_error=0.20), R(value_error=0.345, output_error=0.30)
     text = tab.values_text(R(value_error=0.412), ch, both)
-    assert "per channel 34.5 % vs per token 41.2 %" in text and "does **not** support" in text
-    assert "values per token 20.0 % vs per channel 30.0 %" in text and "supports KIVI's choice" in text
+    assert text == fig.values_story(tok, ch, both)  # the tab shows the library's text
     assert "not supported here" in tab.values_text(tok, R(output_error=0.4), both)
 
 

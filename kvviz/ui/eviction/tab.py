@@ -124,6 +124,7 @@ def build(ctx: AppContext) -> None:
             "eviction.needle": demos.needle,
             "eviction.sinks": demos.sinks,
             "eviction.compare": comparison.button,
+            "eviction.compare_policies": comparison.chosen,
             "eviction.layer": layer,
             "eviction.head": head,
             "eviction.step": step,

@@ -162,14 +162,14 @@ def calculate(
             )
         except ValueError as exc:
             note = str(exc)
-    cap = dec = gauge = None
+    cap = dec = gauge = kv_budget = None
     if r.capacity is not None:
         kv_budget = r.capacity.budget.kv_budget_bytes
         cap = fig.capacity_vs_context(layout, kv_budget, _contexts(context, 1024), kv_dtype, tp, context)
         gauge = fig.budget_gauge(r.estimate.total_bytes, kv_budget)
     if r.decode is not None:
         dec = fig.decode_time_vs_context(
-            layout, r.decode.weight_bytes, batch, bw, gpus, _contexts(context, 1024), kv_dtype, tp
+            layout, r.decode.weight_bytes, batch, bw, gpus, _contexts(context, 1024), kv_dtype, tp, kv_budget, context
         )
     text = summary(r, markdown=True) + "".join(f"\n\nℹ {n}" for n in notes) + (f"\n\n⚠ {note}" if note else "")
     return text, formula, table, size, cap, dec, gauge

@@ -68,7 +68,8 @@ def test_chapter_example_is_the_default_view(ctx):
     assert list(table["KV per token"]) == ["2.5 MiB", "320 KiB", "40 KiB", "90 KiB"]
     assert [t.name for t in size.data] == ["Llama-3-70B (full)", "Llama-3-8B (full)"]
     assert "436 GB" in cap.layout.title.text and "8 × 3.35 TB/s" in dec.layout.title.text
-    assert [t.name for t in dec.data] == ["weights (140 GB)", "KV of 162 sequences"]
+    assert [t.name for t in dec.data] == ["weights (140 GB)", "KV of 162 sequences (or as many as fit)"]
+    assert dec.data[1].x[-1] == "131,072<br>× 10" and dec.layout.title.text.startswith("At 8,192 tokens × 162")
     assert gauge.data[0].value == pytest.approx(100 * 434_865_438_720 / 436e9)  # 162 × 8K of the 436 GB budget
 
 
@@ -89,7 +90,9 @@ def test_weights_that_do_not_fit_keep_the_sizes(ctx):
     summary, formula, *_, cap, dec, gauge = calc(ctx, preset="DeepSeek-V3", context=131_072)
     assert "**8.6 GiB/sequence**" in summary and "do not fit" in summary
     assert "**68.6 KiB/token**" in summary
-    assert "**68.6 GiB in total** (8.6 GiB per GPU)" in summary and "stored on 8 GPUs, so × 8" in summary
+    assert (
+        "**68.6 GiB in total** (8.6 GiB per GPU)" in summary and "copied on each of the 8 TP ranks, so × 8" in summary
+    )
     assert cap is None and dec is None and gauge is None and "(512 + 64)" in formula
 
 
