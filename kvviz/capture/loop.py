@@ -21,16 +21,9 @@ import torch
 
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import (  # noqa: F401  (re-exported: where callers have always found them)
-    DISPLAY_BUDGET_BYTES,
-    PREFILL_CHUNK,
+from kvviz.capture.model_io import (
     Progress,
-    Sampling,
-    cache_layer_bytes,
-    choose_bin_factor,
-    encode_prompt,
     forward,
-    model_info,
 )
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check

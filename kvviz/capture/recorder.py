@@ -19,14 +19,6 @@ from typing import Any, Protocol
 
 import torch
 
-from kvviz.capture.attention_fn import (  # noqa: F401  (re-exported: where callers have always found them)
-    NAME,
-    RECORDER_KWARG,
-    CaptureError,
-    capture_attention,
-    installed,
-    is_installed,
-)
 from kvviz.capture.attention_math import (
     Extras,
     agree,
@@ -37,6 +29,7 @@ from kvviz.capture.attention_math import (
 )
 from kvviz.capture.binning import bin_positions
 from kvviz.capture.decode_rows import DecodeRows
+from kvviz.models import CaptureError
 
 PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against the layer's output
 

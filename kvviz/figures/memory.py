@@ -13,16 +13,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvviz.memory.capacity import decode_step, max_sequences
-from kvviz.memory.estimate import (
-    KV_DTYPES,
-    CacheLayout,
-    Estimate,
-    attention_variants,
-    estimate,
-    format_bytes,
-    format_gb,
-    layer_groups,
-)
+from kvviz.memory.estimate import KV_DTYPES, Estimate, attention_variants, estimate, layer_groups
+from kvviz.memory.layout import CacheLayout
+from kvviz.units import format_bytes, format_gb
 
 GiB = 2**30
 DEFAULT_CONTEXTS = [2**k for k in range(7, 18)]  # 128 … 131,072 tokens

@@ -15,39 +15,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from kvviz.lessons.waste import ForwardPasses, forward_passes  # noqa: F401  (the chapter's waste counter)
-from kvviz.memory.layout import (  # noqa: F401  (re-exported: one import for callers)
+from kvviz.memory.layout import (
     CacheLayout,
     LayerSpec,
     cache_layout,
-    load_config,
-    load_preset,
-    preset_names,
 )
-from kvviz.units import format_bytes, format_gb  # format_bytes re-exported for the memory views
 
 __all__ = [
     "KV_DTYPES",
-    "CacheLayout",
     "Estimate",
-    "ForwardPasses",
     "KVDtype",
     "LayerBytes",
-    "LayerSpec",
     "Variant",
     "LayerGroup",
     "attention_variants",
     "layer_groups",
-    "cache_layout",
     "estimate",
-    "forward_passes",
-    "format_bytes",
-    "format_gb",
     "resolve_kv_dtype",
     "live_cache_bytes_formula",
-    "load_config",
-    "load_preset",
-    "preset_names",
     "tokens_held",
 ]
 

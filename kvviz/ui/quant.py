@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.examples import needle_prompt
 from kvviz.figures import quant as fig
 from kvviz.quant.cache import compare_generation

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.eviction.compare import compare
 from kvviz.eviction.demos import SinksResult
 from kvviz.eviction.policies import make_policy

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from kvviz.capture.loop import Sampling, encode_prompt
+from kvviz.capture.model_io import Sampling, encode_prompt
 from kvviz.capture.tokens import token_texts
 from kvviz.examples import GENERATE_EXAMPLE, examples
 from kvviz.figures import generate as fig

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import gradio as gr
 
 from kvviz.admission import Gate, Refused, Ticket
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.capture.trace import ModelInfo
 from kvviz.limits import check_cost, job_cost
 from kvviz.safety import clean_prompt
