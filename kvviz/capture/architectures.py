@@ -1,6 +1,6 @@
 """Tiny random-weight models of each cache architecture, run live to show what transformers really stores.
 
-The configs ship with kvviz (``presets/tiny_architectures.json``: MHA, GQA, MQA, MLA, sliding,
+The configs ship with kvviz (``kvviz/memory/presets/tiny_architectures.json``: MHA, GQA, MQA, MLA, sliding,
 hybrid, learned-sink); weights are random, nothing is downloaded, and a byte-level tokenizer
 (UTF-8 bytes = token ids, vocabulary 256) stands in for a real one. ``run_kind`` captures a short
 generation with kvviz's own capture and reads the cache's tensors, layer by layer, next to the
@@ -17,13 +17,13 @@ import json
 import time
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import torch
 
+from kvviz.memory.layout import PRESET_DIR
 from kvviz.models import LoadedModel
 
-KINDS_FILE = Path(__file__).resolve().parent / "presets" / "tiny_architectures.json"
+KINDS_FILE = PRESET_DIR / "tiny_architectures.json"  # beside the other configs (package data of kvviz.memory)
 DEFAULT_PROMPT = "The KV cache"
 MAX_PROMPT_BYTES = 200  # the tiny models' positions and a second's work
 

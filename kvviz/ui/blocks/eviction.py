@@ -1,7 +1,7 @@
 """Blocks tab section: eviction meets paging — tokens evicted against blocks actually freed, and compaction.
 
 Checks the prompt, budget and policies, admits one job for all the policy runs and calls
-:func:`kvviz.blocks.live.evict_and_page`; figures from :mod:`kvviz.figures.blocks`. No arithmetic here.
+:func:`kvviz.blocks.live.evict_and_page`; figures from :mod:`kvviz.figures.blocks_eviction`. No arithmetic here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from kvviz.blocks.live import evict_and_page
 from kvviz.capture.model_io import encode_prompt
 from kvviz.eviction.policies import POLICIES, make_policy
 from kvviz.examples import needle_prompt
-from kvviz.figures import blocks as fig
+from kvviz.figures import blocks_eviction as fig
 from kvviz.safety import whole_number
 from kvviz.ui.blocks.checks import block_size_of, check_prompt
 from kvviz.ui.page.widgets import captioned_plot, waiting_table

@@ -1,7 +1,7 @@
 """Blocks tab section: prompts side by side, full blocks shared through a prefix cache keyed by chained hash.
 
 Checks the prompts, admits one job for all of them and calls :func:`kvviz.blocks.live.share_prompts`;
-the figures come from :mod:`kvviz.figures.blocks`. No arithmetic here.
+the figures come from :mod:`kvviz.figures.blocks_sharing`. No arithmetic here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import gradio as gr
 
 from kvviz.blocks.live import share_prompts
 from kvviz.capture.model_io import encode_prompt
-from kvviz.figures import blocks as fig
+from kvviz.figures import blocks_sharing as fig
 from kvviz.safety import clean_prompt
 from kvviz.ui.blocks.checks import block_size_of
 from kvviz.ui.page.widgets import captioned_plot, waiting_table

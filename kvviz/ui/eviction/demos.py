@@ -13,7 +13,7 @@ import gradio as gr
 
 from kvviz.eviction.demos import NEEDLE_BUDGET, NEEDLE_FILLER, SINKS_CACHE, SINKS_TOKENS, needle_demo, sinks_demo
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
-from kvviz.figures import eviction as fig
+from kvviz.figures import eviction_compare as fig
 from kvviz.ui.eviction import compare as eviction_compare
 from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call, quiet_progress, status_text, views
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
