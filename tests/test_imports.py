@@ -2,9 +2,9 @@
 
 Every import counts — module level, inside a function (a lazy import that closes a circle is still a
 circle) and under ``TYPE_CHECKING``. The layer order is declared once, in docs/architecture.md
-between ``<!-- layers -->`` and ``<!-- /layers -->`` (bottom first: a unit imports only units on
-lines above its own; units on one line sit side by side and do not import each other); this file
-reads it from there. An import names the module that defines the name: no module re-exports another's
+between ``<!-- layers -->`` and ``<!-- /layers -->`` (the base first: a unit imports only units on
+earlier lines; units on one line sit side by side and do not import each other); this file reads it
+from there. An import names the module that defines the name: no module re-exports another's
 (a package's ``__init__`` may: it is the package's front).
 """
 
@@ -113,7 +113,7 @@ def collapsed(graph: dict[str, set[str]], depth: int) -> dict[str, set[str]]:
 
 
 def declared_layers(text: str) -> list[list[str]]:
-    """The layer lines between ``<!-- layers -->`` and ``<!-- /layers -->``, bottom first; each line's
+    """The layer lines between ``<!-- layers -->`` and ``<!-- /layers -->``, the base first; each line's
     units are its backquoted names before any " — " note (``memory`` for ``kvviz/memory/``, ``limits`` for ``kvviz/limits.py``,
     ``__init__`` for ``kvviz/__init__.py``)."""
     match = re.search(r"<!-- layers -->(.*?)<!-- /layers -->", text, re.S)

@@ -4,8 +4,7 @@
 streams from it) and reports what it is doing in between (prefill chunks, the equivalence check)
 through ``progress``; ``capture`` runs to the end. Usage from a notebook::
 
-    from kvviz.models import load_model
-    from kvviz.capture.loop import capture
+    from kvviz import capture, load_model
     trace = capture(load_model(), "What is the capital of France?", chat=True, max_new_tokens=16)
 
 The run's state and rules live in :class:`kvviz.capture.generation.Generation`; this module drives

@@ -3,7 +3,9 @@
 The chapter's formula, ``KV bytes = 2 · n_layers · n_kv · d_h · b`` per token, made right for
 sliding windows, hybrids, MLA, fixed-state layers, quantized KV and tensor parallelism::
 
-    from kvviz.memory.estimate import cache_layout, estimate, format_bytes
+    from kvviz.memory.estimate import estimate
+    from kvviz.memory.layout import cache_layout
+    from kvviz.units import format_bytes
     est = estimate(cache_layout("Llama-3-70B"), context=8192, kv_dtype="bf16")
     format_bytes(est.bytes_per_token), format_bytes(est.bytes_per_sequence)   # '320 KiB', '2.5 GiB'
 
