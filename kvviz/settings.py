@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 
@@ -45,6 +46,18 @@ from kvviz.admission import machine_memory
 from kvviz.limits import MAX_CONFIG_BYTES
 
 HUB_DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what a Space serves: it has no bundled GGUF package
+
+
+@overload
+def env(name: str) -> str | None: ...
+
+
+@overload
+def env(name: str, default: str) -> str: ...
+
+
+@overload
+def env(name: str, default: str | None) -> str | None: ...
 
 
 def env(name: str, default: str | None = None) -> str | None:

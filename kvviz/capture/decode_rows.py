@@ -19,18 +19,21 @@ from kvviz.capture.attention_math import Extras, check_output, decode_probs
 from kvviz.capture.binning import bin_positions
 
 
-class _Kept(Protocol):
-    """The part of :class:`~kvviz.capture.recorder.RecorderConfig` read here (that module builds on this one)."""
+class RowsConfig(Protocol):
+    """The part of :class:`~kvviz.capture.recorder.RecorderConfig` that the row reductions read (here and in
+    :mod:`kvviz.capture.prefill_rows`; the recorder module builds on both, so they name this instead)."""
 
     sink_k: int
     bin_factor: int
+    chunk: int
+    chunk_elements: int
 
 
 class DecodeRows:
     """The Recorder's decode-step reductions (its state is the Recorder's; see there)."""
 
     if TYPE_CHECKING:  # what the Recorder provides
-        cfg: _Kept
+        cfg: RowsConfig
         colsum: torch.Tensor
         sink_mass: torch.Tensor
         decode_rows: torch.Tensor

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -38,7 +38,7 @@ class SlotKV(Protocol):
     """A store of one-token runs' keys and values side by side (:class:`kvviz.engine.slots.SlotKV`, the
     engine's; capture's equivalence check packs runs too, so this module states what it needs of one)."""
 
-    def owns(self, layers: Sequence) -> bool: ...
+    def owns(self, layers: Sequence) -> TypeGuard[Sequence[DynamicLayer]]: ...  # slots of this store
 
     def append(self, layer: int, owners: Sequence, key_states: torch.Tensor, value_states, rows) -> None: ...
 

@@ -11,30 +11,22 @@ map; the call's last queries are checked against the layer's output.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvviz.capture.attention_math import Extras, check_output, is_causal, mask_window_, softmax_
 from kvviz.capture.binning import bin_positions
+from kvviz.capture.decode_rows import RowsConfig
 
 PROBE_ROWS = 8  # query rows per layer whose probabilities are checked against the layer's output
-
-
-class _Chunking(Protocol):
-    """The part of :class:`~kvviz.capture.recorder.RecorderConfig` read here (that module builds on this one)."""
-
-    sink_k: int
-    bin_factor: int
-    chunk: int
-    chunk_elements: int
 
 
 class PrefillRows:
     """The Recorder's prefill reductions (its state is the Recorder's; see there)."""
 
     if TYPE_CHECKING:  # what the Recorder provides
-        cfg: _Chunking
+        cfg: RowsConfig
         q_heads: int
         n_prompt: int
         t_total: int
