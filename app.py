@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 
 from kvviz.commands.common import add_placement_args, placement
 from kvviz.models import ModelLoadError, load_model, resolve_spec
 from kvviz.safety import check_model_spec
-from kvviz.settings import Settings
+from kvviz.settings import Settings, env
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
     p = argparse.ArgumentParser(description="Serve the kvviz web app.")
     p.add_argument("--model", default=env("KVVIZ_MODEL"), help="bundled (default), a local folder, or a hub id")
     p.add_argument("--host", default=env("KVVIZ_HOST", "0.0.0.0" if env("SPACE_ID") else "127.0.0.1"))

@@ -23,7 +23,8 @@ import torch
 from _common import RESULTS, chapter_prompt_ids, never_stopping
 from transformers import DynamicCache
 
-from kvviz.capture.loop import capture, forward
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import forward
 from kvviz.models import load_model
 
 TARGET_RATIO = 1.1

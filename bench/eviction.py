@@ -22,7 +22,7 @@ import torch
 from _common import RESULTS, chapter_prompt_ids, never_stopping
 from transformers import DynamicCache
 
-from kvviz.capture.loop import forward
+from kvviz.capture.model_io import forward
 from kvviz.eviction.policies import POLICIES, make_policy
 from kvviz.eviction.run import run_policy
 from kvviz.models import load_model

@@ -28,7 +28,8 @@ import psutil
 from _common import RESULTS
 from load import start_server
 
-from kvviz.capture.loop import capture, encode_prompt
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import encode_prompt
 from kvviz.models import load_model
 
 TARGET_RATIO = 0.6

@@ -10,7 +10,7 @@ what goes to disk); capture, eviction and the memory numbers run on it unchanged
 from __future__ import annotations
 
 import importlib.util
-import os
+import inspect
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -20,17 +20,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_model
 
+from kvviz.memory.layout import cache_layout
+from kvviz.settings import HUB_DEFAULT, env, on_space
+
 if TYPE_CHECKING:  # transformers is imported when a model is loaded, not with kvviz.models
     from transformers import PreTrainedModel
 
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
-HUB_DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _CONVERTED_MARK = "kvviz-converted.txt"
 
 
 class ModelLoadError(RuntimeError):
     """A model could not be found or loaded; the message says what to do."""
+
+
+class CaptureError(ValueError):
+    """kvviz cannot capture this model's attention faithfully; the message names the feature."""
 
 
 @dataclass
@@ -52,8 +58,8 @@ class LoadedModel:
 
 def cache_root() -> Path:
     """Folder for converted models; ``KVVIZ_CACHE_DIR`` overrides ``~/.cache/kvviz``."""
-    env = os.environ.get("KVVIZ_CACHE_DIR")
-    root = Path(env) if env else Path.home() / ".cache" / "kvviz"
+    folder = env("KVVIZ_CACHE_DIR")
+    root = Path(folder) if folder else Path.home() / ".cache" / "kvviz"
     return root / "models"
 
 
@@ -160,8 +166,8 @@ def bundled_folder() -> Path:
 
 def resolve_spec(spec: str | None) -> str:
     """``None``/``"bundled"`` → the bundled model; ``KVVIZ_MODEL`` is the default (on a Space: the hub copy)."""
-    default = HUB_DEFAULT if os.environ.get("SPACE_ID") else BUNDLED  # a Space has no bundled GGUF package
-    spec = (spec or os.environ.get("KVVIZ_MODEL") or default).strip()
+    default = HUB_DEFAULT if on_space() else BUNDLED  # a Space has no bundled GGUF package
+    spec = (spec or env("KVVIZ_MODEL") or default).strip()
     return spec or default
 
 
@@ -229,7 +235,6 @@ def load_model(
             "a reachable Hugging Face causal-LM id, or leave --model unset for the bundled SmolLM2."
         ) from exc
     from kvviz.adapters.transformers import force_attn_implementation
-    from kvviz.capture.attention_fn import CaptureError, check_capturable, uses_interface
 
     if not uses_interface(model):  # legacy attention (Falcon, Bloom, MPT) returns probabilities only on its eager path
         force_attn_implementation(model.config, "eager")
@@ -252,3 +257,52 @@ def load_model(
         stop_ids=stop_token_ids(tok, model.config),
         device_map=dict(getattr(model, "hf_device_map", {}) or {}) or None,
     )
+
+
+# ---- what kvviz can capture ------------------------------------------------------------------------
+def attention_modules(model) -> list:
+    """The model's self-attention layers: modules named ``*Attention*`` that know their ``layer_idx``."""
+    return [
+        m for m in model.modules() if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)
+    ]
+
+
+def uses_interface(model) -> bool:
+    """Whether the model's attention goes through transformers' AttentionInterface (transformers' own test)."""
+    from kvviz.adapters.transformers import uses_attention_interface
+
+    return uses_attention_interface(model)
+
+
+def check_capturable(model) -> None:
+    """Raise :class:`CaptureError` naming the feature when kvviz cannot capture ``model`` faithfully."""
+    config = model.config
+    name = getattr(config, "model_type", type(model).__name__)
+    if getattr(config, "is_encoder_decoder", False):
+        raise CaptureError(f"kvviz cannot capture {name}: encoder-decoder attention (kvviz captures decoder-only LMs).")
+    try:
+        layout = cache_layout(config)
+    except ValueError as exc:
+        raise CaptureError(f"kvviz cannot capture {name}: {exc}") from None
+    state = [s.index for s in layout.layers if s.kind.endswith("state")]
+    if state:
+        raise CaptureError(
+            f"kvviz cannot capture {name}: layers {', '.join(map(str, state[:6]))} are linear-attention "
+            "/ state-space layers, which have no attention probabilities to record."
+        )
+    plain = [s.index for s in layout.layers if s.kind == "none"]
+    if plain:
+        raise CaptureError(
+            f"kvviz cannot capture {name}: layers {', '.join(map(str, plain[:6]))} have no attention "
+            "(no cache entries), which kvviz's per-layer records assume."
+        )
+    modules = attention_modules(model)
+    if not modules:
+        raise CaptureError(f"kvviz cannot capture {name}: no attention layer with a layer index was found.")
+    if not uses_interface(model):
+        params = inspect.signature(type(modules[0]).forward).parameters
+        if "output_attentions" not in params:
+            raise CaptureError(
+                f"kvviz cannot capture {name}: its attention bypasses transformers' attention "
+                "interface and cannot return its probabilities (no output_attentions)."
+            )

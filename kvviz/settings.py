@@ -24,19 +24,50 @@ KVVIZ_PUBLIC                1 = public deployment (also implied by SPACE_ID on a
 KVVIZ_ALLOWED_MODELS        comma-separated model ids a public deployment may load
 KVVIZ_PRECOMPUTE            0 = do not compute the show-me examples in the background at start-up (1)
 KVVIZ_WARM                  0 = do not run the Generate example once at start-up to fill the prefix cache (1)
+KVVIZ_MODEL                 the model to load when none is given (bundled; on a Space the hub copy)
+KVVIZ_CACHE_DIR             folder for converted models (~/.cache/kvviz)
+KVVIZ_LEADERBOARD           the sweep result the Leaderboard tab shows (bench/results/leaderboard.json)
+SPACE_ID                    set by Hugging Face Spaces: public mode, the hub copy of SmolLM2
 ==========================  ===========================================================
+
+``app.py``'s flags take their defaults from :func:`env` (KVVIZ_HOST, KVVIZ_PORT, …, listed there), so
+every environment read of kvviz is in this module.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 
 from kvviz.admission import machine_memory
 from kvviz.limits import MAX_CONFIG_BYTES
-from kvviz.models import HUB_DEFAULT
+
+HUB_DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what a Space serves: it has no bundled GGUF package
+
+
+@overload
+def env(name: str) -> str | None: ...
+
+
+@overload
+def env(name: str, default: str) -> str: ...
+
+
+@overload
+def env(name: str, default: str | None) -> str | None: ...
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """One variable as set, or ``default``: the reads that are not limits (app.py's flags, the model, paths)."""
+    return os.environ.get(name, default)
+
+
+def on_space() -> bool:
+    """Whether this runs on a Hugging Face Space (it sets ``SPACE_ID``)."""
+    return bool(os.environ.get("SPACE_ID"))
 
 
 def _int(name: str, default: int, minimum: int = 1) -> int:
@@ -113,7 +144,7 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
-        public = _flag("KVVIZ_PUBLIC") or bool(os.environ.get("SPACE_ID"))
+        public = _flag("KVVIZ_PUBLIC") or on_space()
         allowed = [m.strip() for m in os.environ.get("KVVIZ_ALLOWED_MODELS", "").split(",") if m.strip()]
         if public and not allowed:
             allowed = [HUB_DEFAULT, "bundled"]

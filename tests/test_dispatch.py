@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvviz.capture.loop import capture, encode_prompt, model_info
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import encode_prompt, model_info
 from kvviz.capture.trace import _ARRAYS
 from kvviz.commands.common import add_placement_args, placement
 from kvviz.eviction.policies import make_policy

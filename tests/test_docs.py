@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+from tests.test_imports import declared_layers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,3 +26,21 @@ def test_every_module_is_on_the_architecture_map():
         if not named:
             missing.append(rel)
     assert not missing, f"docs/architecture.md does not mention: {missing}"
+
+
+def test_the_map_draws_the_packages_in_the_layer_order():
+    """The diagram's top-level boxes appear in the order tests/test_imports.py enforces on the imports."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    diagram = doc[doc.index("```\n") : doc.index("```\n", doc.index("```\n") + 4)]
+    level = {u: i for i, line in enumerate(declared_layers(doc)) for u in line}
+    drawn = [m.group(1) for m in re.finditer(r"^(?:Trace ──► )?kvviz/(\w+)", diagram, re.M)]
+    levels = [level[u] for u in drawn if u in level]
+    assert levels == sorted(levels), f"boxes drawn out of the layer order: {drawn}"
+    assert len(levels) >= 10
+
+
+def test_the_glossary_defines_the_projects_own_words():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    glossary = doc[doc.index("### Glossary") : doc.index("### Where is")]
+    for word in ("engine", "paged start-up", "room", "show-me", "few rows", "Trace"):
+        assert f"| {word} |" in glossary, word

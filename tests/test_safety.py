@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvviz.models import BUNDLED, HUB_DEFAULT, ModelLoadError, load_model, resolve_spec
+from kvviz.models import BUNDLED, ModelLoadError, load_model, resolve_spec
 from kvviz.safety import (
     SessionFiles,
     check_model_spec,
@@ -20,6 +20,7 @@ from kvviz.safety import (
     real_number,
     whole_number,
 )
+from kvviz.settings import HUB_DEFAULT
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvviz.models import HUB_DEFAULT
-from kvviz.settings import Settings, default_concurrency
+from kvviz.settings import HUB_DEFAULT, Settings, default_concurrency
 
 VARS = [
     "KVVIZ_MAX_PROMPT_TOKENS",

@@ -99,7 +99,7 @@ def test_kv_groups_follow_the_model(trace):
 def test_learned_sinks_are_counted_apart_from_the_first_tokens():
     # gpt-oss: each head's learned sink logit takes part of every row; with one new token every fed query
     # is a prompt query, whose exact rows the trace keeps, so both fractions can be read off directly
-    from kvviz.figures import attention as fa
+    from kvviz.figures import sinks as fs
     from tests.tiny_models import tiny_model
 
     trace = capture(tiny_model("gpt_oss"), "", prompt_ids=list(range(100, 124)), max_new_tokens=1)
@@ -110,9 +110,9 @@ def test_learned_sinks_are_counted_apart_from_the_first_tokens():
     np.testing.assert_allclose(learned, 1 - rows[:, :, k:].sum(-1).mean(-1), atol=1e-6)
     assert learned.min() > 0.01
     assert np.allclose(layer_sink_line(trace, k)["learned"], learned.mean(1))
-    panels = fa.sink_map(trace, k)
+    panels = fs.sink_map(trace, k)
     assert [t.type for t in panels.data] == ["heatmap", "heatmap"] and "learned sink" in panels.layout.title.text
-    assert "learned sink" in [t.name for t in fa.sink_line(trace, k).data]
+    assert "learned sink" in [t.name for t in fs.sink_line(trace, k).data]
 
 
 def test_models_without_learned_sinks_have_no_learned_share(trace):

@@ -2,14 +2,14 @@
 
 One config dict per architecture transformers ships for causal LMs with a distinct attention: hidden
 64, 4 query heads of 16, 2–3 layers, vocabulary 256 (the byte tokenizer's), so the whole matrix runs
-in seconds. ``kvviz.memory.architectures.build`` turns a dict into a model; nothing is downloaded.
+in seconds. ``kvviz.capture.architectures.build`` turns a dict into a model; nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import copy
 
-from kvviz.memory.architectures import build
+from kvviz.capture.architectures import build
 from kvviz.models import LoadedModel
 
 COMMON = dict(
@@ -160,7 +160,7 @@ def tiny_model(name: str, tokenizer=None, attn_implementation: str | None = None
 def recompute_probabilities(monkeypatch) -> None:
     """Make every attention implementation return no probabilities, so the recorder recomputes them
     (as it does behind SDPA, flex and flash kernels) even for eager-only models."""
-    import kvviz.capture.attention_fn as attention_fn
+    from kvviz.capture import attention_fn as attention_fn
 
     real = attention_fn._implementation
 

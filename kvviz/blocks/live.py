@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from kvviz.blocks.eviction import EvictionPaging, from_run
+from kvviz.blocks.eviction import PAGE_ALIGNED_NOTE, EvictionPaging, from_run
 from kvviz.blocks.sharing import Sharing, share
 from kvviz.blocks.table import BlockTable, from_cache
-from kvviz.capture.loop import forward, model_info
+from kvviz.capture.model_io import encode_prompt, forward, model_info
 from kvviz.models import LoadedModel
 
 
@@ -78,4 +78,43 @@ def evict_and_page(
             break
         run = run_policy(lm, list(ids), policy, budget=budget, max_new_tokens=1, record_history=False)
         out.append(PolicyPaging(policy.name, policy.title, run.n_kept, from_run(run, block_size)))
+    return out
+
+
+def blocks_report(
+    lm, prompts: list[tuple[str, str]], chat: bool, block_size: int, policy=None, budget: int | None = None
+) -> dict:
+    """One to four named prompts as blocks, shared, and (with ``policy`` and ``budget``) evicted: the JSON
+    answer of ``python -m kvviz blocks`` and of the Blocks tab's ``/blocks`` endpoint."""
+    ids = [encode_prompt(lm, text, chat) for _, text in prompts]
+    sharing = share_prompts(lm, ids, block_size, [name for name, _ in prompts])
+    out = {
+        "model": model_info(lm).name,
+        "chat": chat,
+        **sharing.to_json(),
+        "bytes_per_token": sharing.prompts[0].table.bytes_per_token,
+        "prompts": [],
+    }
+    for p in sharing.prompts:
+        t = p.table
+        row = {
+            "name": p.name,
+            "prompt_tokens": p.n_tokens,
+            "token_ids": list(p.token_ids),
+            "blocks": t.blocks_per_layer,
+            "wasted_slots": t.wasted_slots,
+            "wasted_slots_per_layer": t.wasted_slots_per_layer,
+            "cached_blocks": p.cached_blocks,
+            "block_ids": list(p.block_ids),
+            "used_bytes": t.used_bytes,
+            "paged_bytes": t.paged_bytes,
+        }
+        if policy is not None:
+            if budget is None:
+                raise ValueError("A policy needs a budget (--budget, tokens kept per layer and KV head).")
+            paging = evict_and_page(lm, p.token_ids, [policy], budget, block_size)[0].paging
+            row.update({k: v for k, v in paging.to_json().items() if k not in ("policy", "block_size")})
+        out["prompts"].append(row)
+    if policy is not None:
+        out["policy"] = {"name": policy.name, "params": policy.params(), "budget": budget, "note": PAGE_ALIGNED_NOTE}
     return out

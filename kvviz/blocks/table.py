@@ -147,7 +147,7 @@ def from_trace(trace, block_size: int, step: int = -1) -> BlockTable:
 
 def from_cache(cache, kv_heads: int, block_size: int, seen: int | None = None) -> BlockTable:
     """The block table of a live transformers cache, read from its tensors."""
-    from kvviz.capture.loop import cache_layer_bytes
+    from kvviz.capture.model_io import cache_layer_bytes
 
     lens, sizes = cache_layer_bytes(cache)
     return block_table(lens, sizes, kv_heads, block_size, seen)

@@ -12,7 +12,7 @@ that output against SDPA's own on the call's last queries (every prefill forward
 step); the equivalence check compares the whole run with the model as loaded. Models whose attention
 never calls transformers' AttentionInterface (Falcon, Bloom, MPT: "legacy" attention) run their own
 eager path with ``output_attentions`` instead, and a forward hook per attention layer hands those
-probabilities to the recorder. ``check_capturable`` refuses,
+probabilities to the recorder. :func:`kvviz.models.check_capturable` refuses,
 in one line naming the feature, what cannot be captured; ``unpatched`` holds the model without
 the wrapper (the equivalence check's reference).
 """
@@ -30,12 +30,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvviz.adapters.transformers import (
-    attn_implementation,
-    force_attn_implementation,
-    mask_function,
-    uses_attention_interface,
-)
+from kvviz.adapters.transformers import attn_implementation, force_attn_implementation, mask_function
+from kvviz.models import CaptureError, attention_modules, check_capturable, uses_interface
 
 NAME = "kvviz_capture"
 RECORDER_KWARG = "kvviz_recorder"
@@ -48,10 +44,6 @@ _exclusive: set[int] = set()  # models held without the wrapper (see ``unpatched
 _wraps: dict[str, str] = {}  # registered name -> the implementation it calls
 _tls = threading.local()  # the recorder of this thread's forward, for legacy attention's hooks
 _eager_agrees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # legacy models checked once
-
-
-class CaptureError(ValueError):
-    """kvviz cannot capture this model's attention faithfully; the message names the feature."""
 
 
 def _name_for(impl: str) -> str:
@@ -157,55 +149,6 @@ def record_call(
         scores=scores,
         probs=probs,
     )
-
-
-# ---- what can be captured ------------------------------------------------------------------------
-def attention_modules(model) -> list:
-    """The model's self-attention layers: modules named ``*Attention*`` that know their ``layer_idx``."""
-    return [
-        m for m in model.modules() if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)
-    ]
-
-
-def uses_interface(model) -> bool:
-    """Whether the model's attention goes through transformers' AttentionInterface (transformers' own test)."""
-    return uses_attention_interface(model)
-
-
-def check_capturable(model) -> None:
-    """Raise :class:`CaptureError` naming the feature when kvviz cannot capture ``model`` faithfully."""
-    from kvviz.memory.layout import cache_layout  # the cache's per-layer kinds
-
-    config = model.config
-    name = getattr(config, "model_type", type(model).__name__)
-    if getattr(config, "is_encoder_decoder", False):
-        raise CaptureError(f"kvviz cannot capture {name}: encoder-decoder attention (kvviz captures decoder-only LMs).")
-    try:
-        layout = cache_layout(config)
-    except ValueError as exc:
-        raise CaptureError(f"kvviz cannot capture {name}: {exc}") from None
-    state = [s.index for s in layout.layers if s.kind.endswith("state")]
-    if state:
-        raise CaptureError(
-            f"kvviz cannot capture {name}: layers {', '.join(map(str, state[:6]))} are linear-attention "
-            "/ state-space layers, which have no attention probabilities to record."
-        )
-    plain = [s.index for s in layout.layers if s.kind == "none"]
-    if plain:
-        raise CaptureError(
-            f"kvviz cannot capture {name}: layers {', '.join(map(str, plain[:6]))} have no attention "
-            "(no cache entries), which kvviz's per-layer records assume."
-        )
-    modules = attention_modules(model)
-    if not modules:
-        raise CaptureError(f"kvviz cannot capture {name}: no attention layer with a layer index was found.")
-    if not uses_interface(model):
-        params = inspect.signature(type(modules[0]).forward).parameters
-        if "output_attentions" not in params:
-            raise CaptureError(
-                f"kvviz cannot capture {name}: its attention bypasses transformers' attention "
-                "interface and cannot return its probabilities (no output_attentions)."
-            )
 
 
 # ---- installing ----------------------------------------------------------------------------------

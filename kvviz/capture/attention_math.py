@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.capture.attention_fn import CaptureError
+from kvviz.models import CaptureError
 
 
 @dataclass(frozen=True)

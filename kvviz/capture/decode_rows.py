@@ -11,22 +11,29 @@ the exact row path at once.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from kvviz.capture.attention_math import Extras, check_output, decode_probs
 from kvviz.capture.binning import bin_positions
 
-if TYPE_CHECKING:
-    from kvviz.capture.recorder import RecorderConfig
+
+class RowsConfig(Protocol):
+    """The part of :class:`~kvviz.capture.recorder.RecorderConfig` that the row reductions read (here and in
+    :mod:`kvviz.capture.prefill_rows`; the recorder module builds on both, so they name this instead)."""
+
+    sink_k: int
+    bin_factor: int
+    chunk: int
+    chunk_elements: int
 
 
 class DecodeRows:
     """The Recorder's decode-step reductions (its state is the Recorder's; see there)."""
 
     if TYPE_CHECKING:  # what the Recorder provides
-        cfg: RecorderConfig
+        cfg: RowsConfig
         colsum: torch.Tensor
         sink_mass: torch.Tensor
         decode_rows: torch.Tensor

@@ -4,8 +4,7 @@
 streams from it) and reports what it is doing in between (prefill chunks, the equivalence check)
 through ``progress``; ``capture`` runs to the end. Usage from a notebook::
 
-    from kvviz.models import load_model
-    from kvviz.capture.loop import capture
+    from kvviz import capture, load_model
     trace = capture(load_model(), "What is the capital of France?", chat=True, max_new_tokens=16)
 
 The run's state and rules live in :class:`kvviz.capture.generation.Generation`; this module drives
@@ -21,16 +20,9 @@ import torch
 
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import (  # noqa: F401  (re-exported: where callers have always found them)
-    DISPLAY_BUDGET_BYTES,
-    PREFILL_CHUNK,
+from kvviz.capture.model_io import (
     Progress,
-    Sampling,
-    cache_layer_bytes,
-    choose_bin_factor,
-    encode_prompt,
     forward,
-    model_info,
 )
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check

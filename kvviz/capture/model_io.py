@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvviz.capture.attention_fn import attention_modules, is_installed, recording
+from kvviz.capture.attention_fn import is_installed, recording
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.capture.trace import ModelInfo
-from kvviz.models import LoadedModel
+from kvviz.models import LoadedModel, attention_modules
 
 DISPLAY_BUDGET_BYTES = 48 * 2**20  # fp16 binned map + decode rows may use this much (or a quarter of the KV bytes)
 # prompt tokens per prefill forward: a long prompt reports progress between chunks and never holds

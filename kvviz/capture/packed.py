@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeGuard
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -33,8 +33,16 @@ from kvviz.capture.attention_math import agree
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.models import LoadedModel
 
-if TYPE_CHECKING:
-    from kvviz.engine.slots import SlotKV
+
+class SlotKV(Protocol):
+    """A store of one-token runs' keys and values side by side (:class:`kvviz.engine.slots.SlotKV`, the
+    engine's; capture's equivalence check packs runs too, so this module states what it needs of one)."""
+
+    def owns(self, layers: Sequence) -> TypeGuard[Sequence[DynamicLayer]]: ...  # slots of this store
+
+    def append(self, layer: int, owners: Sequence, key_states: torch.Tensor, value_states, rows) -> None: ...
+
+    def batch(self, layer: int, owners: Sequence) -> tuple[torch.Tensor, torch.Tensor, list[int]]: ...
 
 
 @dataclass
@@ -252,8 +260,8 @@ def check_decoding(layer: int, scores, value, mask, out, scaling: float, dtype: 
 def packable(lm: LoadedModel) -> bool:
     """Whether ``lm`` can run packed: every layer full attention through transformers' attention
     interface, one cache entry per head (no MLA latent), positions taken from ``position_ids``."""
-    from kvviz.capture.attention_fn import uses_interface
     from kvviz.memory.layout import cache_layout
+    from kvviz.models import uses_interface
 
     try:
         layout = cache_layout(lm.config)

@@ -27,13 +27,13 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from kvviz.capture.attention_fn import attention_modules, installed, unpatched
+from kvviz.capture.attention_fn import installed, unpatched
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import cache_kwarg, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.capture.trace import EQUIVALENCE_TOLERANCE as TOLERANCE
-from kvviz.models import LoadedModel
+from kvviz.models import LoadedModel, attention_modules
 
 BATCH_TOKENS = 4096  # tokens per recomputation forward (padded: B × longest sequence)
 MIN_SHARED = 8  # fewest leading tokens worth a forward of their own in a padded check

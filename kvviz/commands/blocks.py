@@ -61,50 +61,9 @@ def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     return out
 
 
-def result(
-    lm, prompts: list[tuple[str, str]], chat: bool, block_size: int, policy=None, budget: int | None = None
-) -> dict:
-    """The command's JSON answer (also what the tests check)."""
-    from kvviz.blocks.eviction import PAGE_ALIGNED_NOTE
-    from kvviz.blocks.live import evict_and_page, share_prompts
-    from kvviz.capture.loop import encode_prompt, model_info
-
-    ids = [encode_prompt(lm, text, chat) for _, text in prompts]
-    sharing = share_prompts(lm, ids, block_size, [name for name, _ in prompts])
-    out = {
-        "model": model_info(lm).name,
-        "chat": chat,
-        **sharing.to_json(),
-        "bytes_per_token": sharing.prompts[0].table.bytes_per_token,
-        "prompts": [],
-    }
-    for p in sharing.prompts:
-        t = p.table
-        row = {
-            "name": p.name,
-            "prompt_tokens": p.n_tokens,
-            "token_ids": list(p.token_ids),
-            "blocks": t.blocks_per_layer,
-            "wasted_slots": t.wasted_slots,
-            "wasted_slots_per_layer": t.wasted_slots_per_layer,
-            "cached_blocks": p.cached_blocks,
-            "block_ids": list(p.block_ids),
-            "used_bytes": t.used_bytes,
-            "paged_bytes": t.paged_bytes,
-        }
-        if policy is not None:
-            if budget is None:
-                raise ValueError("A policy needs a budget (--budget, tokens kept per layer and KV head).")
-            paging = evict_and_page(lm, p.token_ids, [policy], budget, block_size)[0].paging
-            row.update({k: v for k, v in paging.to_json().items() if k not in ("policy", "block_size")})
-        out["prompts"].append(row)
-    if policy is not None:
-        out["policy"] = {"name": policy.name, "params": policy.params(), "budget": budget, "note": PAGE_ALIGNED_NOTE}
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from kvviz.blocks.hashing import check_block_size
+    from kvviz.blocks.live import blocks_report
     from kvviz.commands.common import load
     from kvviz.eviction.policies import make_policy
 
@@ -113,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--policy and --budget go together.")
     prompts = _prompts(args)
     policy = make_policy(args.policy) if args.policy else None
-    out = result(load(args), prompts, args.chat, args.block_size, policy, args.budget)
+    out = blocks_report(load(args), prompts, args.chat, args.block_size, policy, args.budget)
     if args.json:
         print(json.dumps(out))
         return 0

@@ -65,7 +65,7 @@ def add_parser(sub) -> None:
 
 def _list() -> int:
     from kvviz.memory.capacity import gpu_presets
-    from kvviz.memory.estimate import preset_names
+    from kvviz.memory.layout import preset_names
 
     print("models: " + ", ".join(preset_names()))
     for g in gpu_presets().values():
@@ -75,7 +75,7 @@ def _list() -> int:
 
 def run(args: argparse.Namespace) -> int:
     from kvviz.memory.capacity import find_gpu
-    from kvviz.memory.estimate import cache_layout, load_preset
+    from kvviz.memory.layout import cache_layout, load_preset
     from kvviz.memory.report import report, summary
 
     if args.list:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     )
     out = r.to_json()
     if args.block_size is not None or args.max_model_len is not None:
-        from kvviz.memory.engine import from_report
+        from kvviz.memory.paged import from_report
 
         out["engine"] = from_report(layout, out, args.block_size or 16, args.max_model_len).to_json()
     print(json.dumps(out) if args.json else summary(r) + ("\n" + out["engine"]["log"] if "engine" in out else ""))

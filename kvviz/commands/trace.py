@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvviz.capture.loop import Sampling, capture
+    from kvviz.capture.loop import capture
+    from kvviz.capture.model_io import Sampling
 
     prompt = read_prompt(args)
     if not prompt.strip():

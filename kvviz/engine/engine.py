@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from kvviz.capture.attention_fn import attention_modules, installed
+from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
@@ -54,7 +54,7 @@ from kvviz.capture.verify import check
 from kvviz.engine.few_rows import few_rows, prepare, threads_for
 from kvviz.engine.prefix import Claim, PrefixStore
 from kvviz.engine.slots import SlotKV
-from kvviz.models import LoadedModel
+from kvviz.models import LoadedModel, attention_modules
 
 log = logging.getLogger("kvviz.engine")
 ROOM_WAIT = 5  # beside a room, a finished run's check waits at most this many times check_wait_s

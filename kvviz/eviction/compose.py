@@ -1,10 +1,10 @@
 """Eviction and quantization together: a policy decides what is kept, a quantization scheme stores it.
 
 The chapter lists the fixes for a cache that does not fit, from most to least robust; here they are
-measured together on one prompt. :func:`quantize_kept` round-trips the entries an evicting cache
-holds right after the prefill through a :class:`~kvviz.quant.schemes.Scheme` (KIVI keeps its most
-recent entries exact, as :func:`kvviz.quant.schemes.simulate` does); tokens generated afterwards
-stay exact (a short answer sits inside KIVI's full-precision window anyway). :func:`compose` runs
+measured together on one prompt. :func:`kvviz.eviction.served.quantize_kept` round-trips the entries an
+evicting cache holds right after the prefill through a :class:`~kvviz.quant.schemes.Scheme` (KIVI
+keeps its most recent entries exact, as :func:`kvviz.quant.schemes.simulate` does); tokens
+generated afterwards stay exact (a short answer sits inside KIVI's full-precision window anyway). :func:`compose` runs
 the full cache, the policy alone, the quantization alone and both, and reports each one's answer,
 agreement with the full cache (teacher-forced: top-1 and KL) and bytes as served (16-bit entries;
 quantized ones packed, with their scales). Usage::
@@ -18,18 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kvviz.eviction.cache import EvictingCache
+from kvviz.eviction.compare import agreement_and_kl
 from kvviz.eviction.policies import FullCache, Policy
+from kvviz.eviction.run import PolicyRun, run_policy
 from kvviz.models import LoadedModel
-
-if TYPE_CHECKING:
-    from kvviz.eviction.run import PolicyRun
-from kvviz.quant.schemes import FULL_BYTES, Scheme, kivi, preset_schemes, simulate, stored_bytes
+from kvviz.quant.schemes import Scheme, kivi, preset_schemes
 
 Progress = Callable[[float, str], None]
 
@@ -43,30 +41,6 @@ def schemes() -> dict[str, Scheme]:
         "INT8 per token": by_name["INT8 per token"],
         "FP8 per token": by_name["FP8 e4m3 per token"],
     }
-
-
-def quantize_kept(cache: EvictingCache, scheme: Scheme) -> None:
-    """Replace every layer's held keys and values [1, Hkv, k, D] by what a cache stored under ``scheme`` returns
-    (oldest entries quantized, the spec's recent window exact; slots are in position order after a gather)."""
-    for layer in cache.evicting_layers:
-        keys, values = layer.stored()
-        layer.keys = simulate(keys, scheme.key).to(keys.dtype)
-        layer.values = simulate(values, scheme.value).to(values.dtype)
-
-
-def served_bytes(cache: EvictingCache, scheme: Scheme | None) -> int:
-    """Bytes of the held entries as served: 16-bit, or packed under ``scheme`` (per KV head, padding excluded)."""
-    total = 0
-    for layer in cache.evicting_layers:
-        keys, _ = layer.stored()
-        d = keys.shape[-1]
-        counts = layer.valid.sum(-1).tolist() if layer.valid is not None else [keys.shape[2]] * keys.shape[1]
-        for k in counts:
-            if scheme is None:
-                total += 2 * k * d * FULL_BYTES
-            else:
-                total += stored_bytes((1, k, d), scheme.key).total + stored_bytes((1, k, d), scheme.value).total
-    return total
 
 
 @dataclass
@@ -118,9 +92,6 @@ def compose(
     should_stop: Callable[[], bool] | None = None,
 ) -> Composition:
     """The four caches on one prompt; agreement and KL are teacher-forced along the full cache's answer."""
-    from kvviz.eviction.compare import agreement_and_kl  # compare and run import this module
-    from kvviz.eviction.run import run_policy
-
     report = progress or (lambda f, d: None)
 
     def run(pol: Policy, **extra: Any) -> PolicyRun:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvviz.capture.attention_fn import attention_modules
+from kvviz.models import attention_modules
 
 
 @dataclass

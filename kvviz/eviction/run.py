@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
-from kvviz.capture.loop import forward, model_info
-from kvviz.capture.recorder import Recorder, RecorderConfig, installed
+from kvviz.capture.model_io import forward, model_info
+from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
-from kvviz.eviction.compose import quantize_kept, served_bytes
 from kvviz.eviction.policies import EVICTED, KEPT, FullCache, Policy, PolicyState, Selection, n_kept_for
 from kvviz.eviction.query_stats import QueryStats, collecting
+from kvviz.eviction.served import quantize_kept, served_bytes
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import Scheme
 

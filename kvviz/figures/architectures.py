@@ -1,6 +1,6 @@
 """Figures for the live cache of each architecture: a tiny model's real cache next to the formula.
 
-Pure functions of a :class:`~kvviz.memory.architectures.LiveCache`; each view has a one-sentence caption in
+Pure functions of a :class:`~kvviz.capture.architectures.LiveCache`; each view has a one-sentence caption in
 ``CAPTIONS``. Sizes are bytes of the fp32 tiny models (binary units where abbreviated).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvviz.memory.architectures import LiveCache
+from kvviz.capture.architectures import LiveCache
 from kvviz.units import format_bytes
 
 CAPTIONS = {

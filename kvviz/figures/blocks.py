@@ -1,8 +1,8 @@
-"""Figures for the Blocks view: the live cache in blocks, paged vs contiguous, prefix sharing, eviction × paging.
+"""Figures for the Blocks view's live cache: its blocks, one layer's slots, paged vs contiguous, per layer.
 
-Pure functions of a :class:`~kvviz.blocks.table.BlockTable`, a :class:`~kvviz.blocks.sharing.Sharing` or
-a list of :class:`~kvviz.blocks.live.PolicyPaging`; each has a one-sentence caption in ``CAPTIONS``.
-Cache sizes are in binary units (KiB, MiB).
+Pure functions of a :class:`~kvviz.blocks.table.BlockTable` and its allocations; each has a one-sentence
+caption in ``CAPTIONS``. Cache sizes are in binary units (KiB, MiB). Prefix sharing and eviction ×
+paging are drawn by :mod:`kvviz.figures.blocks_sharing` and :mod:`kvviz.figures.blocks_eviction`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,6 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvviz.blocks.eviction import PAGE_ALIGNED_NOTE
-from kvviz.blocks.hashing import common_prefix
-from kvviz.blocks.live import PolicyPaging
-from kvviz.blocks.sharing import Sharing
 from kvviz.blocks.table import Allocation, BlockTable
 from kvviz.units import format_bytes
 
@@ -33,22 +29,11 @@ CAPTIONS = {
     "reserves the prompt plus max_new_tokens (or the whole context) up front; the grey part is empty.",
     "layers": "Per layer: entries the cache tensors hold, blocks, empty slots in the last block and bytes per "
     "block (all KV heads of the layer, and one head alone), measured from the real tensors.",
-    "sharing": "Each prompt's block table (rows) mapped onto physical blocks (numbers): blocks whose chained hash "
-    "matches an earlier prompt's are drawn once and shared (orange), the rest are computed and "
-    "stored per prompt (blue, light for the partly filled last block).",
-    "sharing_table": "Per prompt: tokens, blocks, blocks found in the prefix cache (their prefill is skipped) "
-    "and the bytes the pool did not have to store again.",
-    "freed": "Averaged over layers and KV heads: blocks the evicted tokens would fill if they were whole aligned "
-    "blocks, blocks actually freed (every slot evicted), and blocks freed in all KV heads of a layer "
-    "(what frees when one block holds every head, as in vLLM).",
-    "evict_table": "Per policy at the same budget: tokens evicted, blocks freed per layer and KV head and in every "
-    "head, blocks needed after compaction and the bytes compaction would move.",
-    "survivors": "The chosen policy's survivors per block for every layer and KV head (rows): a block frees only "
-    "at 0 (white); any survivor keeps the whole block allocated.",
 }
 
 
-def _empty(title: str) -> go.Figure:
+def empty_figure(title: str) -> go.Figure:
+    """A blank chart with only its title (nothing to draw yet); the other Blocks figures use it too."""
     fig = go.Figure()
     fig.update_layout(title=title, height=200, xaxis_visible=False, yaxis_visible=False)
     return fig
@@ -60,7 +45,7 @@ def block_grid(table: BlockTable) -> go.Figure:
     b = table.block_size
     width = max((p.first_position + p.tokens + b - 1) // b for p in table.layers) if table.layers else 0
     if width == 0:
-        return _empty("The cache is empty")
+        return empty_figure("The cache is empty")
     rows, text, labels = [], [], []
     for p in table.layers:
         fill = np.full(width, np.nan)
@@ -119,7 +104,7 @@ def block_slots(table: BlockTable, tokens: Sequence[str], n_prompt: int, layer: 
         raise ValueError(f"layer must be between 0 and {len(table.layers) - 1}.")
     p, b = table.layers[layer], table.block_size
     if p.blocks == 0:
-        return _empty(f"Layer {layer} holds nothing yet")
+        return empty_figure(f"Layer {layer} holds nothing yet")
     z = np.full((p.blocks, b), 0.0)
     text = [[""] * b for _ in range(p.blocks)]
     hover = [["empty slot (allocated, unused)"] * b for _ in range(p.blocks)]
@@ -211,165 +196,9 @@ def layer_table(table: BlockTable) -> pd.DataFrame:
 
 
 # ---- prefix sharing ---------------------------------------------------------------------------------
-def sharing_figure(s: Sharing) -> go.Figure:
-    """Prompts (rows) × logical blocks (columns); the number in a cell is its physical block."""
-    width = max(p.n_blocks for p in s.prompts)
-    z, text, hover = [], [], []
-    for p in s.prompts:
-        row, txt, hov = [np.nan] * width, [""] * width, [""] * width
-        for j, pid in enumerate(p.block_ids):
-            shared = s.ref_counts[pid] > 1
-            partial = j >= p.full_blocks
-            row[j] = 2.0 if shared else (0.5 if partial else 1.0)
-            txt[j] = f"#{pid}"
-            lo = j * s.block_size
-            hi = min(lo + s.block_size, p.n_tokens) - 1
-            hov[j] = (
-                f"{p.name}: block {j} (tokens {lo}–{hi}) → physical #{pid}"
-                + (f", shared by {s.ref_counts[pid]} prompts" if shared else "")
-                + (" (found in the prefix cache)" if j < p.cached_blocks else "")
-            )
-        z.append(row)
-        text.append(txt)
-        hover.append(hov)
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            text=text,
-            texttemplate="%{text}",
-            hovertext=hover,
-            hoverinfo="text",
-            zmin=0,
-            zmax=2,
-            showscale=False,
-            xgap=2,
-            ygap=2,
-            y=[p.name for p in s.prompts],
-            colorscale=[[0, "#c6dbef"], [0.25, "#c6dbef"], [0.5, "#6baed6"], [0.75, "#6baed6"], [1, "#fd8d3c"]],
-        )
-    )
-    fig.update_layout(
-        title=f"{s.logical_blocks} logical blocks on {s.physical_blocks} physical blocks · "
-        f"{s.shared_blocks} full block(s) of common prefix · saved "
-        f"{format_bytes(s.bytes_saved)}",
-        xaxis_title="logical block",
-        yaxis_autorange="reversed",
-        height=160 + 50 * len(s.prompts),
-    )
-    return fig
-
-
-def sharing_table(s: Sharing) -> pd.DataFrame:
-    return pd.DataFrame(
-        [
-            {
-                "prompt": p.name,
-                "tokens": p.n_tokens,
-                "blocks": p.n_blocks,
-                "found in prefix cache": p.cached_blocks,
-                "computed": p.new_blocks,
-                "empty slots": p.table.wasted_slots,
-                "prefill tokens skipped": p.cached_blocks * s.block_size,
-                "bytes not stored again": format_bytes(p.cached_blocks * s.bytes_per_block),
-            }
-            for p in s.prompts
-        ]
-    )
 
 
 # ---- eviction meets paging -----------------------------------------------------------------------------
-def freed_bars(runs: Sequence[PolicyPaging]) -> go.Figure:
-    """Per policy: page-aligned blocks the evicted tokens amount to, blocks freed, blocks freed in every head."""
-    if not runs:
-        return _empty("No policy run")
-    names = [r.title.split(" (")[0] for r in runs]
-    series = [
-        ("evicted tokens as whole blocks", [r.paging.page_aligned_blocks.mean() for r in runs], "#bdbdbd"),
-        ("blocks freed (per KV head)", [r.paging.blocks_freed.mean() for r in runs], "#fd8d3c"),
-        ("blocks freed in every head", [r.paging.blocks_freed_all_heads.mean() for r in runs], "#2171b5"),
-    ]
-    fig = go.Figure([go.Bar(x=names, y=ys, name=label, marker_color=color) for label, ys, color in series])
-    p = runs[0].paging
-    fig.update_layout(
-        barmode="group",
-        yaxis_title="blocks per layer (mean)",
-        height=340,
-        legend={"orientation": "h", "yanchor": "top", "y": -0.15},
-        title=f"{p.n_tokens} prompt tokens = {p.blocks_before} blocks of {p.block_size}; "
-        f"budget {runs[0].budget} entries per layer and KV head",
-    )
-    return fig
-
-
-def eviction_table(runs: Sequence[PolicyPaging]) -> pd.DataFrame:
-    rows = []
-    for r in runs:
-        p = r.paging
-        rows.append(
-            {
-                "policy": r.title.split(" (")[0],
-                "tokens evicted (per layer & head)": int(p.tokens_evicted.mean()),
-                "blocks before": p.blocks_before,
-                "blocks freed (mean per head)": round(float(p.blocks_freed.mean()), 2),
-                "blocks freed in every head (mean per layer)": round(float(p.blocks_freed_all_heads.mean()), 2),
-                "page-aligned would free": int(p.page_aligned_blocks.mean()),
-                "blocks after compaction": int(p.blocks_after_compaction.mean()),
-                "compaction moves": format_bytes(p.compaction_bytes_moved),
-                "freed without compaction": format_bytes(p.freed_bytes),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def survivor_grid(run: PolicyPaging) -> go.Figure:
-    """Survivors per block for every layer and KV head (rows) after the policy's prefill eviction."""
-    p = run.paging
-    lyr, hkv, nb = p.occupancy.shape
-    z = p.occupancy.reshape(lyr * hkv, nb).astype(float)
-    hover = [
-        [
-            f"layer {i // hkv}, KV head {i % hkv}, block {j}: "
-            + (f"{int(v)} of {p.block_size} slots kept" if v else "every slot evicted → freed")
-            for j, v in enumerate(row)
-        ]
-        for i, row in enumerate(z)
-    ]
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            hovertext=hover,
-            hoverinfo="text",
-            zmin=0,
-            zmax=p.block_size,
-            xgap=1,
-            ygap=1,
-            colorscale=[[0, "#ffffff"], [0.001, "#fee6ce"], [1, "#a63603"]],
-            colorbar={"title": "kept"},
-            y=[f"L{i // hkv} h{i % hkv}" for i in range(lyr * hkv)],
-        )
-    )
-    fig.update_layout(
-        title=f"{run.title.split(' (')[0]}: {int(p.blocks_freed.sum()):,} of {lyr * hkv * nb:,} "
-        f"(layer, head) blocks freed",
-        xaxis_title="block",
-        yaxis_autorange="reversed",
-        height=min(1400, 140 + 9 * lyr * hkv),
-        margin={"l": 70},
-    )
-    return fig
-
-
-def eviction_note(runs: Sequence[PolicyPaging]) -> str:
-    """The view's one-paragraph verdict: tokens evicted vs blocks freed, and why aligned eviction frees more."""
-    if not runs:
-        return ""
-    parts = [
-        f"**{r.title.split(' (')[0]}** evicted {int(r.paging.tokens_evicted.mean()):,} tokens per layer and "
-        f"KV head ({r.paging.page_aligned_blocks.mean():.0f} blocks' worth) and freed "
-        f"**{r.paging.blocks_freed.mean():.1f}** blocks"
-        for r in runs
-    ]
-    return "; ".join(parts) + ". " + PAGE_ALIGNED_NOTE
 
 
 def table_summary(table: BlockTable, allocs: Sequence[Allocation], what: str) -> str:
@@ -390,21 +219,3 @@ def table_summary(table: BlockTable, allocs: Sequence[Allocation], what: str) ->
         for a in allocs
     ]
     return text + "\n\n" + " · ".join(lines)
-
-
-def sharing_summary(s: Sharing) -> str:
-    """What sharing saved, in one paragraph with units."""
-    common = common_prefix([p.token_ids for p in s.prompts])
-    found = (
-        ", ".join(f"{p.name} → {p.cached_blocks} block{'s' if p.cached_blocks != 1 else ''}" for p in s.prompts[1:])
-        or "nothing (one prompt)"
-    )
-    return (
-        f"The prompts start with the same **{common} tokens** → **{s.shared_blocks} full block"
-        f"{'s' if s.shared_blocks != 1 else ''} of {s.block_size}** in common (a block is shared only when its "
-        f"chained hash matches, i.e. every token up to its end is equal). Found in the prefix cache: {found}. "
-        f"That is **{s.prefill_tokens_saved:,} prefill tokens** not recomputed ({s.prefill_tokens_saved:,} of "
-        f"{s.prefill_tokens:,}) and **{format_bytes(s.bytes_saved)}** not stored again "
-        f"({format_bytes(s.bytes_per_block)} per block over every layer); {s.logical_blocks} logical blocks "
-        f"on {s.physical_blocks} physical ones."
-    )

@@ -13,18 +13,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvviz.memory.capacity import decode_step, max_sequences
-from kvviz.memory.estimate import (
-    KV_DTYPES,
-    CacheLayout,
-    Estimate,
-    attention_variants,
-    cache_layout,
-    estimate,
-    format_bytes,
-    format_gb,
-    layer_groups,
-)
+from kvviz.memory.estimate import KV_DTYPES, Estimate, attention_variants, estimate, layer_groups
+from kvviz.memory.layout import CacheLayout, cache_layout
 from kvviz.memory.report import copies_phrase, heads_phrase
+from kvviz.units import format_bytes, format_gb
 
 GiB = 2**30
 REAL_MLA = "DeepSeek-V3"  # the preset whose MLA the chapter works through

@@ -17,8 +17,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from kvviz.capture.loop import forward, model_info
-from kvviz.capture.recorder import Recorder, RecorderConfig, installed
+from kvviz.capture.attention_fn import installed
+from kvviz.capture.model_io import forward, model_info
+from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.eviction.cache import EvictingCache
 from kvviz.eviction.policies import PAD, Policy, PolicyState, ScorerPolicy, n_kept_for
 from kvviz.eviction.query_stats import QueryStats, collecting

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
+
+from kvviz.settings import env
 
 DEFAULT_RESULT = Path(__file__).resolve().parents[2] / "bench" / "results" / "leaderboard.json"
 
 
 def result_path() -> Path:
     """The result the app shows: ``KVVIZ_LEADERBOARD`` if set, else the repository's bench result."""
-    return Path(os.environ.get("KVVIZ_LEADERBOARD", DEFAULT_RESULT))
+    return Path(env("KVVIZ_LEADERBOARD", str(DEFAULT_RESULT)))
 
 
 def load_result(path: Path | None = None) -> dict | None:

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kvviz.capture.attention_fn import installed
 from kvviz.capture.model_io import cache_kwarg
-from kvviz.capture.recorder import installed
 from kvviz.eviction.policies import POLICIES, Policy, make_policy
 from kvviz.leaderboard.batch import SharedPrefixCache
 from kvviz.leaderboard.cells import MODES, Decision, Prefill, decide, prefill

@@ -15,7 +15,8 @@ from kvviz.capture.trace import EQUIVALENCE_TOLERANCE
 from kvviz.examples import needle_prompt
 from kvviz.lessons.guesses import Guess
 from kvviz.memory.capacity import decode_step, kv_budget, max_sequences
-from kvviz.memory.estimate import cache_layout, estimate
+from kvviz.memory.estimate import estimate
+from kvviz.memory.layout import cache_layout
 from kvviz.models import LoadedModel
 from kvviz.units import format_bytes
 
@@ -119,7 +120,7 @@ def streaming_recall(lm: LoadedModel | None = None, sinks: int = 4, recent: int 
 def why_kivi(lm: LoadedModel | None) -> Answer:
     if lm is None:
         raise ValueError("This answer is measured on the loaded model.")
-    from kvviz.capture.loop import encode_prompt
+    from kvviz.capture.model_io import encode_prompt
     from kvviz.quant.model import channel_outlier_ratio, collect_qkv, evaluate
     from kvviz.quant.schemes import QuantSpec, Scheme
 

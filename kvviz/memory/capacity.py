@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kvviz.memory.estimate import CacheLayout, KVDtype, estimate
-from kvviz.memory.layout import PRESET_DIR
+from kvviz.memory.estimate import KVDtype, estimate
+from kvviz.memory.layout import PRESET_DIR, CacheLayout
 
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "mxfp4": 0.5}
 

@@ -3,7 +3,9 @@
 The chapter's formula, ``KV bytes = 2 · n_layers · n_kv · d_h · b`` per token, made right for
 sliding windows, hybrids, MLA, fixed-state layers, quantized KV and tensor parallelism::
 
-    from kvviz.memory.estimate import cache_layout, estimate, format_bytes
+    from kvviz.memory.estimate import estimate
+    from kvviz.memory.layout import cache_layout
+    from kvviz.units import format_bytes
     est = estimate(cache_layout("Llama-3-70B"), context=8192, kv_dtype="bf16")
     format_bytes(est.bytes_per_token), format_bytes(est.bytes_per_sequence)   # '320 KiB', '2.5 GiB'
 
@@ -15,39 +17,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from kvviz.lessons.waste import ForwardPasses, forward_passes  # noqa: F401  (the chapter's waste counter)
-from kvviz.memory.layout import (  # noqa: F401  (re-exported: one import for callers)
+from kvviz.memory.layout import (
     CacheLayout,
     LayerSpec,
     cache_layout,
-    load_config,
-    load_preset,
-    preset_names,
 )
-from kvviz.units import format_bytes, format_gb  # format_bytes re-exported for the memory views
 
 __all__ = [
     "KV_DTYPES",
-    "CacheLayout",
     "Estimate",
-    "ForwardPasses",
     "KVDtype",
     "LayerBytes",
-    "LayerSpec",
     "Variant",
     "LayerGroup",
     "attention_variants",
     "layer_groups",
-    "cache_layout",
     "estimate",
-    "forward_passes",
-    "format_bytes",
-    "format_gb",
     "resolve_kv_dtype",
     "live_cache_bytes_formula",
-    "load_config",
-    "load_preset",
-    "preset_names",
     "tokens_held",
 ]
 

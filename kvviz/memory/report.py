@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kvviz.memory.capacity import Budget, DecodeStep, decode_step, kv_budget, max_context, max_sequences, weight_bytes
-from kvviz.memory.estimate import CacheLayout, Estimate, KVDtype, estimate, layer_groups, resolve_kv_dtype
+from kvviz.memory.estimate import Estimate, KVDtype, estimate, layer_groups, resolve_kv_dtype
+from kvviz.memory.layout import CacheLayout
 from kvviz.units import format_bytes, format_gb
 
 

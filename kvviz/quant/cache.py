@@ -26,7 +26,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from kvviz.capture.generation import Generation
-from kvviz.capture.loop import capture, encode_prompt, forward
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import encode_prompt, forward
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import QuantSpec, Scheme, quantized_prefix, round_trip, stored_bytes
 

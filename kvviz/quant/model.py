@@ -22,8 +22,8 @@ import pandas as pd
 import torch
 from transformers import DynamicCache
 
-from kvviz.capture.loop import encode_prompt, forward
-from kvviz.capture.recorder import installed
+from kvviz.capture.attention_fn import installed
+from kvviz.capture.model_io import encode_prompt, forward
 from kvviz.capture.tokens import token_texts
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import (

@@ -1,7 +1,7 @@
 """Attention tab: one head's heatmap, the step scrubber, the sink map (click to drill in) and why sinks exist.
 
 Reads the session's finished trace (``ctx.trace_state``) and refreshes after every generation;
-every number and figure comes from :mod:`kvviz.sinks` and :mod:`kvviz.figures.attention`.
+every number and figure comes from :mod:`kvviz.sinks` and :mod:`kvviz.figures.attention` and :mod:`kvviz.figures.sinks`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.figures import attention as fig
+from kvviz.figures import sinks as sinks_fig
 from kvviz.safety import whole_number
 from kvviz.sinks import group_text, sink_frame
 from kvviz.ui.page.play import play_button
@@ -84,11 +85,11 @@ def sink_views(trace, k_v):
         return (gr.skip(),) * 5
     kk = _selection(trace, 0, 0, 0, k_v)[3]
     return (
-        _call(fig.token_spans, trace, kk),
-        _call(fig.sink_map, trace, kk),
-        _call(fig.sink_line, trace, kk),
+        _call(sinks_fig.token_spans, trace, kk),
+        _call(sinks_fig.sink_map, trace, kk),
+        _call(sinks_fig.sink_line, trace, kk),
         _styled_sinks(trace, kk),
-        _call(fig.norms_chart, trace, kk),
+        _call(sinks_fig.norms_chart, trace, kk),
     )
 
 
@@ -132,12 +133,12 @@ def build(ctx: AppContext) -> None:
     strip = gr.HighlightedText(
         label="Tokens: sinks (first k) and the most attended",
         elem_id="attn-tokens",
-        color_map=fig.TOKEN_COLORS,
+        color_map=sinks_fig.TOKEN_COLORS,
         combine_adjacent=False,
         show_legend=True,
         show_inline_category=False,
     )
-    gr.Markdown(fig.CAPTIONS["tokens"], elem_classes="caption")
+    gr.Markdown(sinks_fig.CAPTIONS["tokens"], elem_classes="caption")
 
     gr.Markdown("### One head: queries × keys")
     with gr.Row():
@@ -180,8 +181,8 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         with gr.Column():
             sink_plot = gr.Plot(label="Sink map", elem_id="attn-sink-map")
-        line_plot = captioned_plot("Sink mass per layer", "attn-sink-line", fig.CAPTIONS["sink_line"])
-    gr.Markdown(fig.CAPTIONS["sink_map"], elem_classes="caption")
+        line_plot = captioned_plot("Sink mass per layer", "attn-sink-line", sinks_fig.CAPTIONS["sink_line"])
+    gr.Markdown(sinks_fig.CAPTIONS["sink_map"], elem_classes="caption")
     table = gr.Dataframe(
         waiting_table("Press Generate to see the sink map of every layer and head"),
         label="Sink map (% on the first k tokens): click a cell to open that layer and head",
@@ -190,7 +191,7 @@ def build(ctx: AppContext) -> None:
         max_height=420,
     )
     norms_plot = gr.Plot(label="Keys and values of the sinks", elem_id="attn-norms")
-    gr.Markdown(fig.CAPTIONS["norms"], elem_classes="caption")
+    gr.Markdown(sinks_fig.CAPTIONS["norms"], elem_classes="caption")
 
     ctx.components.update(
         {

@@ -72,7 +72,7 @@ def needle_note(sample: dict) -> str:
 def build(ctx: AppContext) -> None:
     """Build the tab inside the caller's ``gr.Tab`` (after the Eviction tab, whose inputs it fills).
 
-    Long because it lays the tab's widgets out in page order and wires each once; its model work is declared
+    Length: long because it lays the tab's widgets out in page order and wires each once; its model work is declared
     as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
     data = results.load_result()
     gr.Markdown(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.demo_store import Compute
 from kvviz.figures import nocache as fig
 from kvviz.lessons.nocache import DRAMATIC, compare_cache, table_for_prompt

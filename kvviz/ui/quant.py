@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.examples import needle_prompt
 from kvviz.figures import quant as fig
 from kvviz.quant.cache import compare_generation
@@ -200,7 +200,7 @@ def generate(
 def build(ctx: AppContext) -> None:
     """Build the Quantization tab inside the caller's ``gr.Tab``.
 
-    Long because it lays the tab's widgets out in page order and wires each once; its model work is declared
+    Length: long because it lays the tab's widgets out in page order and wires each once; its model work is declared
     as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
     info = ctx.info
     gr.Markdown(

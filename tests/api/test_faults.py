@@ -15,8 +15,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from transformers import DynamicCache
 
+from kvviz.capture.attention_fn import is_installed
 from kvviz.capture.loop import capture
-from kvviz.capture.recorder import is_installed
 
 PROMPT = "The capital of France is"
 

@@ -8,7 +8,7 @@ import hashlib
 import torch
 from gradio_client import Client
 
-from kvviz.capture.recorder import is_installed
+from kvviz.capture.attention_fn import is_installed
 from tests.api.bad_inputs import VALID_EXAMPLES
 
 QUICK = {"max_new_tokens": 2}  # keep every endpoint's generation short

@@ -9,7 +9,7 @@ import pytest
 
 from kvviz.blocks.eviction import from_run, paging_after_eviction
 from kvviz.blocks.live import evict_and_page
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.eviction.policies import make_policy
 from kvviz.eviction.run import run_policy
 

@@ -6,7 +6,7 @@ from kvviz.blocks.hashing import common_prefix
 from kvviz.blocks.live import share_prompts
 from kvviz.blocks.sharing import share
 from kvviz.blocks.table import block_table
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 
 SLOT = 46_080  # one token in every SmolLM2 layer, fp32
 

@@ -6,7 +6,8 @@ import pytest
 
 from kvviz.blocks.live import prefill_table
 from kvviz.blocks.table import allocations, block_table, from_trace
-from kvviz.capture.loop import capture, encode_prompt
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import encode_prompt
 from tests.tiny_models import tiny_model
 
 SMOL_SLOT = 2 * 3 * 64 * 4  # bytes of one token in one SmolLM2 layer: K and V × 3 KV heads × 64 × fp32

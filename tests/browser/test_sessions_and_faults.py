@@ -15,7 +15,7 @@ import pytest
 from gradio_client import Client
 from transformers import DynamicCache
 
-from kvviz.capture.recorder import is_installed
+from kvviz.capture.attention_fn import is_installed
 from kvviz.capture.trace import Trace
 from kvviz.ui.serving.gradio_adapter import state_values
 

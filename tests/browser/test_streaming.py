@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 
 PROMPT = "Once upon a time"  # greedy, without the chat template, it does not stop before 200 tokens
 N_NEW = 200

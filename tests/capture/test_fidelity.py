@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-import kvviz.capture.attention_fn as attention_fn
-from kvviz.capture.attention_fn import CaptureError, check_capturable, is_installed
+from kvviz.capture import attention_fn as attention_fn
+from kvviz.capture.architectures import build
+from kvviz.capture.attention_fn import is_installed
 from kvviz.capture.attention_math import check_output
 from kvviz.capture.loop import capture
-from kvviz.memory.architectures import build
+from kvviz.models import CaptureError, check_capturable
 from tests.tiny_models import COMMON, recompute_probabilities, tiny_config, tiny_model
 
 PROMPT = list(range(100, 120))

@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
-from kvviz.capture.loop import encode_prompt, forward
-from kvviz.capture.recorder import installed
+from kvviz.capture.model_io import encode_prompt, forward
 from kvviz.eviction.policies import make_policy
 from kvviz.eviction.run import Evictor
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.capture.loop import capture, capture_iter, encode_prompt, model_info
-from kvviz.capture.recorder import is_installed
+from kvviz.capture.attention_fn import is_installed
+from kvviz.capture.loop import capture, capture_iter
+from kvviz.capture.model_io import encode_prompt, model_info
 
 pytestmark = pytest.mark.slow  # every test generates with the real model
 
@@ -89,7 +90,7 @@ def test_stop_request_ends_the_run(lm):
 
 
 def test_sampling_is_reproducible_with_a_seed(lm):
-    from kvviz.capture.loop import Sampling
+    from kvviz.capture.model_io import Sampling
 
     a = capture(lm, "Once upon a time", chat=False, max_new_tokens=8, sampling=Sampling(0.9, 0.9, seed=7))
     b = capture(lm, "Once upon a time", chat=False, max_new_tokens=8, sampling=Sampling(0.9, 0.9, seed=7))

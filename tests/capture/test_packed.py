@@ -9,11 +9,12 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-import kvviz.capture.packed as packed
-from kvviz.capture.attention_fn import CaptureError, installed
+from kvviz.capture import packed as packed
+from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward
 from kvviz.capture.packed import Segment, packed_forward
+from kvviz.models import CaptureError
 
 # different prompt lengths: the decoding sequences' caches differ in length, so the batched call pads and masks
 PROMPTS = ["Hi", "Name three colours.", "Write one sentence about the sea and the wind over it."]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.capture.loop import Progress, capture
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import Progress
 from kvviz.capture.trace import _ARRAYS
 from kvviz.quant.cache import cache_factory
 from kvviz.quant.schemes import kivi

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import kvviz.capture.generation as capture_mod
+from kvviz.capture import generation as capture_mod
 from kvviz.capture.decode_rows import _adjacent
 from kvviz.capture.loop import capture
 from kvviz.capture.recorder import Recorder, RecorderConfig

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-import kvviz.capture.verify as verify
+from kvviz.capture import verify as verify
 from kvviz.capture.attention_fn import installed, is_installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward

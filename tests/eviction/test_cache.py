@@ -8,9 +8,10 @@ import torch
 from transformers import Gemma2Config, MistralConfig
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
-from kvviz.capture.loop import capture, encode_prompt, forward
-from kvviz.capture.recorder import installed
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import encode_prompt, forward
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.policies import POLICIES, make_policy
 from kvviz.eviction.run import Evictor, run_policy

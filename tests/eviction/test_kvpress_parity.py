@@ -19,8 +19,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvviz.capture.loop import forward, model_info
-from kvviz.capture.recorder import Recorder, RecorderConfig, installed
+from kvviz.capture.attention_fn import installed
+from kvviz.capture.model_io import forward, model_info
+from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.eviction.policies import PolicyState, make_policy, n_kept_for
 from kvviz.eviction.query_stats import collecting
 from kvviz.eviction.run import run_policy

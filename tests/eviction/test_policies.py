@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.eviction.policies import (
     HEAVY,
     POLICIES,

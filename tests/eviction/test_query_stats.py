@@ -7,7 +7,7 @@ import threading
 import torch
 from transformers import DynamicCache
 
-from kvviz.capture.loop import forward
+from kvviz.capture.model_io import forward
 from kvviz.eviction.query_stats import collecting
 
 

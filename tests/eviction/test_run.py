@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.eviction.compare import agreement_and_kl, compare
 from kvviz.eviction.demos import NEEDLE_BUDGET, needle_demo, sinks_demo, split_question, streaming_nll
 from kvviz.eviction.policies import make_policy

@@ -1,4 +1,4 @@
-"""Attention figures: exact for a short real run, downsampled for a long one, every figure captioned.
+"""Attention and sink figures: exact for a short real run, downsampled for a long one, every figure captioned.
 
 The long trace is built from plain arrays of a 4,096 + 256 token SmolLM2 run (figures are pure
 functions of the Trace, so no model is needed to check what they send to the browser).
@@ -14,6 +14,7 @@ import pytest
 from kvviz.capture.loop import capture
 from kvviz.capture.trace import ModelInfo, Step, Trace
 from kvviz.figures import attention as fa
+from kvviz.figures import sinks as fs
 
 pytestmark = pytest.mark.slow  # the figures draw a real capture
 
@@ -139,27 +140,27 @@ def test_step_chart_shows_every_head_of_the_layer(short, long_trace):
 
 def test_sink_figures(short):
     m = short.model
-    sink = fa.sink_map(short, 4)
+    sink = fs.sink_map(short, 4)
     assert np.asarray(sink.data[0].z).shape == (m.layers, m.q_heads)
     assert len(sink.layout.shapes) == m.kv_heads - 1  # lines between KV groups
-    line = fa.sink_line(short, 4)
+    line = fs.sink_line(short, 4)
     assert [t.name for t in line.data][-2:] == ["mean over heads", "uniform attention"]
-    norms = fa.norms_chart(short, 4)
+    norms = fs.norms_chart(short, 4)
     assert len(norms.data) == 6  # token 0, tokens 1-3, others; keys and values
 
 
 def test_token_strip_marks_sinks_and_elides_long_runs(short, long_trace):
-    spans = fa.token_spans(short, 2)
+    spans = fs.token_spans(short, 2)
     assert [label for _, label in spans[:2]] == ["sink", "sink"] and spans[2][1] != "sink"
     assert spans[-1][1] == "generated"
     assert sum(label == "most attended" for _, label in spans) == 5
-    long = fa.token_spans(long_trace, 4)
-    assert len(long) <= fa.STRIP_MAX + 1 and any(label is None for _, label in long)
+    long = fs.token_spans(long_trace, 4)
+    assert len(long) <= fs.STRIP_MAX + 1 and any(label is None for _, label in long)
 
 
 @pytest.mark.parametrize(
     "call",
-    [lambda t: fa.attention_heatmap(t, 30, 0), lambda t: fa.attention_heatmap(t, 0, 9), lambda t: fa.sink_map(t, 0)],
+    [lambda t: fa.attention_heatmap(t, 30, 0), lambda t: fa.attention_heatmap(t, 0, 9), lambda t: fs.sink_map(t, 0)],
 )
 def test_bad_selection_is_refused(short, call):
     with pytest.raises(ValueError):
@@ -167,6 +168,10 @@ def test_bad_selection_is_refused(short, call):
 
 
 def test_every_view_has_a_one_sentence_caption():
-    for key in ("heatmap", "step", "sink_map", "sink_line", "norms", "tokens"):
-        assert fa.CAPTIONS[key].strip().endswith(".")
-    json.dumps(fa.CAPTIONS)
+    for captions, keys in (
+        (fa.CAPTIONS, ("heatmap", "step")),
+        (fs.CAPTIONS, ("sink_map", "sink_line", "norms", "tokens")),
+    ):
+        for key in keys:
+            assert captions[key].strip().endswith(".")
+        json.dumps(captions)

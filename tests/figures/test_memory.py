@@ -6,7 +6,8 @@ import plotly.graph_objects as go
 import pytest
 
 from kvviz.figures import memory as fig
-from kvviz.memory.estimate import cache_layout, estimate
+from kvviz.memory.estimate import estimate
+from kvviz.memory.layout import cache_layout
 
 GiB = 2**30
 

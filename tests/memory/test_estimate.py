@@ -8,23 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvviz.lessons.waste import forward_passes
 from kvviz.memory.capacity import decode_step, find_gpu, gpu_presets, kv_budget, max_context, max_sequences
-from kvviz.memory.estimate import (
-    KV_DTYPES,
-    attention_variants,
-    cache_layout,
-    estimate,
-    format_bytes,
-    format_gb,
-    forward_passes,
-    layer_groups,
-    load_config,
-    preset_names,
-    resolve_kv_dtype,
-    tokens_held,
-)
-from kvviz.memory.layout import PRESET_DIR
+from kvviz.memory.estimate import KV_DTYPES, attention_variants, estimate, layer_groups, resolve_kv_dtype, tokens_held
+from kvviz.memory.layout import PRESET_DIR, cache_layout, load_config, preset_names
 from kvviz.memory.report import report
+from kvviz.units import format_bytes, format_gb
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 

@@ -21,7 +21,8 @@ from transformers import (
     Qwen3NextConfig,
 )
 
-from kvviz.memory.estimate import cache_layout, estimate, live_cache_bytes_formula
+from kvviz.memory.estimate import estimate, live_cache_bytes_formula
+from kvviz.memory.layout import cache_layout
 
 PROMPT = 20  # longer than the sliding windows of 8
 COMMON = dict(

@@ -118,7 +118,7 @@ def test_attention_output_matches_the_model(lm):
 
 @pytest.fixture(scope="module")
 def qkv(lm):
-    from kvviz.capture.loop import encode_prompt
+    from kvviz.capture.model_io import encode_prompt
     from kvviz.examples import needle_prompt
 
     return collect_qkv(lm, ids=encode_prompt(lm, needle_prompt(), chat=True)[:256])  # causal: = crop(256)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from kvviz.capture.loop import capture, model_info
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import model_info
 from kvviz.settings import Settings
 from kvviz.ui import attention as tab
 from kvviz.ui.serving.context import AppContext

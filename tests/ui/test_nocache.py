@@ -34,7 +34,7 @@ def test_bad_input(ctx, prompt, n, match):
 
 def test_show_me_uses_a_long_prompt(lm):
     """Below ~100 prompt tokens per-forward overhead hides the quadratic waste, so the demo must not."""
-    from kvviz.capture.loop import encode_prompt
+    from kvviz.capture.model_io import encode_prompt
     from kvviz.lessons.objectives import NOCACHE
 
     values = NOCACHE.values

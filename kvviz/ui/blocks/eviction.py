@@ -9,12 +9,13 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.blocks.live import evict_and_page
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.eviction.policies import POLICIES, make_policy
 from kvviz.examples import needle_prompt
-from kvviz.figures import blocks as fig
+from kvviz.figures import blocks_eviction as fig
 from kvviz.limits import MAX_BUDGET_TOKENS
 from kvviz.safety import whole_number
+from kvviz.ui.blocks.checks import block_size_of, check_prompt
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob, Size
@@ -44,7 +45,6 @@ def check_policy(name, budget):
 
 def build(ctx: AppContext, block_size: gr.Radio) -> None:
     """The section, inside the Blocks tab (``block_size`` is the tab's block-size control)."""
-    from kvviz.ui.blocks.tab import block_size_of, check_prompt
 
     gr.Markdown(
         "### Eviction meets paging\nStreamingLLM, H2O and SnapKV each compress the prompt's prefill to the "

@@ -9,10 +9,11 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz.blocks.live import share_prompts
-from kvviz.capture.loop import encode_prompt
-from kvviz.figures import blocks as fig
+from kvviz.capture.model_io import encode_prompt
+from kvviz.figures import blocks_sharing as fig
 from kvviz.limits import check_prompt_length, prompt_limit
 from kvviz.safety import clean_prompt
+from kvviz.ui.blocks.checks import block_size_of
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob, Size
@@ -58,7 +59,6 @@ def token_ids(ctx: AppContext, texts: list[str], chat) -> list[list[int]]:
 
 def build(ctx: AppContext, block_size: gr.Radio) -> None:
     """The section, inside the Blocks tab (``block_size`` is the tab's block-size control)."""
-    from kvviz.ui.blocks.tab import block_size_of
 
     gr.Markdown(
         "### Prefix sharing\nTwo students send chat requests that start the same way. A paged engine with "

@@ -12,32 +12,24 @@ from __future__ import annotations
 
 import gradio as gr
 
+from kvviz.blocks.live import blocks_report
 from kvviz.blocks.table import allocations, from_trace
-from kvviz.capture.loop import capture, encode_prompt
+from kvviz.capture.loop import capture
 from kvviz.figures import blocks as fig
-from kvviz.limits import MAX_BLOCK_SIZE, MAX_STEP, check_prompt_length, prompt_limit
-from kvviz.safety import clean_prompt, whole_number
+from kvviz.limits import MAX_STEP
+from kvviz.safety import whole_number
 from kvviz.ui.blocks import eviction as blocks_eviction
 from kvviz.ui.blocks import room as blocks_room
 from kvviz.ui.blocks import sharing as blocks_sharing
+from kvviz.ui.blocks.checks import BLOCK_SIZES, block_size_of, check_prompt
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
 
-BLOCK_SIZES = [8, 16, 32]
 DEFAULT_PROMPT = "In two sentences: why does a serving engine store the KV cache in fixed-size blocks?"
 EMPTY = "Press **Run** (or generate on the **Generate** tab) to lay the live cache out in blocks."
-
-
-def block_size_of(value) -> int:
-    """The chosen block size, one of :data:`BLOCK_SIZES` (gr.Error otherwise)."""
-    with user_errors():
-        b = whole_number(value, "Block size", 1, MAX_BLOCK_SIZE)
-        if b not in BLOCK_SIZES:
-            raise ValueError(f"Block size must be one of {', '.join(map(str, BLOCK_SIZES))} tokens.")
-    return b
 
 
 def views(trace, block_size, step, layer):
@@ -63,16 +55,6 @@ def views(trace, block_size, step, layer):
         fig.allocation_bars(allocs),
         fig.layer_table(table),
     )
-
-
-def check_prompt(ctx: AppContext, prompt, chat, max_new) -> tuple[str, int, int]:
-    """The prompt, its length in tokens and the number of new tokens, checked before any model work."""
-    with user_errors():
-        text = clean_prompt(prompt, ctx.settings.max_prompt_chars)
-        n_new = whole_number(max_new, "Tokens to generate", 1, ctx.settings.max_new_tokens)
-        n = len(encode_prompt(ctx.lm, text, bool(chat)))
-        check_prompt_length(n, n_new, prompt_limit(ctx.settings.max_prompt_tokens, ctx.info.context_length))
-    return text, n, n_new
 
 
 def prompt_request(ctx: AppContext, prompt, chat, max_new, block_size=None) -> tuple[str, bool, int, int, int | None]:
@@ -214,10 +196,8 @@ def blocks(
 
 def blocks_json(job) -> dict:
     """The CLI's JSON for one to four prompts (and optionally a policy and budget)."""
-    from kvviz.commands.blocks import result
-
     texts, chat, b, pol, budget, _ = job.req
-    return result(job.ctx.lm, [(f"prompt {i + 1}", t) for i, t in enumerate(texts)], chat, b, pol, budget)
+    return blocks_report(job.ctx.lm, [(f"prompt {i + 1}", t) for i, t in enumerate(texts)], chat, b, pol, budget)
 
 
 def _blocks_size(req) -> Size:

@@ -1,7 +1,7 @@
 """Eviction tab section: the full cache and several policies side by side, on the tab's prompt and budget.
 
 :func:`kvviz.eviction.compare.compare` runs them (one job through the gate for all); the table and
-charts come from :mod:`kvviz.figures.eviction`. The comparison the tab opens with is planned at
+charts come from :mod:`kvviz.figures.eviction_compare`. The comparison the tab opens with is planned at
 start-up, so its first click answers at once.
 """
 
@@ -17,7 +17,7 @@ from kvviz.eviction.compare import compare
 from kvviz.eviction.policies import POLICIES, make_policy
 from kvviz.eviction.run import EvictionRequest, resolve_budget
 from kvviz.examples import NEEDLE_ANSWER
-from kvviz.figures import eviction as fig
+from kvviz.figures import eviction_compare as fig
 from kvviz.ui.eviction.request import library_call
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext

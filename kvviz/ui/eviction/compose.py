@@ -2,7 +2,7 @@
 
 The chapter's fixes for a cache that does not fit, measured together on the tab's prompt and policy:
 :func:`kvviz.eviction.compose.compose` runs the full cache, the policy, the quantization and both;
-the table comes from :mod:`kvviz.figures.eviction`. One job through the gate for all seven runs.
+the table comes from :mod:`kvviz.figures.eviction_compare`. One job through the gate for all seven runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import gradio as gr
 from kvviz.eviction.compose import compose
 from kvviz.eviction.compose import schemes as compose_schemes
 from kvviz.eviction.run import EvictionRequest
-from kvviz.figures import eviction as fig
+from kvviz.figures import eviction_compare as fig
 from kvviz.ui.page.widgets import waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.jobs import UserError

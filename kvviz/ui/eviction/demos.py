@@ -21,7 +21,8 @@ from kvviz.eviction.demos import (
     sinks_demo,
 )
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
-from kvviz.figures import eviction as fig
+from kvviz.figures import eviction as eviction_fig
+from kvviz.figures import eviction_compare as fig
 from kvviz.ui.eviction import compare as eviction_compare
 from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call, status_text, views
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
@@ -52,7 +53,7 @@ def layout() -> DemosSection:
         "passage with one fact in the middle; switch *What is compressed* to see SnapKV lose the fact when "
         f"the question cannot vote. **Sinks matter** scores {SINKS_TOKENS} tokens of the chapter with a "
         f"{SINKS_CACHE}-entry cache. Both are computed once when the server starts; tick *Recompute live* to run "
-        f"them again now (a minute on a CPU). {fig.LEADERBOARD_NOTE}",
+        f"them again now (a minute on a CPU). {eviction_fig.LEADERBOARD_NOTE}",
         elem_classes="caption",
     )
     sinks_text = gr.Markdown(elem_id="evict-sinks-result")
@@ -111,7 +112,7 @@ def wire(
             run.text,
             gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
             *views(run, last_layer, 0, 0, snap.policy.score_label),
-            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*\n\n{fig.needle_scope(NEEDLE_POLICIES)}",
+            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*\n\n{eviction_fig.needle_scope(NEEDLE_POLICIES)}",
             *rest,
         )
 

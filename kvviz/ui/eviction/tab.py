@@ -44,7 +44,7 @@ from kvviz.ui.serving.model_job import ModelJob
 def build(ctx: AppContext) -> None:
     """Build the tab inside the caller's ``gr.Tab``.
 
-    Long because it lays the tab's widgets out in page order and wires each once; its model work is declared
+    Length: long because it lays the tab's widgets out in page order and wires each once; its model work is declared
     as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
     info = ctx.info
     gr.Markdown(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from kvviz.capture.loop import Sampling
+from kvviz.capture.model_io import Sampling
 from kvviz.capture.tokens import token_texts
 from kvviz.limits import MAX_SEED
 from kvviz.memory.capacity import max_context

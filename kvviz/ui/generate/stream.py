@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
-from kvviz.capture.loop import Progress
+from kvviz.capture.model_io import Progress
 from kvviz.capture.trace import ModelInfo, Trace
 from kvviz.figures import generate as fig
 from kvviz.lessons.waste import forward_passes

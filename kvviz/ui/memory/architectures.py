@@ -1,6 +1,6 @@
 """Memory tab section: the cache of every architecture, live, on tiny random-weight models.
 
-Pick MHA, GQA, MQA, MLA, sliding, hybrid or learned-sink; :func:`kvviz.memory.architectures.run_kind` runs
+Pick MHA, GQA, MQA, MLA, sliding, hybrid or learned-sink; :func:`kvviz.capture.architectures.run_kind` runs
 a prompt through a tiny model of that kind (about a second) and :mod:`kvviz.figures.architectures`
 draws its real cache next to the formula. This module only validates input and wires events.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from kvviz.capture.architectures import DEFAULT_PROMPT, MAX_PROMPT_BYTES, kinds, run_kind
 from kvviz.figures import architectures as fig
-from kvviz.memory.architectures import DEFAULT_PROMPT, MAX_PROMPT_BYTES, kinds, run_kind
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.sessions import user_errors

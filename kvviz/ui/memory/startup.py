@@ -1,7 +1,7 @@
 """Memory tab section: the start-up log of a paged engine (vLLM), each number linked to its formula.
 
 For a preset or the loaded model, GPUs, tensor parallelism, KV dtype, block size and max_model_len,
-:func:`kvviz.memory.engine.startup` computes what the engine prints; :mod:`kvviz.figures.engine`
+:func:`kvviz.memory.paged.startup` computes what the engine prints; :mod:`kvviz.figures.paged`
 renders it. This module only checks inputs and wires events.
 """
 
@@ -11,11 +11,12 @@ from dataclasses import replace
 
 import gradio as gr
 
-from kvviz.figures import engine as fig
+from kvviz.figures import paged as fig
 from kvviz.limits import calculator_number
 from kvviz.memory.capacity import gpu_presets, weight_bytes
-from kvviz.memory.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, startup
-from kvviz.memory.estimate import KV_DTYPES, cache_layout, load_preset, preset_names
+from kvviz.memory.estimate import KV_DTYPES
+from kvviz.memory.layout import cache_layout, load_preset, preset_names
+from kvviz.memory.paged import DEFAULT_MAX_NUM_BATCHED_TOKENS, startup
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.sessions import user_errors

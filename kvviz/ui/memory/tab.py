@@ -15,17 +15,8 @@ import gradio as gr
 from kvviz.figures import memory as fig
 from kvviz.limits import calculator_number
 from kvviz.memory.capacity import gpu_presets
-from kvviz.memory.estimate import (
-    KV_DTYPES,
-    CacheLayout,
-    cache_layout,
-    estimate,
-    format_bytes,
-    live_cache_bytes_formula,
-    load_preset,
-    preset_names,
-)
-from kvviz.memory.layout import head_dim_note, stated_weights_gb
+from kvviz.memory.estimate import KV_DTYPES, estimate, live_cache_bytes_formula
+from kvviz.memory.layout import CacheLayout, cache_layout, head_dim_note, load_preset, preset_names, stated_weights_gb
 from kvviz.memory.report import report, summary
 from kvviz.safety import check_config_size, parse_config_json
 from kvviz.ui.memory import architectures as memory_architectures
@@ -35,6 +26,7 @@ from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.jobs import UserError
 from kvviz.ui.serving.model_job import endpoint
 from kvviz.ui.serving.sessions import user_errors
+from kvviz.units import format_bytes
 
 SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
 CUSTOM_GPU = "custom"
@@ -243,7 +235,7 @@ def api_memory(
 def build(ctx: AppContext) -> None:
     """Build the Memory tab inside the caller's ``gr.Tab``.
 
-    Long because it lays the calculator's widgets out in page order and wires each once; the arithmetic is
+    Length: long because it lays the calculator's widgets out in page order and wires each once; the arithmetic is
     :func:`calculate` and :mod:`kvviz.memory`."""
     gpus_by_name = gpu_presets()
     gr.Markdown(

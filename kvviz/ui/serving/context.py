@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from kvviz.capture.loop import model_info
+from kvviz.capture.model_io import model_info
 from kvviz.capture.trace import ModelInfo
 from kvviz.demo_store import DemoStore
 from kvviz.engine.engine import Engine

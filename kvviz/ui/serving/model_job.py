@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import gradio as gr
 
 from kvviz.admission import Ticket
-from kvviz.capture.loop import encode_prompt
+from kvviz.capture.model_io import encode_prompt
 from kvviz.limits import GPU_LEASE_CEILING_S, check_prompt_length, job_cost, lease_seconds, prompt_limit
 from kvviz.safety import clean_prompt
 from kvviz.ui.serving.context import AppContext

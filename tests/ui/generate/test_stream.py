@@ -6,7 +6,8 @@ import gradio as gr
 import pytest
 
 import kvviz.ui.generate.stream as gs
-from kvviz.capture.loop import Progress, capture
+from kvviz.capture.loop import capture
+from kvviz.capture.model_io import Progress
 from kvviz.ui.serving.streaming import Snapshot
 
 

@@ -162,7 +162,7 @@ def test_live_comparison_agrees_after_generate(ctx, lm):
 
 
 def test_api_memory_matches_the_cli_json(ctx):
-    from kvviz.memory.estimate import cache_layout
+    from kvviz.memory.layout import cache_layout
     from kvviz.memory.report import report
 
     out = tab.api_memory(ctx, "llama-3-70b", 8192, 162, "bf16", None, 8, 80, 0.1, 140, 3.35)

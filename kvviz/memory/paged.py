@@ -1,4 +1,4 @@
-"""A paged engine's start-up numbers: KV memory per GPU, blocks, "GPU KV cache size", "Maximum concurrency".
+"""A paged serving engine's (vLLM's) start-up numbers: KV memory per GPU, blocks, "GPU KV cache size", "Maximum concurrency".
 
 vLLM (v1) allocates the whole KV cache at start-up and logs how much fits. This module computes
 those lines for any config with the rules of ``vllm/v1/core/kv_cache_utils.py``:
@@ -20,7 +20,7 @@ minus the weights) divided over the GPUs; kvviz's reserve stands for vLLM's ``1 
 gpu_memory_utilization`` plus the activations it profiles. With more GPUs than the TP degree the
 rest is pipeline parallelism (layers split evenly over the stages).
 
-    from kvviz.memory.engine import startup
+    from kvviz.memory.paged import startup
     s = startup(cache_layout(load_preset("Llama-3-70B")), gpus=8, gpu_mem_gb=80, weight_bytes=140e9,
                 block_size=16, max_model_len=8192)
     print(s.log)   # ... GPU KV cache size: 1,330,560 tokens / Maximum concurrency ...: 162.42x
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from kvviz.limits import MAX_CONTEXT, bounded_int
 from kvviz.memory.capacity import Budget, kv_budget
-from kvviz.memory.estimate import CacheLayout, KVDtype, _tp_heads_per_gpu, layer_bytes_per_token, resolve_kv_dtype
+from kvviz.memory.estimate import KVDtype, _tp_heads_per_gpu, layer_bytes_per_token, resolve_kv_dtype
+from kvviz.memory.layout import CacheLayout
 from kvviz.units import format_bytes
 
 GiB = 2**30
@@ -62,7 +63,7 @@ class KindGroup:
 
 
 @dataclass(frozen=True)
-class EngineStartup:
+class PagedStartup:
     """What a paged engine prints at start-up, and every number behind it (bytes, per GPU)."""
 
     model: str
@@ -192,7 +193,7 @@ class EngineStartup:
         }
 
 
-def _request_blocks(s: EngineStartup, model_len: int) -> int:
+def _request_blocks(s: PagedStartup, model_len: int) -> int:
     return sum(
         k.groups * _blocks_needed(k.kind, k.window, model_len, s.block_size, s.max_num_batched_tokens) for k in s.kinds
     )
@@ -230,7 +231,7 @@ def startup(
     block_size: int = 16,
     max_model_len: int | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-) -> EngineStartup:
+) -> PagedStartup:
     """The start-up numbers of a paged engine serving ``layout`` (see the module docstring)."""
     b = bounded_int(block_size, "block size", 1, 4096)
     model_len = layout.max_position_embeddings if max_model_len is None else max_model_len
@@ -252,7 +253,7 @@ def startup(
     if pp > per_group:
         raise ValueError(f"{pp} pipeline stages for {per_group} layers per group: use fewer GPUs or a higher TP.")
     per_gpu_layers = cdiv(per_group, pp)
-    return EngineStartup(
+    return PagedStartup(
         layout.name,
         b,
         model_len,
@@ -344,7 +345,7 @@ def from_report(
     block_size: int = 16,
     max_model_len: int | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-) -> EngineStartup:
+) -> PagedStartup:
     """The start-up numbers for the GPUs, weights, reserve, TP and KV dtype of a :func:`capacity.report`."""
     if "kv_budget_bytes" not in report:
         raise ValueError(

@@ -1,12 +1,12 @@
 """Tiny random-weight models of each cache architecture, run live to show what transformers really stores.
 
-The configs ship with kvviz (``presets/tiny_architectures.json``: MHA, GQA, MQA, MLA, sliding,
+The configs ship with kvviz (``kvviz/memory/presets/tiny_architectures.json``: MHA, GQA, MQA, MLA, sliding,
 hybrid, learned-sink); weights are random, nothing is downloaded, and a byte-level tokenizer
 (UTF-8 bytes = token ids, vocabulary 256) stands in for a real one. ``run_kind`` captures a short
 generation with kvviz's own capture and reads the cache's tensors, layer by layer, next to the
 memory calculator's formula::
 
-    from kvviz.memory.architectures import run_kind
+    from kvviz.capture.architectures import run_kind
     live = run_kind("MLA")
     live.measured_bytes == live.formula_bytes, live.tensors[0].shape   # True, (1, 1, 20, 32): the latent
 """
@@ -17,13 +17,13 @@ import json
 import time
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import torch
 
+from kvviz.memory.layout import PRESET_DIR
 from kvviz.models import LoadedModel
 
-KINDS_FILE = Path(__file__).resolve().parent / "presets" / "tiny_architectures.json"
+KINDS_FILE = PRESET_DIR / "tiny_architectures.json"  # beside the other configs (package data of kvviz.memory)
 DEFAULT_PROMPT = "The KV cache"
 MAX_PROMPT_BYTES = 200  # the tiny models' positions and a second's work
 
@@ -80,7 +80,7 @@ def build(config: dict, name: str | None = None, seed: int = 0, attn_implementat
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from kvviz.adapters.transformers import force_attn_implementation
-    from kvviz.capture.attention_fn import check_capturable, uses_interface
+    from kvviz.models import check_capturable, uses_interface
 
     fields = dict(config)
     model_type = fields.pop("model_type")
@@ -168,7 +168,8 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
     from transformers import DynamicCache
 
     from kvviz.capture.loop import capture
-    from kvviz.memory.estimate import cache_layout, estimate, layer_groups, live_cache_bytes_formula
+    from kvviz.memory.estimate import estimate, layer_groups, live_cache_bytes_formula
+    from kvviz.memory.layout import cache_layout
 
     check_kind(kind)
     data = (prompt or "").encode("utf-8")

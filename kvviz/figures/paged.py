@@ -1,6 +1,6 @@
-"""Figures for the engine start-up section of the Memory view: the log with its formulas, groups, concurrency.
+"""Figures for the paged start-up section of the Memory view (vLLM's start-up log): the log with its formulas, groups, concurrency.
 
-Pure functions of an :class:`~kvviz.memory.engine.EngineStartup`; each has a caption in ``CAPTIONS``.
+Pure functions of an :class:`~kvviz.memory.paged.PagedStartup`; each has a caption in ``CAPTIONS``.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvviz.memory.engine import EngineStartup
+from kvviz.memory.paged import PagedStartup
 from kvviz.units import format_bytes
 
 MARKS = "¹²³⁴"
@@ -23,7 +23,7 @@ CAPTIONS = {
 }
 
 
-def startup_markdown(s: EngineStartup) -> str:
+def startup_markdown(s: PagedStartup) -> str:
     """The log as the engine prints it (numbered), then one line per number: the formula behind it."""
     log = "\n".join(f"INFO {line} {MARKS[i]}" for i, line in enumerate(s.log_lines))
     rows = "\n".join(
@@ -38,7 +38,7 @@ def startup_markdown(s: EngineStartup) -> str:
     )
 
 
-def groups_table(s: EngineStartup) -> pd.DataFrame:
+def groups_table(s: PagedStartup) -> pd.DataFrame:
     return pd.DataFrame(
         [
             {
@@ -55,7 +55,7 @@ def groups_table(s: EngineStartup) -> pd.DataFrame:
     )
 
 
-def concurrency_chart(s: EngineStartup) -> go.Figure:
+def concurrency_chart(s: PagedStartup) -> go.Figure:
     top = max(s.max_model_len, 2 * s.kv_cache_tokens, 1024)  # past the point where one request no longer fits
     lens = sorted({2**k for k in range(10, min(top, 1 << 27).bit_length() + 1)} | {s.max_model_len})
     ys = [s.concurrency_at(m) for m in lens]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from kvviz.capture.architectures import kinds, run_kind, tiny_config
 from kvviz.figures import architectures as fig
-from kvviz.memory.architectures import kinds, run_kind, tiny_config
 
 
 @pytest.fixture(scope="module", params=kinds())

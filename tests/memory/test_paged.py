@@ -1,4 +1,4 @@
-"""A paged engine's start-up numbers against hand computation (vLLM v1's rules, see kvviz/memory/engine.py)."""
+"""A paged engine's start-up numbers against hand computation (vLLM v1's rules, see kvviz/memory/paged.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvviz.memory.engine import startup
-from kvviz.memory.estimate import cache_layout, load_preset
+from kvviz.memory.layout import cache_layout, load_preset
+from kvviz.memory.paged import startup
 
 
 def layout(name: str):
