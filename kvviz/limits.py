@@ -88,6 +88,14 @@ def check_list_length(value, what: str, length: int) -> list:
     return value
 
 
+# ---- sampling -------------------------------------------------------------------------------------
+MAX_TEMPERATURE = 5.0
+# Below this a temperature is greedy: logits / T overflow float32 to inf under ~1e-37 (softmax then gives
+# NaN, and sampling raises), and already at 1e-4 a runner-up 0.01 below the top logit has probability
+# e^-100: the draw is the argmax but for exact ties.
+MIN_TEMPERATURE = 1e-4
+
+
 # ---- the Memory tab and /memory ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bound:

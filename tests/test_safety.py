@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvviz.limits import MAX_TEMPERATURE, MIN_TEMPERATURE
 from kvviz.models import BUNDLED, HUB_DEFAULT, ModelLoadError, load_model, resolve_spec
 from kvviz.safety import (
     SessionFiles,
@@ -18,6 +19,7 @@ from kvviz.safety import (
     looks_like_path,
     parse_config_json,
     real_number,
+    temperature,
     whole_number,
 )
 
@@ -83,6 +85,27 @@ def test_real_number():
 
 
 # --- model specs
+@pytest.mark.parametrize("value", ["1e-38", 5e-324, "5e-324", 1e-38, MIN_TEMPERATURE / 2])
+def test_a_temperature_too_small_to_divide_by_is_greedy(value):
+    assert temperature(value) == 0.0
+
+
+def test_temperature_keeps_its_range():
+    assert temperature(None) == 0.0 and temperature("0.7") == 0.7 and temperature(MIN_TEMPERATURE) == MIN_TEMPERATURE
+    for bad in (-1e-38, MAX_TEMPERATURE * 1.01, "nan", "inf", "hot", True):
+        with pytest.raises(ValueError, match="Temperature"):
+            temperature(bad)
+
+
+@pytest.mark.parametrize("value", ["-0", "-0.0", -0.0, " -0 "])
+def test_negative_zero_is_refused_where_zero_is_allowed(value):
+    with pytest.raises(ValueError, match="minus sign"):
+        real_number(value, "Temperature", 0.0, 5.0)
+    with pytest.raises(ValueError, match="minus sign"):
+        whole_number(value, "Seed", 0, 10)
+    assert real_number(0, "Temperature", 0.0, 5.0) == 0.0 and whole_number("0", "Seed", 0, 10) == 0
+
+
 def test_private_deployment_loads_anything():
     assert check_model_spec("/some/folder", public=False, allowed=[]) == "/some/folder"
     assert check_model_spec(None, public=True, allowed=[]) is None

@@ -15,11 +15,12 @@ from kvviz.figures import generate as fig
 from kvviz.memory.capacity import max_context
 from kvviz.memory.layout import cache_layout
 from kvviz.safety import clean_prompt, real_number, whole_number
+from kvviz.safety import temperature as checked_temperature
 from kvviz.ui.generate.stream import STATUS_S, LiveRun, mark, replay_range
 from kvviz.ui.page.play import play_button
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.gpu import gpu
-from kvviz.ui.serving.jobs import UserError
+from kvviz.ui.serving.jobs import UserError, session_of
 from kvviz.ui.serving.precompute import live_box, origin, share_trace
 from kvviz.ui.serving.sessions import job_failed, user_errors
 from kvviz.ui.serving.streaming import Background, Snapshot
@@ -44,7 +45,7 @@ def validate_request(
         text = clean_prompt(prompt, ctx.settings.max_prompt_chars)
         n_new = whole_number(max_new_tokens, "Max new tokens", 1, ctx.settings.max_new_tokens)
         sampling = Sampling(
-            real_number(0.0 if temperature is None else temperature, "Temperature", 0.0, 5.0),
+            checked_temperature(temperature),
             real_number(1.0 if top_p is None else top_p, "Top-p", 0.0, 1.0, lo_open=True),
             whole_number(0 if seed is None else seed, "Seed", 0, 2**32 - 1),
         )
@@ -130,10 +131,12 @@ def build(ctx: AppContext):
     )
     example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
 
-    def submit(text, use_chat, ids, n_new, sampling, should_stop):
-        """A checked Generate request to the engine, with the equivalence check, as the tab and /generate run it."""
+    def submit(text, use_chat, ids, n_new, sampling, should_stop, owner=None):
+        """A checked Generate request to the engine, with the equivalence check, as the tab and /generate run it
+        (``owner``: the session that sent it; None for the server's own show-me runs)."""
         return ctx.engine.submit(
             text,
+            owner=owner,
             chat=bool(use_chat),
             max_new_tokens=n_new,
             sampling=sampling,
@@ -241,6 +244,7 @@ def build(ctx: AppContext):
                     n_new,
                     sampling,
                     lambda: flag.is_set() or ticket.expired() or job.cancelled,
+                    session_of(request),
                 )
                 t0, trace = time.perf_counter(), None
                 for trace in handle.stream(report):
@@ -318,7 +322,7 @@ def build(ctx: AppContext):
         with ctx.jobs.admit(request, "generation", len(ids), n_new, runs=2, room=True) as ticket:
             ticket.wait()
             try:
-                trace = submit(prompt_text, chat, ids, n_new, sampling, ticket.expired).result()
+                trace = submit(prompt_text, chat, ids, n_new, sampling, ticket.expired, session_of(request)).result()
             except Exception as exc:
                 raise gr.Error(job_failed(exc), print_exception=False) from None
         out = trace.summary()
