@@ -11,6 +11,7 @@ import atexit
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -202,6 +203,40 @@ def _depth(value, level: int = 0) -> int:
     return level
 
 
+PREFIX = "kvviz-"  # SessionFiles' folders: kvviz-<pid>-<random>
+
+
+def remove_stale(parent: str | Path | None = None) -> list[Path]:
+    """Delete the export folders (``kvviz-<pid>-…`` under ``parent``, default the system temp folder) of
+    processes that are gone: a server killed with ``kill -9`` never ran its exit cleanup. Only this user's
+    own folders, never a link, never a live process's. Returns what was removed."""
+    removed = []
+    base = Path(parent or tempfile.gettempdir())
+    for path in base.glob(f"{PREFIX}*-*"):
+        pid = path.name[len(PREFIX) :].split("-", 1)[0]
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not pid.isdigit() or path.is_symlink() or not path.is_dir() or st.st_uid != os.getuid():
+            continue
+        if _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or a number no process has: leave it
+    return True
+
+
 class SessionFiles:
     """One private temporary folder per app, one sub-folder per session; removed at session end and at exit.
 
@@ -216,9 +251,11 @@ class SessionFiles:
 
     @property
     def root(self) -> Path:
-        """The app's folder under the system temp folder, made on first use and removed at exit."""
+        """The app's folder under the system temp folder, made on first use and removed at exit; its name
+        carries this process's id, so a later start-up can remove it if the process was killed
+        (:func:`remove_stale`)."""
         if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="kvviz-", dir=self._parent))
+            self._root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=self._parent))
             atexit.register(self.cleanup)
         return self._root
 

@@ -89,3 +89,24 @@ def test_a_waiting_ticket_released_leaves_the_line_and_wait_times_out():
 def test_current_rss_reads_this_process():
     rss = current_rss()
     assert rss is None or 10 * 2**20 < rss < 64 * 2**30
+
+
+def test_one_address_holds_at_most_per_address_jobs_whatever_its_sessions():
+    gate = Gate(slots=2, max_waiting=100, per_address=3)
+    script = [gate.admit(f"session {i}", address="10.0.0.9") for i in range(3)]  # a new session per request
+    with pytest.raises(Refused, match=r"network address already has 3 model jobs.*KVVIZ_JOBS_PER_ADDRESS = 3"):
+        gate.admit("session 3", address="10.0.0.9")
+    students = [gate.admit(f"student {i}", address=f"10.0.1.{i}") for i in range(5)]  # others still get in
+    assert gate.snapshot()["sessions"] == 8
+    script[0].release()
+    gate.admit("session 4", address="10.0.0.9")  # a place freed: the address may send one more
+    with pytest.raises(Refused, match="network address"):  # jobs held in another gate count too
+        gate.admit("session 5", address="10.0.1.0", elsewhere=2)
+    assert all(t.position() >= 0 for t in students)
+
+
+def test_without_a_bound_or_an_address_nothing_changes():
+    gate = Gate(slots=1, max_waiting=100)
+    [gate.admit(f"s{i}", address="10.0.0.9") for i in range(20)]
+    bounded = Gate(slots=1, max_waiting=100, per_address=1)
+    [bounded.admit(f"s{i}") for i in range(5)]  # no address known: only the session rule applies

@@ -19,6 +19,7 @@ from kvviz.safety import (
     looks_like_path,
     parse_config_json,
     real_number,
+    remove_stale,
     temperature,
     whole_number,
 )
@@ -260,3 +261,31 @@ def test_one_config_limit_for_files_pasted_text_and_the_deployment(tmp_path):
     del big["padding"]
     path.write_text(json.dumps(big))
     assert cache_layout(path).num_layers == 2
+
+
+def dead_pid() -> int:
+    """The id of a process that has just ended."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_servers_folder_is_removed_and_a_live_ones_kept(tmp_path):
+    import os
+
+    files = SessionFiles(tmp_path)
+    (files.run_folder("s") / "kvviz-trace.npz").write_bytes(b"x")
+    live = files.root
+    assert live.name.startswith(f"kvviz-{os.getpid()}-")
+    dead = tmp_path / f"kvviz-{dead_pid()}-abc123"
+    (dead / "session").mkdir(parents=True)
+    (dead / "session" / "kvviz-trace.npz").write_bytes(b"a stranger's export")
+    other = tmp_path / "kvviz-load-xyz"  # not a SessionFiles folder
+    other.mkdir()
+    link = tmp_path / f"kvviz-{dead_pid()}-link"
+    link.symlink_to(other)
+    assert remove_stale(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists() and link.is_symlink()

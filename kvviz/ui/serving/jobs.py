@@ -46,6 +46,22 @@ def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "anonymous"
 
 
+def client_of(request: gr.Request | None, proxy_hops: int = 0) -> str | None:
+    """The caller's network address. Gradio gives the connection's peer (``request.client.host``; uvicorn
+    already puts there the X-Forwarded-For address a proxy on the loopback sends). Behind ``proxy_hops``
+    proxies that each append the address they saw to X-Forwarded-For (a Space's), it is the entry that
+    many from the end: the ones before it are the caller's own to forge."""
+    if request is None:
+        return None
+    if proxy_hops > 0:
+        headers = getattr(request, "headers", None) or {}
+        forwarded = [a.strip() for a in (headers.get("x-forwarded-for") or "").split(",") if a.strip()]
+        if len(forwarded) >= proxy_hops:
+            return forwarded[-proxy_hops]
+    client = getattr(request, "client", None)
+    return getattr(client, "host", None) or None
+
+
 class Jobs:
     """The app's gate to the model, with the deployment's limits."""
 
@@ -56,12 +72,14 @@ class Jobs:
             max_waiting=settings.queue_size,
             max_seconds=settings.max_job_seconds,
             max_rss_bytes=int(settings.max_rss_gb * 2**30),
+            per_address=settings.jobs_per_address,
         )
         self.room = Gate(  # Generate runs: the engine decodes them together
             slots=settings.room_size,
             max_waiting=settings.queue_size,
             max_seconds=settings.max_job_seconds,
             max_rss_bytes=int(settings.max_rss_gb * 2**30),
+            per_address=settings.jobs_per_address,
         )
         # by default the largest job is four runs at the longest prompt and generation allowed (a comparison of
         # three policies with the full cache); the time budget bounds it too
@@ -99,12 +117,12 @@ class Jobs:
         ``room``: a Generate run, admitted to the engine's gate."""
         cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
         gate, other = (self.room, self.gate) if room else (self.gate, self.room)
-        session = session_of(request)
+        session, address = session_of(request), client_of(request, self.settings.proxy_hops)
         try:
             gate.check_memory()
             check_cost(cost, self.max_key_reads, gate.spare_bytes())
             other.refuse_second(session)
-            return gate.admit(session, what)
+            return gate.admit(session, what, address, elsewhere=other.held_by(address))
         except (Refused, ValueError) as exc:
             raise UserError(str(exc)) from None
 
