@@ -196,6 +196,13 @@ def _sum_range(lo: int, hi: int) -> int:
     return 0 if hi < lo else (lo + hi) * (hi - lo + 1) // 2
 
 
+def model_seconds(cost: JobCost, key_reads_per_s: float) -> float:
+    """The model time a job will take, estimated from its attention key reads at the deployment's rate: the
+    part that grows with the square of the prompt, and the one that makes a long prompt long (short runs
+    batched in the engine cost little beside it)."""
+    return cost.key_reads / key_reads_per_s
+
+
 def check_cost(cost: JobCost, max_key_reads: int, max_bytes: int | None) -> None:
     """Refuse a job whose cost passes the deployment's limits, saying what to shrink."""
     if cost.key_reads > max_key_reads:

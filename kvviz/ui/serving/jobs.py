@@ -25,7 +25,7 @@ import gradio as gr
 from kvviz.admission import Gate, Refused, Ticket
 from kvviz.capture.loop import encode_prompt
 from kvviz.capture.trace import ModelInfo
-from kvviz.limits import check_cost, job_cost
+from kvviz.limits import check_cost, job_cost, model_seconds
 from kvviz.safety import clean_prompt
 from kvviz.settings import Settings
 
@@ -73,6 +73,7 @@ class Jobs:
             max_seconds=settings.max_job_seconds,
             max_rss_bytes=int(settings.max_rss_gb * 2**30),
             per_address=settings.jobs_per_address,
+            max_outstanding_s=settings.max_job_seconds,
         )
         self.room = Gate(  # Generate runs: the engine decodes them together
             slots=settings.room_size,
@@ -80,6 +81,7 @@ class Jobs:
             max_seconds=settings.max_job_seconds,
             max_rss_bytes=int(settings.max_rss_gb * 2**30),
             per_address=settings.jobs_per_address,
+            max_outstanding_s=settings.max_job_seconds,
         )
         # by default the largest job is four runs at the longest prompt and generation allowed (a comparison of
         # three policies with the full cache); the time budget bounds it too
@@ -122,7 +124,10 @@ class Jobs:
             gate.check_memory()
             check_cost(cost, self.max_key_reads, gate.spare_bytes())
             other.refuse_second(session)
-            return gate.admit(session, what, address, elsewhere=other.held_by(address))
+            seconds = model_seconds(cost, self.settings.key_reads_per_s)
+            return gate.admit(
+                session, what, address, other.held_by(address), cost_s=seconds, elsewhere_s=other.outstanding_s()
+            )
         except (Refused, ValueError) as exc:
             raise UserError(str(exc)) from None
 
