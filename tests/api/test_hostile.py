@@ -37,7 +37,9 @@ def public_app(tmp_path_factory):
     stale = base / "tmp" / f"kvviz-{_dead_pid()}-killed"  # exports of a server killed with kill -9
     (stale / "session").mkdir(parents=True)
     (stale / "session" / "kvviz-trace.npz").write_bytes(b"a killed server's export")
-    running = start_app(base, {"KVVIZ_PUBLIC": "1", "KVVIZ_JOBS_PER_ADDRESS": str(PER_ADDRESS)})
+    # a slow model on paper (1e5 key reads a second): a 600-token prompt is a long job, a question a short one
+    env = {"KVVIZ_PUBLIC": "1", "KVVIZ_JOBS_PER_ADDRESS": str(PER_ADDRESS), "KVVIZ_KEY_READS_PER_S": "1e5"}
+    running = start_app(base, env)
     running.stale = stale
     yield running
     stop_app(running.proc)
@@ -148,3 +150,15 @@ def test_one_address_cannot_fill_the_queue_with_a_session_per_request(public_app
 def test_a_killed_servers_exports_are_removed_at_start_up(public_app):
     assert not public_app.stale.exists()
     assert "removed a dead server's temp folder" in public_app.log()
+
+
+def test_long_prompts_are_admitted_by_the_model_time_already_outstanding(public_app):
+    url, long_prompt = public_app.url, "word " * 900  # ~930 tokens: ~260 s of model time at the fixture's pace
+    longs = [(url, "generate", [f"{i} {long_prompt}", 4, True, 0.0, 1.0, 0], f"192.0.2.{i}") for i in range(4)]
+    results = together(longs)
+    refused = [out for event, out in results if event == "error"]
+    assert len(refused) >= 2, "every long prompt was admitted, to share the model past its time budget"
+    assert all("busy with long jobs" in str(out) for out in refused), refused
+    assert any(event == "complete" for event, _ in results)
+    short = call(url, "generate", ["Name a large animal.", 4, True, 0.0, 1.0, 0], "198.51.100.201")
+    assert short[0] == "complete", short
