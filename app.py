@@ -16,7 +16,7 @@ import sys
 
 from kvviz.commands.common import add_placement_args, placement
 from kvviz.models import ModelLoadError, load_model, resolve_spec
-from kvviz.safety import check_model_spec
+from kvviz.safety import check_model_spec, remove_stale
 from kvviz.settings import Settings, env
 
 
@@ -39,6 +39,8 @@ def build(args: argparse.Namespace):
     from kvviz.ui.serving.context import AppContext
 
     settings = Settings.from_env()
+    for path in remove_stale():  # exports of an earlier server killed before its exit cleanup (kill -9)
+        logging.getLogger("kvviz").info("removed a dead server's temp folder %s", path)
     spec = resolve_spec(args.model)
     try:  # a public deployment loads only its allowlist, never a local path
         check_model_spec(spec, public=settings.public, allowed=settings.allowed_models)

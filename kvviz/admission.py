@@ -2,9 +2,13 @@
 
 A public app serves many people from one model. :class:`Gate` admits model jobs in arrival order,
 ``slots`` at a time, and refuses at once — before anything waits — when the caller's session
-already has a job queued or running (one job per session, so a script cannot fill the queue),
-when ``max_waiting`` jobs are already waiting, or when the process's resident memory is above its
-ceiling. Each admitted :class:`Ticket` carries a time budget: a run polls :meth:`Ticket.expired`
+already has a job queued or running (one job per session), when the caller's network address
+already holds ``per_address`` jobs (a script that opens a new session per request — every bare
+``/call`` request is one — cannot fill the queue), when ``max_waiting`` jobs are already waiting, or when the process's resident memory is above its
+ceiling, or when the model time the jobs already queued or running will take (each ticket's estimate)
+and this job's would pass ``max_outstanding_s``: a room of short runs takes many jobs, a room with a long
+one few, and a job admitted then finishes within the budget it is promised instead of sharing the model
+with others as long. Each admitted :class:`Ticket` carries a time budget: a run polls :meth:`Ticket.expired`
 (with its Stop flag) and ends cleanly with what it has; a job still running at :data:`REAP_AFTER` times its
 budget (it ignored the budget, or its caller never ended it) loses its slot to the line behind it.
 
@@ -54,6 +58,8 @@ class Ticket:
     what: str
     number: int
     max_seconds: float
+    address: str | None = None
+    cost_s: float = 0.0  # the model time it is estimated to take
     started: float | None = None
     timed_out: bool = False
     released: bool = False
@@ -96,10 +102,14 @@ class Gate:
         max_seconds: float = 300.0,
         max_rss_bytes: int | None = None,
         rss: Callable[[], int | None] = current_rss,
+        per_address: int = 0,
+        max_outstanding_s: float | None = None,
     ):
-        if slots < 1 or max_waiting < 0 or max_seconds <= 0:
-            raise ValueError("slots ≥ 1, max_waiting ≥ 0 and max_seconds > 0 are required.")
+        if slots < 1 or max_waiting < 0 or max_seconds <= 0 or per_address < 0:
+            raise ValueError("slots ≥ 1, max_waiting ≥ 0, max_seconds > 0 and per_address ≥ 0 are required.")
         self.slots, self.max_waiting, self.max_seconds = slots, max_waiting, max_seconds
+        self.per_address = per_address  # jobs one network address may hold here and elsewhere (0: no bound)
+        self.max_outstanding_s = max_outstanding_s  # estimated model seconds queued and running (None: no bound)
         self.max_rss_bytes, self._rss = max_rss_bytes, rss
         self._cond = threading.Condition()
         self._waiting: list[Ticket] = []
@@ -108,23 +118,70 @@ class Gate:
         self._numbers = itertools.count(1)
 
     # ---- admission ------------------------------------------------------------------------------
-    def admit(self, session: str | None, what: str = "model job") -> Ticket:
-        """A ticket in line, or :class:`Refused` at once with the reason."""
+    def admit(
+        self,
+        session: str | None,
+        what: str = "model job",
+        address: str | None = None,
+        elsewhere: int = 0,
+        cost_s: float = 0.0,
+        elsewhere_s: float = 0.0,
+    ) -> Ticket:
+        """A ticket in line, or :class:`Refused` at once with the reason. ``address``: the caller's network
+        address, which may hold ``per_address`` jobs, ``elsewhere`` of them in another gate; ``cost_s``: the
+        job's estimated model time, admitted while the outstanding time (``elsewhere_s`` of it in another
+        gate) leaves room for it — a job alone is always admitted (its cost is bounded before)."""
         session = session or "anonymous"
         with self._cond:
             self._reap()
             self._refuse_second(session)
+            held = elsewhere + self._held_by(address)
+            if self.per_address and address is not None and held >= self.per_address:
+                raise Refused(
+                    f"Your network address already has {held} model jobs queued or running, the most one address "
+                    f"may hold on this public server (KVVIZ_JOBS_PER_ADDRESS = {self.per_address}); wait for "
+                    "one to finish before starting another."
+                )
+            self._refuse_costly(cost_s, elsewhere_s)
             if len(self._waiting) >= self.max_waiting:
                 raise Refused(
                     f"The server is busy: {len(self._waiting)} jobs are waiting, the most it queues. "
                     "Try again in a minute."
                 )
             self.check_memory()
-            ticket = Ticket(self, session, what, next(self._numbers), self.max_seconds)
+            ticket = Ticket(self, session, what, next(self._numbers), self.max_seconds, address, cost_s)
             self._waiting.append(ticket)
             self._by_session[session] = ticket
             self._start_ready()
             return ticket
+
+    def outstanding_s(self) -> float:
+        """Estimated model seconds of the jobs queued or running here."""
+        with self._cond:
+            return self._outstanding_s()
+
+    def _outstanding_s(self) -> float:
+        return sum(t.cost_s for t in (*self._waiting, *self._running))
+
+    def _refuse_costly(self, cost_s: float, elsewhere_s: float) -> None:
+        limit, ahead = self.max_outstanding_s, self._outstanding_s() + elsewhere_s
+        if limit is None or ahead <= 0 or ahead + cost_s <= limit:
+            return
+        raise Refused(
+            f"The server is busy with long jobs: those queued or running need about {ahead:,.0f} s of the model, "
+            f"and this one about {cost_s:,.0f} s more, beyond the {limit:,.0f} s a job is promised "
+            "(KVVIZ_MAX_JOB_SECONDS). Try again in a minute, or use a shorter prompt."
+        )
+
+    def held_by(self, address: str | None) -> int:
+        """Jobs queued or running here for ``address`` (a second gate's admission counts them)."""
+        with self._cond:
+            return self._held_by(address)
+
+    def _held_by(self, address: str | None) -> int:
+        if address is None:
+            return 0
+        return sum(1 for t in (*self._waiting, *self._running) if t.address == address)
 
     def refuse_second(self, session: str | None) -> None:
         """:class:`Refused` when ``session`` already has a job here (a second gate's admission asks)."""

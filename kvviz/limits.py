@@ -88,6 +88,14 @@ def check_list_length(value, what: str, length: int) -> list:
     return value
 
 
+# ---- sampling -------------------------------------------------------------------------------------
+MAX_TEMPERATURE = 5.0
+# Below this a temperature is greedy: logits / T overflow float32 to inf under ~1e-37 (softmax then gives
+# NaN, and sampling raises), and already at 1e-4 a runner-up 0.01 below the top logit has probability
+# e^-100: the draw is the argmax but for exact ties.
+MIN_TEMPERATURE = 1e-4
+
+
 # ---- the Memory tab and /memory ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bound:
@@ -186,6 +194,13 @@ def job_cost(
 def _sum_range(lo: int, hi: int) -> int:
     """lo + (lo + 1) + … + hi (0 when hi < lo)."""
     return 0 if hi < lo else (lo + hi) * (hi - lo + 1) // 2
+
+
+def model_seconds(cost: JobCost, key_reads_per_s: float) -> float:
+    """The model time a job will take, estimated from its attention key reads at the deployment's rate: the
+    part that grows with the square of the prompt, and the one that makes a long prompt long (short runs
+    batched in the engine cost little beside it)."""
+    return cost.key_reads / key_reads_per_s
 
 
 def check_cost(cost: JobCost, max_key_reads: int, max_bytes: int | None) -> None:

@@ -11,6 +11,7 @@ import atexit
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ import threading
 import unicodedata
 from pathlib import Path
 
-from kvviz.limits import MAX_CONFIG_BYTES
+from kvviz.limits import MAX_CONFIG_BYTES, MAX_TEMPERATURE, MIN_TEMPERATURE
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _KEEP_CONTROLS = {"\n", "\t", "\r"}
@@ -62,6 +63,7 @@ def whole_number(value, name: str, lo: int, hi: int) -> int:
         raise ValueError(f"{name} must be a whole number between {lo:,} and {hi:,}.") from None
     if not math.isfinite(number) or number != int(number):
         raise ValueError(f"{name} must be a whole number between {lo:,} and {hi:,}, not {value!r}.")
+    _no_negative_zero(number, value, name, f"a whole number between {lo:,} and {hi:,}")
     if not lo <= int(number) <= hi:
         shown = f"{int(number):,}" if abs(number) < 1e15 else f"{number:.3g}"
         raise ValueError(f"{name} must be between {lo:,} and {hi:,}; got {shown}.")
@@ -79,7 +81,22 @@ def real_number(value, name: str, lo: float, hi: float, *, lo_open: bool = False
         raise ValueError(f"{name} must be a number in {interval}, not {str(value)[:40]!r}.") from None
     if not math.isfinite(number) or number > hi or number < lo or (lo_open and number == lo):
         raise ValueError(f"{name} must be a number in {interval}; got {value!r}.")
+    _no_negative_zero(number, value, name, f"a number in {interval}")
     return number
+
+
+def _no_negative_zero(number: float, value, name: str, allowed: str) -> None:
+    """Refuse ``-0``: a negative sign on a field that has none (a probe, not a typo a page can send:
+    JSON.stringify(-0) is "0")."""
+    if number == 0 and math.copysign(1.0, number) < 0:
+        raise ValueError(f"{name} must be {allowed}, without a minus sign; got {value!r}.")
+
+
+def temperature(value, hi: float = MAX_TEMPERATURE) -> float:
+    """A sampling temperature in [0, ``hi``]; one below :data:`~kvviz.limits.MIN_TEMPERATURE` is 0 (greedy),
+    since dividing logits by it overflows or leaves only the argmax anyway."""
+    t = real_number(0.0 if value is None else value, "Temperature", 0.0, hi)
+    return 0.0 if t < MIN_TEMPERATURE else t
 
 
 def looks_like_path(spec: str) -> bool:
@@ -186,6 +203,40 @@ def _depth(value, level: int = 0) -> int:
     return level
 
 
+PREFIX = "kvviz-"  # SessionFiles' folders: kvviz-<pid>-<random>
+
+
+def remove_stale(parent: str | Path | None = None) -> list[Path]:
+    """Delete the export folders (``kvviz-<pid>-…`` under ``parent``, default the system temp folder) of
+    processes that are gone: a server killed with ``kill -9`` never ran its exit cleanup. Only this user's
+    own folders, never a link, never a live process's. Returns what was removed."""
+    removed = []
+    base = Path(parent or tempfile.gettempdir())
+    for path in base.glob(f"{PREFIX}*-*"):
+        pid = path.name[len(PREFIX) :].split("-", 1)[0]
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not pid.isdigit() or path.is_symlink() or not path.is_dir() or st.st_uid != os.getuid():
+            continue
+        if _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or a number no process has: leave it
+    return True
+
+
 class SessionFiles:
     """One private temporary folder per app, one sub-folder per session; removed at session end and at exit.
 
@@ -200,9 +251,11 @@ class SessionFiles:
 
     @property
     def root(self) -> Path:
-        """The app's folder under the system temp folder, made on first use and removed at exit."""
+        """The app's folder under the system temp folder, made on first use and removed at exit; its name
+        carries this process's id, so a later start-up can remove it if the process was killed
+        (:func:`remove_stale`)."""
         if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="kvviz-", dir=self._parent))
+            self._root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=self._parent))
             atexit.register(self.cleanup)
         return self._root
 

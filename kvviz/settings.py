@@ -22,6 +22,13 @@ KVVIZ_SESSION_GRACE_S       seconds a closed session's traces are kept for a rec
 KVVIZ_FILE_MAX_AGE_S        exported files older than this are deleted (3600)
 KVVIZ_PUBLIC                1 = public deployment (also implied by SPACE_ID on a Hugging Face Space)
 KVVIZ_ALLOWED_MODELS        comma-separated model ids a public deployment may load
+KVVIZ_JOBS_PER_ADDRESS      model jobs one network address may have queued or running (public: 16; else
+                            no bound): a script cannot fill the queue with one session per request
+KVVIZ_KEY_READS_PER_S       attention key reads (all layers) the model does per second, to estimate a job's
+                            model time: new jobs wait for none and are refused while the jobs queued or
+                            running would take longer than KVVIZ_MAX_JOB_SECONDS (1e7 per CPU core; 1e9 on CUDA)
+KVVIZ_PROXY_HOPS            proxies in front of the app that append the caller's address to
+                            X-Forwarded-For (1 on a Space, else 0: the connection's peer is the caller)
 KVVIZ_PRECOMPUTE            0 = do not compute the show-me examples in the background at start-up (1)
 KVVIZ_WARM                  0 = do not run the Generate example once at start-up to fill the prefix cache (1)
 KVVIZ_MODEL                 the model to load when none is given (bundled; on a Space the hub copy)
@@ -102,6 +109,18 @@ def default_max_rss_gb() -> float:
     return round(0.75 * total / 2**30, 1) if total else 12.0
 
 
+# a lecture hall behind one NAT address (campus Wi-Fi) shares this bound: raise it for such a room
+PUBLIC_JOBS_PER_ADDRESS = 16
+
+
+def default_key_reads_per_s() -> float:
+    """SmolLM2-135M's pace in key reads: six 7,680-token prompts on 2 cores (~1.2e10 key reads, their
+    checks included) took ~535 s, ~2e7 a second, 1e7 per core; a GPU is two orders faster."""
+    if torch.cuda.is_available():
+        return 1e9
+    return 1e7 * max(1, os.cpu_count() or 1)
+
+
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -133,6 +152,9 @@ class Settings:
     gather_ms: int = 500
     public: bool = False
     allowed_models: list[str] = field(default_factory=list)
+    jobs_per_address: int = 0  # 0: no bound (a private deployment); a public one defaults to PUBLIC_JOBS_PER_ADDRESS
+    proxy_hops: int = 0
+    key_reads_per_s: float = 2e7
     max_config_bytes: int = MAX_CONFIG_BYTES
     session_grace_s: int = 60
     file_max_age_s: int = 3600
@@ -160,6 +182,9 @@ class Settings:
             gather_ms=_int("KVVIZ_GATHER_MS", cls.gather_ms, minimum=0),
             public=public,
             allowed_models=allowed,
+            jobs_per_address=_int("KVVIZ_JOBS_PER_ADDRESS", PUBLIC_JOBS_PER_ADDRESS if public else 0, minimum=0),
+            key_reads_per_s=_float("KVVIZ_KEY_READS_PER_S", default_key_reads_per_s(), 1.0),
+            proxy_hops=_int("KVVIZ_PROXY_HOPS", 1 if os.environ.get("SPACE_ID") else 0, minimum=0),
             max_config_bytes=_int("KVVIZ_MAX_CONFIG_BYTES", cls.max_config_bytes, minimum=1024),
             session_grace_s=_int("KVVIZ_SESSION_GRACE_S", cls.session_grace_s, minimum=0),
             file_max_age_s=_int("KVVIZ_FILE_MAX_AGE_S", cls.file_max_age_s, minimum=60),

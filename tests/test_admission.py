@@ -101,3 +101,39 @@ def test_a_job_that_outlives_its_budget_loses_its_slot_to_the_line():
 def test_current_rss_reads_this_process():
     rss = current_rss()
     assert rss is None or 10 * 2**20 < rss < 64 * 2**30
+
+
+def test_one_address_holds_at_most_per_address_jobs_whatever_its_sessions():
+    gate = Gate(slots=2, max_waiting=100, per_address=3)
+    script = [gate.admit(f"session {i}", address="10.0.0.9") for i in range(3)]  # a new session per request
+    with pytest.raises(Refused, match=r"network address already has 3 model jobs.*KVVIZ_JOBS_PER_ADDRESS = 3"):
+        gate.admit("session 3", address="10.0.0.9")
+    students = [gate.admit(f"student {i}", address=f"10.0.1.{i}") for i in range(5)]  # others still get in
+    assert gate.snapshot()["sessions"] == 8
+    script[0].release()
+    gate.admit("session 4", address="10.0.0.9")  # a place freed: the address may send one more
+    with pytest.raises(Refused, match="network address"):  # jobs held in another gate count too
+        gate.admit("session 5", address="10.0.1.0", elsewhere=2)
+    assert all(t.position() >= 0 for t in students)
+
+
+def test_without_a_bound_or_an_address_nothing_changes():
+    gate = Gate(slots=1, max_waiting=100)
+    [gate.admit(f"s{i}", address="10.0.0.9") for i in range(20)]
+    bounded = Gate(slots=1, max_waiting=100, per_address=1)
+    [bounded.admit(f"s{i}") for i in range(5)]  # no address known: only the session rule applies
+
+
+def test_jobs_are_admitted_by_the_model_time_already_outstanding():
+    gate = Gate(slots=8, max_waiting=100, max_outstanding_s=100.0)
+    alone = gate.admit("long 1", cost_s=500.0)  # a job alone is always admitted (its size is bounded before)
+    with pytest.raises(Refused, match=r"busy with long jobs.*about 500 s.*about 80 s more.*100 s"):
+        gate.admit("long 2", cost_s=80.0)
+    alone.release()
+    first = gate.admit("long 3", cost_s=80.0)
+    shorts = [gate.admit(f"short {i}", cost_s=1.0) for i in range(20)]  # a room of short runs fits beside it
+    with pytest.raises(Refused, match="busy with long jobs"):
+        gate.admit("long 4", cost_s=80.0)
+    with pytest.raises(Refused, match="busy with long jobs"):  # what another gate holds counts too
+        Gate(max_outstanding_s=100.0).admit("x", cost_s=30.0, elsewhere_s=80.0)
+    assert first.position() == 0 and len(shorts) == 20

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvviz.limits import MAX_TEMPERATURE, MIN_TEMPERATURE
 from kvviz.models import BUNDLED, ModelLoadError, load_model, resolve_spec
 from kvviz.safety import (
     SessionFiles,
@@ -18,6 +19,8 @@ from kvviz.safety import (
     looks_like_path,
     parse_config_json,
     real_number,
+    remove_stale,
+    temperature,
     whole_number,
 )
 from kvviz.settings import HUB_DEFAULT
@@ -84,6 +87,27 @@ def test_real_number():
 
 
 # --- model specs
+@pytest.mark.parametrize("value", ["1e-38", 5e-324, "5e-324", 1e-38, MIN_TEMPERATURE / 2])
+def test_a_temperature_too_small_to_divide_by_is_greedy(value):
+    assert temperature(value) == 0.0
+
+
+def test_temperature_keeps_its_range():
+    assert temperature(None) == 0.0 and temperature("0.7") == 0.7 and temperature(MIN_TEMPERATURE) == MIN_TEMPERATURE
+    for bad in (-1e-38, MAX_TEMPERATURE * 1.01, "nan", "inf", "hot", True):
+        with pytest.raises(ValueError, match="Temperature"):
+            temperature(bad)
+
+
+@pytest.mark.parametrize("value", ["-0", "-0.0", -0.0, " -0 "])
+def test_negative_zero_is_refused_where_zero_is_allowed(value):
+    with pytest.raises(ValueError, match="minus sign"):
+        real_number(value, "Temperature", 0.0, 5.0)
+    with pytest.raises(ValueError, match="minus sign"):
+        whole_number(value, "Seed", 0, 10)
+    assert real_number(0, "Temperature", 0.0, 5.0) == 0.0 and whole_number("0", "Seed", 0, 10) == 0
+
+
 def test_private_deployment_loads_anything():
     assert check_model_spec("/some/folder", public=False, allowed=[]) == "/some/folder"
     assert check_model_spec(None, public=True, allowed=[]) is None
@@ -238,3 +262,31 @@ def test_one_config_limit_for_files_pasted_text_and_the_deployment(tmp_path):
     del big["padding"]
     path.write_text(json.dumps(big))
     assert cache_layout(path).num_layers == 2
+
+
+def dead_pid() -> int:
+    """The id of a process that has just ended."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_servers_folder_is_removed_and_a_live_ones_kept(tmp_path):
+    import os
+
+    files = SessionFiles(tmp_path)
+    (files.run_folder("s") / "kvviz-trace.npz").write_bytes(b"x")
+    live = files.root
+    assert live.name.startswith(f"kvviz-{os.getpid()}-")
+    dead = tmp_path / f"kvviz-{dead_pid()}-abc123"
+    (dead / "session").mkdir(parents=True)
+    (dead / "session" / "kvviz-trace.npz").write_bytes(b"a stranger's export")
+    other = tmp_path / "kvviz-load-xyz"  # not a SessionFiles folder
+    other.mkdir()
+    link = tmp_path / f"kvviz-{dead_pid()}-link"
+    link.symlink_to(other)
+    assert remove_stale(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists() and link.is_symlink()

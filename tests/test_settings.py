@@ -102,3 +102,18 @@ def test_the_start_up_switches_are_on_unless_turned_off(monkeypatch, raw, on):
             monkeypatch.setenv(name, raw)
     s = Settings.from_env()
     assert s.warm is on and s.precompute is on
+
+
+def test_a_public_deployment_bounds_jobs_per_address_and_a_space_reads_its_proxy(monkeypatch):
+    from kvviz.settings import PUBLIC_JOBS_PER_ADDRESS
+
+    for name in ("KVVIZ_PUBLIC", "SPACE_ID", "KVVIZ_JOBS_PER_ADDRESS", "KVVIZ_PROXY_HOPS"):
+        monkeypatch.delenv(name, raising=False)
+    private = Settings.from_env()
+    assert private.jobs_per_address == 0 and private.proxy_hops == 0
+    monkeypatch.setenv("KVVIZ_PUBLIC", "1")
+    assert Settings.from_env().jobs_per_address == PUBLIC_JOBS_PER_ADDRESS
+    monkeypatch.setenv("SPACE_ID", "someone/kvviz")
+    monkeypatch.setenv("KVVIZ_JOBS_PER_ADDRESS", "40")
+    space = Settings.from_env()
+    assert space.proxy_hops == 1 and space.jobs_per_address == 40

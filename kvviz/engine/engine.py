@@ -63,9 +63,10 @@ ROOM_WAIT = 5  # beside a room, a finished run's check waits at most this many t
 class Job:
     """One computation and the callers following it."""
 
-    def __init__(self, gen: Generation):
+    def __init__(self, gen: Generation, owner: str | None = None):
         self.gen = gen
         self.handles: list[Handle] = []
+        self.owners: set[str | None] = {owner}  # who sent it (None: the server): see PrefixStore.blocks
         self.claim = Claim([], [])
         self.claimed = False  # looked up in the prefix store (once, before its first forward)
         self.progress: Progress | None = None
@@ -209,9 +210,14 @@ class Engine:
         }
 
     # ---- callers --------------------------------------------------------------------------------
-    def submit(self, prompt: str, should_stop: Callable[[], bool] | None = None, **kwargs) -> Handle:
+    def submit(
+        self, prompt: str, should_stop: Callable[[], bool] | None = None, owner: str | None = None, **kwargs
+    ) -> Handle:
         """Queue a run (``Generation``'s arguments; bad ones raise here, in the caller's thread) and
-        return its handle; an identical run already queued, running or just finished is shared."""
+        return its handle; an identical run already queued, running or just finished is shared.
+        ``owner`` names who sent it (a session; None: the server itself, whose prompts anyone may read):
+        the prefix store remembers who used each block, so a public blocks view shows a prompt's text
+        only to a session that sent it (:meth:`~kvviz.engine.prefix.PrefixStore.blocks`)."""
         gen = Generation(self.lm, prompt, **kwargs)
         key = gen.key()
         with self._cond:
@@ -221,10 +227,14 @@ class Engine:
                 self.counters["shared"] += 1
                 handle = Handle(job, should_stop)
                 job.handles.append(handle)
+                if owner not in job.owners:  # the same prompt, sent by someone else too
+                    job.owners.add(owner)
+                    if self.prefix is not None:
+                        self.prefix.own(job.claim.hashes, owner)
                 if job.finished:
                     self._finished.move_to_end(key)
                 return handle
-            job = Job(gen)
+            job = Job(gen, owner)
             handle = Handle(job, should_stop)
             job.handles.append(handle)
             self._active[key] = job
@@ -304,23 +314,22 @@ class Engine:
             self._step_inference(batch)
 
     def _step_inference(self, batch: list[Job]) -> None:
+        """One packed forward of every running run's next feed. A run's own work before and after the forward
+        (its prefix claim, its feed, sampling its token, storing its blocks) runs in :meth:`_own`: a fault there
+        ends that run only (a temperature of 1e-38 once made every run decoding beside it fail). A fault in the
+        shared forward itself still ends the step's runs: their caches are then half written."""
         feeds, budget = [], self.token_budget
         storing = {h for j in batch if j.claimed and j.gen.prefilling for h in j.claim.hashes[len(j.claim.held) :]}
         for job in sorted(batch, key=lambda j: j.gen.prefilling):  # decoding runs first: one token each
-            g = job.gen
-            if not job.claimed:
-                if self.prefix is not None:
-                    hashes = self.prefix.hashes(g)
-                    if storing.intersection(hashes):
-                        continue  # a run of this step computes blocks this one would reuse: start once they are stored
-                    job.claim = self.prefix.claim(g, hashes)
-                    storing.update(job.claim.hashes[len(job.claim.held) :])
-                job.claimed = True
-            if g.prefilling and budget <= 0:
+            if job.gen.prefilling and job.abandoned():  # stopped (or out of time) mid-prefill: it ends now
+                job.gen.stop()
+                job.gen.finish()
+                self._retire(job, None)
                 continue
-            ids, start = g.next_feed(budget if g.prefilling else None)
-            budget -= len(ids)
-            feeds.append((job, ids, start))
+            fed = self._own(job, self._feed, job, storing, budget)
+            if fed:
+                budget -= len(fed[1])
+                feeds.append(fed)
         done: list[Job] = []
         with installed(self.lm.model), threads_for(sum(len(ids) for _, ids, _ in feeds), self.lm.device):
             if self.packable and len(feeds) > 1:
@@ -335,17 +344,7 @@ class Engine:
             self.counters["batched_tokens"] += sum(len(ids) for _, ids, _ in feeds)
             self.counters["max_batch_seen"] = max(self.counters["max_batch_seen"], len(feeds))
             for (job, ids, _), row in zip(feeds, logits):
-                g = job.gen
-                was_prefilling = g.prefilling
-                produced = g.take(row, len(ids))
-                if was_prefilling and not g.prefilling and self.prefix is not None:
-                    self.prefix.store(g, job.claim)
-                if produced:
-                    job.changed()
-                if g.done:
-                    g.finish()
-                    if self.slots is not None:  # its Trace is complete: the check reads no cache
-                        self.slots.detach(g.cache)
+                if self._own(job, self._take, job, row, len(ids)):
                     done.append(job)
         for job in done:
             if not job.gen.verify:
@@ -355,6 +354,47 @@ class Engine:
                 self._running.remove(job)
             job._report(Progress("verify", 0, 1))
             self._unchecked.append((job, time.monotonic()))
+
+    def _own(self, job: Job, work: Callable, *args):
+        """``work(*args)`` for one run; a fault ends that run (its callers get the error), not the step."""
+        try:
+            return work(*args)
+        except Exception as exc:
+            log.error("a run failed in the engine's step:\n%s", traceback.format_exc())
+            self._retire(job, exc)
+            return None
+
+    def _feed(self, job: Job, storing: set, budget: int) -> tuple[Job, list[int], int] | None:
+        """The run's next feed, after its one look-up in the prefix store (None: it sits this step out)."""
+        g = job.gen
+        if not job.claimed:
+            if self.prefix is not None:
+                hashes = self.prefix.hashes(g)
+                if storing.intersection(hashes):
+                    return None  # a run of this step computes blocks this one would reuse: start once they are stored
+                job.claim = self.prefix.claim(g, hashes, owners=job.owners)
+                storing.update(job.claim.hashes[len(job.claim.held) :])
+            job.claimed = True
+        if g.prefilling and budget <= 0:
+            return None
+        ids, start = g.next_feed(budget if g.prefilling else None)
+        return job, ids, start
+
+    def _take(self, job: Job, row: torch.Tensor, fed: int) -> bool:
+        """Hand the run its logits; True when it has finished."""
+        g = job.gen
+        was_prefilling = g.prefilling
+        produced = g.take(row, fed)
+        if was_prefilling and not g.prefilling and self.prefix is not None:
+            self.prefix.store(g, job.claim, owners=job.owners)
+        if produced:
+            job.changed()
+        if not g.done:
+            return False
+        g.finish()
+        if self.slots is not None:  # its Trace is complete: the check reads no cache
+            self.slots.detach(g.cache)
+        return True
 
     def _check_due(self) -> None:
         """Check the finished runs together unless the runs still decoding beside them will all have

@@ -19,6 +19,13 @@ begin alike ("What is"), and the run that computes such a block first holds the 
 The prompt's last token is always computed (its logits give the first new token), and rows are
 kept for at most ``max_tokens`` prompt tokens (they grow with the square of the prefix).
 
+Each block remembers who used it — the sessions that stored it or found it cached, or the server itself
+(the warm-up, the show-me examples) — up to the two needed to call it shared: a public blocks view
+(:meth:`PrefixStore.blocks` with ``viewer``) shows the text of a block only when the server used it, two
+sessions did, or the viewer did, so one student never reads another's prompt (the chat template and
+system prompt every request starts with stay readable). Hidden blocks' hashes are shown through a key
+only this store knows: the chained hash of a guessed prompt cannot be compared with them offline.
+
 The engine's thread claims, stores and releases while the blocks view reads :meth:`PrefixStore.blocks`
 from request threads, so every touch of the cache's bookkeeping holds the store's lock; tensor work on
 blocks a run has pinned (no one evicts or changes them) happens outside it.
@@ -26,8 +33,11 @@ blocks a run has pinned (no one evicts or changes them) happens outside it.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,6 +46,8 @@ from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
 from kvviz.capture.generation import Generation
 
 BLOCK_SIZE = 8  # tokens per cached block (see the module docstring)
+SERVER = None  # the owner of the server's own runs (warm-up, examples): their blocks are anyone's to read
+SHARED = 2  # owners that make a block shared: more are not remembered (a template block has every session)
 
 
 @dataclass
@@ -48,6 +60,14 @@ class Block:
     token_ids: tuple[int, ...] = ()  # the block's prompt tokens, so the blocks view can show their text
     parent: bytes | None = None  # hash of the block before it (None: the prompt's first block)
     start: int = 0  # position of its first token
+    owners: set[str | None] = field(default_factory=set)  # who used it, up to SHARED (SERVER: public)
+
+    def own(self, owners: Iterable[str | None]) -> None:
+        """Remember these owners too (with the store's lock held), while they can still change the verdict."""
+        for owner in owners:
+            if SERVER in self.owners or len(self.owners) >= SHARED:
+                return
+            self.owners.add(owner)
 
 
 @dataclass(frozen=True)
@@ -61,6 +81,12 @@ class BlockInfo:
     ref_count: int  # running requests that hold it (it cannot be evicted while > 0)
     hits: int  # times a request found it cached
     nbytes: int
+    owners: frozenset = frozenset()  # who used it, up to SHARED (SERVER: the server itself)
+    hidden: bool = False  # its text and hash withheld from this viewer (another session's prompt)
+
+    def readable_by(self, viewer: str | None) -> bool:
+        """The server's block, a block two sessions used, or one the viewer used."""
+        return SERVER in self.owners or len(self.owners) >= SHARED or viewer in self.owners
 
 
 @dataclass(frozen=True)
@@ -88,6 +114,7 @@ class PrefixStore:
         self.hasher = BlockHasher(block_size, salt)
         self.block_size, self.max_tokens = block_size, max_tokens
         self.lock = threading.Lock()
+        self._key = os.urandom(32)  # hashes a public view shows are keyed with it (see the module docstring)
 
     def hashes(self, g: Generation) -> list[bytes]:
         """The chained hashes of the run's prompt blocks the store could hold (none for a run it cannot seed,
@@ -97,10 +124,12 @@ class PrefixStore:
             return []
         return self.hasher(g.trace.token_ids[:usable])
 
-    def claim(self, g: Generation, hashes: list[bytes] | None = None) -> Claim:
+    def claim(
+        self, g: Generation, hashes: list[bytes] | None = None, owners: Iterable[str | None] = (SERVER,)
+    ) -> Claim:
         """Seed a fresh run from the longest cached run of its leading blocks, and ask its recorder to keep
         the rows of the blocks still to be stored. Call before the run's first forward; ``hashes``: the
-        run's :meth:`hashes`, when the caller has them already."""
+        run's :meth:`hashes`, when the caller has them already; ``owners``: who sent the run."""
         b = self.block_size
         hashes = self.hashes(g) if hashes is None else hashes
         if not hashes or g.rec is None:
@@ -108,6 +137,8 @@ class PrefixStore:
         usable = len(hashes) * b
         with self.lock:
             held = self.cache.acquire(hashes)
+            for block in held:
+                block.payload.own(owners)
         if held:
             blocks = [h.payload for h in held]
             layers = [
@@ -123,9 +154,9 @@ class PrefixStore:
             g.rec.keep_prefix_rows(usable)
         return Claim(held, hashes)
 
-    def store(self, g: Generation, claim: Claim) -> None:
+    def store(self, g: Generation, claim: Claim, owners: Iterable[str | None] = (SERVER,)) -> None:
         """After the run's prefill: insert its blocks not yet cached (pinned for the run), then drop the
-        recorder's copy of the rows."""
+        recorder's copy of the rows; ``owners``: who sent the run."""
         if g.rec is None or g.rec.prefix_rows is None:
             return
         rows, b = g.rec.prefix_rows, self.block_size
@@ -139,9 +170,19 @@ class PrefixStore:
             nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + payload.rows.nbytes
             with self.lock:
                 block = self.cache.insert(claim.hashes[j], nbytes, payload)
+                if block is not None:  # a block another run stored meanwhile keeps its owners and gains these
+                    block.payload.own(owners)
             if block is None:  # no room: later blocks would be unreachable without this one
                 break
             claim.held.append(block)
+
+    def own(self, hashes: Iterable[bytes], owner: str | None) -> None:
+        """``owner`` sent a prompt with these blocks too (a request that joined an identical run)."""
+        with self.lock:
+            for h in hashes:
+                block = self.cache.get(h)
+                if block is not None:
+                    block.payload.own([owner])
 
     def release(self, claim: Claim) -> None:
         """The run is over: its blocks stay cached until the byte budget needs their room."""
@@ -149,9 +190,11 @@ class PrefixStore:
             self.cache.release(claim.held)
         claim.held = []
 
-    def blocks(self) -> StoreView:
+    def blocks(self, viewer: str | None = None, private: bool = False) -> StoreView:
         """Every cached block (eviction order) with its statistics, copied under the lock: the engine's
-        thread may be inserting or evicting meanwhile. No tensor is touched."""
+        thread may be inserting or evicting meanwhile. No tensor is touched. ``private`` (a public
+        deployment): a block ``viewer`` may not read (:meth:`BlockInfo.readable_by`) comes without its
+        tokens, and every hash is shown keyed (see the module docstring)."""
         with self.lock:
             blocks = [
                 BlockInfo(
@@ -162,10 +205,25 @@ class PrefixStore:
                     c.ref_count,
                     c.hits,
                     c.nbytes,
+                    frozenset(c.payload.owners),
                 )
                 for c in self.cache.eviction_order()
             ]
-            return StoreView(blocks, self._stats())
+            stats = self._stats()
+        if private:
+            blocks = [self._as_seen(b, viewer) for b in blocks]
+        return StoreView(blocks, stats)
+
+    def _as_seen(self, block: BlockInfo, viewer: str | None) -> BlockInfo:
+        keyed = None if block.parent is None else self._keyed(block.parent)
+        if block.readable_by(viewer):
+            return replace(block, block_hash=self._keyed(block.block_hash), parent=keyed, owners=frozenset())
+        return replace(
+            block, block_hash=self._keyed(block.block_hash), parent=keyed, token_ids=(), owners=frozenset(), hidden=True
+        )
+
+    def _keyed(self, block_hash: str) -> str:
+        return hashlib.blake2b(bytes.fromhex(block_hash), key=self._key, digest_size=16).hexdigest()
 
     def stats(self) -> dict:
         """Hit rate, blocks and bytes held (for logs, the blocks view and the load bench)."""

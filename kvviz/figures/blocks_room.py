@@ -23,7 +23,7 @@ CAPTIONS = {
     "table": "Every cached block, the next to evict first (least recently used; blocks held by running requests "
     "cannot be evicted and come last): the block it follows, its token positions and text, the requests "
     "holding it, the requests that found it cached, and its bytes (keys and values of every layer plus the "
-    "attention rows the views need).",
+    "attention rows the views need). On a public deployment a block only one other session sent shows no text.",
 }
 
 

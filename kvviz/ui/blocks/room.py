@@ -2,7 +2,9 @@
 
 Reads :meth:`kvviz.engine.prefix.PrefixStore.blocks` (a copy taken under the store's lock: no model
 work, no tensors) every :data:`REFRESH_S` seconds while the Blocks tab is shown, and only redraws when
-the cache changed; the figures come from :mod:`kvviz.figures.blocks_room`. No arithmetic here.
+the cache changed; the figures come from :mod:`kvviz.figures.blocks_room`. No arithmetic here. In a
+public deployment the viewer is the request's session: another session's prompt blocks come without
+their text (:data:`HIDDEN` instead), since anyone can call this refresh with any session.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ EXPLAIN = (
     "reuses their keys and values instead of recomputing them."
 )
 NO_STORE = "This model's runs cannot be packed, so the engine keeps no prefix cache for it."
+HIDDEN = "🔒 another session's prompt"
 
 
 def signature(view: StoreView | None) -> tuple:
@@ -45,16 +48,17 @@ def decoder(ctx: AppContext) -> Callable[[tuple[int, ...]], str]:
     return decode
 
 
-def refresh(ctx: AppContext, decode: Callable[[tuple[int, ...]], str], last) -> tuple:
-    """Summary, tree, table and the new signature; every output skipped when the cache is as shown."""
+def refresh(ctx: AppContext, decode: Callable[[tuple[int, ...]], str], last, viewer: str | None = None) -> tuple:
+    """Summary, tree, table and the new signature; every output skipped when the cache is as shown.
+    ``viewer``: the session asking (in a public deployment it reads only its own and shared blocks)."""
     store = ctx.engine.prefix
-    view = None if store is None else store.blocks()
+    view = None if store is None else store.blocks(viewer, private=ctx.settings.public)
     sig = signature(view)
     if sig == last:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     if view is None:
         return NO_STORE, None, None, sig
-    texts = [decode(b.token_ids) for b in view.blocks]
+    texts = [HIDDEN if b.hidden else decode(b.token_ids) for b in view.blocks]
     return fig.room_summary(view), fig.room_tree(view, texts), fig.room_table(view, texts), sig
 
 
@@ -81,8 +85,9 @@ def build(ctx: AppContext) -> None:
     shown = gr.State(None)  # the signature on the page
     decode = decoder(ctx)
 
-    def tick(last):
-        return refresh(ctx, decode, last)
+    def tick(last, request: gr.Request):
+        # no session (a bare API call): it reads only the server's and shared blocks
+        return refresh(ctx, decode, last, getattr(request, "session_hash", None))
 
     outputs = [summary, tree, table, shown]
     tab = _enclosing_tab()
@@ -91,8 +96,8 @@ def build(ctx: AppContext) -> None:
     if tab is None or ctx.tabs is None:
         return
 
-    def opened(last):
-        return *tick(last), gr.Timer(active=True)
+    def opened(last, request: gr.Request):
+        return *tick(last, request), gr.Timer(active=True)
 
     def switched(evt: gr.SelectData):
         return gr.Timer(active=evt.value == tab.label)

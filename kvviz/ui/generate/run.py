@@ -21,8 +21,10 @@ from kvviz.limits import MAX_SEED
 from kvviz.memory.capacity import max_context
 from kvviz.memory.layout import cache_layout
 from kvviz.safety import real_number, whole_number
+from kvviz.safety import temperature as checked_temperature
 from kvviz.ui.generate.stream import STATUS_S, LiveRun, mark, replay_range
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.jobs import session_of
 from kvviz.ui.serving.model_job import Job, ModelJob, Size, prompt_ids
 from kvviz.ui.serving.precompute import origin, share_trace
 from kvviz.ui.serving.sessions import user_errors
@@ -61,7 +63,7 @@ def validate_request(
     with user_errors():  # every input checked by kvviz.safety: NaN, fractions, text, control characters
         n_new = whole_number(max_new_tokens, "Max new tokens", 1, ctx.settings.max_new_tokens)
         sampling = Sampling(
-            real_number(0.0 if temperature is None else temperature, "Temperature", 0.0, 5.0),
+            checked_temperature(temperature),
             real_number(1.0 if top_p is None else top_p, "Top-p", 0.0, 1.0, lo_open=True),
             whole_number(0 if seed is None else seed, "Seed", 0, MAX_SEED),
         )
@@ -88,10 +90,13 @@ def api_generate(
     return ask(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
 
 
-def submit(ctx: AppContext, a: Ask, should_stop):
-    """A checked Generate request to the engine, with the equivalence check, as the tab and /generate run it."""
+def submit(ctx: AppContext, a: Ask, should_stop, owner: str | None = None):
+    """A checked Generate request to the engine, with the equivalence check, as the tab and /generate run it
+    (``owner``: the session that sent it, whose prefix blocks other sessions may not read; None for the
+    server's own show-me runs)."""
     return ctx.engine.submit(
         a.text,
+        owner=owner,
         chat=a.chat,
         max_new_tokens=a.n_new,
         sampling=a.sampling,
@@ -187,7 +192,7 @@ def run(job: Job[Ask]):
             entry, mine = ctx.store.claim(entry.key)
 
         def work(report):
-            handle = submit(ctx, a, job.should_stop)
+            handle = submit(ctx, a, job.should_stop, session_of(job.request))
             t0, trace = time.perf_counter(), None
             for trace in handle.stream(report):
                 if mine and entry is not None:
@@ -209,7 +214,7 @@ def run(job: Job[Ask]):
 
 def summary(job: Job[Ask]) -> dict:
     """``/generate``'s answer: the trace summary, and a note when the time budget ended the run."""
-    out = submit(job.ctx, job.req, job.should_stop).result().summary()
+    out = submit(job.ctx, job.req, job.should_stop, session_of(job.request)).result().summary()
     if job.timed_out:
         out["note"] = job.timeout_note().lstrip(" ·")
     return out

@@ -27,7 +27,7 @@ import gradio as gr
 
 from kvviz.admission import Gate, Refused, Ticket
 from kvviz.capture.trace import ModelInfo
-from kvviz.limits import check_cost, job_cost
+from kvviz.limits import check_cost, job_cost, model_seconds
 from kvviz.settings import Settings
 
 log = logging.getLogger("kvviz")
@@ -47,6 +47,22 @@ def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "anonymous"
 
 
+def client_of(request: gr.Request | None, proxy_hops: int = 0) -> str | None:
+    """The caller's network address. Gradio gives the connection's peer (``request.client.host``; uvicorn
+    already puts there the X-Forwarded-For address a proxy on the loopback sends). Behind ``proxy_hops``
+    proxies that each append the address they saw to X-Forwarded-For (a Space's), it is the entry that
+    many from the end: the ones before it are the caller's own to forge."""
+    if request is None:
+        return None
+    if proxy_hops > 0:
+        headers = getattr(request, "headers", None) or {}
+        forwarded = [a.strip() for a in (headers.get("x-forwarded-for") or "").split(",") if a.strip()]
+        if len(forwarded) >= proxy_hops:
+            return forwarded[-proxy_hops]
+    client = getattr(request, "client", None)
+    return getattr(client, "host", None) or None
+
+
 class Jobs:
     """The app's gate to the model, with the deployment's limits."""
 
@@ -57,12 +73,16 @@ class Jobs:
             max_waiting=settings.queue_size,
             max_seconds=settings.max_job_seconds,
             max_rss_bytes=int(settings.max_rss_gb * 2**30),
+            per_address=settings.jobs_per_address,
+            max_outstanding_s=settings.max_job_seconds,
         )
         self.room = Gate(  # Generate runs: the engine decodes them together
             slots=settings.room_size,
             max_waiting=settings.queue_size,
             max_seconds=settings.max_job_seconds,
             max_rss_bytes=int(settings.max_rss_gb * 2**30),
+            per_address=settings.jobs_per_address,
+            max_outstanding_s=settings.max_job_seconds,
         )
         # by default the largest job is four runs at the longest prompt and generation allowed (a comparison of
         # three policies with the full cache); the time budget bounds it too
@@ -84,8 +104,18 @@ class Jobs:
         """A place in line for this session's job, or :class:`UserError` at once (see :func:`job_cost`);
         ``room``: a Generate run, admitted to the engine's gate. Only a run step that is about to run asks."""
         gate = self._refusals(request, prompt_tokens, new_tokens, runs, window, room)
+        other = self.gate if room else self.room
+        cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
+        address = client_of(request, self.settings.proxy_hops)
         try:
-            return gate.admit(session_of(request), what)
+            return gate.admit(
+                session_of(request),
+                what,
+                address,
+                other.held_by(address),
+                cost_s=model_seconds(cost, self.settings.key_reads_per_s),
+                elsewhere_s=other.outstanding_s(),
+            )
         except Refused as exc:
             raise UserError(str(exc)) from None
 
