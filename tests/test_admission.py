@@ -89,3 +89,17 @@ def test_a_waiting_ticket_released_leaves_the_line_and_wait_times_out():
 def test_current_rss_reads_this_process():
     rss = current_rss()
     assert rss is None or 10 * 2**20 < rss < 64 * 2**30
+
+
+def test_closing_the_gate_ends_running_budgets_cancels_the_line_and_admits_no_one():
+    gate = Gate(slots=1, max_waiting=4, max_seconds=600)
+    running, waiting = gate.admit("a"), gate.admit("b")
+    assert running.wait(0) and not running.expired()
+    gate.close()
+    assert running.expired() and running.timed_out  # a job polling its budget stops at its next step
+    with pytest.raises(Refused, match="cancelled"):
+        waiting.wait(0)
+    with pytest.raises(Refused):
+        gate.admit("c")
+    running.release()
+    assert gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
