@@ -24,6 +24,8 @@ KVVIZ_PUBLIC                1 = public deployment (also implied by SPACE_ID on a
 KVVIZ_ALLOWED_MODELS        comma-separated model ids a public deployment may load
 KVVIZ_PRECOMPUTE            0 = do not compute the show-me examples in the background at start-up (1)
 KVVIZ_WARM                  0 = do not run the Generate example once at start-up to fill the prefix cache (1)
+KVVIZ_MCP                   1 = serve the named endpoints as MCP tools at /gradio_api/mcp (on by default
+                            on a Hugging Face Space, where SPACE_ID is set; off elsewhere)
 ==========================  ===========================================================
 """
 
@@ -80,6 +82,12 @@ def _on(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
+def _switch(name: str, default: bool) -> bool:
+    """A switch that is ``default`` unless set: 1, true, yes or on turn it on, anything else off."""
+    raw = os.environ.get(name, "").strip().lower()
+    return default if raw == "" else raw in {"1", "true", "yes", "on"}
+
+
 def default_concurrency() -> int:
     """Jobs at once: one per 4 CPU cores (torch already uses every core for one job), 2 with CUDA."""
     if torch.cuda.is_available():
@@ -110,6 +118,7 @@ class Settings:
     max_key_reads: int | None = None  # None: what max_prompt_tokens + max_new_tokens cost on the loaded model
     precompute: bool = True  # compute the planned examples in a background thread at start-up
     warm: bool = True  # run the Generate example once before serving (the engine's prefix cache, first forward)
+    mcp: bool = False  # launch(mcp_server=...): the named endpoints as tools for an LLM client (Gradio's MCP server)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -137,4 +146,5 @@ class Settings:
             max_key_reads=_int("KVVIZ_MAX_KEY_READS", 0, minimum=0) or None,
             precompute=_on("KVVIZ_PRECOMPUTE"),
             warm=_on("KVVIZ_WARM"),
+            mcp=_switch("KVVIZ_MCP", bool(os.environ.get("SPACE_ID"))),
         )

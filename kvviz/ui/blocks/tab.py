@@ -204,7 +204,18 @@ def build(ctx: AppContext) -> None:
         budget: int | None = None,
         request: gr.Request = None,
     ) -> dict:
-        """Blocks, prefix sharing and eviction × paging: the JSON of ``python -m kvviz blocks --json``."""
+        """Blocks, prefix sharing and eviction × paging: the JSON of ``python -m kvviz blocks --json``.
+
+        Args:
+            prompts: one to four prompts (a list of plain-text strings); shared leading blocks are counted once.
+            chat: true wraps each prompt in the model's chat template.
+            block_size: tokens per KV block (a paged cache's page size), a whole number.
+            policy: an eviction policy applied to each prompt's prefill, e.g. snapkv (omitted: no eviction).
+            budget: with policy, cache entries kept per layer and KV head, in tokens.
+
+        Returns:
+            Blocks per prompt, blocks shared between prompts and bytes held (all sizes in bytes).
+        """
         return api_blocks(ctx, prompts, chat, block_size, policy, budget, request)
 
     gr.api(gpu(blocks), api_name="blocks", concurrency_limit=None)
