@@ -4,15 +4,23 @@ Every option also reads an environment variable (KVVIZ_MODEL, KVVIZ_HOST, KVVIZ_
 KVVIZ_ROOT_PATH, KVVIZ_DEVICE_MAP, …); flags win. ``--device-map auto`` spreads a model too big for one
 device over the GPUs, the CPU and ``--offload-folder`` (accelerate), within ``--max-memory``. On a
 Hugging Face Space the defaults serve the hub copy of SmolLM2.
-Limits and the public mode come from the environment too (see ``kvviz/settings.py``).
+Limits and the public mode come from the environment too (see ``kvviz/settings.py``); KVVIZ_MCP=1 (the default
+on a Space) also serves the named endpoints as MCP tools at ``/gradio_api/mcp``.
+
+SIGTERM (a Space restarting) or Ctrl-C stops the server, ends every model job (the engine's thread after its
+current step), deletes the session folders and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 
 from kvviz.commands.common import add_placement_args, placement
 from kvviz.models import ModelLoadError, load_model, resolve_spec
@@ -33,9 +41,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build(args: argparse.Namespace):
-    from kvviz.ui.app import build_app, serve
-    from kvviz.ui.serving import precompute, sessions
+SHUTDOWN_S = 5.0  # how long a stopping server waits for running model jobs to end
+
+
+def load(args: argparse.Namespace):
+    """The app's context: the settings and the model, checked against the public mode's allowlist first."""
     from kvviz.ui.serving.context import AppContext
 
     settings = Settings.from_env()
@@ -47,16 +57,53 @@ def build(args: argparse.Namespace):
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     lm = load_model(spec, device=args.device, dtype=args.dtype, **placement(args))
-    ctx = AppContext(lm=lm, settings=settings)
+    return AppContext(lm=lm, settings=settings)
+
+
+def build(ctx, stop: threading.Event):
+    """The app and its ``launch`` options; ``stop`` ends the start-up work in the background."""
+    from kvviz.ui.app import build_app, serve
+    from kvviz.ui.serving import precompute, sessions
+
+    settings = ctx.settings
+    logging.getLogger("kvviz").info("session files under %s (removed at exit)", ctx.files.root)
     demo = build_app(ctx)
     sessions.install(demo, ctx)
     precompute.warm(ctx)  # the chat template's prefix blocks cached before the first request
-    precompute.start(ctx)  # the show-me examples, in the background while the server starts
-    return demo, serve(demo, settings)
+    precompute.start(ctx, stop)  # the show-me examples, in the background while the server starts
+    return demo, {**serve(demo, settings), "mcp_server": settings.mcp}
 
 
 def _interrupt(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the shutdown
     raise KeyboardInterrupt
+
+
+def shutdown(demo, ctx, stop: threading.Event) -> None:
+    """End the background work and every model job, stop the server, delete the session folders.
+
+    Jobs first: a request still streaming holds the server's shutdown for its 5 s grace, and a thread still
+    inside a torch forward when the interpreter exits aborts the process (``terminate called without an
+    active exception``, exit code -6). A job that will not end within :data:`SHUTDOWN_S` is left behind by
+    ``os._exit`` once the files are gone."""
+    stop.set()
+    stopped = ctx is None or ctx.close(SHUTDOWN_S)
+    if demo is not None:
+        demo.close(verbose=False)
+    if not stopped:
+        logging.getLogger("kvviz").warning("model work still running after %.0f s; exiting without it", SHUTDOWN_S)
+        exit_now(0)
+
+
+def exit_now(code: int) -> None:
+    """Exit with ``code`` after the exit handlers (a share link's tunnel, the session folders) and flushed output,
+    without the interpreter's teardown: freeing every object torch, gradio and the traces hold takes a served
+    app several seconds, more than a restart's grace, and a thread left inside torch would abort it."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,28 +112,39 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # SIGTERM (a Space restarting, a test ending) stops the app like Ctrl-C, at start-up too
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stop = threading.Event()
+    demo = ctx = None
     try:
-        demo, launch_options = build(args)
+        ctx = load(args)
+        demo, launch_options = build(ctx, stop)
+        from kvviz.ui.app import CSS, HEAD, THEME
+
+        demo.launch(
+            server_name=args.host,
+            server_port=args.port,
+            share=args.share,
+            root_path=args.root_path,
+            theme=THEME,
+            css=CSS,
+            head=HEAD,
+            footer_links=["api"],
+            prevent_thread_lock=True,
+            **launch_options,
+        )
+        while demo.is_running:  # until SIGTERM or Ctrl-C raises KeyboardInterrupt here
+            time.sleep(0.1)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from kvviz.ui.app import CSS, HEAD, THEME
-
-    # SIGTERM (a Space restarting, a test ending) closes the server like Ctrl-C, so temp files are deleted
-    signal.signal(signal.SIGTERM, _interrupt)
-    demo.launch(
-        server_name=args.host,
-        server_port=args.port,
-        share=args.share,
-        root_path=args.root_path,
-        theme=THEME,
-        css=CSS,
-        head=HEAD,
-        footer_links=["api"],
-        **launch_options,
-    )
+    except KeyboardInterrupt:
+        print("Stopping: ending the running jobs, then the server.", flush=True)
+    finally:
+        shutdown(demo, ctx, stop)
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -269,6 +269,16 @@ class Gate:
             self._start_ready()
             self._cond.notify_all()
 
+    def close(self) -> None:
+        """The server is stopping: every running job's time budget ends now (it stops at its next poll of
+        :meth:`Ticket.expired`, with what it has), jobs in line are cancelled and no new one is admitted."""
+        with self._cond:
+            self.max_waiting = self.slots = 0
+            for ticket in self._running:
+                ticket.timed_out = True
+            for ticket in list(self._waiting):
+                self.release(ticket)
+
     def snapshot(self) -> dict:
         """Counts for logs, tests and the load bench."""
         with self._cond:

@@ -35,6 +35,8 @@ KVVIZ_MODEL                 the model to load when none is given (bundled; on a 
 KVVIZ_CACHE_DIR             folder for converted models (~/.cache/kvviz)
 KVVIZ_LEADERBOARD           the sweep result the Leaderboard tab shows (bench/results/leaderboard.json)
 SPACE_ID                    set by Hugging Face Spaces: public mode, the hub copy of SmolLM2
+KVVIZ_MCP                   1 = serve the named endpoints as MCP tools at /gradio_api/mcp (on by default
+                            on a Hugging Face Space, where SPACE_ID is set; off elsewhere)
 ==========================  ===========================================================
 
 ``app.py``'s flags take their defaults from :func:`env` (KVVIZ_HOST, KVVIZ_PORT, …, listed there), so
@@ -130,6 +132,12 @@ def _on(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
+def _switch(name: str, default: bool) -> bool:
+    """A switch that is ``default`` unless set: 1, true, yes or on turn it on, anything else off."""
+    raw = os.environ.get(name, "").strip().lower()
+    return default if raw == "" else raw in {"1", "true", "yes", "on"}
+
+
 def default_concurrency() -> int:
     """Jobs at once: one per 4 CPU cores (torch already uses every core for one job), 2 with CUDA."""
     if torch.cuda.is_available():
@@ -163,6 +171,7 @@ class Settings:
     max_key_reads: int | None = None  # None: what max_prompt_tokens + max_new_tokens cost on the loaded model
     precompute: bool = True  # compute the planned examples in a background thread at start-up
     warm: bool = True  # run the Generate example once before serving (the engine's prefix cache, first forward)
+    mcp: bool = False  # launch(mcp_server=...): the named endpoints as tools for an LLM client (Gradio's MCP server)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -193,4 +202,5 @@ class Settings:
             max_key_reads=_int("KVVIZ_MAX_KEY_READS", 0, minimum=0) or None,
             precompute=_on("KVVIZ_PRECOMPUTE"),
             warm=_on("KVVIZ_WARM"),
+            mcp=_switch("KVVIZ_MCP", bool(os.environ.get("SPACE_ID"))),
         )

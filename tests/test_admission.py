@@ -137,3 +137,17 @@ def test_jobs_are_admitted_by_the_model_time_already_outstanding():
     with pytest.raises(Refused, match="busy with long jobs"):  # what another gate holds counts too
         Gate(max_outstanding_s=100.0).admit("x", cost_s=30.0, elsewhere_s=80.0)
     assert first.position() == 0 and len(shorts) == 20
+
+
+def test_closing_the_gate_ends_running_budgets_cancels_the_line_and_admits_no_one():
+    gate = Gate(slots=1, max_waiting=4, max_seconds=600)
+    running, waiting = gate.admit("a"), gate.admit("b")
+    assert running.wait(0) and not running.expired()
+    gate.close()
+    assert running.expired() and running.timed_out  # a job polling its budget stops at its next step
+    with pytest.raises(Refused, match="cancelled"):
+        waiting.wait(0)
+    with pytest.raises(Refused):
+        gate.admit("c")
+    running.release()
+    assert gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}

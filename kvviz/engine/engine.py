@@ -200,6 +200,7 @@ class Engine:
         self._step_s = 0.0  # how long the latest step took
         self._unchecked: list[tuple[Job, float]] = []  # finished runs waiting for their check (engine thread only)
         self._thread: threading.Thread | None = None
+        self._closed = False
         self.counters = {
             "submitted": 0,
             "shared": 0,
@@ -221,6 +222,8 @@ class Engine:
         gen = Generation(self.lm, prompt, **kwargs)
         key = gen.key()
         with self._cond:
+            if self._closed:
+                raise RuntimeError("The server is shutting down; try again once it is back.")
             self.counters["submitted"] += 1
             job = self._active.get(key) or self._finished.get(key)
             if job is not None and not (job.finished and job.error is not None):
@@ -253,6 +256,18 @@ class Engine:
         A cold room would otherwise compute those blocks in a step of their own while it waits."""
         return self.submit(prompt, chat=chat, max_new_tokens=1).result()
 
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop the engine's thread after its current step (the server is stopping): runs waiting or decoding end
+        with an error, later submits are refused. True once the thread has ended — a thread still inside a
+        forward when the interpreter exits aborts the process ("terminate called without an active exception")."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
+
     def snapshot(self) -> dict:
         """Counts for logs, the blocks view and the load bench."""
         with self._cond:
@@ -263,13 +278,22 @@ class Engine:
 
     # ---- the engine's thread ----------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:  # no local outlives a step: a finished run's cache is freed while the engine waits
+        while not self._closed:  # no local outlives a step: a finished run's cache is freed while the engine waits
             self._run(self._admit())
+        closing = RuntimeError("The server is shutting down; the run was ended.")
+        with self._cond:
+            jobs = [*self._waiting, *self._running, *(job for job, _ in self._unchecked)]
+            self._waiting.clear()
+            self._unchecked.clear()
+        for job in jobs:
+            self._retire(job, closing)
 
     def _admit(self) -> list[Job]:
         """Wait for work; move waiting runs into the batch while there is room; the batch."""
         with self._cond:
-            self._cond.wait_for(lambda: self._waiting or self._running or self._unchecked)
+            self._cond.wait_for(lambda: self._waiting or self._running or self._unchecked or self._closed)
+            if self._closed:
+                return []
             if self.gather_s and not self._running and not self._unchecked:
                 self._gather()
             while self._waiting and len(self._running) < self.max_batch:
@@ -402,7 +426,7 @@ class Engine:
         ``check_wait_s`` × (runs decoding / runs waiting, from 1 to :data:`ROOM_WAIT`): checking now would
         stall every decoding run, waiting delays only the waiting runs' verdicts. Outside the capture (the model as
         loaded). A failed check ends only the runs it was checking."""
-        if not self._unchecked:
+        if not self._unchecked or self._closed:
             return
         with self._cond:
             left = max((job.gen.steps_left for job in self._running if job.gen.verify), default=0)

@@ -186,7 +186,18 @@ def blocks(
     policy: str | None = None,
     budget: int | None = None,
 ) -> tuple:
-    """Blocks, prefix sharing and eviction × paging: the JSON of ``python -m kvviz blocks --json``."""
+    """Blocks, prefix sharing and eviction × paging: the JSON of ``python -m kvviz blocks --json``.
+
+    Args:
+        prompts: one to four prompts (a list of plain-text strings); shared leading blocks are counted once.
+        chat: true wraps each prompt in the model's chat template.
+        block_size: tokens per KV block (a paged cache's page size), a whole number.
+        policy: an eviction policy applied to each prompt's prefill, e.g. snapkv (omitted: no eviction).
+        budget: with policy, cache entries kept per layer and KV head, in tokens.
+
+    Returns:
+        Blocks per prompt, blocks shared between prompts and bytes held (all sizes in bytes).
+    """
     b = block_size_of(block_size)
     texts = blocks_sharing.check_prompts(ctx, prompts)
     pol = blocks_eviction.check_policy(policy, budget)

@@ -89,7 +89,22 @@ def evict(
     question: str = "",
     compress_context_only: bool = False,
 ) -> EvictionRequest:
-    """Generate under an eviction policy; ``params``: the policy's parameters by name, e.g. {"sinks": 4}."""
+    """Generate under an eviction policy and compare with the full cache (answer, top-1 agreement, KL, bytes).
+
+    Args:
+        prompt_text: the prompt (the context to compress), plain text.
+        policy_name: the eviction policy, e.g. streaming_llm, h2o, snapkv, knorm, tova, pyramidkv, adakv.
+        budget: cache entries kept per layer and KV head, in tokens (give this or ratio, not both).
+        ratio: fraction of the compressed tokens evicted, from 0 to 0.99 (give this or budget, not both).
+        chat: true wraps the prompt (and question) in the model's chat template.
+        max_new_tokens: tokens to generate after the compression, a whole number from 1 to KVVIZ_MAX_NEW_TOKENS.
+        params: the policy's own parameters by name, e.g. {"sinks": 4} for streaming_llm (omitted: its defaults).
+        question: an optional question asked after the context (plain text; empty for none).
+        compress_context_only: true compresses only the context and keeps the question whole (needs a question).
+
+    Returns:
+        The run's summary: the answer, the full cache's answer, agreement, KL, bytes kept and tokens/s.
+    """
     if (budget is None) == (ratio is None):
         raise UserError("Give exactly one of budget (tokens kept) or ratio (fraction evicted).")
     return check_request(

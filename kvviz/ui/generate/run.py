@@ -86,7 +86,20 @@ def api_generate(
     top_p: float = 1.0,
     seed: int = 0,
 ) -> Ask:
-    """Generate with the captured model and return the trace summary (JSON)."""
+    """Generate with the captured model and return the trace summary (JSON): the text, every step's cache
+    bytes, and the equivalence check (cached decoding against full recomputation).
+
+    Args:
+        prompt_text: the prompt, plain text (at most KVVIZ_MAX_PROMPT_TOKENS tokens).
+        max_new_tokens: tokens to generate, a whole number from 1 to KVVIZ_MAX_NEW_TOKENS.
+        chat: true wraps the prompt in the model's chat template (as one user message), false feeds it as is.
+        temperature: sampling temperature; 0 decodes greedily (the same answer every time).
+        top_p: nucleus sampling, the probability mass kept (0 < top_p ≤ 1; 1 keeps every token).
+        seed: random seed for sampling (a whole number); equal requests give equal answers.
+
+    Returns:
+        The trace summary: text, tokens, per-step cache bytes, stop reason and the max |Δ logit| check.
+    """
     return ask(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
 
 

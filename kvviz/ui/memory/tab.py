@@ -201,8 +201,24 @@ def api_memory(
     bandwidth_tbps: float | None = None,
     group_size: int | None = None,
 ) -> dict:
-    """KV-cache size, capacity and decode time: the JSON of ``python -m kvviz memory --json`` for a preset name,
-    ``"loaded"`` (the served model) or config JSON text."""
+    """KV-cache size, capacity and decode time: the JSON of ``python -m kvviz memory --json``.
+
+    Args:
+        config: a model preset name (e.g. Llama-3-70B), "loaded" for the served model, or a config.json's text.
+        context: tokens per sequence, a whole number.
+        batch: sequences held at once, a whole number.
+        kv_dtype: the cache's storage type: fp32, bf16, fp16, fp8, int8, int4 or int2.
+        tp: tensor-parallel degree, a whole number (omitted: gpus).
+        gpus: number of GPUs, a whole number.
+        gpu_mem_gb: memory per GPU, in decimal GB (omitted: no capacity figures).
+        reserve: fraction of each GPU's memory kept for activations and workspace, from 0 to 1.
+        weights_gb: model weights, in decimal GB (omitted: the preset's parameters in bf16).
+        bandwidth_tbps: memory bandwidth per GPU, in TB/s (omitted: no decode-time figures).
+        group_size: low-bit KV: elements per fp16 scale and zero point, a whole number (omitted: none counted).
+
+    Returns:
+        Bytes per token and in all, the batch that fits, and decode time split into weights and KV (sizes in bytes).
+    """
     text = (config or "").strip()
     if text.startswith("{"):
         layout = resolve_layout(ctx, "Paste JSON", "", text, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,22 @@ class AppContext:
                 gather_max_s=3 * s.gather_ms / 1000,
             )
         return self._engine
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """The server is stopping: every model job ends (the gates' running jobs at their next step, the
+        engine's runs after its current step, Stop pressed for every session), waited for up to ``timeout``
+        seconds; then every session's files are deleted. True once no model work is left running."""
+        deadline = time.monotonic() + timeout
+        for flag in list(self.stop_flags.values()):
+            flag.set()
+        gates = [] if self._jobs is None else [self._jobs.gate, self._jobs.room]
+        for gate in gates:
+            gate.close()
+        stopped = self._engine is None or self._engine.close(timeout)
+        while any(g.snapshot()["running"] for g in gates) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.files.cleanup()
+        return stopped and not any(g.snapshot()["running"] for g in gates)
 
     def on_trace(self, fn: Callable, inputs: list, outputs: list, first: bool = False) -> None:
         """Run ``fn(*inputs)`` → ``outputs`` after every new trace (inputs usually start with trace_state);

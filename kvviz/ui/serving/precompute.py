@@ -56,12 +56,15 @@ def run_plan(ctx: AppContext, stop: threading.Event | None = None) -> None:
                 time.sleep(IDLE_POLL_S)
                 continue
             with ticket:
-                ticket.wait()
+                try:
+                    ticket.wait()
+                except Refused:  # the server is stopping (its gate cancelled the line)
+                    return
                 claimed, mine = ctx.store.claim(entry.key)
                 if not mine:
                     break
                 try:
-                    ctx.store.run(entry, "start-up")
+                    ctx.store.run(entry, "start-up", (lambda: stop.is_set()) if stop is not None else (lambda: False))
                     log.info("ready example: %s (%.1f s)", entry.label, entry.seconds or 0.0)
                 except Exception:
                     log.exception("start-up example failed: %s", entry.label)
@@ -85,11 +88,12 @@ def warm(ctx: AppContext) -> None:
     log.info("warm-up: %d prompt tokens through the engine in %.1f s", trace.n_prompt, time.perf_counter() - t0)
 
 
-def start(ctx: AppContext) -> threading.Thread | None:
-    """Compute the plan in the background (unless KVVIZ_PRECOMPUTE=0); returns the thread."""
+def start(ctx: AppContext, stop: threading.Event | None = None) -> threading.Thread | None:
+    """Compute the plan in the background (unless KVVIZ_PRECOMPUTE=0); returns the thread. Setting ``stop``
+    ends it at the computation's next step (the server is stopping)."""
     if not ctx.settings.precompute or not ctx.store.entries():
         return None
-    thread = threading.Thread(target=run_plan, args=(ctx,), name="kvviz-precompute", daemon=True)
+    thread = threading.Thread(target=run_plan, args=(ctx, stop), name="kvviz-precompute", daemon=True)
     thread.start()
     return thread
 
