@@ -7,7 +7,6 @@ import pytest
 from kvviz.lessons.guesses import Guess, judge
 from kvviz.lessons.questions import QUESTIONS
 
-
 # what the chapter answers each question with, as the guess reads it off the computed values
 CHAPTER = {0: 128.0, 1: "the same logits", 2: 2.0, 3: "evicted: it cannot", 4: "keys per channel"}
 
