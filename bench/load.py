@@ -9,7 +9,8 @@ within ``--same-spread-s`` seconds. Every answer must equal a solo run of the sa
 with no error, and the app must still answer afterwards. Reports p50/p95 latency per wave (press to
 full answer, the equivalence check included), the server's RSS after each wave (a repeated wave shows
 whether memory keeps growing), and the engine's prefix-cache hit rate and bytes held.
-Results go to ``bench/results/load.json`` (``--out``).
+Results go to ``bench/results/load.json`` (``--out``: a run kept for the docs is named for what it measures,
+e.g. ``load_epyc_8_token_blocks_http.json``).
 
 The students' clients run in this process, on the server's machine — in a lecture each browser has a
 machine of its own. ``--client gradio`` (the default) gives each student a ``gradio_client.Client``, the

@@ -7,9 +7,10 @@ through ``progress``; ``capture`` runs to the end. Usage from a notebook::
     from kvviz import capture, load_model
     trace = capture(load_model(), "What is the capital of France?", chat=True, max_new_tokens=16)
 
-The run's state and rules live in :class:`kvviz.capture.generation.Generation`; this module drives
-one generation forward by forward (the lecture-hall engine, :mod:`kvviz.engine`, drives many
-together with the same class).
+The run's state and rules live in :class:`kvviz.capture.generation.Generation`, and the solo driver
+(:func:`kvviz.capture.drive.forwards`) runs it forward by forward; this module adds the streaming and
+the equivalence check (the lecture-hall engine, :mod:`kvviz.engine`, drives many runs together with
+the same class).
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import (
     Progress,
-    forward,
 )
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
@@ -45,12 +45,10 @@ def capture_iter(
     """
     g = Generation(lm, prompt, verify=verify, progress=progress, **kwargs)
     report = progress or (lambda _: None)
-    with torch.inference_mode(), installed(lm.model):
-        while not g.done:
-            ids, start = g.next_feed()
-            logits = forward(lm, ids, start, g.cache, g.feed_recorder, g.logits_to_keep)
-            if g.take(logits, len(ids)) and not g.done:
-                yield g.trace
+    for f in forwards(lm, g):
+        if f.produced and not g.done:
+            yield g.trace
+    with torch.inference_mode():
         trace = g.finish()
     if verify:  # outside the capture: the model as loaded, nothing of kvviz's in the way
         report(Progress("verify", 0, 1))

@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import encode_prompt, forward
+from kvviz.capture.model_io import encode_prompt
 from kvviz.eviction.cache import EvictingCache, StreamingCache
 from kvviz.eviction.compare import Comparison, compare
 from kvviz.eviction.policies import make_policy
@@ -108,8 +108,8 @@ def streaming_nll(
 
     ``cache_size`` entries are held between steps (``sinks`` first tokens + the latest ones; None =
     the full cache); each query sees them plus itself, as in token-by-token decoding. The stream is
-    a teacher-forced run of the generation loop: ids[:-1] fed ``chunk`` tokens per forward (the cache
-    trimmed after each), ids[-1] forced, every fed position scored.
+    a teacher-forced run of the solo driver (:func:`kvviz.capture.drive.forwards`): ids[:-1] fed
+    ``chunk`` tokens per forward (the cache trimmed after each), ids[-1] forced, every fed position scored.
     """
     if cache_size is not None and not 0 <= sinks < cache_size:
         raise ValueError(f"The cache ({cache_size}) must hold more than the {sinks} sinks.")
@@ -133,12 +133,9 @@ def streaming_nll(
         score_tokens=True,
     )
     n = len(ids) - 1
-    with torch.inference_mode(), installed(lm.model):
-        while not g.done:
-            feed, start = g.next_feed()
-            g.take(forward(lm, feed, start, g.cache, g.feed_recorder, g.logits_to_keep), len(feed))
-            if progress is not None:
-                progress(min(g.fed, n) / n, "")
+    for _ in forwards(lm, g):
+        if progress is not None:
+            progress(min(g.fed, n) / n, "")
     return -torch.cat(g.token_logprobs).numpy()
 
 

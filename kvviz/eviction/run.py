@@ -3,7 +3,8 @@
 ``Evictor`` is the glue between a policy and an :class:`~kvviz.eviction.cache.EvictingCache`: its
 ``cache_factory``/``after_step`` plug into the generation loop
 (:class:`~kvviz.capture.generation.Generation`, as :func:`kvviz.capture.loop.capture_iter` takes them).
-``run_policy`` drives one such generation greedily for the eviction views: it can prefill and compress
+``run_policy`` drives one such generation greedily for the eviction views (through the solo driver,
+:func:`kvviz.capture.drive.forwards`): it can prefill and compress
 only the context and then feed the question uncompressed, feed a forced continuation (teacher forcing,
 for KL against the full cache), re-position keys (StreamingLLM), and it records the kept set after
 every step.
@@ -18,16 +19,16 @@ Usage::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import forward, model_info
+from kvviz.capture.model_io import model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.policies import EVICTED, KEPT, FullCache, Policy, PolicyState, Selection, n_kept_for
@@ -313,16 +314,7 @@ def run_policy(
             "Eviction keeps or drops entries per KV head, but this model caches MLA's one shared "
             "latent per token; kvviz does not evict MLA caches."
         )
-    n_c = len(ids) if n_compress is None else int(n_compress)
-    if not 1 <= n_c <= len(ids):
-        raise ValueError(f"n_compress must be between 1 and the prompt length {len(ids)}, got {n_compress}.")
-    if max_new_tokens < 1:
-        raise ValueError("max_new_tokens must be at least 1.")
-    if len(ids) + max_new_tokens > info.context_length > 0:
-        raise ValueError(
-            f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's context "
-            f"of {info.context_length} tokens."
-        )
+    n_c = len(ids) if n_compress is None else int(n_compress)  # Generation checks it (prefill_tokens)
     n_kept = resolve_budget(policy, n_c, budget, ratio)
     ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True, ratio=ratio)
     cfg = ev.recorder_config()
@@ -338,7 +330,7 @@ def run_policy(
             served.append(served_bytes(cache, quant))
         step_bytes.append(cache.nbytes())
 
-    g = Generation(
+    g = Generation(  # checks the prompt, n_compress, max_new_tokens and the model's context
         lm,
         "",
         chat=False,
@@ -355,28 +347,31 @@ def run_policy(
         stop_on_eos=forced is None,
         keep_logprobs=keep_logprobs,
     )
+    skip = policy.query_stats_skip if n_kept < n_c else None
+
+    @contextmanager
+    def prefill_stats() -> Iterator[None]:
+        """The prefill's query statistics, for the policy's decision that ``g.take`` then makes."""
+        with collecting(lm.model, skip, [n_c]) as stats:
+            yield
+        ev.query_stats = stats(n_c)
+
+    def around(run: Generation):
+        return prefill_stats() if skip is not None and run.fed == 0 else nullcontext()
+
     timings: dict = {}
     step_s: list[float] = []  # wall seconds of each generated token's step (forward, eviction, bookkeeping)
     step_cpu_s: list[float] = []  # CPU seconds of the same (this process, all threads): steadier on a busy machine
-    skip = policy.query_stats_skip if n_kept < n_c else None
     wrapped = g.rec is not None or (policy.ragged and n_kept < n_c)  # ragged caches mask through the wrapper
     t0 = t1 = time.perf_counter()
-    with torch.inference_mode(), installed(lm.model) if wrapped else nullcontext():
-        while not g.done:
-            feed, start = g.next_feed()
-            decoding, ts, cs = g.step > 0, time.perf_counter(), time.process_time()
-            with collecting(lm.model, skip, [n_c]) if skip is not None and g.fed == 0 else nullcontext() as stats:
-                logits = forward(lm, feed, start, g.cache, g.feed_recorder)[-1]
-            if stats is not None:
-                ev.query_stats = stats(n_c)  # before the prefill's decision, which take() makes
-            g.take(logits, len(feed))
-            if decoding:
-                step_s.append(time.perf_counter() - ts)
-                step_cpu_s.append(time.process_time() - cs)
-            elif g.step > 0:
-                t1 = time.perf_counter()
-                timings["prefill_s"] = t1 - t0
-        decode_s = time.perf_counter() - t1
+    for f in forwards(lm, g, wrapped=wrapped, around=around):
+        if f.decode:
+            step_s.append(f.wall_s)
+            step_cpu_s.append(f.cpu_s)
+        elif f.produced:
+            t1 = time.perf_counter()
+            timings["prefill_s"] = t1 - t0
+    decode_s = time.perf_counter() - t1
     generated = g.trace.token_ids[len(ids) :]
     fed = len(generated) - 1
     timings.update(

@@ -70,7 +70,15 @@ def decode_cells(
     cells: list[tuple[str, Decision]],
     max_new_tokens: int,
 ) -> tuple[list[int], list[dict]]:
-    """The full cache's answer ids and, per cell, its own answer ids and teacher-forced agreement / KL per step."""
+    """The full cache's answer ids and, per cell, its own answer ids and teacher-forced agreement / KL per step.
+
+    The one decoding loop of the sweep, and not a run of the solo driver (:mod:`kvviz.capture.drive`) on
+    purpose: every cell of the sample is a row of one batched forward per step over the shared prefill
+    (:class:`~kvviz.leaderboard.batch.SharedPrefixCache`), rows leave at their own end and fork a forced
+    twin where they leave the full cache's answer — one forward for all cells, where the driver would
+    take one per cell and copy the prefill into each (a test checks every row against its solo
+    :func:`~kvviz.eviction.run.run_policy`, which the driver runs).
+    """
     s = pre.sample
     n, n_c = pre.n_tokens, s.n_context
     dev = lm.device

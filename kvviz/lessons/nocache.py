@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import encode_prompt, forward
+from kvviz.capture.model_io import encode_prompt
 from kvviz.capture.tokens import token_texts
 from kvviz.examples import needle_passage
 from kvviz.lessons.waste import forward_passes
@@ -72,7 +73,14 @@ def _check(ids: list[int], new_tokens: int) -> None:
 
 
 def generate_without_cache(lm: LoadedModel, ids: list[int], new_tokens: int, progress: Progress | None = None) -> Run:
-    """Greedy, re-running the whole sequence at every step (``use_cache=False``: nothing is kept)."""
+    """Greedy, re-running the whole sequence at every step (``use_cache=False``: nothing is kept).
+
+    This is the one loop here that does not go through the solo driver (:mod:`kvviz.capture.drive`),
+    on purpose: a :class:`~kvviz.capture.generation.Generation` feeds only what its cache lacks, and
+    this lesson times the model with no cache at all, every step recomputing the whole sequence.
+    Giving it a cache that forgets and a feed of the whole sequence would add a cache's writes and
+    the run's bookkeeping to each timed step, the very work the comparison must leave out.
+    """
     _check(ids, new_tokens)
     seq, out, secs, passes = list(ids), [], [], []
     with torch.inference_mode():
@@ -94,20 +102,17 @@ def generate_without_cache(lm: LoadedModel, ids: list[int], new_tokens: int, pro
 
 
 def generate_with_cache(lm: LoadedModel, ids: list[int], new_tokens: int, progress: Progress | None = None) -> Run:
-    """Greedy with a DynamicCache: the prompt once (prefill), then one token per step — the generation
-    loop every run uses (:class:`~kvviz.capture.generation.Generation`), without a recorder."""
+    """Greedy with a DynamicCache: the prompt once (prefill), then one token per step — a run of the solo
+    driver every one-at-a-time run uses (:func:`kvviz.capture.drive.forwards`), without a recorder or the
+    capture's attention wrapper (the model's attention as loaded, as the uncached loop runs it)."""
     _check(ids, new_tokens)
     g = Generation(lm, "", prompt_ids=ids, max_new_tokens=new_tokens, record=False, stop_on_eos=False, prefill_chunk=0)
     secs, passes = [], []
-    with torch.inference_mode():
-        while not g.done:
-            t0 = time.perf_counter()
-            feed, start = g.next_feed()
-            g.take(forward(lm, feed, start, g.cache, g.feed_recorder)[-1], len(feed))
-            secs.append(time.perf_counter() - t0)
-            passes.append(len(feed))
-            if progress is not None:
-                progress(g.step / new_tokens, f"With the cache: step {g.step}/{new_tokens}")
+    for f in forwards(lm, g, wrapped=False):
+        secs.append(f.wall_s)
+        passes.append(len(f.feed))
+        if progress is not None:
+            progress(g.step / new_tokens, f"With the cache: step {g.step}/{new_tokens}")
     return Run(True, g.trace.token_ids[len(ids) :], secs, passes)
 
 

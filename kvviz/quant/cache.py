@@ -25,9 +25,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.loop import capture
-from kvviz.capture.model_io import encode_prompt, forward
+from kvviz.capture.model_io import encode_prompt
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import QuantSpec, Scheme, quantized_prefix, round_trip, stored_bytes
 
@@ -134,12 +135,13 @@ class GenerationComparison:
 
 
 def teacher_forced(lm: LoadedModel, ids: list[int], continuation: list[int], scheme: Scheme) -> tuple[float, float]:
-    """Feed the full cache's continuation to both caches (two forced runs of the one generation loop, in
-    step); top-1 agreement and mean KL at every step."""
+    """Feed the full cache's continuation to both caches (two forced runs of the solo driver, one after
+    the other); top-1 agreement and mean KL at every step."""
     if not continuation:
         return 0.0, 0.0
-    runs = [
-        Generation(
+
+    def logits(factory: Callable | None) -> list[torch.Tensor]:
+        g = Generation(
             lm,
             "",
             prompt_ids=ids,
@@ -149,25 +151,17 @@ def teacher_forced(lm: LoadedModel, ids: list[int], continuation: list[int], sch
             prefill_chunk=0,
             cache_factory=factory,
         )
-        for factory in (None, cache_factory(scheme))
-    ]
+        return [f.logits[-1] for f in forwards(lm, g, wrapped=False)]  # [vocab] per step
+
+    full, quant = logits(None), logits(cache_factory(scheme))
     agree, kls = [], []
     with torch.inference_mode():
-        while not runs[0].done:
-            a, b = (_step(lm, g) for g in runs)
+        for a, b in zip(full, quant):
             agree.append(int(a.argmax()) == int(b.argmax()))
             pa, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
             kls.append(float((pa.exp() * (pa - lb)).sum()))
     n = max(len(agree), 1)
     return sum(agree) / n, sum(kls) / n
-
-
-def _step(lm: LoadedModel, g: Generation) -> torch.Tensor:
-    """One forward of ``g``'s next feed; its logits (``g`` takes its forced token)."""
-    feed, start = g.next_feed()
-    logits = forward(lm, feed, start, g.cache, g.feed_recorder)[-1]
-    g.take(logits, len(feed))
-    return logits
 
 
 def compare_generation(

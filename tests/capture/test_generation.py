@@ -15,9 +15,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.drive import drive as solo
+from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import encode_prompt, forward
+from kvviz.capture.model_io import encode_prompt
 from kvviz.eviction.policies import make_policy
 from kvviz.eviction.run import Evictor
 
@@ -25,14 +26,8 @@ PROMPT = "Name the largest planet of the solar system."
 
 
 def drive(lm, g: Generation) -> list[int]:
-    """Run ``g`` alone to its end; the start position of every forward."""
-    starts = []
-    with torch.inference_mode(), installed(lm.model):
-        while not g.done:
-            ids, start = g.next_feed()
-            starts.append(start)
-            g.take(forward(lm, ids, start, g.cache, g.feed_recorder)[-1], len(ids))
-    return starts
+    """Run ``g`` alone to its end (the solo driver); the start position of every forward."""
+    return [f.start for f in forwards(lm, g)]
 
 
 def test_a_prompt_tail_fed_after_the_prefill_produces_the_whole_prompt_run(lm):
@@ -101,11 +96,7 @@ def test_every_fed_position_is_scored_whatever_the_chunks(lm):
         g = Generation(
             lm, "", prompt_ids=ids, max_new_tokens=3, record=False, score_tokens=True, keep_logprobs=True, **kw
         )
-        with torch.inference_mode():
-            while not g.done:
-                feed, start = g.next_feed()
-                g.take(forward(lm, feed, start, g.cache, None, g.logits_to_keep), len(feed))
-        return g
+        return solo(lm, g, wrapped=False)
 
     whole, chunked = scored(), scored(prefill_tokens=5, tail_chunk=4)
     a, b = torch.cat(whole.token_logprobs), torch.cat(chunked.token_logprobs)
@@ -135,10 +126,5 @@ def test_a_released_run_holds_no_cache(lm):
 def test_steps_left_counts_down_to_zero(lm):
     g = Generation(lm, PROMPT, chat=False, max_new_tokens=4, stop_on_eos=False)
     assert g.steps_left == 4  # the prompt's forward produces the first token, then one forward per token
-    seen = []
-    with torch.inference_mode(), installed(lm.model):
-        while not g.done:
-            ids, start = g.next_feed()
-            g.take(forward(lm, ids, start, g.cache, g.feed_recorder)[-1], len(ids))
-            seen.append(g.steps_left)
+    seen = [g.steps_left for _ in forwards(lm, g)]
     assert seen == [3, 2, 1, 0]

@@ -10,20 +10,16 @@ import torch
 
 from kvviz.capture import verify as verify
 from kvviz.capture.attention_fn import installed, is_installed
+from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import forward
 from kvviz.examples import CHAT_QUESTION
 from tests.tiny_models import tiny_model
 
 
 def finished(lm, prompt: str, n: int = 6, **kwargs) -> Generation:
     """A checked run driven to its end, its recorder and logits kept for the check."""
-    g = Generation(lm, prompt, chat=False, max_new_tokens=n, verify=True, stop_on_eos=False, **kwargs)
-    with torch.inference_mode(), installed(lm.model):
-        while not g.done:
-            ids, start = g.next_feed()
-            g.take(forward(lm, ids, start, g.cache, g.rec)[-1], len(ids))
-        g.finish()
+    g = drive(lm, Generation(lm, prompt, chat=False, max_new_tokens=n, verify=True, stop_on_eos=False, **kwargs))
+    g.finish()
     return g
 
 
@@ -80,12 +76,8 @@ def test_chat_runs_checked_together_share_their_system_prompt_and_equal_runs_che
         Generation(lm, q, chat=True, max_new_tokens=5, verify=True, stop_on_eos=False)
         for q in ("Name a colour.", "What is two plus two?", "Say hello in French, please.")
     ]
-    with torch.inference_mode(), installed(lm.model):
-        for g in room:
-            while not g.done:
-                ids, start = g.next_feed()
-                g.take(forward(lm, ids, start, g.cache, g.rec)[-1], len(ids))
-            g.finish()
+    for g in room:
+        drive(lm, g).finish()
     together = verify.check(lm, room)
     feeds = [g.trace.token_ids[: g.trace.n_fed] for g in room]
     common = next(i for i in range(len(feeds[0])) if len({f[i] for f in feeds}) > 1)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import Sampling, forward
+from kvviz.capture.model_io import Sampling
 from kvviz.capture.packed import packable
 from kvviz.engine.engine import Engine, wait_all
 from tests.tiny_models import tiny_model
@@ -38,11 +38,7 @@ HALF = ["prefill_map", "decode_rows"]  # stored in fp16: equal to fp16 rounding
 
 def solo(lm, prompt, **kwargs) -> Generation:
     """One run alone, through the same Generation the engine drives (its logits kept)."""
-    g = Generation(lm, prompt, verify=True, **kwargs)
-    with torch.inference_mode(), installed(lm.model):
-        while not g.done:
-            ids, start = g.next_feed()
-            g.take(forward(lm, ids, start, g.cache, g.rec)[-1], len(ids))
+    g = drive(lm, Generation(lm, prompt, verify=True, **kwargs))
     g.finish()
     return g
 

@@ -8,7 +8,7 @@ import torch
 from transformers import Gemma2Config, MistralConfig
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
 from kvviz.capture.loop import capture
 from kvviz.capture.model_io import encode_prompt, forward
@@ -76,11 +76,7 @@ def test_full_policy_equals_plain_generation(lm, ids):
 @pytest.mark.parametrize("tail", [0, 3], ids=["whole-prompt", "question-fed-after"])
 def test_full_policy_gives_the_generation_loops_tokens_and_logprobs(lm, ids, tail):
     """``run_policy`` with nothing evicted = a plain run of the generation loop, distribution by distribution."""
-    g = Generation(lm, PROMPT, prompt_ids=ids, max_new_tokens=N_NEW, keep_logprobs=True)
-    with torch.inference_mode(), installed(lm.model):
-        while not g.done:
-            feed, start = g.next_feed()
-            g.take(forward(lm, feed, start, g.cache, g.feed_recorder)[-1], len(feed))
+    g = drive(lm, Generation(lm, PROMPT, prompt_ids=ids, max_new_tokens=N_NEW, keep_logprobs=True))
     run = run_policy(lm, ids, make_policy("full"), n_compress=len(ids) - tail, max_new_tokens=N_NEW, keep_logprobs=True)
     assert run.generated_ids == g.trace.token_ids[len(ids) :] and run.stop_reason == g.trace.stop_reason
     assert run.tokens == g.trace.tokens and run.text == g.trace.text

@@ -72,6 +72,22 @@ def test_agreement_and_kl_by_hand():
     assert kl[1] == pytest.approx(0.5 * np.log(0.5 / 0.2) + 0.25 * np.log(0.25 / 0.6) + 0.25 * np.log(0.25 / 0.2))
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_compress": 0}, "between 1 and the prompt length"),
+        ({"n_compress": 9}, "between 1 and the prompt length"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be a whole number"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number"),
+        ({"max_new_tokens": 10**6}, "exceeds the model's context"),
+    ],
+)
+def test_run_policy_refuses_what_its_generation_refuses(lm, kwargs, message):
+    """The prompt's, the budget's and the context's checks are the generation's own, made before any forward."""
+    with pytest.raises(ValueError, match=message):
+        run_policy(lm, list(range(1, 9)), make_policy("full"), **kwargs)
+
+
 @pytest.mark.slow
 def test_a_budget_above_the_prompt_matches_the_full_cache(lm):
     ids = encode_prompt(lm, "Name the planets of the solar system.", True)

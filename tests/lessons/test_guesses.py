@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvviz.lessons.guesses import Guess, judge
 from kvviz.lessons.questions import QUESTIONS
 
+# what the chapter answers each question with, as the guess reads it off the computed values
+CHAPTER = {0: 128.0, 1: "the same logits", 2: 2.0, 3: "evicted: it cannot", 4: "keys per channel"}
 
-def test_every_question_asks_for_a_guess():
-    assert all(q.guess is not None for q in QUESTIONS)
+
+@pytest.mark.parametrize(
+    "i", [pytest.param(i, marks=[pytest.mark.slow] if q.needs_model else []) for i, q in enumerate(QUESTIONS)]
+)
+def test_every_question_asks_for_a_guess_its_computed_answer_judges_right(request, i):
+    q = QUESTIONS[i]
+    assert isinstance(q.guess, Guess) and q.guess.prompt.startswith("Your guess:")
+    values = q.compute(request.getfixturevalue("lm") if q.needs_model else None).values
+    computed = q.guess.read(values)
+    assert computed == CHAPTER[i], "the computed answer is the chapter's"
+    if q.guess.is_number:
+        assert judge(q.guess, computed, values).endswith("— right.")
+    else:
+        assert computed in q.guess.choices and len(q.guess.choices) == 2
+        assert judge(q.guess, computed, values).endswith("— right.")
+        other = next(c for c in q.guess.choices if c != computed)
+        assert judge(q.guess, other, values).endswith("— not what the model shows.")
 
 
 def test_a_number_guess_is_set_next_to_the_computed_value():

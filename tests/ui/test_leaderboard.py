@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import gradio as gr
+import numpy as np
 import pytest
 
 from kvviz.leaderboard import results
@@ -73,6 +75,13 @@ def test_no_result_says_how_to_make_one(tmp_path, monkeypatch):
     assert "bench/leaderboard.py" in tab_leaderboard.about(None)
 
 
+def _array(values) -> np.ndarray:
+    """A plotly JSON array: a plain list, or plotly's typed array (base64 bytes and their dtype)."""
+    if isinstance(values, dict):
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=np.dtype(values["dtype"]))
+    return np.asarray(values)
+
+
 def test_the_tab_builds_after_the_eviction_tab_with_the_stored_curves(lm, stored):
     ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=16))
     with gr.Blocks() as demo, gr.Tabs() as ctx.tabs:
@@ -83,7 +92,14 @@ def test_the_tab_builds_after_the_eviction_tab_with_the_stored_curves(lm, stored
     assert {"leaderboard.metric", "leaderboard.mode", "leaderboard.run"} <= set(ctx.components)
     by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
     assert "2 samples" in by_id["lb-about"].value
-    assert by_id["lb-curves"].value is not None  # the stored curves, drawn at build time
+    drawn = json.loads(by_id["lb-curves"].value["plot"])["data"]  # the stored curves, drawn at build time
+    table, _ = fake_result()  # what the fixture stored
+    aware = table[table["mode"] == "query_aware"].sort_values("ratio")
+    assert {t["name"] for t in drawn} == {"snapkv", "knorm"}
+    for trace in drawn:
+        mine = aware[aware["policy"] == trace["name"]]
+        assert list(_array(trace["x"])) == list(mine["ratio"])
+        assert list(_array(trace["y"])) == list(mine["string_match"] * 100)
     assert len(by_id["lb-samples"].value["data"]) == 2  # SnapKV at 0.5, query-aware: both samples
 
 

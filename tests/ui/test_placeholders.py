@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gradio as gr
 import pytest
 
@@ -13,6 +15,8 @@ from kvviz.ui.blocks import tab as tab_blocks
 from kvviz.ui.eviction import tab as tab_eviction
 from kvviz.ui.memory import tab as tab_memory
 from kvviz.ui.serving.context import AppContext
+
+GENERATE = "Generate"  # the Generate tab's button, which fills the tabs that read its run
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +30,13 @@ def test_tables_say_what_fills_them(ctx, module):
         ctx.trace_state = gr.State(None)  # the Generate tab's run, which the Attention tab reads
         module.build(ctx)
     tables = [b for b in demo.blocks.values() if isinstance(b, gr.Dataframe)]
-    assert tables
+    buttons = {b.value for b in demo.blocks.values() if isinstance(b, gr.Button)} | {GENERATE}
+    assert tables, "every tab here shows at least one table"
     for table in tables:
-        headers = table.value["headers"]
-        assert headers and headers != ["1", "2", "3"], table.label
-        assert len(table.value["data"]) > 0 or headers[0].startswith("Press "), table.label
+        headers, rows = table.value["headers"], table.value["data"]
+        assert headers and headers != [str(i) for i in range(1, len(headers) + 1)], table.label
+        if rows:  # filled at build time: every row fills every column
+            assert all(len(row) == len(headers) and all(str(c).strip() for c in row) for row in rows), table.label
+            continue
+        press = re.match(r"Press (.+?) (?:to |on the \w+ tab)", headers[0])
+        assert press and press.group(1) in buttons, (table.label, headers[0], sorted(buttons))

@@ -104,7 +104,9 @@ def test_engine_section_chapter_example_and_refusals(ctx):
     assert "INFO GPU KV cache size: 1,330,560 tokens ³" in md
     assert "INFO Maximum concurrency for 8,192 tokens per request: 162.42x ⁴" in md
     assert "⌊54,500,000,000 B / 655,360 B per block⌋ = 83,160 blocks" in md
-    assert list(groups["layers"]) == [80] and chart is not None
+    assert list(groups["layers"]) == [80]
+    concurrency = dict(zip(chart.data[0].x, chart.data[0].y))  # the chart's curve passes the log's figure
+    assert concurrency[8192] == 1_330_560 / 8192 and chart.layout.title.text.startswith("83,160 blocks of 16 tokens")
     hybrid, table, _ = memory_engine.startup_view(ctx, "gemma-2-9b", H100, 1, 80, 0, "bf16", 16, 8192, 2048, 0.1, 0)
     assert list(table["KV-cache groups"]) == [1, 1] and "2 groups" in hybrid
     small, *_ = memory_engine.startup_view(ctx, "Llama-3-8B", "L4 24GB", 1, 24, 0, "bf16", 16, 131_072, 2048, 0.1, 0)
