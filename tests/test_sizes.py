@@ -17,14 +17,8 @@ MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 120
 REASON = re.compile(r"^\s*Length: \S", re.M)
 
-# library files whose bodies other work in progress is rewriting: the solo driver (one loop driving one
-# generation step by step) replaces run_policy's loop; the engine's internals belong to the engine work
-IN_PROGRESS = {
-    "kvviz/eviction/run.py": 413,
-    "kvviz/eviction/run.py::run_policy": 127,
-    "kvviz/engine/engine.py": 416,
-}
-ALLOWED = IN_PROGRESS
+# a file or function listed here may stay at its size (and no larger) until it is split
+ALLOWED: dict[str, int] = {}
 
 
 def sizes(root: Path) -> dict[str, int]:

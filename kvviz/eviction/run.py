@@ -31,7 +31,8 @@ from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
-from kvviz.eviction.policies import EVICTED, KEPT, FullCache, Policy, PolicyState, Selection, n_kept_for
+from kvviz.eviction.held import held_kv, ragged_roles, role_map
+from kvviz.eviction.policies import KEPT, FullCache, Policy, PolicyState, n_kept_for
 from kvviz.eviction.query_stats import QueryStats, collecting
 from kvviz.eviction.served import quantize_kept, served_bytes
 from kvviz.models import LoadedModel
@@ -149,37 +150,6 @@ class Evictor:
             query_stats=self.query_stats if step == 0 else None,
             ratio=self.ratio,
         )
-
-
-def held_kv(cache: EvictingCache, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cache's keys and values [Lyr, Hkv, n, D] in ascending position order (``order`` [Lyr, Hkv, n])."""
-    stored = [layer.stored() for layer in cache.evicting_layers]
-    keys = torch.stack([k[0] for k, _ in stored])  # [Lyr, Hkv, n, D]
-    values = torch.stack([v[0] for _, v in stored])
-    idx = order.to(keys.device)[..., None]
-    return keys.gather(2, idx.expand(*order.shape, keys.shape[-1])), values.gather(
-        2, idx.expand(*order.shape, values.shape[-1])
-    )
-
-
-def role_map(sel: Selection, n_prompt: int) -> torch.Tensor:
-    """Role of every prompt position per layer and KV head [Lyr, Hkv, n_prompt] (EVICTED where not kept)."""
-    keep = sel.keep.cpu()
-    out = torch.full((*keep.shape[:2], n_prompt), EVICTED, dtype=torch.int8)
-    valid = (keep >= 0) & (keep < n_prompt)
-    out.scatter_(
-        -1,
-        keep.clamp(0, n_prompt - 1),
-        torch.where(valid, sel.roles.cpu().to(torch.int8), out.gather(-1, keep.clamp(0, n_prompt - 1))),
-    )
-    return out
-
-
-def ragged_roles(positions: torch.Tensor, roles: torch.Tensor, n_prompt: int) -> torch.Tensor:
-    """Role codes aligned with a ragged cache's ``positions()``: prompt entries from the decision, later ones KEPT."""
-    pos = positions.cpu()
-    from_map = roles.gather(-1, pos.clamp(0, n_prompt - 1))
-    return torch.where(pos < 0, EVICTED, torch.where(pos < n_prompt, from_map, KEPT)).to(torch.int8)
 
 
 @dataclass
@@ -306,6 +276,8 @@ def run_policy(
     on them), then feed the rest one by one like decode steps. ``forced``: feed these tokens instead of
     the greedy choice (teacher forcing); ``keep_logprobs`` keeps every next-token distribution.
     ``quant``: store what the policy keeps under this quantization scheme (:mod:`kvviz.eviction.compose`).
+
+    Length: the prefill, the compression hook and the decode share one generation's state, so they read in order here.
     """
     ids = [int(i) for i in prompt_ids]
     info = model_info(lm)
@@ -352,6 +324,7 @@ def run_policy(
     @contextmanager
     def prefill_stats() -> Iterator[None]:
         """The prefill's query statistics, for the policy's decision that ``g.take`` then makes."""
+        assert skip is not None  # only entered when the policy asked for statistics (``around``)
         with collecting(lm.model, skip, [n_c]) as stats:
             yield
         ev.query_stats = stats(n_c)

@@ -13,7 +13,8 @@ from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Sampling
 from kvviz.capture.packed import packable
-from kvviz.engine.engine import Engine, wait_all
+from kvviz.engine.engine import Engine
+from kvviz.engine.handle import wait_all
 from tests.tiny_models import tiny_model
 
 pytestmark = pytest.mark.slow

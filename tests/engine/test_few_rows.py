@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from kvviz.capture.architectures import build
 from kvviz.engine import few_rows as fr
-from kvviz.engine.engine import Engine, wait_all
+from kvviz.engine.engine import Engine
+from kvviz.engine.handle import wait_all
 from tests.engine.test_engine import assert_same_run, keep_logits, solo  # noqa: F401  (keep_logits: autouse)
 from tests.tiny_models import tiny_config, tiny_model
 

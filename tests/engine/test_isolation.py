@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from kvviz.capture.model_io import Sampling
-from kvviz.engine.engine import Engine, wait_all
+from kvviz.engine.engine import Engine
+from kvviz.engine.handle import wait_all
 from tests.engine.test_engine import solo
 
 pytestmark = pytest.mark.slow

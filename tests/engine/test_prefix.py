@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from kvviz.capture.recorder import RecorderConfig
-from kvviz.engine.engine import Engine, wait_all
+from kvviz.engine.engine import Engine
+from kvviz.engine.handle import wait_all
 from tests.engine.test_engine import ARRAYS, HALF, solo
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,8 @@ from kvviz.blocks.hashing import BlockHasher
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward
-from kvviz.engine.engine import Engine, wait_all
+from kvviz.engine.engine import Engine
+from kvviz.engine.handle import wait_all
 from kvviz.engine.prefix import Block, PrefixStore
 
 QUESTIONS = ["What is two plus two?", "Name a large animal."]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kvviz.blocks.hashing import BlockHasher
-from kvviz.engine.engine import Engine, wait_all
+from kvviz.engine.engine import Engine
+from kvviz.engine.handle import wait_all
 from kvviz.engine.prefix import SERVER, Block, PrefixStore
 
 SECRET = "My bank PIN is 4711 and my password is hunter2-. Keep them safe for me, please."

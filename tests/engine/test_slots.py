@@ -8,7 +8,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from kvviz.engine.engine import Engine, wait_all
+from kvviz.engine.engine import Engine
+from kvviz.engine.handle import wait_all
 from kvviz.engine.slots import SlotKV, SlotLayer
 
 LAYERS, HKV, D = 2, 3, 4

@@ -7,20 +7,17 @@ The named endpoint ``/memory`` returns the same dict as ``python -m kvviz memory
 
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
-
 import gradio as gr
 
 from kvviz.figures import memory as fig
 from kvviz.limits import calculator_number
 from kvviz.memory.capacity import gpu_presets
 from kvviz.memory.estimate import KV_DTYPES, estimate, live_cache_bytes_formula
-from kvviz.memory.layout import CacheLayout, cache_layout, head_dim_note, load_preset, preset_names, stated_weights_gb
+from kvviz.memory.layout import cache_layout, head_dim_note, load_preset, preset_names, stated_weights_gb
 from kvviz.memory.report import report, summary
-from kvviz.safety import check_config_size, parse_config_json
 from kvviz.ui.memory import architectures as memory_architectures
 from kvviz.ui.memory import startup as memory_engine
+from kvviz.ui.memory.sources import SOURCES, resolve_layout
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.jobs import UserError
@@ -28,7 +25,6 @@ from kvviz.ui.serving.model_job import endpoint
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.units import format_bytes
 
-SOURCES = ["Preset", "Loaded model", "Paste JSON", "Upload config.json"]
 CUSTOM_GPU = "custom"
 COMPARE_DEFAULT = ["Llama-3-8B", "Mistral-7B-v0.1", "gemma-2-9b", "gpt-oss-20b", "DeepSeek-V3"]
 
@@ -42,44 +38,6 @@ def _number(name: str, value, label: str | None = None, blank=None):
         return blank
     with user_errors():  # refuses NaN, infinities, fractions of counts, text and out-of-range values
         return calculator_number(name, value, label)
-
-
-def _config_text(text: str, limit: int) -> dict:
-    if text is None or not str(text).strip():
-        raise UserError("Paste the model's config.json (a JSON object) or pick a preset.")
-    with user_errors():
-        return parse_config_json(str(text), limit, where="The pasted config")
-
-
-def _upload(path, limit: int) -> dict:
-    if not path:
-        raise UserError("Upload a config.json file first.")
-    p = Path(path)
-    if p.suffix.lower() != ".json":
-        raise UserError("Upload a .json file (the model's config.json).")
-    with user_errors():
-        check_config_size(p.stat().st_size, limit, "The file")
-        return parse_config_json(p.read_bytes(), limit, where="The file")
-
-
-def loaded_layout(ctx: AppContext) -> CacheLayout:
-    """The loaded model's cache layout, with its real name and parameter count."""
-    return replace(cache_layout(ctx.lm.config), name=ctx.info.name, num_parameters=ctx.info.param_count)
-
-
-def resolve_layout(ctx: AppContext, source: str, preset: str, pasted: str, upload) -> CacheLayout:
-    """The layout for the chosen source (never a path or hub id typed by a user)."""
-    limit = ctx.settings.max_config_bytes
-    with user_errors():
-        if source == "Loaded model":
-            return loaded_layout(ctx)
-        if source == "Paste JSON":
-            return cache_layout(_config_text(pasted, limit))
-        if source == "Upload config.json":
-            return cache_layout(_upload(upload, limit))
-        if preset not in preset_names():
-            raise UserError(f"Unknown preset {preset!r}; choose one of {', '.join(preset_names())}.")
-        return cache_layout(load_preset(preset))
 
 
 # ---- what the page shows --------------------------------------------------------------------------

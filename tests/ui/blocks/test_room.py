@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from kvviz.engine.engine import wait_all
+from kvviz.engine.handle import wait_all
 from kvviz.settings import Settings
 from kvviz.ui.blocks import room as blocks_room
 from kvviz.ui.serving.context import AppContext
