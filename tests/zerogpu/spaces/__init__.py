@@ -12,6 +12,9 @@ environment so a served app in a subprocess obeys them too:
 - ``FAKE_ZEROGPU_LOG``: a file that gets one JSON line per call (function, requested seconds, pid);
 - ``FAKE_ZEROGPU_QUOTA_S``: seconds a visitor has left; a call asking for more is refused, as
   ZeroGPU refuses it, before any work starts.
+
+Importing it also hooks every ``torch.nn.Module`` forward: one outside a GPU call (where ZeroGPU's main
+process has no GPU to run it) is written to the log as ``{"outside": <module>}``, once per process.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 __all__ = ["GPU", "held"]
 _HELD = False
+_REPORTED = False
 
 
 def held() -> bool:
@@ -50,6 +54,16 @@ def _log(fn: Callable, seconds: float) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"fn": fn.__qualname__, "duration": seconds, "pid": os.getpid()}) + "\n")
+
+
+def _forward_outside(module, _inputs) -> None:
+    global _REPORTED
+    if not _HELD and not _REPORTED:
+        _REPORTED = True
+        path = os.environ.get("FAKE_ZEROGPU_LOG")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({"outside": type(module).__name__, "pid": os.getpid()}) + "\n")
 
 
 def _check_quota(seconds: float) -> None:
@@ -145,3 +159,11 @@ def GPU(fn: Callable | None = None, *, duration: int | float | Callable = 60, **
         return call
 
     return wrap(fn) if fn is not None else wrap
+
+
+try:
+    import torch
+
+    torch.nn.modules.module.register_module_forward_pre_hook(_forward_outside)
+except ImportError:  # pragma: no cover - the tests always have torch
+    pass
