@@ -29,8 +29,12 @@ KVVIZ_KEY_READS_PER_S       attention key reads (all layers) the model does per 
                             running would take longer than KVVIZ_MAX_JOB_SECONDS (1e7 per CPU core; 1e9 on CUDA)
 KVVIZ_PROXY_HOPS            proxies in front of the app that append the caller's address to
                             X-Forwarded-For (1 on a Space, else 0: the connection's peer is the caller)
-KVVIZ_PRECOMPUTE            0 = do not compute the show-me examples in the background at start-up (1)
-KVVIZ_WARM                  0 = do not run the Generate example once at start-up to fill the prefix cache (1)
+KVVIZ_PRECOMPUTE            0 = do not compute the show-me examples in the background at start-up (1; 0 on
+                            ZeroGPU, whose main process has no GPU to compute them with)
+KVVIZ_WARM                  0 = do not run the Generate example once at start-up to fill the prefix cache (1; 0 on
+                            ZeroGPU)
+SPACES_ZERO_GPU             set by a ZeroGPU Space: every model job runs whole in its own spaces.GPU call (a
+                            forked worker), so nothing runs the model at start-up or between calls
 KVVIZ_MODEL                 the model to load when none is given (bundled; on a Space the hub copy)
 KVVIZ_CACHE_DIR             folder for converted models (~/.cache/kvviz)
 KVVIZ_LEADERBOARD           the sweep result the Leaderboard tab shows (bench/results/leaderboard.json)
@@ -72,6 +76,12 @@ def env(name: str, default: str | None) -> str | None: ...
 def env(name: str, default: str | None = None) -> str | None:
     """One variable as set, or ``default``: the reads that are not limits (app.py's flags, the model, paths)."""
     return os.environ.get(name, default)
+
+
+def zero_gpu() -> bool:
+    """Whether this runs on a ZeroGPU Space: its runtime sets ``SPACES_ZERO_GPU`` in the main process, where
+    torch has no usable GPU and a model forward is only possible inside a ``spaces.GPU`` call."""
+    return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() not in {"", "0", "false", "no", "off"}
 
 
 def on_space() -> bool:
@@ -127,11 +137,6 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _on(name: str) -> bool:
-    """A switch that is on unless set to 0, false, no or off."""
-    return os.environ.get(name, "1").strip().lower() not in {"0", "false", "no", "off"}
-
-
 def _switch(name: str, default: bool) -> bool:
     """A switch that is ``default`` unless set: 1, true, yes or on turn it on, anything else off."""
     raw = os.environ.get(name, "").strip().lower()
@@ -171,11 +176,13 @@ class Settings:
     max_key_reads: int | None = None  # None: what max_prompt_tokens + max_new_tokens cost on the loaded model
     precompute: bool = True  # compute the planned examples in a background thread at start-up
     warm: bool = True  # run the Generate example once before serving (the engine's prefix cache, first forward)
+    zero_gpu: bool = False  # a ZeroGPU Space (SPACES_ZERO_GPU): the model runs only inside spaces.GPU calls
     mcp: bool = False  # launch(mcp_server=...): the named endpoints as tools for an LLM client (Gradio's MCP server)
 
     @classmethod
     def from_env(cls) -> Settings:
         public = _flag("KVVIZ_PUBLIC") or on_space()
+        zero = zero_gpu()
         allowed = [m.strip() for m in os.environ.get("KVVIZ_ALLOWED_MODELS", "").split(",") if m.strip()]
         if public and not allowed:
             allowed = [HUB_DEFAULT, "bundled"]
@@ -188,7 +195,7 @@ class Settings:
             room_size=_int("KVVIZ_ROOM_SIZE", cls.room_size, minimum=1),
             batch_size=_int("KVVIZ_BATCH_SIZE", cls.batch_size, minimum=1),
             prefix_cache_mb=_int("KVVIZ_PREFIX_CACHE_MB", cls.prefix_cache_mb, minimum=0),
-            gather_ms=_int("KVVIZ_GATHER_MS", cls.gather_ms, minimum=0),
+            gather_ms=_int("KVVIZ_GATHER_MS", 0 if zero else cls.gather_ms, minimum=0),
             public=public,
             allowed_models=allowed,
             jobs_per_address=_int("KVVIZ_JOBS_PER_ADDRESS", PUBLIC_JOBS_PER_ADDRESS if public else 0, minimum=0),
@@ -200,7 +207,8 @@ class Settings:
             max_job_seconds=_float("KVVIZ_MAX_JOB_SECONDS", cls.max_job_seconds, 1.0),
             max_rss_gb=_float("KVVIZ_MAX_RSS_GB", default_max_rss_gb(), 0.5),
             max_key_reads=_int("KVVIZ_MAX_KEY_READS", 0, minimum=0) or None,
-            precompute=_on("KVVIZ_PRECOMPUTE"),
-            warm=_on("KVVIZ_WARM"),
+            precompute=_switch("KVVIZ_PRECOMPUTE", not zero),
+            warm=_switch("KVVIZ_WARM", not zero),
+            zero_gpu=zero,
             mcp=_switch("KVVIZ_MCP", bool(os.environ.get("SPACE_ID"))),
         )

@@ -21,6 +21,7 @@ VARS = [
     "KVVIZ_WARM",
     "KVVIZ_PRECOMPUTE",
     "SPACE_ID",
+    "SPACES_ZERO_GPU",
 ]
 
 
@@ -102,6 +103,19 @@ def test_the_start_up_switches_are_on_unless_turned_off(monkeypatch, raw, on):
             monkeypatch.setenv(name, raw)
     s = Settings.from_env()
     assert s.warm is on and s.precompute is on
+
+
+@pytest.mark.parametrize("raw", ["true", "1"])
+def test_zerogpu_runs_no_model_work_at_start_up_unless_asked(monkeypatch, raw):
+    """ZeroGPU's main process has no GPU: the warm-up, the show-me examples and the room's gathering are off."""
+    monkeypatch.setenv("SPACES_ZERO_GPU", raw)
+    s = Settings.from_env()
+    assert s.zero_gpu and not s.warm and not s.precompute and s.gather_ms == 0
+    monkeypatch.setenv("KVVIZ_PRECOMPUTE", "1")
+    assert Settings.from_env().precompute  # an explicit setting wins
+    monkeypatch.setenv("SPACES_ZERO_GPU", "false")
+    s = Settings.from_env()
+    assert not s.zero_gpu and s.warm and s.gather_ms == 500
 
 
 def test_a_public_deployment_bounds_jobs_per_address_and_a_space_reads_its_proxy(monkeypatch):

@@ -20,17 +20,21 @@ HERE = Path(__file__).parent
 ANSWER_S = 90.0  # far above a solo run of these requests on two cores (a few seconds each)
 
 
-@pytest.fixture(scope="module")
-def zero_app(tmp_path_factory):
-    base = tmp_path_factory.mktemp("zerogpu")
+def start_zero_app(base: Path):
+    """``python app.py`` as on a ZeroGPU Space, with the stand-in ``spaces``; returns (app, its GPU-call log)."""
     log = base / "gpu-calls.jsonl"
     env = {"PYTHONPATH": str(HERE), "SPACES_ZERO_GPU": "true", "FAKE_ZEROGPU_LOG": str(log)}
-    running = start_app(base, extra_env=env)
+    return start_app(base, extra_env=env), log
+
+
+@pytest.fixture(scope="module")
+def zero_app(tmp_path_factory):
+    running, log = start_zero_app(tmp_path_factory.mktemp("zerogpu"))
     yield running, log
     stop_app(running.proc)
 
 
-def _calls(log: Path) -> list[dict]:
+def calls(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
@@ -58,19 +62,19 @@ def _predict(url: str, *args, api_name: str):
 
 def test_generate_answers_inside_one_gpu_call(zero_app):
     app, log = zero_app
-    before = len(_calls(log))
+    before = len(calls(log))
     out = _predict(app.url, "What is the capital of France?", 8, True, 0.0, 1.0, 0, api_name="/generate")
     assert "Paris" in out["text"]
     assert out["max_abs_logit_diff_vs_recompute"] < 1e-3
-    calls = _calls(log)[before:]
-    assert len(calls) == 1, calls
+    made = calls(log)[before:]
+    assert len(made) == 1, made
 
 
 def test_no_model_forward_runs_outside_a_gpu_call(zero_app):
     """ZeroGPU's main process has no GPU: start-up work (warm-up, show-me examples) must run inside GPU calls."""
     app, log = zero_app
     _predict(app.url, "Hi", 2, True, 0.0, 1.0, 0, api_name="/generate")
-    assert not [c for c in _calls(log) if "outside" in c]
+    assert not [c for c in calls(log) if "outside" in c]
 
 
 def test_a_short_request_fits_a_visitors_quota(tmp_path):
@@ -86,7 +90,7 @@ def test_a_short_request_fits_a_visitors_quota(tmp_path):
     try:
         out = _predict(running.url, "What is the capital of France?", 16, True, 0.0, 1.0, 0, api_name="/generate")
         assert "Paris" in out["text"]
-        asked = [c["duration"] for c in _calls(log) if "duration" in c]
+        asked = [c["duration"] for c in calls(log) if "duration" in c]
         assert asked and max(asked) <= 60, asked
     finally:
         stop_app(running.proc)
@@ -110,4 +114,4 @@ def test_evict_memory_and_blocks_answer(zero_app):
     assert mem["bytes_per_token"] == 327_680
     blocks = _predict(app.url, ["Hello there.", "Hello there, friend."], True, 16, None, None, api_name="/blocks")
     assert blocks["block_size"] == 16
-    assert all(c["duration"] > 0 for c in _calls(log) if "duration" in c)
+    assert all(c["duration"] > 0 for c in calls(log) if "duration" in c)
