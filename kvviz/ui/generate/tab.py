@@ -112,7 +112,9 @@ def build(ctx: AppContext):
     def stop(request: gr.Request):
         ctx.stop_flag(request).set()
 
-    stop_btn.click(stop, None, None, queue=False, api_name=False)
+    # on ZeroGPU the run is in a forked worker that never sees the flag: Stop cancels the call, which ends it
+    cancels = [event] if ctx.settings.zero_gpu else None
+    stop_btn.click(stop, None, None, queue=False, api_name=False, cancels=cancels)
     step.change(replay, [ctx.trace_state, step], [tokens, growth], api_name=False, show_progress="hidden")
 
     generate_run.api_generate_job.api(ctx, api_name="generate")
