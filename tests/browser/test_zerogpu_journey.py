@@ -45,6 +45,8 @@ def test_generate_then_eviction_then_a_show_me_under_zerogpu(zero_page):
 
     page.get_by_role("tab", name="Eviction").click()
     page.locator("#evict-prompt textarea").fill("The code for the staff room is 5512. Visitors enjoy the garden.")
+    page.locator("#evict-policy input").click()
+    page.get_by_role("option", name="StreamingLLM (sinks + recent)").click()
     for elem_id, value in (("evict-budget", "12"), ("evict-max-new", "4")):
         box = page.locator(f"#{elem_id} input[type=number]").first
         box.fill(value)
