@@ -1,0 +1,210 @@
+"""A hostile visitor beside a lecture hall: the attacks of issue 31 against a public-mode server while a room
+of students generates, and what the students saw.
+
+Run: ``.venv/bin/python bench/hostile.py [--students 24] [--new-tokens 16] [--flood 200]``. It starts
+``python app.py`` in public mode (``KVVIZ_PUBLIC=1``) on a free port, computes each student's answer alone
+first (its solo run, with the library in this process, one at a time), then releases the room's presses together
+while one attacker, from a network address of its own, sends:
+
+1. ``/generate`` with a temperature too small to divide by (``"1e-38"``, ``5e-324``);
+2. check steps alone, by ``fn_index`` through ``/gradio_api/queue/join``, never opening a heartbeat
+   (Generate's and Eviction's buttons);
+3. the Blocks tab's live prefix-cache refresh, by ``fn_index``, looking for another session's secret;
+4. ``--flood`` bare ``/gradio_api/call/generate`` requests (each one a new session);
+5. a bad value (``max_new_tokens = -5``), timed from send to its refusal.
+
+Reports: the students' answers against their solo runs (all must be equal, none may fail), their p50/p95,
+the bad input's answer time under the room's load, how many flood requests were refused, whether the secret
+was read, the server's peak RSS during the wave and its RSS after it settles. Traffic stays on the loopback;
+the attacker's address is a made-up ``X-Forwarded-For`` that uvicorn takes from a local proxy. Results go to
+``bench/results/hostile.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from load import RESULTS, HttpStudent, prompt_for, rss_mib, start_server  # noqa: E402  (bench/load.py)
+
+ATTACKER = "203.0.113.66"  # a documentation address (RFC 5737): never routed, only a header here
+SECRET = "My bank PIN is 4711 and my password is hunter2-. Keep them safe."
+
+
+def call(url: str, api_name: str, data: list, address: str | None = None, timeout: float = 300) -> tuple[str, str]:
+    """POST ``/gradio_api/call/<api_name>`` and read its event stream: (final event, its data as text)."""
+    headers = {"x-forwarded-for": address} if address else {}
+    with httpx.Client(base_url=url, timeout=timeout, headers=headers) as http:
+        posted = http.post(f"gradio_api/call/{api_name}", json={"data": data})
+        posted.raise_for_status()
+        event, lines = None, []
+        with http.stream("GET", f"gradio_api/call/{api_name}/{posted.json()['event_id']}") as stream:
+            for line in stream.iter_lines():
+                if line.startswith("event:"):
+                    event, lines = line[6:].strip(), []
+                elif line.startswith("data:"):
+                    lines.append(line[5:].strip())
+                elif not line and event in ("complete", "error"):
+                    break
+    return event or "", "\n".join(lines)
+
+
+def steps_of(url: str) -> dict:
+    """From the page's config: the first (check) step of Generate's and Eviction's buttons, and the Blocks
+    room view's refreshes, each as (fn_index, the inputs' opening values)."""
+    config = httpx.get(f"{url}config", timeout=30).json()
+    by_elem = {c.get("props", {}).get("elem_id"): c["id"] for c in config["components"]}
+    values = {c["id"]: c.get("props", {}).get("value") for c in config["components"]}
+    found: dict = {"checks": [], "room": []}
+    for dep in config["dependencies"]:
+        targets = [tuple(t) for t in dep.get("targets", [])]
+        for elem in ("generate-btn", "evict-run"):
+            if (by_elem.get(elem), "click") in targets and dep.get("trigger_after") is None:
+                found["checks"].append((dep["id"], [values.get(i) for i in dep["inputs"]]))
+        if by_elem.get("room-summary") in dep.get("outputs", []):
+            found["room"].append((dep["id"], [None] * len(dep["inputs"])))
+    return found
+
+
+def join(url: str, fn_index: int, data: list, address: str) -> str:
+    """One step by ``fn_index``, as a script sends it (no heartbeat); the messages it got, as text."""
+    session = uuid.uuid4().hex[:11]
+    headers = {"x-forwarded-for": address}
+    body = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None}
+    httpx.post(f"{url}gradio_api/queue/join", json=body, headers=headers, timeout=60).raise_for_status()
+    seen = []
+    params = {"session_hash": session}
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params=params, headers=headers, timeout=120) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:"):
+                seen.append(line[5:])
+                if json.loads(line[5:]).get("msg") == "process_completed":
+                    break
+    return "\n".join(seen)
+
+
+class Rss:
+    """The server's RSS, sampled every 0.2 s in a thread while a wave runs (MiB)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_mib(self.pid) or 0.0)
+            time.sleep(0.2)
+
+    def __enter__(self) -> Rss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def attack(url: str, steps: dict, flood: int, report: dict) -> None:
+    """The attacker's five attacks, one after another, while the room runs."""
+    report["tiny_temperature"] = [
+        call(url, "generate", ["Hello!", 2, True, t, 1.0, 0], ATTACKER)[0] for t in ("1e-38", 5e-324)
+    ]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda s: join(url, s[0], s[1], ATTACKER), steps["checks"] * 10))
+    report["checks_sent"] = 10 * len(steps["checks"])
+    seen = " ".join(join(url, i, d, ATTACKER) for i, d in steps["room"])
+    report["secret_read"] = "4711" in seen or "hunter2" in seen
+    with ThreadPoolExecutor(32) as pool:
+        events = list(
+            pool.map(lambda _: call(url, "generate", ["Hi", 64, True, 0.0, 1.0, 0], ATTACKER)[0], range(flood))
+        )
+    report["flood"] = {"sent": flood, "refused": events.count("error"), "answered": events.count("complete")}
+    t0 = time.perf_counter()
+    event, text = call(url, "generate", ["Hello", -5, True, 0.0, 1.0, 0], ATTACKER)
+    report["bad_input"] = {"event": event, "answer_s": round(time.perf_counter() - t0, 3), "message": text[:160]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--students", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--flood", type=int, default=200, help="bare /call/generate requests from one address")
+    ap.add_argument("--out", default="hostile.json", help="file name under bench/results/")
+    args = ap.parse_args(argv)
+
+    proc, url, tmp = start_server({"KVVIZ_PUBLIC": "1"})
+    try:
+        prompts = [prompt_for(i) for i in range(args.students)]
+        victim = HttpStudent(url)
+        victim.predict(SECRET, 2, True, 0.0, 1.0, 0, api_name="/generate")  # another student's private prompt
+        # the reference answers come from the library in this process, one run at a time (the server keeps a
+        # finished run for a late duplicate, so asking it first would answer the room from its memory)
+        from kvviz.capture.loop import capture
+        from kvviz.models import load_model
+
+        lm = load_model()
+        solo = {p: capture(lm, p, chat=True, max_new_tokens=args.new_tokens).text for p in prompts}
+        del lm
+        gc.collect()
+        steps = steps_of(url)
+        idle = rss_mib(proc.pid)
+        report: dict = {"students": args.students, "new_tokens": args.new_tokens, "rss_idle_mib": round(idle or 0)}
+        barrier = threading.Barrier(args.students + 1)
+
+        def student(i: int) -> tuple[float, str | None, str | None]:
+            s = HttpStudent(url)
+            s.http.headers["x-forwarded-for"] = f"198.51.100.{i + 1}"  # each student's own machine (RFC 5737)
+            barrier.wait()
+            t0 = time.perf_counter()
+            try:
+                out = s.predict(prompts[i], args.new_tokens, True, 0.0, 1.0, 0, api_name="/generate")
+                return time.perf_counter() - t0, out["text"], None
+            except Exception as exc:  # every failure is counted, none hidden
+                return time.perf_counter() - t0, None, f"{type(exc).__name__}: {exc}"[:200]
+
+        with Rss(proc.pid) as rss, ThreadPoolExecutor(args.students) as pool:
+            futures = [pool.submit(student, i) for i in range(args.students)]
+            barrier.wait()
+            attacker = threading.Thread(target=attack, args=(url, steps, args.flood, report))
+            attacker.start()
+            results = [f.result() for f in futures]
+            attacker.join()
+        time.sleep(10)  # the wave's memory settles (finished runs kept for late duplicates, the allocator)
+        lat = sorted(r[0] for r in results)
+        report.update(
+            {
+                "answers_equal_solo": sum(r[1] == solo[p] for r, p in zip(results, prompts)),
+                "student_errors": [r[2] for r in results if r[2]],
+                "p50_s": round(statistics.median(lat), 2),
+                "p95_s": round(lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))], 2),
+                "rss_peak_mib": round(rss.peak),
+                "rss_after_mib": round(rss_mib(proc.pid) or 0),
+                "server_alive": proc.poll() is None,
+            }
+        )
+        print(json.dumps(report, indent=2))
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / args.out).write_text(json.dumps(report, indent=2) + "\n")
+        ok = (
+            report["answers_equal_solo"] == args.students and not report["student_errors"] and not report["secret_read"]
+        )
+        return 0 if ok else 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
