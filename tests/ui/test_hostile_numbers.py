@@ -3,6 +3,7 @@ no memory kept. The checks exercised here are exactly what runs before a job is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvviz.admission import current_rss
+from kvviz.eviction.policies import POLICIES
 from kvviz.limits import CONFIG_BOUNDS
 from kvviz.settings import Settings
 from kvviz.ui.eviction import tab as tab_eviction
@@ -54,13 +56,25 @@ def rss_start():
     return current_rss()
 
 
-def _answered(fn) -> None:
-    """``fn`` returns a result or raises gr.Error with a short, readable message, within 2 s."""
+def _plain(value) -> bool:
+    """A value a check may accept: a finite number (never a bool), or left blank (None or spaces)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _answered(fn, *used) -> None:
+    """``fn`` returns a result or raises gr.Error with a short, readable message, within 2 s; a result only
+    when every input it ``used`` is plain (``NaN``, ``1e999``, ``12abc``, ``0x10`` or a bool accepted is a
+    hostile value passed silently into the model's job)."""
     start = time.perf_counter()
     try:
         fn()
     except gr.Error as exc:
         assert 0 < len(exc.message) < 600 and "Traceback" not in exc.message
+    else:
+        hostile = [v for v in used if not _plain(v)]
+        assert not hostile, f"accepted hostile input {hostile!r}"
     assert time.perf_counter() - start < 2.0
 
 
@@ -93,7 +107,16 @@ def test_any_numbers_to_memory(ctx, rss_start, context, batch, tp, gpus, mem, re
     _answered(
         lambda: tab_memory.api_memory(
             ctx, "Llama-3-70B", context, batch, "int4", tp, gpus, mem, reserve, weights, bandwidth, group
-        )
+        ),
+        context,
+        batch,
+        tp,
+        gpus,
+        mem,
+        reserve,
+        weights,
+        bandwidth,
+        group,
     )
     assert current_rss() - rss_start < 256 * 2**20
 
@@ -102,7 +125,13 @@ def test_any_numbers_to_memory(ctx, rss_start, context, batch, tp, gpus, mem, re
 @given(max_new=HOSTILE, temperature=HOSTILE, top_p=HOSTILE, seed=HOSTILE)
 def test_any_numbers_to_generate(ctx, max_new, temperature, top_p, seed):
     _answered(
-        lambda: tab_generate.validate_request(ctx, "The capital of France is", False, max_new, temperature, top_p, seed)
+        lambda: tab_generate.validate_request(
+            ctx, "The capital of France is", False, max_new, temperature, top_p, seed
+        ),
+        max_new,
+        temperature,
+        top_p,
+        seed,
     )
 
 
@@ -131,5 +160,13 @@ def test_any_numbers_to_evict(ctx, policy, budget, ratio, max_new, params):
             max_new,
             params,
             tab_eviction.COMPRESS_QUESTION,
-        )
+        ),
+        budget if mode == "tokens" else ratio,
+        max_new,
+        *[v for k, v in params.items() if k in _fields(policy)],
     )
+
+
+def _fields(policy: str) -> set[str]:
+    """The parameters ``policy`` reads (a value given for another policy's parameter is never used)."""
+    return {f.name for f in dataclasses.fields(POLICIES[policy])} if policy in POLICIES else set()
