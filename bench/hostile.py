@@ -13,6 +13,10 @@ while one attacker, from a network address of its own, sends:
 4. ``--flood`` bare ``/gradio_api/call/generate`` requests (each one a new session);
 5. a bad value (``max_new_tokens = -5``), timed from send to its refusal.
 
+After the room, ``--long`` near-maximum prompts (``--long-tokens`` words, ``--long-new`` new tokens) arrive at
+once from as many addresses: how many are admitted, each one's time from press to answer, and the server's RSS
+during that wave and once it is over (a wave's freed memory must go back to the OS, not stay at its peak).
+
 Reports: the students' answers against their solo runs (all must be equal, none may fail), their p50/p95,
 the bad input's answer time under the room's load, how many flood requests were refused, whether the secret
 was read, the server's peak RSS during the wave and its RSS after it settles. Traffic stays on the loopback;
@@ -136,11 +140,40 @@ def attack(url: str, steps: dict, flood: int, report: dict) -> None:
     report["bad_input"] = {"event": event, "answer_s": round(time.perf_counter() - t0, 3), "message": text[:160]}
 
 
+def long_wave(url: str, pid: int, n: int, tokens: int, new_tokens: int) -> dict:
+    """``n`` near-maximum prompts from ``n`` addresses at once: how many are admitted, how long each waits for
+    its answer, the server's peak RSS, and its RSS once the wave is over (10 s after the last answer)."""
+    body = "word " * tokens  # one token a word for SmolLM2's tokenizer, plus the chat template
+
+    def one(i: int) -> tuple[float, str, str]:
+        t0 = time.perf_counter()
+        event, text = call(url, "generate", [f"{i} {body}", new_tokens, True, 0.0, 1.0, 0], f"192.0.2.{i + 1}", 900)
+        return time.perf_counter() - t0, event, text
+
+    with Rss(pid) as rss, ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(one, range(n)))
+    time.sleep(10)
+    answered = [r for r in results if r[1] == "complete"]
+    return {
+        "prompts": n,
+        "prompt_words": tokens,
+        "new_tokens": new_tokens,
+        "answered": len(answered),
+        "refused": [r[2][:120] for r in results if r[1] != "complete"],
+        "answer_s": sorted(round(r[0], 1) for r in answered),
+        "rss_peak_mib": round(rss.peak),
+        "rss_after_mib": round(rss_mib(pid) or 0),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--students", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--flood", type=int, default=200, help="bare /call/generate requests from one address")
+    ap.add_argument("--long", type=int, default=6, help="near-maximum prompts sent at once after the room (0: none)")
+    ap.add_argument("--long-tokens", type=int, default=7680, help="words in each long prompt (a token each)")
+    ap.add_argument("--long-new", type=int, default=512, help="new tokens each long prompt asks for")
     ap.add_argument("--out", default="hostile.json", help="file name under bench/results/")
     args = ap.parse_args(argv)
 
@@ -194,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                 "server_alive": proc.poll() is None,
             }
         )
+        if args.long:
+            report["long_wave"] = long_wave(url, proc.pid, args.long, args.long_tokens, args.long_new)
         print(json.dumps(report, indent=2))
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -96,6 +96,13 @@ MAX_TEMPERATURE = 5.0
 MIN_TEMPERATURE = 1e-4
 
 
+# ---- the engine ----------------------------------------------------------------------------------
+# Finished runs the engine keeps to answer late duplicates (a room pressing the same example): their traces
+# together at most this many bytes. A short chat's trace is well under 1 MiB, so a room's duplicates are all
+# kept; one long prompt's attention maps are hundreds of MiB, and kept 16 at a time they held gigabytes.
+FINISHED_RUNS_BYTES = 64 * 2**20
+
+
 # ---- the Memory tab and /memory ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bound:

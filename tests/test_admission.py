@@ -151,3 +151,35 @@ def test_closing_the_gate_ends_running_budgets_cancels_the_line_and_admits_no_on
         gate.admit("c")
     running.release()
     assert gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
+
+
+def test_the_last_job_out_hands_freed_memory_back_and_no_other_does(monkeypatch):
+    import kvviz.admission as admission
+
+    calls: list[dict] = []
+    gate = Gate(slots=2)
+    monkeypatch.setattr(admission, "release_memory", lambda: calls.append(gate.snapshot()))
+    first, second, third = gate.admit("a"), gate.admit("b"), gate.admit("c")  # c waits for a slot
+    first.release()
+    second.release()
+    assert calls == [], "memory was trimmed while a job was still queued or running"
+    third.wait(1)
+    third.release()
+    assert calls == [{"running": 0, "waiting": 0, "sessions": 0}]
+
+
+def test_release_memory_returns_a_fragmented_heap_to_the_os():
+    """Freed small allocations with live neighbours stay resident under glibc until malloc_trim."""
+    import kvviz.admission as admission
+
+    if current_rss() is None or admission._TRIM is None:
+        pytest.fail("this test needs Linux /proc and glibc's malloc_trim, which the app's servers have")
+    chunks = [b"x" * 60_000 for _ in range(5_000)]  # ~300 MB of heap chunks below glibc's mmap threshold
+    keep = chunks[::50]  # one live chunk in every 50 pins the heap: free() alone cannot shrink it
+    del chunks
+    before = current_rss()
+    admission.release_memory()
+    after = current_rss()
+    assert before is not None and after is not None
+    assert before - after > 150 * 2**20, f"only {(before - after) / 2**20:.0f} MiB went back to the OS"
+    assert len(keep) == 100

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from kvviz.admission import release_memory
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress, forward
@@ -54,6 +55,7 @@ from kvviz.engine.few_rows import few_rows, prepare, threads_for
 from kvviz.engine.handle import Handle, Job
 from kvviz.engine.prefix import PrefixStore
 from kvviz.engine.slots import SlotKV
+from kvviz.limits import FINISHED_RUNS_BYTES
 from kvviz.models import LoadedModel, attention_modules
 
 log = logging.getLogger("kvviz.engine")
@@ -62,7 +64,8 @@ ROOM_WAIT = 5  # beside a room, a finished run's check waits at most this many t
 
 class Engine:
     """See the module docstring. ``max_batch`` runs decode together; a step feeds at most
-    ``token_budget`` tokens; ``keep_finished`` finished runs answer late duplicates; a finished run
+    ``token_budget`` tokens; ``keep_finished`` finished runs (their traces at most
+    :data:`~kvviz.limits.FINISHED_RUNS_BYTES` together) answer late duplicates; a finished run
     waits at most ``check_wait_s`` seconds for others to share its check; an idle engine gathers runs
     for ``gather_s`` seconds of quiet (at most ``gather_max_s``) before its first step (0: it does not)."""
 
@@ -182,6 +185,8 @@ class Engine:
     def _loop(self) -> None:
         while not self._closed:  # no local outlives a step: a finished run's cache is freed while the engine waits
             self._run(self._admit())
+            if self._idle():
+                release_memory()  # the room's freed caches go back to the OS before the engine waits
         closing = RuntimeError("The server is shutting down; the run was ended.")
         with self._cond:
             jobs = [*self._waiting, *self._running, *(job for job, _ in self._unchecked)]
@@ -189,6 +194,10 @@ class Engine:
             self._unchecked.clear()
         for job in jobs:
             self._retire(job, closing)
+
+    def _idle(self) -> bool:
+        with self._cond:
+            return not (self._waiting or self._running or self._unchecked)
 
     def _admit(self) -> list[Job]:
         """Wait for work; move waiting runs into the batch while there is room; the batch."""
@@ -359,8 +368,9 @@ class Engine:
             self._active.pop(key, None)
             if error is None and job.gen.trace.stop_reason != "stopped":
                 self._finished[key] = job
-                while len(self._finished) > self._keep_finished:
-                    self._finished.popitem(last=False)
+                kept = sum(j.gen.trace.nbytes() for j in self._finished.values())
+                while self._finished and (len(self._finished) > self._keep_finished or kept > FINISHED_RUNS_BYTES):
+                    kept -= self._finished.popitem(last=False)[1].gen.trace.nbytes()
         if self.prefix is not None:
             self.prefix.release(job.claim)
         if self.slots is not None and job.gen.cache is not None:

@@ -1,0 +1,37 @@
+"""The engine's memory after a wave: finished runs kept by bytes as well as count, freed heap handed back idle."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvviz.engine import engine as engine_module
+from kvviz.engine.engine import Engine
+from kvviz.engine.handle import wait_all
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_finished_run_is_kept_for_late_duplicates_only_while_the_kept_traces_fit_their_bytes(lm, monkeypatch):
+    engine = Engine(lm)
+    short = engine.submit("Say hello.", chat=True, max_new_tokens=3)
+    assert wait_all([short], 600)
+    kept = short.trace.nbytes()
+    assert engine.submit("Say hello.", chat=True, max_new_tokens=3).job is short.job  # kept: a late duplicate shares
+    # a bound below one more such trace: the next finished run pushes the oldest out, whatever the count allows
+    monkeypatch.setattr(engine_module, "FINISHED_RUNS_BYTES", kept + kept // 2)
+    other = engine.submit("Say goodbye.", chat=True, max_new_tokens=3)
+    assert wait_all([other], 600)
+    late = engine.submit("Say hello.", chat=True, max_new_tokens=3)
+    assert late.job is not short.job, "a finished run stayed kept past the bytes the kept traces may hold"
+    assert wait_all([late], 600)
+
+
+def test_the_engine_hands_freed_memory_back_once_idle_and_not_between_a_room_s_steps(lm, monkeypatch):
+    engine = Engine(lm)
+    busy_at_release: list[bool] = []
+    monkeypatch.setattr(engine_module, "release_memory", lambda: busy_at_release.append(not engine._idle()))
+    handles = [engine.submit(f"Name {n} colours.", chat=True, max_new_tokens=4) for n in ("two", "three", "four")]
+    assert wait_all(handles, 600)
+    engine.close()
+    assert busy_at_release, "the engine went idle without handing the room's freed memory back"
+    assert not any(busy_at_release), "memory was trimmed while runs were still in the batch"
