@@ -80,6 +80,8 @@ def _message(m, i: int, max_chars: int) -> dict[str, str]:
     if not isinstance(m, dict) or set(m) != {"role", "content"}:
         raise ValueError(f"{where} must be an object with exactly the keys role and content.")
     role, expected = m["role"], ROLES[i % 2]
+    if not isinstance(role, str):
+        raise ValueError(f"{where} has a role that is not text; expected {expected!r}.")
     if role != expected:
         raise ValueError(f"{where} has role {str(role)[:20]!r}; expected {expected!r} (user and assistant take turns).")
     try:

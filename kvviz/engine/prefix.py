@@ -192,11 +192,11 @@ class PrefixStore:
         the prompt's — the rest of the prompt and the answer, up to the store's reach — chained after the
         prompt's blocks, pinned for the run like them. The tokens the store then holds for this turn."""
         b = self.block_size
-        rows = g.rec.turn_rows if g.rec is not None else None
-        if rows is None or len(claim.held) < len(claim.hashes):  # an earlier block found no room
+        rec = g.rec
+        if rec is None or rec.turn_rows is None or len(claim.held) < len(claim.hashes):  # a block found no room
             return len(claim.held) * b
-        g.rec.turn_rows = None
-        s = g.rec.turn_start
+        rows, s = rec.turn_rows, rec.turn_start
+        rec.turn_rows = None
         ids = g.trace.token_ids[: min(g.fed, s + rows.shape[2]) // b * b]  # the cache holds g.fed tokens
         hashes = self.hasher(ids)
         for j in range(len(claim.hashes), len(hashes)):
@@ -214,6 +214,12 @@ class PrefixStore:
             claim.held.append(block)
             claim.hashes.append(hashes[j])
         return len(claim.held) * b
+
+    def held_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of ``token_ids`` the store holds now, in whole blocks (no side effects)."""
+        hashes = self.hasher(token_ids[: self.max_tokens // self.block_size * self.block_size])
+        with self.lock:
+            return self.cache.match(hashes) * self.block_size
 
     def own(self, hashes: Iterable[bytes], owner: str | None) -> None:
         """``owner`` sent a prompt with these blocks too (a request that joined an identical run)."""
