@@ -33,6 +33,7 @@ class TurnReport:
     previous_tokens: int  # tokens of the previous turn (prompt + answer); 0 for the first turn
     previous_cached: int  # of those, the leading tokens the prefix store kept (whole blocks)
     diverged: int | None
+    kept: int = 0  # this turn's leading tokens (prompt + answer) the store kept for the next turn
     before: str = ""
     was: str = ""
     now: str = ""
@@ -41,7 +42,10 @@ class TurnReport:
         return asdict(self)
 
     def verdict(self) -> str:
-        """One line: what the turn reused and why it stopped there."""
+        """One line: what the turn reused and why it stopped there, and what it kept for the next turn."""
+        return f"{self._reuse()} The store kept this turn's first {self.kept:,} tokens (prompt and answer) for the next."
+
+    def _reuse(self) -> str:
         head = f"Turn {self.turn}: {self.reused:,} of {self.prompt_tokens:,} prompt tokens reused, {self.computed:,} computed"
         if self.turn == 1 or not self.previous_tokens:
             return head + " (the first turn: only the template's blocks can be cached)."
@@ -80,4 +84,5 @@ def turn_report(tokenizer, trace: Trace, previous: Sequence[int], previous_cache
         before = "".join(token_texts(tokenizer, prompt[lo:at]))
         was = "".join(token_texts(tokenizer, list(previous[at : at + CONTEXT_TOKENS])))
         now = "".join(token_texts(tokenizer, prompt[at : at + CONTEXT_TOKENS]))
-    return TurnReport(turn, n, reused, n - reused, len(previous), previous_cached, at, before, was, now)
+    kept = trace.turn_cached_tokens or 0
+    return TurnReport(turn, n, reused, n - reused, len(previous), previous_cached, at, kept, before, was, now)
