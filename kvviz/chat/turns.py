@@ -43,7 +43,9 @@ class TurnReport:
 
     def verdict(self) -> str:
         """One line: what the turn reused and why it stopped there, and what it kept for the next turn."""
-        return f"{self._reuse()} The store kept this turn's first {self.kept:,} tokens (prompt and answer) for the next."
+        return (
+            f"{self._reuse()} The store kept this turn's first {self.kept:,} tokens (prompt and answer) for the next."
+        )
 
     def _reuse(self) -> str:
         head = f"Turn {self.turn}: {self.reused:,} of {self.prompt_tokens:,} prompt tokens reused, {self.computed:,} computed"

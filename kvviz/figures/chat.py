@@ -55,11 +55,11 @@ def turns_figure(reports: Sequence[TurnReport]) -> go.Figure:
         )
     fig.update_layout(
         barmode="stack",
-        height=140 + 36 * len(reports),
-        margin={"l": 60, "r": 20, "t": 30, "b": 40},
+        height=170 + 36 * len(reports),
+        margin={"l": 60, "r": 20, "t": 60, "b": 40},
         xaxis_title="prompt tokens",
         yaxis={"autorange": "reversed"},
-        legend={"orientation": "h", "y": 1.15},
+        legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
     )
     return fig
 
