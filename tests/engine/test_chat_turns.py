@@ -82,3 +82,27 @@ def test_a_single_turn_run_keeps_no_answer_blocks(lm):
     assert h.trace.turn_cached_tokens is None and "turn_cached_tokens" not in h.trace.summary()
     stored = engine.prefix.stats()["inserted_blocks"] * engine.prefix.block_size
     assert stored == (h.trace.n_prompt - 1) // engine.prefix.block_size * engine.prefix.block_size
+
+
+def test_two_chats_decoded_together_each_reuse_their_own_turn(lm):
+    """Packed steps (two conversations in one forward, keys side by side in the slot store) keep each turn's
+    own rows: each second turn reuses its own first turn's blocks and computes the Trace a cold run computes."""
+    engine = Engine(lm, gather_s=0.5, gather_max_s=5.0)
+    firsts = ["Name a large animal.", "Name a small bird."]
+    ones = [
+        engine.submit(q, prompt_ids=render(lm.tokenizer, messages([], q)), max_new_tokens=12, keep_turn=True)
+        for q in firsts
+    ]
+    assert wait_all(ones, 600) and engine.counters["max_batch_seen"] == 2
+    twos = []
+    for q, h in zip(firsts, ones):
+        history = [{"role": "user", "content": q}, {"role": "assistant", "content": h.trace.text}]
+        ids = render(lm.tokenizer, messages(history, "Why?"))
+        twos.append(engine.submit("Why?", prompt_ids=ids, max_new_tokens=6, keep_turn=True))
+    assert wait_all(twos, 600)
+    for one, two in zip(ones, twos):
+        assert two.trace.cached_prompt_tokens == one.trace.turn_cached_tokens > one.trace.n_prompt
+        cold = solo(lm, "Why?", prompt_ids=two.trace.token_ids[: two.trace.n_prompt], max_new_tokens=6).trace
+        assert two.trace.token_ids == cold.token_ids
+        np.testing.assert_allclose(two.trace.colsum, cold.colsum, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(two.trace.prefill_colsum, cold.prefill_colsum, atol=2e-5, rtol=1e-4)
