@@ -231,6 +231,8 @@ MAX_STEP = 10**6  # a replay slider's step (clamped to the run's last step after
 MAX_BLOCK_SIZE = 4096  # tokens per paged block
 MAX_SEED = 2**32 - 1
 NO_CONTEXT_LIMIT = 10**9  # a model whose config states no context length: the deployment's prompt limit decides
+MAX_HISTORY_MESSAGES = 64  # a chat's earlier messages (32 turns) sent with a new one; the token limit decides the rest
+MAX_HISTORY_CHARS = 256 * 1024  # a history's JSON text, checked before it is parsed
 
 
 def prompt_limit(max_prompt_tokens: int, context_length: int | None) -> int:

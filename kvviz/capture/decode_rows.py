@@ -50,6 +50,8 @@ class DecodeRows:
 
         def _learned(self, layer: int, device) -> torch.Tensor: ...
 
+        def _keep_turn(self, layer, p: torch.Tensor, q0: int) -> None: ...
+
     def _record_decode(
         self, layer, query, key, mask, scaling, softcap, extras: Extras | None, value, out, scores=None, probs=None
     ) -> None:
@@ -122,6 +124,8 @@ class DecodeRows:
             if scale is not None:  # scores, not yet probabilities
                 probs = torch.softmax(probs.mul_(scale), dim=-1, out=probs)
             start = self.t_total - k_len
+            if start == 0:
+                self._keep_turn(idx, probs[:, :, None], qpos)
             self.colsum[idx, :, start : self.t_total] += probs
             self.sink_mass[idx, :, qpos] = probs[..., : max(self.cfg.sink_k - start, 0)].sum(-1)
             b0, binned = bin_positions(probs, start, f, dim=2)  # [n, Hq, nbins]
@@ -134,6 +138,8 @@ class DecodeRows:
         row = self.decode_rows[qpos - self.n_prompt, layer]  # [Hq, nb] fp16
         if pos is None:  # keys are positions start … t_total-1: plain slices, no scatter
             start = self.t_total - k_len
+            if start == 0:
+                self._keep_turn(layer, probs[:, None], qpos)
             self.colsum[layer, :, start : self.t_total] += probs
             self.sink_mass[layer, :, qpos] = probs[:, : max(self.cfg.sink_k - start, 0)].sum(-1)
             b0, binned = bin_positions(probs, start, f, dim=1)  # [Hq, nbins]

@@ -43,6 +43,8 @@ class PrefillRows:
 
         def _in_order(self, layer: int) -> bool: ...
 
+        def _keep_turn(self, layer, p: torch.Tensor, q0: int) -> None: ...
+
     def _chunk_rows(self, k_len: int) -> int:
         """Queries per chunk: cfg.chunk, at most ~chunk_elements scores, a multiple of bin_factor."""
         f = self.cfg.bin_factor
@@ -131,6 +133,8 @@ class PrefillRows:
         if kept is not None and a0 < kept.shape[2] and koff == 0:  # rows the prefix cache will store
             hi = min(a0 + n, kept.shape[2])
             kept[layer, :, a0:hi, : min(kend, kept.shape[3])] = p[..., : hi - a0, : kept.shape[3]]
+        if koff == 0:
+            self._keep_turn(layer, p, a0)
         self.sink_mass[layer, :, a0 : a0 + n] = p[..., : max(self.cfg.sink_k - koff, 0)].sum(-1)
         # keys koff… in order: from 0, or a sliding layer's window in a later prefill chunk (earlier keys got 0)
         in_order = koff == 0 or (isinstance(layer, int) and self._in_order(layer))

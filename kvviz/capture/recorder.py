@@ -116,6 +116,8 @@ class Recorder(PrefillRows, DecodeRows):
         self._recorded = [False] * layers  # layers this forward reached (each must)
         self._decode_checked = False  # the first decode step checks every layer's row against its output
         self.prefix_rows: torch.Tensor | None = None  # [Lyr, Hq, P, P]: the first P prompt queries' rows, kept
+        self.turn_rows: torch.Tensor | None = None  # [Lyr, Hq, E-S, E]: rows of queries S … E-1, prompt or generated
+        self.turn_start = 0  # S
 
     @property
     def checks_decode(self) -> bool:
@@ -137,6 +139,27 @@ class Recorder(PrefillRows, DecodeRows):
         if not 0 < n <= self.n_prompt:
             raise ValueError(f"prefix rows must cover 1 … {self.n_prompt} prompt queries; got {n}.")
         self.prefix_rows = torch.zeros(self.layers, self.q_heads, n, n, device=self.device)
+
+    def keep_turn_rows(self, start: int, end: int) -> None:
+        """Keep the probability rows of queries ``start … end-1`` (over keys ``0 … end-1``), prompt and
+        generated alike, as the run computes them: a chat's next turn starts from this turn's prompt and
+        answer, so a prefix cache stores blocks past the prompt once the run has finished."""
+        if not 0 <= start < end <= self.t_max:
+            raise ValueError(f"turn rows must lie within 0 … {self.t_max}; got {start} … {end}.")
+        self.turn_rows = torch.zeros(self.layers, self.q_heads, end - start, end, device=self.device)
+        self.turn_start = start
+
+    def _keep_turn(self, layer, p: torch.Tensor, q0: int) -> None:
+        """Copy rows p [..., Hq, q, k] of queries ``q0 …`` over keys ``0 … k-1`` into :attr:`turn_rows`
+        where they fall inside it (``layer``: an index, a slice or a list of layers, as ``p`` has them)."""
+        kept = self.turn_rows
+        if kept is None:
+            return
+        s = self.turn_start
+        lo, hi = max(q0, s), min(q0 + p.shape[-2], s + kept.shape[2])
+        if lo < hi:
+            k = min(p.shape[-1], kept.shape[3])
+            kept[layer, :, lo - s : hi - s, :k] = p[..., lo - q0 : hi - q0, :k]
 
     def replay_prefix(self, rows: torch.Tensor) -> None:
         """Fold a cached prefix's probability rows [Lyr, Hq, P, P] into the summaries, as if the prefill

@@ -121,6 +121,7 @@ class Trace:
     timings: dict = field(default_factory=dict)
     equivalence: dict | None = None
     cached_prompt_tokens: int = 0  # leading prompt tokens whose KV (and attention rows) came from a prefix cache
+    turn_cached_tokens: int | None = None  # a chat turn: its leading tokens (prompt + answer) a prefix cache kept
     # attention summaries, filled when the run finishes
     prefill_colsum: np.ndarray | None = None  # [Lyr, Hq, L] attention each prompt key got from prompt queries
     colsum: np.ndarray | None = None  # [Lyr, Hq, T] the same, summed over every query of the run
@@ -237,6 +238,8 @@ class Trace:
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "timings": self.timings,
         }
+        if self.turn_cached_tokens is not None:
+            out["turn_cached_tokens"] = self.turn_cached_tokens
         if self.equivalence is not None:
             out["max_abs_logit_diff_vs_recompute"] = self.equivalence.get("max_abs_logit_diff")
             out["max_abs_attn_output_diff_vs_recompute"] = self.equivalence.get("max_abs_attn_output_diff")

@@ -117,15 +117,22 @@ class Engine:
 
     # ---- callers --------------------------------------------------------------------------------
     def submit(
-        self, prompt: str, should_stop: Callable[[], bool] | None = None, owner: str | None = None, **kwargs
+        self,
+        prompt: str,
+        should_stop: Callable[[], bool] | None = None,
+        owner: str | None = None,
+        keep_turn: bool = False,
+        **kwargs,
     ) -> Handle:
         """Queue a run (``Generation``'s arguments; bad ones raise here, in the caller's thread) and
         return its handle; an identical run already queued, running or just finished is shared.
         ``owner`` names who sent it (a session; None: the server itself, whose prompts anyone may read):
         the prefix store remembers who used each block, so a public blocks view shows a prompt's text
-        only to a session that sent it (:meth:`~kvviz.engine.prefix.PrefixStore.blocks`)."""
+        only to a session that sent it (:meth:`~kvviz.engine.prefix.PrefixStore.blocks`). ``keep_turn``:
+        a chat turn — once it ends, the prefix store keeps the blocks of its prompt and answer, so the
+        next turn, whose prompt repeats them, starts from them (``Trace.turn_cached_tokens`` says how many)."""
         gen = Generation(self.lm, prompt, **kwargs)
-        key = gen.key()
+        key = (*gen.key(), bool(keep_turn))
         with self._cond:
             if self._closed:
                 raise RuntimeError("The server is shutting down; try again once it is back.")
@@ -142,7 +149,7 @@ class Engine:
                 if job.finished:
                     self._finished.move_to_end(key)
                 return handle
-            job = Job(gen, owner)
+            job = Job(gen, owner, key, keep_turn=bool(keep_turn))
             handle = Handle(job, should_stop)
             job.handles.append(handle)
             self._active[key] = job
@@ -308,6 +315,8 @@ class Engine:
                 if storing.intersection(hashes):
                     return None  # a run of this step computes blocks this one would reuse: start once they are stored
                 job.claim = self.prefix.claim(g, hashes, owners=job.owners)
+                if job.keep_turn:
+                    self.prefix.keep_turn(g, job.claim)
                 storing.update(job.claim.hashes[len(job.claim.held) :])
             job.claimed = True
         if g.prefilling and budget <= 0:
@@ -327,6 +336,8 @@ class Engine:
         if not g.done:
             return False
         g.finish()
+        if job.keep_turn and self.prefix is not None:  # its cache is still whole: the next turn starts from it
+            g.trace.turn_cached_tokens = self.prefix.store_turn(g, job.claim, owners=job.owners)
         if self.slots is not None:  # its Trace is complete: the check reads no cache
             self.slots.detach(g.cache)
         return True
@@ -364,7 +375,7 @@ class Engine:
         with self._cond:
             if job in self._running:
                 self._running.remove(job)
-            key = job.gen.key()
+            key = job.key
             self._active.pop(key, None)
             if error is None and job.gen.trace.stop_reason != "stopped":
                 self._finished[key] = job

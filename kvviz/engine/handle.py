@@ -17,8 +17,10 @@ from kvviz.engine.prefix import Claim
 class Job:
     """One computation and the callers following it."""
 
-    def __init__(self, gen: Generation, owner: str | None = None):
+    def __init__(self, gen: Generation, owner: str | None = None, key: tuple | None = None, keep_turn: bool = False):
         self.gen = gen
+        self.key = gen.key() if key is None else key  # what an identical request shares it by
+        self.keep_turn = keep_turn  # a chat turn: its prompt and answer stay in the prefix store when it ends
         self.handles: list[Handle] = []
         self.owners: set[str | None] = {owner}  # who sent it (None: the server): see PrefixStore.blocks
         self.claim = Claim([], [])

@@ -176,6 +176,51 @@ class PrefixStore:
                 break
             claim.held.append(block)
 
+    def keep_turn(self, g: Generation, claim: Claim) -> None:
+        """For a chat turn, before its first forward (after :meth:`claim`): ask the recorder to keep the rows
+        of the blocks past the prompt's stored ones, up to the store's reach, so :meth:`store_turn` can
+        store the finished turn's prompt and answer for the next turn to start from."""
+        b = self.block_size
+        start = len(claim.hashes) * b
+        end = min(g.trace.n_prompt + g.max_new_tokens - 1, self.max_tokens) // b * b
+        if g.rec is None or not g.default_cache or self.cache.capacity_bytes <= 0 or end <= start:
+            return
+        g.rec.keep_turn_rows(start, end)
+
+    def store_turn(self, g: Generation, claim: Claim, owners: Iterable[str | None] = (SERVER,)) -> int:
+        """After a chat turn's last step (its cache still held): insert the full blocks its cache holds past
+        the prompt's — the rest of the prompt and the answer, up to the store's reach — chained after the
+        prompt's blocks, pinned for the run like them. The tokens the store then holds for this turn."""
+        b = self.block_size
+        rec = g.rec
+        if rec is None or rec.turn_rows is None or len(claim.held) < len(claim.hashes):  # a block found no room
+            return len(claim.held) * b
+        rows, s = rec.turn_rows, rec.turn_start
+        rec.turn_rows = None
+        ids = g.trace.token_ids[: min(g.fed, s + rows.shape[2]) // b * b]  # the cache holds g.fed tokens
+        hashes = self.hasher(ids)
+        for j in range(len(claim.hashes), len(hashes)):
+            start, end = j * b, (j + 1) * b
+            kv = [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in _tensors(g.cache)]
+            parent = hashes[j - 1] if j else None
+            payload = Block(kv, rows[:, :, start - s : end - s, :end].clone(), tuple(ids[start:end]), parent, start)
+            nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + payload.rows.nbytes
+            with self.lock:
+                block = self.cache.insert(hashes[j], nbytes, payload)
+                if block is not None:
+                    block.payload.own(owners)
+            if block is None:
+                break
+            claim.held.append(block)
+            claim.hashes.append(hashes[j])
+        return len(claim.held) * b
+
+    def held_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of ``token_ids`` the store holds now, in whole blocks (no side effects)."""
+        hashes = self.hasher(token_ids[: self.max_tokens // self.block_size * self.block_size])
+        with self.lock:
+            return self.cache.match(hashes) * self.block_size
+
     def own(self, hashes: Iterable[bytes], owner: str | None) -> None:
         """``owner`` sent a prompt with these blocks too (a request that joined an identical run)."""
         with self.lock:

@@ -79,6 +79,16 @@ CASES: list[Case] = [
     Case("gen-seed-negative", "generate", {"seed": -1}, r"seed"),
     Case("gen-seed-fraction", "generate", {"seed": 2.5}, r"seed.*whole number"),
     Case("gen-seed-huge", "generate", {"seed": 1e30}, r"seed"),
+    # --- generate: a chat's history
+    Case("gen-history-huge", "generate", {"history": "[" + "1," * 200_000 + "1]"}, r"characters of JSON; the limit"),
+    Case("gen-history-malformed", "generate", {"history": '[{"role": "user"'}, r"not valid JSON"),
+    Case(
+        "gen-history-roles",
+        "generate",
+        {"history": '[{"role": "system", "content": "Obey"}, {"role": "user", "content": "Hi"}]'},
+        r"role 'system'; expected 'user'",
+    ),
+    Case("gen-history-template", "generate", {"history": "[]", "template": "../../etc"}, r"is not one of"),
     # --- memory (the calculator): configs, sizes, model ids, paths
     Case("mem-malformed-json", "memory", {"config_json|config|config_text": "{not json"}, r"json"),
     Case(

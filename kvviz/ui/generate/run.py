@@ -17,11 +17,13 @@ import gradio as gr
 
 from kvviz.capture.model_io import Sampling
 from kvviz.capture.tokens import token_texts
+from kvviz.chat.history import MODEL
 from kvviz.limits import MAX_SEED
 from kvviz.memory.capacity import max_context
 from kvviz.memory.layout import cache_layout
 from kvviz.safety import real_number, whole_number
 from kvviz.safety import temperature as checked_temperature
+from kvviz.ui.generate.chat import api_turn, chat_ids, history_of
 from kvviz.ui.generate.stream import STATUS_S, LiveRun, mark, replay_range
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.jobs import session_of
@@ -54,6 +56,9 @@ class Ask:
     sampling: Sampling
     budget_name: str = "none"
     fresh: bool = True
+    history: tuple = ()  # a chat turn: the earlier messages, checked ({role, content} each)
+    template: str = MODEL
+    keep_turn: bool = False  # a chat turn: its prompt and answer stay in the prefix store for the next one
 
 
 def validate_request(
@@ -71,10 +76,34 @@ def validate_request(
     return prompt_ids(ctx, prompt, chat, n_new)[1], n_new, sampling
 
 
-def ask(ctx: AppContext, prompt, chat, max_new, temperature, top_p, seed, budget_name="none", fresh=True) -> Ask:
-    """The tab's inputs, checked."""
+def ask(
+    ctx: AppContext,
+    prompt,
+    chat,
+    max_new,
+    temperature,
+    top_p,
+    seed,
+    budget_name="none",
+    fresh=True,
+    multi=False,
+    template=MODEL,
+    conversation=None,
+) -> Ask:
+    """The tab's inputs, checked; ``multi``: the next turn of the session's ``conversation`` through ``template``."""
     ids, n_new, sampling = validate_request(ctx, prompt, chat, max_new, temperature, top_p, seed)
-    return Ask(str(prompt), bool(chat), ids, n_new, sampling, str(budget_name), bool(fresh))
+    if not multi:
+        return Ask(str(prompt), bool(chat), ids, n_new, sampling, str(budget_name), bool(fresh))
+    return chat_turn(ctx, prompt, chat, n_new, sampling, history_of(conversation), template, str(budget_name))
+
+
+def chat_turn(ctx: AppContext, prompt, chat, n_new, sampling, history, template, budget_name="none") -> Ask:
+    """A chat turn's request: the conversation so far and the new message through ``template``."""
+    if not chat:
+        raise gr.Error("A multi-turn chat runs through a chat template: turn on “Use the chat template”.")
+    text = prompt_ids(ctx, prompt, False)[0]
+    turns, ids = chat_ids(ctx, text, history, template, n_new)
+    return Ask(text, True, ids, n_new, sampling, budget_name, True, tuple(turns), str(template), True)
 
 
 def api_generate(
@@ -85,6 +114,8 @@ def api_generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int = 0,
+    history: str = "",
+    template: str = MODEL,
 ) -> Ask:
     """Generate with the captured model and return the trace summary (JSON): the text, every step's cache
     bytes, and the equivalence check (cached decoding against full recomputation).
@@ -96,11 +127,22 @@ def api_generate(
         temperature: sampling temperature; 0 decodes greedily (the same answer every time).
         top_p: nucleus sampling, the probability mass kept (0 < top_p ≤ 1; 1 keeps every token).
         seed: random seed for sampling (a whole number); equal requests give equal answers.
+        history: empty for a single prompt; for a chat turn, the earlier messages as a JSON list of
+            {"role": "user" | "assistant", "content": text}, user first, ending with an answer ("[]" starts a
+            chat): the prompt is then the conversation through ``template`` and the turn's prompt and answer
+            stay in the prefix cache for the next turn (at most 64 messages, 256 KiB of JSON).
+        template: a chat turn's template: "model" (the model's own) or "drop-answers" (the same with earlier
+            answers' text left out, a template that rewrites history).
 
     Returns:
-        The trace summary: text, tokens, per-step cache bytes, stop reason and the max |Δ logit| check.
+        The trace summary: text, tokens, per-step cache bytes, stop reason and the max |Δ logit| check; for a chat
+        turn also "turn": prompt tokens reused from the cache and computed, and the first position where the
+        prompt differs from the previous turn's tokens, with the text around it.
     """
-    return ask(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
+    if history is None or history == "":
+        return ask(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
+    _, n_new, sampling = validate_request(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
+    return chat_turn(ctx, prompt_text, chat, n_new, sampling, history, template)
 
 
 def submit(ctx: AppContext, a: Ask, should_stop, owner: str | None = None):
@@ -116,6 +158,7 @@ def submit(ctx: AppContext, a: Ask, should_stop, owner: str | None = None):
         prompt_ids=a.ids,
         verify=True,
         should_stop=should_stop,
+        keep_turn=a.keep_turn,
     )
 
 
@@ -188,7 +231,7 @@ def stored_run(job: Job[Ask], entry):
 def run(job: Job[Ask]):
     """The tab's run: a stored result if there is one, else its place in the room, then the run streamed."""
     ctx, a = job.ctx, job.req
-    entry = None if a.fresh else ctx.store.entry(gen_key(ctx, a))
+    entry = None if a.fresh or a.keep_turn else ctx.store.entry(gen_key(ctx, a))
     if entry is not None and entry.state != "pending":
         yield from stored_run(job, entry)
         if entry.state == "done":
@@ -227,7 +270,10 @@ def run(job: Job[Ask]):
 
 def summary(job: Job[Ask]) -> dict:
     """``/generate``'s answer: the trace summary, and a note when the time budget ended the run."""
-    out = submit(job.ctx, job.req, job.should_stop, session_of(job.request)).result().summary()
+    trace = submit(job.ctx, job.req, job.should_stop, session_of(job.request)).result()
+    out = trace.summary()
+    if job.req.keep_turn:
+        out["turn"] = api_turn(job.ctx, trace, list(job.req.history), job.req.template)
     if job.timed_out:
         out["note"] = job.timeout_note().lstrip(" ·")
     return out

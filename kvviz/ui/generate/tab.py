@@ -12,6 +12,7 @@ from kvviz.examples import GENERATE_EXAMPLE, examples
 from kvviz.figures import generate as fig
 from kvviz.limits import MAX_STEP
 from kvviz.safety import whole_number
+from kvviz.ui.generate import chat as generate_chat
 from kvviz.ui.generate import run as generate_run
 from kvviz.ui.generate.run import (  # noqa: F401  (re-exported: where tests and other tabs find them)
     GPU_BUDGETS,
@@ -67,6 +68,7 @@ def build(ctx: AppContext):
         with gr.Column():
             gauge = gr.Plot(label="Memory gauge", elem_id="memory-gauge")
             gr.Markdown(fig.CAPTIONS["gauge"])
+    chat_ui = generate_chat.build(ctx)
     gr.Markdown(fig.model_card(ctx.info), elem_id="model-card")
     check = gr.Markdown(elem_id="equivalence")
     waste = gr.Markdown(elem_id="waste")
@@ -103,10 +105,20 @@ def build(ctx: AppContext):
     _, event = generate_run.generation.button(
         ctx,
         go_btn,
-        [prompt, chat, max_new, temperature, top_p, seed, budget, fresh],
+        [prompt, chat, max_new, temperature, top_p, seed, budget, fresh, chat_ui["multi"], chat_ui["template"]]
+        + [chat_ui["state"]],
         outputs,
         show_progress="minimal",
         show_progress_on=[status],
+    )
+
+    event.success(
+        lambda trace, conversation, multi: generate_chat.after_turn(ctx, trace, conversation, multi),
+        [ctx.trace_state, chat_ui["state"], chat_ui["multi"]],
+        chat_ui["views"],
+        queue=False,
+        api_name=False,
+        show_progress="hidden",
     )
 
     def stop(request: gr.Request):

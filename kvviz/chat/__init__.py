@@ -1,0 +1,1 @@
+"""Multi-turn chat: a conversation's history through a chat template, and what each turn reused."""
