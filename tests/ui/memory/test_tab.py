@@ -194,16 +194,27 @@ def test_api_memory_matches_the_cli_json(ctx):
 def test_live_architecture_section_shows_the_real_cache_next_to_the_formula():
     from kvviz.ui.memory.architectures import show_architecture
 
-    summary, table, chart = show_architecture("MLA", "The KV cache")
-    assert "equal, layer by layer ✓" in summary and "no factor 2 and no head count" in summary
+    summary, table, chart, steps = show_architecture("MLA", "The KV cache")
+    assert "equal, layer by layer, at every step ✓" in summary and "no factor 2 and no head count" in summary
+    assert [len(t.x) for t in steps.data] == [8] * 4  # 2 layers × (measured, formula) after prefill + 7 steps
     assert list(table["tensors"]) == ["latent [1, 1, 19, 32] + RoPE key [1, 1, 19, 8]"] * 2
     assert [t.name for t in chart.data] == [
         "measured (cache tensors)",
         "formula (memory calculator)",
         "per-head K/V (the pitfall)",
     ]
-    summary, table, _ = show_architecture("sliding", "The KV cache")
+    summary, table, *_ = show_architecture("sliding", "The KV cache")
     assert set(table["tokens held"]) == {7} and "✓" in summary  # window 8: transformers keeps 7
+
+
+def test_live_section_runs_the_linear_attention_hybrid_generate_refuses():
+    from kvviz.ui.memory.architectures import show_architecture
+
+    summary, table, _, steps = show_architecture("linear hybrid", "The KV cache")
+    assert "attention not recorded" in summary and "the same every time" in summary
+    assert list(table["state bytes (measured / formula)"]) == ["2,048 / 2,048"] * 3 + ["0 / 0"]
+    flat = [t.y for t in steps.data[0:6:2]]  # the three linear layers' measured bytes, step by step
+    assert all(set(y) == {2048} for y in flat) and steps.data[6].y[-1] > steps.data[6].y[0]
 
 
 @pytest.mark.parametrize(
