@@ -20,6 +20,7 @@ import json
 import time
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import torch
 
@@ -226,7 +227,7 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
     def measure(cache, recorder, step):  # after the prefill and after every decode step, from the tensors
         measured_steps.append(stored_tensors(cache, layout))
 
-    run = dict(chat=False, max_new_tokens=max_new_tokens, cache_factory=keep_cache, after_step=measure)
+    run: dict[str, Any] = dict(chat=False, max_new_tokens=max_new_tokens, cache_factory=keep_cache, after_step=measure)
     t0 = time.perf_counter()
     if records(kind):
         trace = capture(lm, prompt, verify=True, **run)

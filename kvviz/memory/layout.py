@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvviz import limits
 from kvviz.limits import MAX_CONFIG_BYTES, check_list_length, config_int
-from kvviz.memory.sharing import kv_sources, per_layer_shapes
+from kvviz.memory.layer_rules import kv_sources, per_layer_shapes
 from kvviz.safety import check_config_size, parse_config_json
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
