@@ -149,7 +149,7 @@ def summary_markdown(live: LiveCache) -> str:
         ratio = live.per_head_bytes_per_token / max(live.bytes_per_token, 1)
         text += (
             f"\n\nMLA's special shape, on a real transformers cache: each layer stores one latent and one RoPE "
-            f"key per token (the two tensors above; heads = 1), no factor 2 and no head count. Attention "
+            f"key per token (the latent and RoPE-key tensors above; heads = 1), no factor 2 and no head count. Attention "
             f"expands them to every head's key and value on the fly; caching those instead would take "
             f"{live.per_head_bytes_per_token:,} B per token, {ratio:.0f}× more — the number the pitfall gives."
         )

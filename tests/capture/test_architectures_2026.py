@@ -75,3 +75,12 @@ def test_linear_layers_state_is_flat_while_full_attention_grows():
     assert [s.layer_bytes[:3] for s in live.steps] == [(0, 0, 0)] * 8
     with pytest.raises(CaptureError, match="linear-attention"):  # the Generate flow keeps refusing it
         check_capturable(tiny_model("linear hybrid").model)
+
+
+def test_generate_refuses_layers_whose_kv_differ_in_size():
+    """A Gemma-4 whose global layers have their own head size: kvviz's per-layer records assume one shape."""
+    from kvviz.capture.architectures import build
+
+    cfg = {**tiny_config("KV-sharing"), "global_head_dim": 32}
+    with pytest.raises(CaptureError, match=r"K/V of different sizes \(heads × head_dim 1 × 16, 1 × 32\)"):
+        build(cfg)
