@@ -74,8 +74,12 @@ def per_layer_shapes(cfg: dict, types: list[str], model_type: str) -> dict[int, 
     applied to its full-attention layers as its config class applies them.
     """
     stated = cfg.get("per_layer_config")
-    if isinstance(stated, dict):
-        return {int(k): v for k, v in stated.items() if str(k).isdigit() and isinstance(v, dict)}
+    if isinstance(stated, dict):  # each override checked against the bound of the field it overrides
+        return {
+            int(k): {f: config_int(v, f) for f in ("head_dim", "num_key_value_heads") if v.get(f) is not None}
+            for k, v in stated.items()
+            if str(k).isdigit() and int(k) < len(types) and isinstance(v, dict)
+        }
     if not model_type.startswith("gemma4"):
         return {}
     over: dict = {"head_dim": config_int(cfg, "global_head_dim", 512)}

@@ -93,3 +93,18 @@ def test_deepseek_v32_mla_row_carries_the_indexer_key():
     v3 = next(v for v in attention_variants(cache_layout("DeepSeek-V3"), T) if v.attention == "MLA")
     assert mla.bytes_per_token - v3.bytes_per_token == 128 * 61 * 2  # the indexer's 15.25 KiB per token
     assert "128-dim indexer key" in layout.notes[-1]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"per_layer_config": {"0": {"head_dim": 1e999}}}, "'head_dim' must be a whole number"),
+        ({"kv_source_layers": [0, 1.5]}, "kv_source_layers entry must be a whole number"),
+        ({"num_kv_shared_layers": 2}, "no layer would produce K/V"),
+        ({"index_head_dim": "x"}, "'index_head_dim' must be a whole number"),
+    ],
+)
+def test_hostile_sharing_fields_are_refused_by_name(fields, message):
+    base = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8}
+    with pytest.raises(ValueError, match=message):
+        cache_layout({**base, **fields})
