@@ -41,6 +41,8 @@ CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
     **dict.fromkeys(("expand", "mamba_expand"), (1, 64)),
     **dict.fromkeys(("conv_kernel", "mamba_d_conv", "linear_conv_kernel_dim"), (1, 1024)),
     **dict.fromkeys(("state_size", "mamba_d_state"), (1, MAX_STATE_DIM)),
+    **dict.fromkeys(("global_head_dim", "index_head_dim"), (1, MAX_HEAD_DIM)),  # Gemma-4 global layers, DSA indexer
+    "num_global_key_value_heads": (1, MAX_HEADS),
 }
 MAX_PARAMETERS = 10**15  # "_num_parameters" of a preset: a quadrillion is beyond any model
 
@@ -123,6 +125,7 @@ CALCULATOR_BOUNDS: dict[str, Bound] = {
     "bandwidth_tbps": Bound(0.001, 1_000.0, whole=False),
     "weights_gb": Bound(0.0, 10_000_000.0, whole=False),
     "reserve": Bound(0.0, 0.95, whole=False),
+    "kv_producing": Bound(1, MAX_LAYERS),  # layers that store K/V; the rest share (cross-layer KV sharing)
 }
 
 

@@ -290,6 +290,12 @@ def check_capturable(model) -> None:
             f"kvviz cannot capture {name}: layers {', '.join(map(str, state[:6]))} are linear-attention "
             "/ state-space layers, which have no attention probabilities to record."
         )
+    shapes = {s.vectors[0] for s in layout.layers if s.vectors and s.kind != "mla"}
+    if len(shapes) > 1:
+        raise CaptureError(
+            f"kvviz cannot capture {name}: its layers store K/V of different sizes (heads × head_dim "
+            f"{', '.join(f'{c // 2} × {d}' for d, c in sorted(shapes))}), which kvviz's per-layer records assume equal."
+        )
     plain = [s.index for s in layout.layers if s.kind == "none"]
     if plain:
         raise CaptureError(

@@ -141,6 +141,21 @@ CONFIGS: dict[str, dict] = {
         eos_token_id=2,
     ),
     "smollm3": dict(model_type="smollm3", **{**COMMON, "num_hidden_layers": 4}, num_key_value_heads=2),
+    "deepseek_v32": dict(
+        model_type="deepseek_v32", **COMMON, **MOE, **ROPE, **MLA, index_topk=4, index_head_dim=16, index_n_heads=2
+    ),  # sparse attention: each query reads the 4 keys its indexer selects
+    "gemma4": dict(
+        model_type="gemma4_text",
+        **{**COMMON, "num_hidden_layers": 6},
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * 3,
+        num_kv_shared_layers=3,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=256,
+    ),  # cross-layer KV sharing: layers 3-5 attend to layers 1 and 2's K/V
 }
 CONFIG_NAMES = sorted(CONFIGS)
 

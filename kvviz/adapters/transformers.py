@@ -33,3 +33,19 @@ def uses_attention_interface(model) -> bool:
     """Whether the model's attention goes through transformers' AttentionInterface (transformers' own test)."""
     can_set = getattr(type(model), "_can_set_attn_implementation", None)
     return bool(can_set()) if can_set is not None else True
+
+
+def fold_sparse_indices(attention_mask, indices, key_len: int, dtype):
+    """DeepSeek sparse attention's selected keys folded into the mask, as its attention does for eager and SDPA.
+
+    ``DeepseekV32Attention`` masks the keys its indexer did not select only when the implementation is
+    named "eager" or "sdpa"; under any other name (kvviz's wrapper) it passes the top-k positions as
+    ``indices`` ([B, q, topk]) for a sparse kernel. The wrapper runs eager or SDPA, so it masks them the same way.
+    """
+    import torch
+
+    b, q = indices.shape[:2]
+    unselected = indices.new_ones((b, q, key_len), dtype=torch.bool).scatter(-1, indices.long(), False).unsqueeze(1)
+    if attention_mask.dtype == torch.bool:
+        return attention_mask & ~unselected
+    return attention_mask.masked_fill(unselected, torch.finfo(dtype).min)

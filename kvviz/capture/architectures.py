@@ -1,9 +1,12 @@
 """Tiny random-weight models of each cache architecture, run live to show what transformers really stores.
 
 The configs ship with kvviz (``kvviz/memory/presets/tiny_architectures.json``: MHA, GQA, MQA, MLA, sliding,
-hybrid, learned-sink); weights are random, nothing is downloaded, and a byte-level tokenizer
-(UTF-8 bytes = token ids, vocabulary 256) stands in for a real one. ``run_kind`` captures a short
-generation with kvviz's own capture and reads the cache's tensors, layer by layer, next to the
+hybrid, learned-sink, and the caches of 2025–26 models: cross-layer KV sharing (Gemma-4), DeepSeek sparse
+attention's indexer keys (DeepSeek-V3.2) and a linear-attention hybrid (Qwen3-Next's gated DeltaNet));
+weights are random, nothing is downloaded, and a byte-level tokenizer (UTF-8 bytes = token ids,
+vocabulary 256) stands in for a real one. ``run_kind`` captures a short generation with kvviz's own
+capture (attention recorded where every layer attends; a linear-attention hybrid runs through the same
+loop without the recorder) and reads the cache's tensors, layer by layer and step by step, next to the
 memory calculator's formula::
 
     from kvviz.capture.architectures import run_kind
@@ -17,9 +20,11 @@ import json
 import time
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import torch
 
+from kvviz.capture.cache_tensors import CacheTensor, bytes_per_layer, stored_tensors
 from kvviz.memory.layout import PRESET_DIR
 from kvviz.models import LoadedModel
 
@@ -71,11 +76,18 @@ def tiny_config(kind: str) -> dict:
     return json.loads(json.dumps(_kinds()[check_kind(kind)]["config"]))
 
 
-def build(config: dict, name: str | None = None, seed: int = 0, attn_implementation: str | None = None) -> LoadedModel:
+def build(
+    config: dict,
+    name: str | None = None,
+    seed: int = 0,
+    attn_implementation: str | None = None,
+    capturable: bool = True,
+) -> LoadedModel:
     """A random-weight fp32 CPU model from a config dict (``model_type`` plus the config's fields).
 
     The implementation is transformers' default for the class (SDPA where it has one), or eager for
     attention that bypasses transformers' attention interface, the only path kvviz can capture there.
+    ``capturable=False`` skips the capture check, for a model that only runs (a linear-attention hybrid).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -90,7 +102,8 @@ def build(config: dict, name: str | None = None, seed: int = 0, attn_implementat
     if not uses_interface(model):
         force_attn_implementation(model.config, "eager")
     model.eval().requires_grad_(False)
-    check_capturable(model)
+    if capturable:
+        check_capturable(model)
     return LoadedModel(
         model=model,
         tokenizer=ByteTokenizer(),
@@ -101,22 +114,31 @@ def build(config: dict, name: str | None = None, seed: int = 0, attn_implementat
     )
 
 
+def records(kind: str) -> bool:
+    """Whether kvviz records the kind's attention: every layer must attend (a linear-attention hybrid's don't)."""
+    return not _kinds()[check_kind(kind)].get("state_layers", False)
+
+
 @cache
 def tiny_model(kind: str) -> LoadedModel:
     """The tiny model of ``kind``, built once per process and shared read-only."""
-    return build(tiny_config(kind), name=f"tiny {kind} ({tiny_config(kind)['model_type']})")
+    cfg = tiny_config(kind)
+    return build(cfg, name=f"tiny {kind} ({cfg['model_type']})", capturable=records(kind))
 
 
 @dataclass(frozen=True)
-class CacheTensor:
-    """One tensor a cache layer holds: what it is, its shape and its bytes."""
+class StepBytes:
+    """One step of the run: tokens seen, and per layer the bytes measured from the cache and the formula's."""
 
-    layer: int
-    layer_kind: str  # the memory calculator's kind: "full", "sliding", "mla", ...
-    name: str  # "keys", "values", or for MLA "latent" / "RoPE key"
-    shape: tuple[int, ...]  # [batch, heads, tokens, dim]
-    dtype: str
-    bytes: int
+    tokens_seen: int
+    layer_bytes: tuple[int, ...]  # keys, values (or latent) and indexer keys: what grows with the tokens
+    formula_layer_bytes: tuple[int, ...]
+    state_bytes: tuple[int, ...]  # linear-attention layers' conv + recurrent states: fixed size
+    formula_state_bytes: tuple[int, ...]
+
+    @property
+    def agrees(self) -> bool:
+        return self.layer_bytes == self.formula_layer_bytes and self.state_bytes == self.formula_state_bytes
 
 
 @dataclass(frozen=True)
@@ -130,15 +152,26 @@ class LiveCache:
     text: str
     tensors: tuple[CacheTensor, ...]
     tokens_held: tuple[int, ...]  # per layer (a sliding layer keeps window - 1 between steps)
-    layer_bytes: tuple[int, ...]  # measured from the tensors
+    layer_bytes: tuple[int, ...]  # measured from the tensors (K/V, latent, indexer keys)
     formula_layer_bytes: tuple[int, ...]  # the memory calculator for the same config and tokens
+    kv_sources: tuple[int | None, ...]  # per layer, the earlier layer whose K/V it reads (cross-layer sharing)
+    steps: tuple[StepBytes, ...]  # after the prefill and after every decode step
     bytes_per_token: int  # every layer, no window: measured bytes / tokens held, summed over layers
     formula_bytes_per_token: int
     formula: str  # the per-token arithmetic, one term per group of layers
     per_head_bytes_per_token: int  # heads × (key dim + value dim): what attention sees, what MLA avoids caching
-    max_abs_logit_diff_vs_unpatched: float
+    max_abs_logit_diff_vs_unpatched: float | None  # None where attention is not recorded (no check to run)
     elapsed_s: float
     learned_sink_share: float | None = None  # mean share of attention the learned sinks took (no cache entry holds it)
+    index_topk: int | None = None  # DeepSeek sparse attention: keys each query attends to
+
+    @property
+    def state_bytes(self) -> tuple[int, ...]:
+        return self.steps[-1].state_bytes
+
+    @property
+    def formula_state_bytes(self) -> tuple[int, ...]:
+        return self.steps[-1].formula_state_bytes
 
     @property
     def measured_bytes(self) -> int:
@@ -154,7 +187,8 @@ class LiveCache:
 
     @property
     def agrees(self) -> bool:
-        return self.layer_bytes == self.formula_layer_bytes and self.bytes_per_token == self.formula_bytes_per_token
+        """Measured bytes equal the formula's, layer by layer, at every step (and per token)."""
+        return all(s.agrees for s in self.steps) and self.bytes_per_token == self.formula_bytes_per_token
 
 
 def _term(group) -> str:
@@ -167,6 +201,8 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
     """Capture ``prompt`` + ``max_new_tokens`` on the tiny model of ``kind`` and read its cache."""
     from transformers import DynamicCache
 
+    from kvviz.capture.drive import drive
+    from kvviz.capture.generation import Generation
     from kvviz.capture.loop import capture
     from kvviz.memory.estimate import estimate, layer_groups, live_cache_bytes_formula
     from kvviz.memory.layout import cache_layout
@@ -180,32 +216,44 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
     if not 1 <= max_new_tokens <= 64:
         raise ValueError("max_new_tokens must be from 1 to 64.")
     lm = tiny_model(kind)
+    layout = cache_layout(lm.config)
     caches: list = []
+    measured_steps: list[tuple[CacheTensor, ...]] = []
 
     def keep_cache(model: LoadedModel):
         caches.append(DynamicCache(config=model.config))
         return caches[-1]
 
+    def measure(cache, recorder, step):  # after the prefill and after every decode step, from the tensors
+        measured_steps.append(stored_tensors(cache, layout))
+
+    run: dict[str, Any] = dict(chat=False, max_new_tokens=max_new_tokens, cache_factory=keep_cache, after_step=measure)
     t0 = time.perf_counter()
-    trace = capture(lm, prompt, chat=False, max_new_tokens=max_new_tokens, cache_factory=keep_cache, verify=True)
+    if records(kind):
+        trace = capture(lm, prompt, verify=True, **run)
+    else:  # linear-attention layers have no attention to record: the same loop, the model's attention as loaded
+        g = drive(lm, Generation(lm, prompt, record=False, **run), wrapped=False)
+        with torch.inference_mode():
+            trace = g.finish()
     elapsed = time.perf_counter() - t0
-    layout = cache_layout(lm.config)
-    names = ("latent", "RoPE key") if layout.mla else ("keys", "values")
-    tensors, held = [], []
-    for spec, layer in zip(layout.layers, caches[0].layers):
-        held.append(int(layer.keys.shape[-2]))
-        for name, t in zip(names, (layer.keys, layer.values)):
-            tensors.append(
-                CacheTensor(
-                    spec.index,
-                    spec.kind,
-                    name,
-                    tuple(t.shape),
-                    str(t.dtype).removeprefix("torch."),
-                    t.numel() * t.element_size(),
-                )
+    n = layout.num_layers
+    steps = []
+    for step, tensors_then in zip(trace.steps, measured_steps):
+        f = live_cache_bytes_formula(layout, step.position, 4)
+        steps.append(
+            StepBytes(
+                step.position,
+                bytes_per_layer(tensors_then, n, "kv"),
+                tuple(f["layer_bytes"]),
+                bytes_per_layer(tensors_then, n, "state"),
+                tuple(f["state_bytes"]),
             )
-    measured = tuple(sum(t.bytes for t in tensors if t.layer == i) for i in range(layout.num_layers))
+        )
+    tensors = stored_tensors(caches[0], layout)
+    held = tuple(
+        next((int(t.shape[-2]) for t in tensors if t.layer == i and t.name in ("keys", "latent")), 0) for i in range(n)
+    )
+    measured = bytes_per_layer(tensors, n, "kv")
     seen = trace.n_fed
     formula = live_cache_bytes_formula(layout, seen, 4)
     est = estimate(layout, seen, kv_dtype="fp32")
@@ -219,15 +267,18 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
         attention=layout.attention,
         tokens_seen=seen,
         text=trace.text,
-        tensors=tuple(tensors),
-        tokens_held=tuple(held),
+        tensors=tensors,
+        tokens_held=held,
         layer_bytes=measured,
         formula_layer_bytes=tuple(formula["layer_bytes"]),
-        bytes_per_token=sum(b // n for b, n in zip(measured, held) if n),
+        kv_sources=tuple(spec.kv_source for spec in layout.layers),
+        steps=tuple(steps),
+        bytes_per_token=sum(b // h for b, h in zip(measured, held) if h),
         formula_bytes_per_token=est.bytes_per_token,
         formula=" + ".join(_term(g) for g in layer_groups(layout, est)),
-        per_head_bytes_per_token=per_head * 4 * layout.num_layers,
-        max_abs_logit_diff_vs_unpatched=(trace.equivalence or {})["max_abs_logit_diff_vs_unpatched"],
+        per_head_bytes_per_token=per_head * 4 * n,
+        max_abs_logit_diff_vs_unpatched=(trace.equivalence or {}).get("max_abs_logit_diff_vs_unpatched"),
         elapsed_s=elapsed,
         learned_sink_share=None if trace.learned_sink_mass is None else float(trace.learned_sink_mass.mean()),
+        index_topk=getattr(lm.config, "index_topk", None),
     )

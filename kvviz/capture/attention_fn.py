@@ -30,7 +30,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvviz.adapters.transformers import attn_implementation, force_attn_implementation, mask_function
+from kvviz.adapters.transformers import (
+    attn_implementation,
+    fold_sparse_indices,
+    force_attn_implementation,
+    mask_function,
+)
 from kvviz.models import CaptureError, attention_modules, check_capturable, uses_interface
 
 NAME = "kvviz_capture"
@@ -86,6 +91,9 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
     if impl is None:
         raise CaptureError(f"{type(module).__name__} has no config naming its attention implementation.")
     implementation = _implementation(module, impl)
+    indices = kwargs.pop("indices", None)  # DeepSeek sparse attention's top-k keys, meant for a sparse kernel
+    if indices is not None and impl in ("eager", "sdpa"):
+        attention_mask = fold_sparse_indices(attention_mask, indices, key.shape[-2], query.dtype)
     if override is not None:
         if recorder is not None:
             raise CaptureError("An attention override and a recorder do not combine in one forward.")

@@ -94,7 +94,8 @@ def encode_prompt(lm: LoadedModel, prompt: str, chat: bool) -> list[int]:
 
 
 def cache_layer_bytes(cache) -> tuple[list[int], list[int]]:
-    """Per layer: entries held and bytes of the stored key and value tensors (not a formula)."""
+    """Per layer: entries held and bytes of the stored key and value tensors, and of a sparse-attention
+    indexer's keys where the layer keeps them (not a formula)."""
     lens, sizes = [], []
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -102,8 +103,12 @@ def cache_layer_bytes(cache) -> tuple[list[int], list[int]]:
             lens.append(0)
             sizes.append(0)
             continue
+        index = getattr(layer, "indexer_keys", None)  # DeepSeek sparse attention's indexer key per token
         lens.append(int(keys.shape[-2]))
-        sizes.append(int(keys.numel() * keys.element_size() + values.numel() * values.element_size()))
+        sizes.append(
+            int(keys.numel() * keys.element_size() + values.numel() * values.element_size())
+            + (int(index.numel() * index.element_size()) if isinstance(index, torch.Tensor) else 0)
+        )
     return lens, sizes
 
 
@@ -152,10 +157,17 @@ def forward(
     own = cache.forward_kwargs() if hasattr(cache, "forward_kwargs") else {}  # e.g. a ragged cache's attention
     if own and not is_installed(lm.model):
         raise RuntimeError("This cache needs kvviz's attention wrapper installed (capture.recorder.installed).")
+    keep = logits_to_keep
+    if recorder is not None and keep and len(ids) > 1 and _shares_kv(lm.model):
+        keep = 0  # Gemma-3n / 4 run their KV-shared layers on the kept rows only; the recorder needs every row
     with recording(lm.model, recorder) as extra:
-        out = lm.model(
-            input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=logits_to_keep, **kw, **extra, **own
-        )
+        out = lm.model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=keep, **kw, **extra, **own)
     if recorder is not None:
         recorder.end_forward()
-    return out.logits[0].float()
+    return (out.logits[0] if keep == logits_to_keep else out.logits[0, -logits_to_keep:]).float()
+
+
+def _shares_kv(model) -> bool:
+    """Whether some layers attend to an earlier layer's K/V (the config's ``kv_sharing_modes`` says "reuse")."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    return "reuse" in (getattr(config, "kv_sharing_modes", None) or ())

@@ -18,33 +18,78 @@ CAPTIONS = {
     "chart": "Bytes per layer measured from the cache tensors next to the formula's; for MLA the third bar is "
     "what per-head keys and values of the same attention would take, the size the chapter's pitfall "
     "(forgetting MLA's special shape) would report.",
+    "steps": "Each layer's bytes measured from its cache tensors after the prefill and after every decode step "
+    "(dots: the formula's), so a full-attention layer climbs by one token's K/V per step while a sliding layer "
+    "stops at its window, a linear-attention layer's fixed state stays flat and a KV-sharing layer stays at zero.",
 }
 
 
+def _kind(live: LiveCache, layer: int) -> str:
+    if live.kv_sources[layer] is not None:
+        return "shared"
+    return next((t.layer_kind for t in live.tensors if t.layer == layer), "")
+
+
 def cache_table(live: LiveCache) -> pd.DataFrame:
-    """One row per layer: kind, tensors with shapes, tokens held, measured and formula bytes."""
+    """One row per layer: kind, tensors with shapes, tokens held, measured and formula bytes (K/V and fixed state)."""
     rows = []
-    per_layer = zip(live.tokens_held, live.layer_bytes, live.formula_layer_bytes)
-    for layer, (held, measured, formula) in enumerate(per_layer):
+    per_layer = zip(
+        live.tokens_held, live.layer_bytes, live.formula_layer_bytes, live.state_bytes, live.formula_state_bytes
+    )
+    for layer, (held, measured, formula, state, formula_state) in enumerate(per_layer):
         parts = [t for t in live.tensors if t.layer == layer]
+        source = live.kv_sources[layer]
         rows.append(
             {
                 "layer": layer,
-                "kind": parts[0].layer_kind if parts else "",
-                "tensors": " + ".join(f"{t.name} {list(t.shape)}" for t in parts),
+                "kind": _kind(live, layer),
+                "tensors": " + ".join(f"{t.name} {list(t.shape)}" for t in parts)
+                or (f"none of its own: attends to layer {source}'s K/V" if source is not None else "none"),
                 "tokens held": held,
                 "measured bytes": measured,
                 "formula bytes": formula,
-                "equal": "✓" if measured == formula else "✗",
+                "state bytes (measured / formula)": f"{state:,} / {formula_state:,}",
+                "equal": "✓" if (measured, state) == (formula, formula_state) else "✗",
             }
         )
     return pd.DataFrame(rows)
 
 
+def steps_chart(live: LiveCache) -> go.Figure:
+    """Bytes per layer (K/V + fixed state) measured at every step of the run, the formula's as dots."""
+    fig = go.Figure()
+    x = [s.tokens_seen for s in live.steps]
+    for layer in range(len(live.layer_bytes)):
+        name = f"layer {layer} ({_kind(live, layer)})"
+        measured = [s.layer_bytes[layer] + s.state_bytes[layer] for s in live.steps]
+        formula = [s.formula_layer_bytes[layer] + s.formula_state_bytes[layer] for s in live.steps]
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=measured, mode="lines", name=name, legendgroup=name,
+                hovertemplate="%{x} tokens: %{y:,} B measured<extra>" + name + "</extra>",
+            )
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=formula, mode="markers", name=f"{name}, formula", legendgroup=name, showlegend=False,
+                marker=dict(size=5, symbol="circle-open"),
+                hovertemplate="%{x} tokens: %{y:,} B by the formula<extra>" + name + "</extra>",
+            )
+        )  # fmt: skip
+    fig.update_layout(
+        title=f"{live.kind}: each layer's cache bytes as the tokens grow",
+        xaxis_title="tokens seen",
+        yaxis_title="bytes (fp32)",
+        height=340,
+        margin=dict(l=60, r=20, t=50, b=40),
+        legend=dict(font=dict(size=10)),
+    )
+    return fig
+
+
 def bytes_chart(live: LiveCache) -> go.Figure:
     """Grouped bars per layer: measured vs formula bytes (and per-head K/V for MLA)."""
-    kinds = {t.layer: t.layer_kind for t in live.tensors}
-    x = [f"layer {i} ({kinds.get(i, '')})" for i in range(len(live.layer_bytes))]
+    x = [f"layer {i} ({_kind(live, i)})" for i in range(len(live.layer_bytes))]
     fig = go.Figure(
         [
             go.Bar(
@@ -87,11 +132,15 @@ def bytes_chart(live: LiveCache) -> go.Figure:
 
 def summary_markdown(live: LiveCache) -> str:
     """What the tiny model is, what its cache holds per token, and whether the formula agrees."""
-    verdict = "equal, layer by layer ✓" if live.agrees else "**different** ✗ (please report this)"
+    verdict = "equal, layer by layer, at every step ✓" if live.agrees else "**different** ✗ (please report this)"
+    check = (
+        f"captured logits within {live.max_abs_logit_diff_vs_unpatched:.0e} of the model's own"
+        if live.max_abs_logit_diff_vs_unpatched is not None
+        else "run as loaded, attention not recorded: its linear-attention layers have none"
+    )
     text = (
         f"**{live.kind}** — {live.label}. A tiny random-weight `{live.model_type}` read {live.tokens_seen} "
-        f"tokens in {live.elapsed_s:.2f} s (captured logits within {live.max_abs_logit_diff_vs_unpatched:.0e} "
-        f"of the model's own). Cache measured from its tensors: "
+        f"tokens in {live.elapsed_s:.2f} s ({check}). Cache measured from its tensors: "
         f"**{live.measured_bytes:,} B = {format_bytes(live.measured_bytes)}**; the formula: "
         f"**{live.formula_bytes:,} B** — {verdict}. Per token (every layer, no window): "
         f"**{live.bytes_per_token:,} B** measured, formula {live.formula} = {live.formula_bytes_per_token:,} B."
@@ -100,13 +149,47 @@ def summary_markdown(live: LiveCache) -> str:
         ratio = live.per_head_bytes_per_token / max(live.bytes_per_token, 1)
         text += (
             f"\n\nMLA's special shape, on a real transformers cache: each layer stores one latent and one RoPE "
-            f"key per token (the two tensors above; heads = 1), no factor 2 and no head count. Attention "
+            f"key per token (the latent and RoPE-key tensors above; heads = 1), no factor 2 and no head count. Attention "
             f"expands them to every head's key and value on the fly; caching those instead would take "
             f"{live.per_head_bytes_per_token:,} B per token, {ratio:.0f}× more — the number the pitfall gives."
         )
+    text += "".join(f"\n\n{extra}" for extra in _new_caches(live))
     if live.learned_sink_share is not None:
         text += (
             f"\n\nThe learned sinks took {live.learned_sink_share:.0%} of the attention on average. A sink is one "
             "logit per head, not a token: nothing in the cache holds it, so the bytes are plain K/V."
         )
     return text
+
+
+def _new_caches(live: LiveCache) -> list[str]:
+    """What cross-layer sharing, sparse-attention indexer keys and linear-attention state add, measured."""
+    out = []
+    shared = [i for i, src in enumerate(live.kv_sources) if src is not None]
+    if shared:
+        own = len(live.kv_sources) - len(shared)
+        out.append(
+            f"Cross-layer KV sharing, on a real transformers cache: layers {', '.join(map(str, shared))} compute "
+            f"queries but no keys or values; each attends to an earlier layer's (table), and its cache layer, a "
+            f"`DummyLayer`, holds **{sum(live.layer_bytes[i] for i in shared)} B**: only {own} of "
+            f"{len(live.kv_sources)} layers grow with the context."
+        )
+    index = sum(t.bytes for t in live.tensors if t.name == "indexer keys")
+    if index:
+        out.append(
+            f"DeepSeek sparse attention: beside the latent, each layer caches one small indexer key per token "
+            f"(**{index:,} B** of the {live.measured_bytes:,} B); the indexer scores every cached token against the "
+            f"new query with these keys and selects the {live.index_topk} highest-scoring positions, the only "
+            "ones the query's attention reads — the cache still holds every token."
+        )
+    if any(live.state_bytes):
+        state = [b for b in live.state_bytes if b]
+        first, last = live.steps[0], live.steps[-1]
+        flat = all(s.state_bytes == first.state_bytes for s in live.steps)
+        out.append(
+            f"Linear attention: {len(state)} layers keep a fixed conv + recurrent state of **{state[0]:,} B** each, "
+            f"measured at every step from {first.tokens_seen} to {last.tokens_seen} tokens "
+            f"({'the same every time' if flat else '**changing** ✗'}), while the full-attention layer grew from "
+            f"{sum(first.layer_bytes):,} B to {sum(last.layer_bytes):,} B."
+        )
+    return out

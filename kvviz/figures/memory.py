@@ -16,6 +16,7 @@ from kvviz.memory.capacity import decode_step, max_sequences
 from kvviz.memory.estimate import KV_DTYPES, Estimate, attention_variants, estimate, layer_groups
 from kvviz.memory.layout import CacheLayout, cache_layout
 from kvviz.memory.report import copies_phrase, heads_phrase
+from kvviz.memory.sharing import unshared
 from kvviz.units import format_bytes, format_gb
 
 GiB = 2**30
@@ -28,7 +29,9 @@ CAPTIONS = {
     "latent plus a RoPE key instead of per-head keys and values.",
     "table": "The same layers with each attention design: MHA gives every query head its own K/V, GQA shares "
     "them in groups, MQA keeps one, and MLA caches one compressed latent per token per layer — rows the "
-    "model does not use are hypothetical (a made-up MLA row sits beside DeepSeek-V3's real 68.6 KiB).",
+    "model does not use are hypothetical (a made-up MLA row sits beside DeepSeek-V3's real 68.6 KiB, and a "
+    "DeepSeek-V3.2 MLA row adds the sparse-attention indexer's key), while for a model with cross-layer KV sharing "
+    "the rows marked 'every layer' are the same design with each layer storing its own K/V.",
     "size": "Cache of one sequence as the context grows: full-attention layers grow linearly, sliding-window "
     "layers stop at their window, so windowed and hybrid models bend away from their dashed "
     "all-full-attention counterfactual.",
@@ -102,22 +105,38 @@ def formula_markdown(layout: CacheLayout, est: Estimate) -> str:
 
 # ---- the chapter's table ---------------------------------------------------------------------------
 def comparison_table(layout: CacheLayout, context: int = 131_072, kv_dtype: str = "bf16") -> pd.DataFrame:
-    """MHA / GQA / MQA / MLA over this model's layers: per token and per sequence at ``context``."""
-    rows = attention_variants(layout, context, kv_dtype)
-    actual = next((v for v in rows if v.actual), rows[0])
+    """MHA / GQA / MQA / MLA over this model's layers: per token and per sequence at ``context``.
+
+    With cross-layer KV sharing the designs come twice: as the model shares (only its producing layers
+    store K/V) and with every layer storing its own, the comparison rasbt's LLMs-from-scratch ch04/10
+    prints (MHA 37.58 GB vs GQA + sharing 2.01 GB for its Gemma 4 E2B-like shape at 131,072 tokens).
+    """
+    rows = [(v, "") for v in attention_variants(layout, context, kv_dtype)]
+    if any(spec.kind == "shared" for spec in layout.layers):
+        producing = sum(1 for spec in layout.layers if spec.vectors)
+        rows = [(v, f" + KV sharing ({producing} of {layout.num_layers} layers store)") for v, _ in rows]
+        rows += [
+            (v, ", every layer")
+            for v in attention_variants(unshared(layout), context, kv_dtype)
+            if v.attention != "MLA"
+        ]
+    actual = next((v for v, _ in rows if v.actual), rows[0][0])
     return pd.DataFrame(
         [
             {
-                "Attention": v.attention + (" (this model)" if v.actual else _hypothetical(layout, v)),
+                "Attention": v.attention
+                + how
+                + (" (this model)" if v.actual and not how.startswith(",") else _hypothetical(layout, v)),
                 "KV heads": "1 latent" if v.attention == "MLA" else v.kv_heads,
                 "KV per token": format_bytes(v.bytes_per_token),
                 f"{context:,}-token sequence": format_bytes(v.bytes_per_sequence),
+                "decimal GB": format_gb(v.bytes_per_sequence),
                 "vs this model": f"{v.bytes_per_sequence / actual.bytes_per_sequence:.3g}×",
                 "per-token arithmetic": v.detail + _real_mla(layout, v, kv_dtype),
                 "bytes_per_token": v.bytes_per_token,
                 "bytes_per_sequence": v.bytes_per_sequence,
             }
-            for v in rows
+            for v, how in rows
         ]
     )
 

@@ -294,6 +294,7 @@ def attention_variants(
     dk = layout.head_dim
     dv = layout.mla["v_head_dim"] if layout.mla else dk
     n_attn = sum(1 for layer in layout.layers if layer.vectors)
+    index = next((layer.vectors[2][0] for layer in layout.layers if layout.mla and len(layer.vectors) > 2), 0)
     rank, rope = (
         (layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]) if layout.mla else (latent or (4 * dk, dk // 2))
     )
@@ -307,9 +308,9 @@ def attention_variants(
     out = []
     vectors: tuple[tuple[int, int], ...]
     for name, kv in rows:
-        if name == "MLA":
-            vectors, heads = ((rank, 1), (rope, 1)), 1
-            detail = f"({rank} + {rope}) × {n_attn} layers × {b:g} B"
+        if name == "MLA":  # with DeepSeek sparse attention, the indexer's key per token too
+            vectors, heads = ((rank, 1), (rope, 1), *(((index, 1),) if index else ())), 1
+            detail = f"({rank} + {rope}{f' + {index} indexer' if index else ''}) × {n_attn} layers × {b:g} B"
         else:
             vectors, heads = (((dk, 2 * kv),) if dk == dv else ((dk, kv), (dv, kv))), kv
             h = f"{kv} head{'s' if kv > 1 else ''}"
@@ -361,10 +362,15 @@ def layer_groups(layout: CacheLayout, est: Estimate) -> list[LayerGroup]:
     for (kind, window, vectors, state), items in groups.items():
         spec, lb = items[0]
         if kind == "mla":
-            expr = f"({vectors[0][0]} + {vectors[1][0]}) × {b}"
+            extra = f" + {vectors[2][0]} indexer" if len(vectors) > 2 else ""
+            expr = f"({vectors[0][0]} + {vectors[1][0]}{extra}) × {b}"
+        elif kind == "shared":
+            expr = "reuses an earlier layer's K/V: nothing of its own"
         elif vectors:
             length, count = vectors[0]
             expr = f"2 × {count // 2} KV head{'s' if count > 2 else ''} × {length} × {b}"
+            if len(vectors) > 1:  # a DSA indexer key beside per-head K/V
+                expr += f" + {vectors[1][0]} indexer × {b}"
         else:
             expr = f"fixed state of {state:,} elements" if state else "no cache"
         if est.group_size and vectors:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kvviz import limits
 from kvviz.limits import MAX_CONFIG_BYTES, check_list_length, config_int
+from kvviz.memory.layer_rules import kv_sources, per_layer_shapes
 from kvviz.safety import check_config_size, parse_config_json
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
@@ -28,6 +29,7 @@ _LAYER_KINDS = {
     "full_attention": "full",
     "sliding_attention": "sliding",
     "chunked_attention": "chunked",
+    "indexed_attention": "full",  # DeepSeek-V3.2's sparse attention: MLA plus the indexer's keys
     "linear_attention": "state",
     "conv": "state",
     "mamba": "state",
@@ -40,6 +42,7 @@ _LAYER_KINDS = {
 # model types whose released config.json omits layer_types; transformers' config class derives them
 _ALTERNATING = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
 _ALL_STATE = {"mamba", "mamba2", "falcon_mamba"}
+_ALL_INDEXED = {"deepseek_v32", "mistral_large4_text"}  # DeepSeek sparse attention on every layer
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,10 @@ class LayerSpec:
 
     Attention layers store ``2 × kv_heads`` vectors of ``head_dim`` (keys and values); MLA layers
     store one latent of ``kv_lora_rank`` and one RoPE key of ``qk_rope_head_dim`` (no factor 2, no
-    heads); fixed-state layers store ``state_elements`` per sequence whatever the context.
+    heads), and under DeepSeek sparse attention one indexer key of ``index_head_dim`` more; fixed-state
+    layers store ``state_elements`` per sequence whatever the context. A layer that attends to an
+    earlier layer's K/V (cross-layer sharing, ``kind == "shared"``) stores nothing: ``kv_source`` names
+    the layer whose cache it reads.
     """
 
     index: int
@@ -58,6 +64,7 @@ class LayerSpec:
     kv_heads: int = 0  # heads the per-token vectors split into under tensor parallelism (MLA: 1, shared)
     window: int | None = None
     state_elements: int = 0
+    kv_source: int | None = None
 
     @property
     def elements_per_token(self) -> int:
@@ -224,6 +231,8 @@ def _layer_types(cfg: dict, n_layers: int, model_type: str, notes: list[str]) ->
         return [str(t)[:64] for t in check_list_length(types, "layer_types", n_layers)]
     if model_type in _ALL_STATE:
         return ["mamba"] * n_layers
+    if model_type in _ALL_INDEXED:
+        return ["indexed_attention"] * n_layers
     if model_type == "jamba":
         period, offset = config_int(cfg, "attn_layer_period", 8), config_int(cfg, "attn_layer_offset", 4)
         return ["full_attention" if i % period == offset else "mamba" for i in range(n_layers)]
@@ -323,6 +332,9 @@ def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) ->
     attends = [k not in ("state", "none") for k in kinds]
     q_heads, kv_heads, head_dim, mla = _attention_shape(cfg, notes) if any(attends) else (0, 0, 0, None)
 
+    sources = kv_sources(cfg, types)
+    per_layer = per_layer_shapes(cfg, types, model_type) if any(attends) and not mla else {}
+    index_dim = config_int(cfg, "index_head_dim")
     layers = []
     for i, (layer_type, kind, attend) in enumerate(zip(types, kinds, attends)):
         window = None
@@ -335,12 +347,26 @@ def cache_layout(source, *, name: str | None = None, allow_hub: bool = False) ->
         vectors: tuple[tuple[int, int], ...] = ()
         heads = 0
         if attend and mla:  # one shared latent + RoPE key: a single "head" that tensor parallelism cannot split
-            if kind == "full":
-                layer_type, kind = "mla", "mla"
+            if kind == "full":  # DSA layers keep their transformers name, indexed_attention
+                layer_type, kind = ("mla" if layer_type == "full_attention" else layer_type), "mla"
             vectors, heads = ((mla["kv_lora_rank"], 1), (mla["qk_rope_head_dim"], 1)), 1
         elif attend:
-            vectors, heads = ((head_dim, 2 * kv_heads),), kv_heads
-        layers.append(LayerSpec(i, layer_type, kind, vectors, heads, window, state))
+            over = per_layer.get(i, {})
+            heads = int(over.get("num_key_value_heads", kv_heads))
+            vectors = ((int(over.get("head_dim", head_dim)), 2 * heads),)
+        if attend and types[i] == "indexed_attention" and index_dim:  # one indexer key per token, one "head"
+            vectors += ((index_dim, 1),)
+        source = None
+        if sources is not None and sources[i] != i:  # reads an earlier layer's K/V: stores nothing itself
+            kind, vectors, heads, window, source = "shared", (), 0, None, sources[i]
+        layers.append(LayerSpec(i, layer_type, kind, vectors, heads, window, state, source))
+    if sources is not None:
+        own = sum(1 for i, s in enumerate(sources) if s == i)
+        notes.append(
+            f"cross-layer KV sharing: {own} of {n_layers} layers store K/V, the other {n_layers - own} reuse an earlier layer's"
+        )
+    if index_dim and "indexed_attention" in types:
+        notes.append(f"DeepSeek sparse attention: each token also caches a {index_dim}-dim indexer key per layer")
 
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model", "dim")
     return CacheLayout(

@@ -49,3 +49,30 @@ def test_legacy_attention_is_told_apart():
     )
     assert adapter.uses_attention_interface(tiny_model("llama").model)
     assert not adapter.uses_attention_interface(tiny_model("falcon").model)
+
+
+def test_dsa_leaves_its_selection_to_a_kernel_under_another_name():
+    """DeepSeek-V3.2 folds its indexer's top-k into the mask only for "eager"/"sdpa"; under the capture's own
+    name it passes ``indices`` instead, which :func:`~kvviz.adapters.transformers.fold_sparse_indices` masks."""
+    lm = tiny_model("deepseek_v32")
+    model = lm.model
+    seen = []
+
+    def spying(module, query, key, value, attention_mask, **kwargs):
+        seen.append(kwargs.get("indices"))
+        mask = adapter.fold_sparse_indices(attention_mask, kwargs.pop("indices"), key.shape[-2], query.dtype)
+        return AttentionInterface._global_mapping["sdpa"](module, query, key, value, mask, **kwargs)
+
+    ids = torch.tensor([list(range(3, 15))])
+    with torch.inference_mode():
+        own = model(input_ids=ids, use_cache=False).logits
+    AttentionInterface.register("kvviz_canary_dsa", spying)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("kvviz_canary_dsa", adapter.mask_function("sdpa"))
+    try:
+        adapter.force_attn_implementation(model.config, "kvviz_canary_dsa")
+        with torch.inference_mode():
+            folded = model(input_ids=ids, use_cache=False).logits
+    finally:
+        adapter.force_attn_implementation(model.config, "sdpa")
+    assert all(i is not None and i.shape == (1, 12, 4) for i in seen), "DSA no longer passes indices= to kernels"
+    torch.testing.assert_close(folded, own)  # folded as the model folds them for SDPA

@@ -30,6 +30,8 @@ ATTENTION = {
     "gpt_bigcode": "MQA",
     "deepseek_v2": "MLA",
     "deepseek_v3": "MLA",
+    "deepseek_v32": "MLA",
+    "gemma4": "MQA",
 }
 
 

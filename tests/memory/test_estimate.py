@@ -214,6 +214,8 @@ EXPECTED = {  # bytes per token (BF16, every layer), kinds, per sequence at 32,7
     "gemma-2-9b": (2 * 42 * 8 * 256 * 2, {"sliding", "full"}, 21 * 8192 * (4095 + 32768)),
     "DeepSeek-V3": (70_272, {"mla"}, 70_272 * 32768),
     "gpt-oss-20b": (2 * 24 * 8 * 64 * 2, {"sliding", "full"}, 12 * 2048 * (127 + 32768)),
+    "DeepSeek-V3.2": (85_888, {"mla"}, 85_888 * 32768),  # (512 + 64 + 128 indexer) × 61 layers × 2 B
+    "Gemma-4-E2B-like": (15 * 2 * 256 * 2, {"full", "shared"}, 15 * 2 * 256 * 2 * 32768),  # 15 of 35 layers store
 }
 
 
@@ -244,7 +246,10 @@ def test_presets_agree_with_transformers(name):
     cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
     types, kwargs = get_layer_types_and_kwargs(cfg.get_text_config(decoder=True))
     layout = cache_layout(name)
-    ours = ["full_attention" if t == "mla" else t for t in (layer.layer_type for layer in layout.layers)]
+    ours = [
+        "dummy" if x.kind == "shared" else "full_attention" if x.layer_type == "mla" else x.layer_type
+        for x in layout.layers
+    ]
     assert ours == types
     assert [layer.window for layer in layout.layers] == [k.get("sliding_window") for k in kwargs]
     assert cache_layout(cfg).head_dim == layout.head_dim or layout.mla  # the config object reads the same

@@ -1,8 +1,8 @@
 """Memory tab section: the cache of every architecture, live, on tiny random-weight models.
 
-Pick MHA, GQA, MQA, MLA, sliding, hybrid or learned-sink; :func:`kvviz.capture.architectures.run_kind` runs
-a prompt through a tiny model of that kind (about a second) and :mod:`kvviz.figures.architectures`
-draws its real cache next to the formula. This module only validates input and wires events.
+Pick MHA, GQA, MQA, MLA, sliding, hybrid, learned-sink, KV-sharing (Gemma-4), DSA (DeepSeek-V3.2) or a
+linear hybrid (Qwen3-Next); :func:`kvviz.capture.architectures.run_kind` runs a prompt through a tiny model
+of that kind (a few seconds) and :mod:`kvviz.figures.architectures` draws its real cache next to the formula. This module only validates input and wires events.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from kvviz.ui.serving.sessions import user_errors
 
 
 def show_architecture(kind, prompt):
-    """(summary, per-layer table, chart) for one architecture kind and prompt."""
+    """(summary, per-layer table, chart, bytes-per-step chart) for one architecture kind and prompt."""
     if kind not in kinds():
         raise gr.Error(f"Pick one of the architectures: {', '.join(kinds())}.")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -26,7 +26,7 @@ def show_architecture(kind, prompt):
         raise gr.Error(f"The tiny models read at most {MAX_PROMPT_BYTES} bytes; shorten the prompt.")
     with user_errors("Tiny-model run"):
         live = run_kind(kind, prompt)
-    return fig.summary_markdown(live), fig.cache_table(live), fig.bytes_chart(live)
+    return fig.summary_markdown(live), fig.cache_table(live), fig.bytes_chart(live), fig.steps_chart(live)
 
 
 def build(ctx: AppContext) -> None:
@@ -53,12 +53,13 @@ def build(ctx: AppContext) -> None:
     )
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     chart = captioned_plot("Bytes per layer", "arch-chart", fig.CAPTIONS["chart"])
+    steps = captioned_plot("Bytes per layer, step by step", "arch-steps", fig.CAPTIONS["steps"])
     ctx.components.update({"memory.arch_kind": kind, "memory.arch_run": button})
     gr.on(
         [button.click, kind.change, prompt.submit],
         show_architecture,
         [kind, prompt],
-        [summary, table, chart],
+        [summary, table, chart, steps],
         api_name=False,
         concurrency_id="tiny",
         concurrency_limit=ctx.settings.concurrency,

@@ -15,6 +15,7 @@ from kvviz.memory.capacity import gpu_presets
 from kvviz.memory.estimate import KV_DTYPES, estimate, live_cache_bytes_formula
 from kvviz.memory.layout import cache_layout, head_dim_note, load_preset, preset_names, stated_weights_gb
 from kvviz.memory.report import report, summary
+from kvviz.memory.sharing import share_kv
 from kvviz.ui.memory import architectures as memory_architectures
 from kvviz.ui.memory import startup as memory_engine
 from kvviz.ui.memory.sources import SOURCES, resolve_layout
@@ -64,9 +65,14 @@ def calculate(
     reserve,
     weights_gb,
     compare,
+    kv_producing=0,
 ):
     """Every output of the tab for one set of inputs: summary, formula, table and four figures."""
     layout = resolve_layout(ctx, source, preset, pasted, upload)
+    if kv_producing not in (0, 0.0, None, ""):  # 0: who stores K/V as the config says
+        producing = _number("kv_producing", kv_producing, "KV-producing layers")
+        with user_errors():
+            layout = share_kv(layout, producing)
     context = _number("context", context, "Context", blank=8192)
     batch = _number("batch", batch, "Batch", blank=1)
     gpus = _number("gpus", gpus, "Number of GPUs", blank=1)
@@ -233,6 +239,9 @@ def build(ctx: AppContext) -> None:
             kv_dtype = gr.Dropdown(list(KV_DTYPES), value="bf16", label="KV dtype")
             group_size = gr.Number(value=0, precision=0, label="Scale/zero group size (0 = none; low-bit only)")
             tp = gr.Number(value=0, precision=0, label="Tensor parallelism (0 = all the GPUs)")
+            kv_producing = gr.Number(
+                value=0, precision=0, label="KV-producing layers (0 = as the config says; the rest share)"
+            )
         with gr.Column(scale=2):
             first = next(iter(gpus_by_name))
             gpu = gr.Dropdown([*gpus_by_name, CUSTOM_GPU], value=first, label="GPU")
@@ -327,6 +336,7 @@ def build(ctx: AppContext) -> None:
         reserve,
         weights,
         compare,
+        kv_producing,
     ]
     outputs = [summary_box, formula, table, size, capacity, decode, gauge]
 
@@ -346,6 +356,7 @@ def build(ctx: AppContext) -> None:
             batch.submit,
             tp.submit,
             gpus.submit,
+            kv_producing.submit,
         ],
         recalculate,
         inputs,

@@ -37,6 +37,7 @@ def calc(
     reserve=0.1,
     weights=None,
     compare=("Llama-3-8B",),
+    kv_producing=0,
 ):
     return tab.calculate(
         ctx,
@@ -56,6 +57,7 @@ def calc(
         reserve,
         weights,
         list(compare),
+        kv_producing,
     )
 
 
@@ -71,6 +73,20 @@ def test_chapter_example_is_the_default_view(ctx):
     assert [t.name for t in dec.data] == ["weights (140 GB)", "KV of 162 sequences (or as many as fit)"]
     assert dec.data[1].x[-1] == "131,072<br>× 10" and dec.layout.title.text.startswith("At 8,192 tokens × 162")
     assert gauge.data[0].value == pytest.approx(100 * 434_865_438_720 / 436e9)  # 162 × 8K of the 436 GB budget
+
+
+def test_kv_sharing_preset_and_the_producing_field(ctx):
+    """The Gemma-4-E2B-like preset shows the published 37.58 GB vs 2.01 GB; the field shares any model."""
+    summary, formula, table, *_ = calc(ctx, preset="Gemma-4-E2B-like", context=131_072)
+    shown = dict(zip(table["Attention"], table["decimal GB"]))
+    assert shown["MHA, every layer (hypothetical)"] == "37.58 GB"
+    assert shown["MQA + KV sharing (15 of 35 layers store) (this model)"] == "2.01 GB"
+    assert "| 20 × shared | reuses an earlier layer's K/V: nothing of its own |" in formula
+    *_, table8 = calc(ctx, preset="Llama-3-8B", context=8192, kv_producing=16)[:3]
+    assert "MHA, every layer (hypothetical)" in set(table8["Attention"])
+    assert "**512 MiB/sequence**" in calc(ctx, preset="Llama-3-8B", context=8192, kv_producing=16)[0]
+    with pytest.raises(gr.Error, match="KV-producing layers"):
+        calc(ctx, preset="Llama-3-8B", kv_producing=33)
 
 
 def test_typed_weights_override_the_stated_figure(ctx):
@@ -178,16 +194,27 @@ def test_api_memory_matches_the_cli_json(ctx):
 def test_live_architecture_section_shows_the_real_cache_next_to_the_formula():
     from kvviz.ui.memory.architectures import show_architecture
 
-    summary, table, chart = show_architecture("MLA", "The KV cache")
-    assert "equal, layer by layer ✓" in summary and "no factor 2 and no head count" in summary
+    summary, table, chart, steps = show_architecture("MLA", "The KV cache")
+    assert "equal, layer by layer, at every step ✓" in summary and "no factor 2 and no head count" in summary
+    assert [len(t.x) for t in steps.data] == [8] * 4  # 2 layers × (measured, formula) after prefill + 7 steps
     assert list(table["tensors"]) == ["latent [1, 1, 19, 32] + RoPE key [1, 1, 19, 8]"] * 2
     assert [t.name for t in chart.data] == [
         "measured (cache tensors)",
         "formula (memory calculator)",
         "per-head K/V (the pitfall)",
     ]
-    summary, table, _ = show_architecture("sliding", "The KV cache")
+    summary, table, *_ = show_architecture("sliding", "The KV cache")
     assert set(table["tokens held"]) == {7} and "✓" in summary  # window 8: transformers keeps 7
+
+
+def test_live_section_runs_the_linear_attention_hybrid_generate_refuses():
+    from kvviz.ui.memory.architectures import show_architecture
+
+    summary, table, _, steps = show_architecture("linear hybrid", "The KV cache")
+    assert "attention not recorded" in summary and "the same every time" in summary
+    assert list(table["state bytes (measured / formula)"]) == ["2,048 / 2,048"] * 3 + ["0 / 0"]
+    flat = [t.y for t in steps.data[0:6:2]]  # the three linear layers' measured bytes, step by step
+    assert all(set(y) == {2048} for y in flat) and steps.data[6].y[-1] > steps.data[6].y[0]
 
 
 @pytest.mark.parametrize(
