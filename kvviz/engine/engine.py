@@ -50,6 +50,7 @@ from kvviz.capture.model_io import Progress, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
+from kvviz.engine.disk_tier import DiskTier
 from kvviz.engine.few_rows import few_rows, prepare, threads_for
 from kvviz.engine.handle import Handle, Job
 from kvviz.engine.prefix import PrefixStore
@@ -77,6 +78,8 @@ class Engine:
         check_wait_s: float = 2.0,
         gather_s: float = 0.0,
         gather_max_s: float = 1.0,
+        prefix_disk: DiskTier | None = None,
+        session_salt: bool = False,
     ):
         if max_batch < 1 or token_budget < 1:
             raise ValueError("max_batch and token_budget must be at least 1.")
@@ -89,7 +92,9 @@ class Engine:
         self.lm, self.max_batch, self.token_budget = lm, max_batch, token_budget
         self.packable = packable(lm)
         prepare(lm)  # a packed step's few rows per weight take the faster route in the engine's thread
-        self.prefix = PrefixStore(prefix_cache_bytes, salt=f"{lm.name}:{lm.dtype}") if self.packable else None
+        salt = f"{lm.name}:{lm.dtype}"  # a second tier (prefix_disk) and per-session salts: see PrefixStore
+        store = PrefixStore(prefix_cache_bytes, salt=salt, disk=prefix_disk, session_salt=session_salt)
+        self.prefix = store if self.packable else None
         # short runs keep their keys and values side by side, so a decode step appends and attends for all at once
         self.slots = SlotKV(len(attention_modules(lm.model)), max_batch) if self.packable else None
         self._cond = threading.Condition()
@@ -122,7 +127,7 @@ class Engine:
         the prefix store remembers who used each block, so a public blocks view shows a prompt's text
         only to a session that sent it (:meth:`~kvviz.engine.prefix.PrefixStore.blocks`)."""
         gen = Generation(self.lm, prompt, **kwargs)
-        key = gen.key()
+        key = self._key(gen, owner)
         with self._cond:
             if self._closed:
                 raise RuntimeError("The server is shutting down; try again once it is back.")
@@ -150,6 +155,11 @@ class Engine:
                 self._thread.start()
             self._cond.notify_all()
         return handle
+
+    def _key(self, gen: Generation, owner: str | None) -> tuple:
+        """Identical requests share one run, but a salted store's sessions share nothing: not even a run."""
+        salted = self.prefix is not None and self.prefix.session_salt
+        return (*gen.key(), owner) if salted else gen.key()
 
     def warm(self, prompt: str, chat: bool = True) -> Trace:
         """Run ``prompt`` for one new token, before a room arrives: the prefix store keeps its prompt's
@@ -295,7 +305,7 @@ class Engine:
         g = job.gen
         if not job.claimed:
             if self.prefix is not None:
-                hashes = self.prefix.hashes(g)
+                hashes = self.prefix.hashes(g, next(iter(job.owners)))
                 if storing.intersection(hashes):
                     return None  # a run of this step computes blocks this one would reuse: start once they are stored
                 job.claim = self.prefix.claim(g, hashes, owners=job.owners)
@@ -355,7 +365,7 @@ class Engine:
         with self._cond:
             if job in self._running:
                 self._running.remove(job)
-            key = job.gen.key()
+            key = self._key(job.gen, next(iter(job.owners)))
             self._active.pop(key, None)
             if error is None and job.gen.trace.stop_reason != "stopped":
                 self._finished[key] = job

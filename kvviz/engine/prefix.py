@@ -26,6 +26,16 @@ sessions did, or the viewer did, so one student never reads another's prompt (th
 system prompt every request starts with stay readable). Hidden blocks' hashes are shown through a key
 only this store knows: the chained hash of a guessed prompt cannot be compared with them offline.
 
+Blocks evicted from memory spill to a bounded :class:`~kvviz.engine.disk_tier.DiskTier` when the store has
+one, and come back on a hit: each prompt token of a run is labelled computed, memory hit or disk hit in its
+Trace (``prompt_sources``). A run without a recorder (``record=False``) stores and reuses keys and values
+only, under hashes of their own (a recorded run needs the rows too), and for its whole prompt: rows are
+what grows with the square of the prefix.
+
+A shared cache tells a second user, by its time to first token, whether someone already sent the same
+prefix. ``session_salt`` closes that channel (vLLM's ``cache_salt``): each session's blocks are hashed
+with a salt of its own, so sessions never share a block (the server's own runs stay unsalted).
+
 The engine's thread claims, stores and releases while the blocks view reads :meth:`PrefixStore.blocks`
 from request threads, so every touch of the cache's bookkeeping holds the store's lock; tensor work on
 blocks a run has pinned (no one evicts or changes them) happens outside it.
@@ -34,6 +44,7 @@ blocks a run has pinned (no one evicts or changes them) happens outside it.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import threading
 from collections.abc import Iterable
@@ -44,10 +55,12 @@ import torch
 from kvviz.blocks.hashing import BlockHasher
 from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
 from kvviz.capture.generation import Generation
+from kvviz.engine.disk_tier import DiskTier
 
 BLOCK_SIZE = 8  # tokens per cached block (see the module docstring)
 SERVER = None  # the owner of the server's own runs (warm-up, examples): their blocks are anyone's to read
 SHARED = 2  # owners that make a block shared: more are not remembered (a template block has every session)
+COMPUTED, MEMORY, DISK = "computed", "memory", "disk"  # where a prompt token's keys and values came from
 
 
 @dataclass
@@ -56,7 +69,7 @@ class Block:
     probability rows [Lyr, Hq, B, end] over keys ``0 … end-1`` (end = the block's last position + 1)."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
-    rows: torch.Tensor
+    rows: torch.Tensor | None  # None: a block of keys and values only (stored by a run without a recorder)
     token_ids: tuple[int, ...] = ()  # the block's prompt tokens, so the blocks view can show their text
     parent: bytes | None = None  # hash of the block before it (None: the prompt's first block)
     start: int = 0  # position of its first token
@@ -109,20 +122,40 @@ class Claim:
 class PrefixStore:
     """Blocks of prompt KV and attention rows by chained hash (see the module docstring)."""
 
-    def __init__(self, capacity_bytes: int, block_size: int = BLOCK_SIZE, max_tokens: int = 256, salt: str = ""):
-        self.cache = PrefixCache(capacity_bytes)
-        self.hasher = BlockHasher(block_size, salt)
+    def __init__(
+        self,
+        capacity_bytes: int,
+        block_size: int = BLOCK_SIZE,
+        max_tokens: int = 256,
+        salt: str = "",
+        disk: DiskTier | None = None,
+        session_salt: bool = False,
+    ):
+        self.cache = PrefixCache(capacity_bytes, on_evict=self._evicted)
+        self.salt, self.hasher = salt, BlockHasher(block_size, salt)
         self.block_size, self.max_tokens = block_size, max_tokens
+        self.disk, self.session_salt = disk, session_salt
         self.lock = threading.Lock()
         self._key = os.urandom(32)  # hashes a public view shows are keyed with it (see the module docstring)
+        self._spill: list[CachedBlock] = []  # evicted under the lock, written to disk after it
+        self.disk_hit_blocks = 0
 
-    def hashes(self, g: Generation) -> list[bytes]:
+    def _hasher(self, g: Generation, owner: str | None) -> BlockHasher:
+        """The hasher of this run's blocks: keys-and-values-only blocks and a salted session's apart."""
+        extra = self.salt + ("\x00kv-only" if g.rec is None else "")
+        if self.session_salt and owner is not None:  # the server's own runs stay unsalted
+            extra += "\x00session:" + hmac.new(self._key, owner.encode("utf-8"), hashlib.sha256).hexdigest()
+        return self.hasher if extra == self.salt else BlockHasher(self.block_size, extra)
+
+    def hashes(self, g: Generation, owner: str | None = SERVER) -> list[bytes]:
         """The chained hashes of the run's prompt blocks the store could hold (none for a run it cannot seed,
-        or when the store may hold no bytes: no run then waits for blocks another is computing)."""
-        usable = min(g.trace.n_prompt - 1, self.max_tokens) // self.block_size * self.block_size
-        if usable <= 0 or not g.default_cache or g.rec is None or self.cache.capacity_bytes <= 0:
+        or when the store may hold no bytes: no run then waits for blocks another is computing); ``owner``:
+        who sent it (its salt, when sessions are salted)."""
+        n = g.trace.n_prompt - 1 if g.rec is None else min(g.trace.n_prompt - 1, self.max_tokens)
+        usable = n // self.block_size * self.block_size
+        if usable <= 0 or not g.default_cache or self.cache.capacity_bytes <= 0:
             return []
-        return self.hasher(g.trace.token_ids[:usable])
+        return self._hasher(g, owner)(g.trace.token_ids[:usable])
 
     def claim(
         self, g: Generation, hashes: list[bytes] | None = None, owners: Iterable[str | None] = (SERVER,)
@@ -130,51 +163,112 @@ class PrefixStore:
         """Seed a fresh run from the longest cached run of its leading blocks, and ask its recorder to keep
         the rows of the blocks still to be stored. Call before the run's first forward; ``hashes``: the
         run's :meth:`hashes`, when the caller has them already; ``owners``: who sent the run."""
-        b = self.block_size
-        hashes = self.hashes(g) if hashes is None else hashes
-        if not hashes or g.rec is None:
+        b, owners = self.block_size, list(owners)
+        hashes = self.hashes(g, owners[0] if owners else SERVER) if hashes is None else hashes
+        if not hashes:
             return Claim([], [])
         usable = len(hashes) * b
         with self.lock:
             held = self.cache.acquire(hashes)
             for block in held:
                 block.payload.own(owners)
+        tiers = [MEMORY] * len(held)
+        while self.disk is not None and len(held) < len(hashes):  # on from disk, then memory again, ...
+            h = hashes[len(held)]
+            with self.lock:
+                found = self.cache.pin(h)
+                if found is not None:
+                    found.payload.own(owners)
+            tier = MEMORY
+            if found is None:
+                found, tier = self._from_disk(h, owners), DISK
+            if found is None:
+                break
+            held.append(found)
+            tiers.append(tier)
+        self._flush()
         if held:
             blocks = [h.payload for h in held]
             layers = [
                 (torch.cat([blk.kv[i][0] for blk in blocks], dim=2), torch.cat([blk.kv[i][1] for blk in blocks], dim=2))
                 for i in range(len(blocks[0].kv))
             ]
-            p = len(held) * b
-            rows = torch.zeros(*blocks[0].rows.shape[:2], p, p, device=blocks[0].rows.device)
-            for j, blk in enumerate(blocks):
-                rows[:, :, j * b : (j + 1) * b, : blk.rows.shape[3]] = blk.rows
-            g.restore_prefix(layers, rows)
-        if len(held) < len(hashes):
+            g.restore_prefix(layers, None if g.rec is None else _rows(blocks, b))
+        if len(held) < len(hashes) and g.rec is not None:
             g.rec.keep_prefix_rows(usable)
+        g.trace.prompt_sources = [t for t in tiers for _ in range(b)] + [COMPUTED] * (g.trace.n_prompt - len(held) * b)
         return Claim(held, hashes)
+
+    def _from_disk(self, block_hash: bytes, owners: list[str | None]) -> CachedBlock | None:
+        """The block read back from the disk tier into memory (pinned for the run), or None."""
+        assert self.disk is not None
+        got = self.disk.take(block_hash)
+        if got is None:
+            return None
+        tensors, meta = got
+        device = meta["device"]
+        kv = [(tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(meta["layers"])]
+        rows = tensors["rows"].to(device) if "rows" in tensors else None
+        payload = Block(kv, rows, meta["token_ids"], meta["parent"], meta["start"], set(meta["owners"]))
+        with self.lock:
+            block = self.cache.insert(block_hash, _nbytes(payload), payload)
+            if block is not None:
+                block.hits += 1
+                block.payload.own(owners)
+                self.disk_hit_blocks += 1
+        if block is None:  # no room in memory now: it stays on disk
+            self.disk.put(block_hash, tensors, meta)
+        return block
+
+    def _evicted(self, block: CachedBlock) -> None:
+        """The memory tier let ``block`` go (with the lock held): the disk tier keeps it, once the lock is free."""
+        if self.disk is not None:
+            self._spill.append(block)
+
+    def _flush(self) -> None:
+        """Write the blocks evicted from memory to the disk tier (outside the lock: file work is slow)."""
+        with self.lock:
+            victims, self._spill = self._spill, []
+        for c in victims:
+            assert self.disk is not None
+            p = c.payload
+            tensors = {f"{name}.{i}": t for i, kv in enumerate(p.kv) for name, t in zip("kv", kv)}
+            if p.rows is not None:
+                tensors["rows"] = p.rows
+            meta = {
+                "token_ids": p.token_ids,
+                "parent": p.parent,
+                "start": p.start,
+                "owners": frozenset(p.owners),
+                "layers": len(p.kv),
+                "device": p.kv[0][0].device,
+            }
+            self.disk.put(c.block_hash, tensors, meta)
 
     def store(self, g: Generation, claim: Claim, owners: Iterable[str | None] = (SERVER,)) -> None:
         """After the run's prefill: insert its blocks not yet cached (pinned for the run), then drop the
         recorder's copy of the rows; ``owners``: who sent the run."""
-        if g.rec is None or g.rec.prefix_rows is None:
+        if len(claim.held) >= len(claim.hashes) or (g.rec is not None and g.rec.prefix_rows is None):
             return
-        rows, b = g.rec.prefix_rows, self.block_size
-        g.rec.prefix_rows = None
+        rows, b = (None, self.block_size) if g.rec is None else (g.rec.prefix_rows, self.block_size)
+        if g.rec is not None:
+            g.rec.prefix_rows = None
         ids = g.trace.token_ids
         for j in range(len(claim.held), len(claim.hashes)):
             start, end = j * b, (j + 1) * b
             kv = [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in _tensors(g.cache)]
             parent = claim.hashes[j - 1] if j else None
-            payload = Block(kv, rows[:, :, start:end, :end].clone(), tuple(ids[start:end]), parent, start)
-            nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + payload.rows.nbytes
+            payload = Block(
+                kv, None if rows is None else rows[:, :, start:end, :end].clone(), tuple(ids[start:end]), parent, start
+            )
             with self.lock:
-                block = self.cache.insert(claim.hashes[j], nbytes, payload)
+                block = self.cache.insert(claim.hashes[j], _nbytes(payload), payload)
                 if block is not None:  # a block another run stored meanwhile keeps its owners and gains these
                     block.payload.own(owners)
             if block is None:  # no room: later blocks would be unreachable without this one
                 break
             claim.held.append(block)
+        self._flush()
 
     def own(self, hashes: Iterable[bytes], owner: str | None) -> None:
         """``owner`` sent a prompt with these blocks too (a request that joined an identical run)."""
@@ -245,7 +339,31 @@ class PrefixStore:
             "evicted_blocks": s.evicted_blocks,
             "evicted_bytes": s.evicted_bytes,
             "refused_blocks": s.refused_blocks,
+            "disk_hit_blocks": self.disk_hit_blocks,
+            "session_salt": self.session_salt,
+            **({} if self.disk is None else self.disk.snapshot()),
         }
+
+    def close(self) -> None:
+        """Drop the disk tier's files (the server is stopping)."""
+        if self.disk is not None:
+            self.disk.close()
+
+
+def _nbytes(block: Block) -> int:
+    return sum(k.nbytes + v.nbytes for k, v in block.kv) + (0 if block.rows is None else block.rows.nbytes)
+
+
+def _rows(blocks: list[Block], b: int) -> torch.Tensor:
+    """The cached blocks' probability rows as one [Lyr, Hq, P, P] prefix (each block's rows end at its end)."""
+    first = blocks[0].rows
+    assert first is not None and all(blk.rows is not None for blk in blocks)
+    p = len(blocks) * b
+    rows = torch.zeros(*first.shape[:2], p, p, device=first.device)
+    for j, blk in enumerate(blocks):
+        assert blk.rows is not None
+        rows[:, :, j * b : (j + 1) * b, : blk.rows.shape[3]] = blk.rows
+    return rows
 
 
 def _tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
