@@ -47,6 +47,7 @@ import hashlib
 import hmac
 import os
 import threading
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -61,6 +62,7 @@ BLOCK_SIZE = 8  # tokens per cached block (see the module docstring)
 SERVER = None  # the owner of the server's own runs (warm-up, examples): their blocks are anyone's to read
 SHARED = 2  # owners that make a block shared: more are not remembered (a template block has every session)
 COMPUTED, MEMORY, DISK = "computed", "memory", "disk"  # where a prompt token's keys and values came from
+RECENT = 24  # requests whose sources the blocks view shows (a room's wave)
 
 
 @dataclass
@@ -103,12 +105,24 @@ class BlockInfo:
 
 
 @dataclass(frozen=True)
+class RequestSources:
+    """Where one request's prompt tokens came from: computed, the memory tier, the disk tier."""
+
+    number: int  # the store's count of requests, from 1
+    computed: int
+    memory: int
+    disk: int
+    owners: frozenset = frozenset()  # who sent it (withheld from a public view)
+
+
+@dataclass(frozen=True)
 class StoreView:
     """A consistent copy of the store: its blocks in eviction order (next victim first, blocks in use
     last) and its statistics (:meth:`PrefixStore.stats`)."""
 
     blocks: list[BlockInfo] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
+    requests: list[RequestSources] = field(default_factory=list)  # the latest RECENT, oldest first
 
 
 @dataclass
@@ -139,6 +153,8 @@ class PrefixStore:
         self._key = os.urandom(32)  # hashes a public view shows are keyed with it (see the module docstring)
         self._spill: list[CachedBlock] = []  # evicted under the lock, written to disk after it
         self.disk_hit_blocks = 0
+        self._requests: deque[RequestSources] = deque(maxlen=RECENT)
+        self._n_requests = 0
 
     def _hasher(self, g: Generation, owner: str | None) -> BlockHasher:
         """The hasher of this run's blocks: keys-and-values-only blocks and a salted session's apart."""
@@ -186,7 +202,6 @@ class PrefixStore:
                 break
             held.append(found)
             tiers.append(tier)
-        self._flush()
         if held:
             blocks = [h.payload for h in held]
             layers = [
@@ -197,6 +212,11 @@ class PrefixStore:
         if len(held) < len(hashes) and g.rec is not None:
             g.rec.keep_prefix_rows(usable)
         g.trace.prompt_sources = [t for t in tiers for _ in range(b)] + [COMPUTED] * (g.trace.n_prompt - len(held) * b)
+        counts = g.trace.source_counts()
+        with self.lock:
+            self._n_requests += 1
+            seen = RequestSources(self._n_requests, counts[COMPUTED], counts[MEMORY], counts[DISK], frozenset(owners))
+            self._requests.append(seen)
         return Claim(held, hashes)
 
     def _from_disk(self, block_hash: bytes, owners: list[str | None]) -> CachedBlock | None:
@@ -226,7 +246,8 @@ class PrefixStore:
             self._spill.append(block)
 
     def _flush(self) -> None:
-        """Write the blocks evicted from memory to the disk tier (outside the lock: file work is slow)."""
+        """Write the blocks evicted from memory to the disk tier (outside the lock: file work is slow; after a
+        run's prefill, not before it: a run's time to first token waits for no one else's blocks)."""
         with self.lock:
             victims, self._spill = self._spill, []
         for c in victims:
@@ -248,6 +269,7 @@ class PrefixStore:
     def store(self, g: Generation, claim: Claim, owners: Iterable[str | None] = (SERVER,)) -> None:
         """After the run's prefill: insert its blocks not yet cached (pinned for the run), then drop the
         recorder's copy of the rows; ``owners``: who sent the run."""
+        self._flush()  # blocks the claim's reads from disk pushed out of memory: written after the prefill
         if len(claim.held) >= len(claim.hashes) or (g.rec is not None and g.rec.prefix_rows is None):
             return
         rows, b = (None, self.block_size) if g.rec is None else (g.rec.prefix_rows, self.block_size)
@@ -304,9 +326,12 @@ class PrefixStore:
                 for c in self.cache.eviction_order()
             ]
             stats = self._stats()
+            requests = list(self._requests)
         if private:
             blocks = [self._as_seen(b, viewer) for b in blocks]
-        return StoreView(blocks, stats)
+            mine = [r for r in requests if SERVER in r.owners or viewer in r.owners]
+            requests = [replace(r, owners=frozenset()) for r in mine]
+        return StoreView(blocks, stats, requests)
 
     def _as_seen(self, block: BlockInfo, viewer: str | None) -> BlockInfo:
         keyed = None if block.parent is None else self._keyed(block.parent)
