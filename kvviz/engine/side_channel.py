@@ -10,8 +10,9 @@ reuses only its own blocks, and both cases take the prefill's time.
 :func:`measure` shows it on a real model, in a store of its own (the server's stays as it is): per try, a
 first session sends a prompt; a second sends the same prompt (the "already sent" case) and one nobody sent
 (the "new" case), each timed from its look-up in the store to its first token; once with a shared store,
-once with a salted one. The second session's guess: "someone sent it" when its answer came in under half
-the time of a new prompt.
+once with a salted one. The second session's guess: "someone sent it" when its answer came in under the
+midpoint between what a hit takes (the shared store's hits: a session can time hits on its own prompts in
+either store) and what a new prompt takes in that store.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class Leak:
         return statistics.median(self.seconds(salted, hit))
 
     def guessed_right(self, salted: bool) -> float:
-        """Share of the second session's requests it classifies rightly by their time alone (0.5: a coin)."""
-        cut = self.median(salted, False) / 2
+        """Share of the second session's requests it classifies rightly by their time alone (0.5: a coin), with
+        the cut between a hit's time and a new prompt's (see the module docstring)."""
+        cut = (self.median(False, True) + self.median(salted, False)) / 2
         right = sum(t < cut for t in self.seconds(salted, True)) + sum(t >= cut for t in self.seconds(salted, False))
         return right / (2 * self.tries)
 
