@@ -41,6 +41,20 @@ from safetensors.torch import save as save_tensors
 SUFFIX = ".safetensors"
 
 
+def block_tensors(kv: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """A prefix block's tensors by name, as its file holds them: keys and values per layer, its rows if any."""
+    tensors = {f"{name}.{i}": t for i, pair in enumerate(kv) for name, t in zip("kv", pair)}
+    return tensors if rows is None else {**tensors, "rows": rows}
+
+
+def block_layers(
+    tensors: dict[str, torch.Tensor], layers: int, device: torch.device | str
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
+    """:func:`block_tensors` back: keys and values per layer and the rows (None if it had none), on ``device``."""
+    kv = [(tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(layers)]
+    return kv, tensors["rows"].to(device) if "rows" in tensors else None
+
+
 @dataclass
 class _Entry:
     nbytes: int

@@ -56,7 +56,7 @@ import torch
 from kvviz.blocks.hashing import BlockHasher
 from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
 from kvviz.capture.generation import Generation
-from kvviz.engine.disk_tier import DiskTier
+from kvviz.engine.disk_tier import DiskTier, block_layers, block_tensors
 
 BLOCK_SIZE = 8  # tokens per cached block (see the module docstring)
 SERVER = None  # the owner of the server's own runs (warm-up, examples): their blocks are anyone's to read
@@ -226,9 +226,7 @@ class PrefixStore:
         if got is None:
             return None
         tensors, meta = got
-        device = meta["device"]
-        kv = [(tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(meta["layers"])]
-        rows = tensors["rows"].to(device) if "rows" in tensors else None
+        kv, rows = block_layers(tensors, meta["layers"], meta["device"])
         payload = Block(kv, rows, meta["token_ids"], meta["parent"], meta["start"], set(meta["owners"]))
         with self.lock:
             block = self.cache.insert(block_hash, _nbytes(payload), payload)
@@ -253,9 +251,6 @@ class PrefixStore:
         for c in victims:
             assert self.disk is not None
             p = c.payload
-            tensors = {f"{name}.{i}": t for i, kv in enumerate(p.kv) for name, t in zip("kv", kv)}
-            if p.rows is not None:
-                tensors["rows"] = p.rows
             meta = {
                 "token_ids": p.token_ids,
                 "parent": p.parent,
@@ -264,7 +259,7 @@ class PrefixStore:
                 "layers": len(p.kv),
                 "device": p.kv[0][0].device,
             }
-            self.disk.put(c.block_hash, tensors, meta)
+            self.disk.put(c.block_hash, block_tensors(p.kv, p.rows), meta)
 
     def store(self, g: Generation, claim: Claim, owners: Iterable[str | None] = (SERVER,)) -> None:
         """After the run's prefill: insert its blocks not yet cached (pinned for the run), then drop the
