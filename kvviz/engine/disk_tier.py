@@ -55,6 +55,22 @@ def block_layers(
     return kv, tensors["rows"].to(device) if "rows" in tensors else None
 
 
+def spill(tier: DiskTier, blocks: list) -> None:
+    """Write prefix blocks the memory tier evicted (:class:`~kvviz.blocks.prefix_cache.CachedBlock`, their
+    payload a prefix store's block) to ``tier``: the tensors to the file, what they mean to the index."""
+    for c in blocks:
+        p = c.payload
+        meta = {
+            "token_ids": p.token_ids,
+            "parent": p.parent,
+            "start": p.start,
+            "owners": frozenset(p.owners),
+            "layers": len(p.kv),
+            "device": p.kv[0][0].device,
+        }
+        tier.put(c.block_hash, block_tensors(p.kv, p.rows), meta)
+
+
 @dataclass
 class _Entry:
     nbytes: int

@@ -56,7 +56,7 @@ import torch
 from kvviz.blocks.hashing import BlockHasher
 from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
 from kvviz.capture.generation import Generation
-from kvviz.engine.disk_tier import DiskTier, block_layers, block_tensors
+from kvviz.engine.disk_tier import DiskTier, block_layers, spill
 
 BLOCK_SIZE = 8  # tokens per cached block (see the module docstring)
 SERVER = None  # the owner of the server's own runs (warm-up, examples): their blocks are anyone's to read
@@ -145,13 +145,13 @@ class PrefixStore:
         disk: DiskTier | None = None,
         session_salt: bool = False,
     ):
-        self.cache = PrefixCache(capacity_bytes, on_evict=self._evicted)
+        self._spill: list[CachedBlock] = []  # evicted under the lock, written to disk after it
+        self.cache = PrefixCache(capacity_bytes, on_evict=None if disk is None else self._spill.append)
         self.salt, self.hasher = salt, BlockHasher(block_size, salt)
         self.block_size, self.max_tokens = block_size, max_tokens
         self.disk, self.session_salt = disk, session_salt
         self.lock = threading.Lock()
         self._key = os.urandom(32)  # hashes a public view shows are keyed with it (see the module docstring)
-        self._spill: list[CachedBlock] = []  # evicted under the lock, written to disk after it
         self.disk_hit_blocks = 0
         self._requests: deque[RequestSources] = deque(maxlen=RECENT)
         self._n_requests = 0
@@ -238,28 +238,14 @@ class PrefixStore:
             self.disk.put(block_hash, tensors, meta)
         return block
 
-    def _evicted(self, block: CachedBlock) -> None:
-        """The memory tier let ``block`` go (with the lock held): the disk tier keeps it, once the lock is free."""
-        if self.disk is not None:
-            self._spill.append(block)
-
     def _flush(self) -> None:
         """Write the blocks evicted from memory to the disk tier (outside the lock: file work is slow; after a
         run's prefill, not before it: a run's time to first token waits for no one else's blocks)."""
         with self.lock:
-            victims, self._spill = self._spill, []
-        for c in victims:
-            assert self.disk is not None
-            p = c.payload
-            meta = {
-                "token_ids": p.token_ids,
-                "parent": p.parent,
-                "start": p.start,
-                "owners": frozenset(p.owners),
-                "layers": len(p.kv),
-                "device": p.kv[0][0].device,
-            }
-            self.disk.put(c.block_hash, block_tensors(p.kv, p.rows), meta)
+            victims = self._spill[:]  # the cache appends to this very list: emptied, never replaced
+            self._spill.clear()
+        if self.disk is not None:
+            spill(self.disk, victims)
 
     def store(self, g: Generation, claim: Claim, owners: Iterable[str | None] = (SERVER,)) -> None:
         """After the run's prefill: insert its blocks not yet cached (pinned for the run), then drop the
