@@ -43,53 +43,11 @@ from gradio_client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-SUBJECTS = [
-    "the sea",
-    "a red fox",
-    "winter",
-    "an old clock",
-    "the moon",
-    "bread",
-    "a quiet library",
-    "rain",
-    "a mountain",
-    "coffee",
-    "a lost key",
-    "the desert",
-    "a violin",
-    "autumn leaves",
-    "a robot",
-    "fire",
-    "a small boat",
-    "the city at night",
-    "snow",
-    "a garden",
-    "an owl",
-    "thunder",
-    "a train",
-    "honey",
-    "a lighthouse",
-    "the wind",
-    "a cat",
-    "summer",
-    "a bridge",
-    "stars",
-    "a river",
-    "a candle",
-]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-
-WAVE_ASKS = ["Write one sentence about {}.", "Describe {} in a few words.", "What do you think of {}?"]
-
-
-def prompt_for(i: int, wave: int = 0) -> str:
-    """Student i's own one-line question in wave ``wave`` (distinct within and across waves, so no wave is
-    answered from runs the server kept from an earlier one)."""
-    ask = WAVE_ASKS[wave % len(WAVE_ASKS)]
-    return ask.format(SUBJECTS[i % len(SUBJECTS)]) + " " * (wave // len(WAVE_ASKS))
-
-
-SAME_EXAMPLE = "What is a KV cache? Answer in one sentence."  # the example the whole room presses
+# the room's prompts (the Blocks tab and bench/page_sizes.py replay them too)
+from kvviz.examples.room import SAME_EXAMPLE, prompt_for  # noqa: E402
 
 
 def start_server(env_extra: dict[str, str]) -> tuple[subprocess.Popen, str, Path]:

@@ -17,6 +17,7 @@ from typing import overload
 
 # ---- a config.json ------------------------------------------------------------------------------
 MAX_CONFIG_BYTES = 256 * 1024  # a config.json is a few KiB; a deployment may change it (KVVIZ_MAX_CONFIG_BYTES)
+MAX_PREFIX_DISK_MB = 1 << 20  # the prefix store's disk tier: at most 1 TiB (KVVIZ_PREFIX_DISK_MB)
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
 MAX_HEAD_DIM = 16_384

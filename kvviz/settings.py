@@ -12,6 +12,11 @@ KVVIZ_QUEUE_SIZE            jobs waiting beyond that before new ones are refused
 KVVIZ_ROOM_SIZE             Generate runs the engine follows at once, identical ones counted each (128)
 KVVIZ_BATCH_SIZE            distinct runs the engine decodes together in one forward (32)
 KVVIZ_PREFIX_CACHE_MB       bytes of shared prompt-prefix KV the engine keeps, in MiB (256)
+KVVIZ_PREFIX_DISK_MB        bytes of prefix blocks evicted from memory kept on disk under KVVIZ_CACHE_DIR,
+                            in MiB (1024; 0 = no disk tier; at most limits.MAX_PREFIX_DISK_MB)
+KVVIZ_CACHE_SALT            1 = each session's prefix blocks hashed with its own salt: no session's time to
+                            first token tells whether another sent the same prompt (on in public mode, off
+                            elsewhere: a lecture room shares its system prompt's blocks on purpose)
 KVVIZ_MAX_CONFIG_BYTES      largest uploaded or pasted config.json (262144)
 KVVIZ_MAX_JOB_SECONDS       a model job running longer ends with what it has (180)
 KVVIZ_MAX_RSS_GB            no new model jobs while the server's resident memory is above this
@@ -56,7 +61,7 @@ from typing import overload
 import torch
 
 from kvviz.admission import machine_memory
-from kvviz.limits import MAX_CONFIG_BYTES
+from kvviz.limits import MAX_CONFIG_BYTES, MAX_PREFIX_DISK_MB
 
 HUB_DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what a Space serves: it has no bundled GGUF package
 
@@ -115,6 +120,12 @@ def _float(name: str, default: float, minimum: float) -> float:
     return value
 
 
+def _at_most(name: str, value: int, limit: int = MAX_PREFIX_DISK_MB) -> int:
+    if value > limit:
+        raise ValueError(f"{name} must be at most {limit:,}, got {value:,}")
+    return value
+
+
 def default_max_rss_gb() -> float:
     """Three quarters of the machine: room for the OS and a job's peak above the ceiling."""
     total = machine_memory()
@@ -162,6 +173,8 @@ class Settings:
     room_size: int = 128
     batch_size: int = 32
     prefix_cache_mb: int = 256
+    prefix_disk_mb: int = 1024  # the prefix store's disk tier (0: none)
+    cache_salt: bool = False  # per-session salts in the prefix store's block hashes (public mode's default)
     gather_ms: int = 500
     public: bool = False
     allowed_models: list[str] = field(default_factory=list)
@@ -195,6 +208,8 @@ class Settings:
             room_size=_int("KVVIZ_ROOM_SIZE", cls.room_size, minimum=1),
             batch_size=_int("KVVIZ_BATCH_SIZE", cls.batch_size, minimum=1),
             prefix_cache_mb=_int("KVVIZ_PREFIX_CACHE_MB", cls.prefix_cache_mb, minimum=0),
+            prefix_disk_mb=_at_most("KVVIZ_PREFIX_DISK_MB", _int("KVVIZ_PREFIX_DISK_MB", cls.prefix_disk_mb, 0)),
+            cache_salt=_switch("KVVIZ_CACHE_SALT", public),
             gather_ms=_int("KVVIZ_GATHER_MS", 0 if zero else cls.gather_ms, minimum=0),
             public=public,
             allowed_models=allowed,

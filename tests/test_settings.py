@@ -20,6 +20,8 @@ VARS = [
     "KVVIZ_GATHER_MS",
     "KVVIZ_WARM",
     "KVVIZ_PRECOMPUTE",
+    "KVVIZ_PREFIX_DISK_MB",
+    "KVVIZ_CACHE_SALT",
     "SPACE_ID",
     "SPACES_ZERO_GPU",
 ]
@@ -89,6 +91,27 @@ def test_public_mode_and_its_default_allowlist(monkeypatch):
     monkeypatch.setenv("KVVIZ_ALLOWED_MODELS", " a/b , c/d ,, ")
     s = Settings.from_env()
     assert s.public and s.allowed_models == ["a/b", "c/d"]
+
+
+def test_sessions_are_salted_in_public_mode_unless_turned_off(monkeypatch):
+    assert not Settings.from_env().cache_salt  # a lecture room shares its system prompt's blocks on purpose
+    monkeypatch.setenv("KVVIZ_CACHE_SALT", "1")
+    assert Settings.from_env().cache_salt
+    monkeypatch.delenv("KVVIZ_CACHE_SALT")
+    monkeypatch.setenv("KVVIZ_PUBLIC", "1")
+    assert Settings.from_env().cache_salt
+    monkeypatch.setenv("KVVIZ_CACHE_SALT", "0")
+    assert not Settings.from_env().cache_salt
+
+
+def test_the_disk_tier_is_bounded(monkeypatch):
+    assert Settings.from_env().prefix_disk_mb == 1024
+    monkeypatch.setenv("KVVIZ_PREFIX_DISK_MB", "0")
+    assert Settings.from_env().prefix_disk_mb == 0
+    for raw, message in [("-1", "at least 0"), (str(2**21), "at most"), ("lots", "must be an integer")]:
+        monkeypatch.setenv("KVVIZ_PREFIX_DISK_MB", raw)
+        with pytest.raises(ValueError, match=message):
+            Settings.from_env()
 
 
 def test_a_space_is_public(monkeypatch):

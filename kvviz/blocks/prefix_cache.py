@@ -16,13 +16,13 @@ its head (the head is what other requests are most likely to share).
     cache.release(held)
 
 ``payload`` is whatever the engine stores for a block (its KV tensors, a block id); the cache only
-counts ``nbytes``.
+counts ``nbytes``. ``on_evict`` hears of every block evicted to make room (a second tier keeps it).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,7 @@ class PrefixCache:
 
     capacity_bytes: int
     stats: CacheStats = field(default_factory=CacheStats)
+    on_evict: Callable[[CachedBlock], None] | None = None  # told of each block evicted to make room
 
     def __post_init__(self) -> None:
         if isinstance(self.capacity_bytes, bool) or not isinstance(self.capacity_bytes, int) or self.capacity_bytes < 0:
@@ -105,6 +106,16 @@ class PrefixCache:
         for block in held:
             block.hits += 1
         return held
+
+    def pin(self, block_hash: bytes) -> CachedBlock | None:
+        """One more leading block of a request :meth:`acquire` already counted (the run went on after a block
+        a second tier supplied): pinned and counted as a hit when cached, else None."""
+        if block_hash not in self._blocks:
+            return None
+        block = self._pin(block_hash)
+        block.hits += 1
+        self.stats.hit_blocks += 1
+        return block
 
     def insert(self, block_hash: bytes, nbytes: int, payload: Any = None) -> CachedBlock | None:
         """Add a freshly computed block, pinned for its request; None when it cannot fit.
@@ -161,4 +172,6 @@ class PrefixCache:
             self.used_bytes -= block.nbytes
             self.stats.evicted_blocks += 1
             self.stats.evicted_bytes += block.nbytes
+            if self.on_evict is not None:
+                self.on_evict(block)
         return True

@@ -203,15 +203,17 @@ class Generation:
         counted as one, the forward that produces the first token): an engine's estimate of when it ends."""
         return 0 if self.done else self.max_new_tokens - self.step
 
-    def restore_prefix(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor) -> None:
+    def restore_prefix(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor | None) -> None:
         """Start from a prefix cache's entry: its keys and values per layer ([1, Hkv, P, D] each) go into
-        this run's cache and its probability rows into the recorder; the prefill then starts at P."""
-        if self.fed or not self.default_cache or self.rec is None:
-            raise RuntimeError("A cached prefix can only seed a fresh recorded run on the default cache.")
-        n = rows.shape[2]
+        this run's cache and its probability rows into the recorder (None for a run without one); the
+        prefill then starts at P."""
+        if self.fed or not self.default_cache or (self.rec is None) != (rows is None):
+            raise RuntimeError("A cached prefix seeds a fresh run on the default cache, with rows when it records.")
+        n = layers[0][0].shape[2]
         for i, (k, v) in enumerate(layers):
             self.cache.update(k.clone(), v.clone(), i)
-        self.rec.replay_prefix(rows)
+        if self.rec is not None and rows is not None:
+            self.rec.replay_prefix(rows)
         self.fed = n
         self.trace.cached_prompt_tokens = n
 

@@ -135,6 +135,9 @@ class Trace:
     key_channel_absmean: np.ndarray | None = None  # [Lyr, Hkv, Dk] mean |k| per channel
     value_channel_absmean: np.ndarray | None = None  # [Lyr, Hkv, Dv]
     learned_sink_mass: np.ndarray | None = None  # [Lyr, Hq, Tq] share each query gave its head's learned sink
+    # per prompt token, where its keys and values came from: "computed", "memory" or "disk" (a prefix store's
+    # tiers); empty when no prefix store was asked (every token computed)
+    prompt_sources: list[str] = field(default_factory=list)
 
     def recorded(self, name: str) -> np.ndarray:
         """A summary array the finished run filled (``"colsum"``, ``"prefill_map"``, ...); an error before that."""
@@ -201,6 +204,27 @@ class Trace:
             }
         )
 
+    def source_counts(self) -> dict[str, int]:
+        """Prompt tokens per source: computed, from the prefix store's memory, from its disk tier."""
+        sources = self.prompt_sources or ["computed"] * self.n_prompt
+        return {k: sources.count(k) for k in ("computed", "memory", "disk")}
+
+    def usage(self) -> dict:
+        """Token counts in OpenAI's ``usage`` form: ``prompt_tokens_details.cached_tokens`` is the prompt
+        tokens not computed, split by tier (``memory_tokens``, ``disk_tokens``)."""
+        counts = self.source_counts()
+        return {
+            "prompt_tokens": self.n_prompt,
+            "completion_tokens": self.n_generated,
+            "total_tokens": self.n_tokens,
+            "prompt_tokens_details": {
+                "cached_tokens": self.cached_prompt_tokens,
+                "memory_tokens": counts["memory"],
+                "disk_tokens": counts["disk"],
+                "computed_tokens": counts["computed"],
+            },
+        }
+
     def summary(self) -> dict:
         """JSON-able summary (the CLI's and the API's answer)."""
         m = self.model
@@ -235,6 +259,7 @@ class Trace:
             ],
             "cache_bytes": self.cache_bytes,
             "cached_prompt_tokens": self.cached_prompt_tokens,
+            "usage": self.usage(),
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "timings": self.timings,
         }

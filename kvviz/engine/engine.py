@@ -6,9 +6,9 @@ batch (continuous batching, at most ``max_batch`` runs), builds one packed forwa
 (:mod:`kvviz.capture.packed`) of every running sequence's next feed — one token per decoding run, a
 prompt chunk per prefilling run, at most ``token_budget`` tokens in all — and hands each sequence its
 logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run); the step's
-linear layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves
-the batch when it ends or every caller following it has stopped it. Runs that asked for the
-equivalence check are recomputed together (:mod:`kvviz.capture.verify`): a finished run waits for
+linear layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves the batch when it ends
+or every caller following it has stopped it. Runs that asked for the equivalence check are recomputed
+together (:mod:`kvviz.capture.verify`): a finished run waits for
 the runs still decoding beside it when their token budgets let them end within ``check_wait_s`` —
 longer when more runs decode than wait, since a check stalls every run beside it while the wait
 holds back only the finished ones' verdicts — so a room's runs, which end a few steps apart (a short
@@ -28,8 +28,7 @@ Prompts start from the :class:`~kvviz.engine.prefix.PrefixStore`'s longest cache
 whose leading blocks another run is computing in the same step (a cold room's shared system prompt)
 waits for them to be stored, a step, instead of computing them again.
 
-Models that cannot be packed (sliding windows, MLA, legacy attention) still go through the engine,
-one forward per run per step.
+Models that cannot be packed (sliding windows, MLA, legacy attention) go through it one forward per run a step.
 """
 
 from __future__ import annotations
@@ -51,6 +50,8 @@ from kvviz.capture.model_io import Progress, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
+from kvviz.engine.chat_turn import keep_turn, store_turn
+from kvviz.engine.disk_tier import DiskTier
 from kvviz.engine.few_rows import few_rows, prepare, threads_for
 from kvviz.engine.handle import Handle, Job
 from kvviz.engine.prefix import PrefixStore
@@ -80,6 +81,8 @@ class Engine:
         check_wait_s: float = 2.0,
         gather_s: float = 0.0,
         gather_max_s: float = 1.0,
+        prefix_disk: DiskTier | None = None,
+        session_salt: bool = False,
     ):
         if max_batch < 1 or token_budget < 1:
             raise ValueError("max_batch and token_budget must be at least 1.")
@@ -92,7 +95,9 @@ class Engine:
         self.lm, self.max_batch, self.token_budget = lm, max_batch, token_budget
         self.packable = packable(lm)
         prepare(lm)  # a packed step's few rows per weight take the faster route in the engine's thread
-        self.prefix = PrefixStore(prefix_cache_bytes, salt=f"{lm.name}:{lm.dtype}") if self.packable else None
+        salt = f"{lm.name}:{lm.dtype}"  # a second tier (prefix_disk) and per-session salts: see PrefixStore
+        store = PrefixStore(prefix_cache_bytes, salt=salt, disk=prefix_disk, session_salt=session_salt)
+        self.prefix = store if self.packable else None
         # short runs keep their keys and values side by side, so a decode step appends and attends for all at once
         self.slots = SlotKV(len(attention_modules(lm.model)), max_batch) if self.packable else None
         self._cond = threading.Condition()
@@ -132,7 +137,7 @@ class Engine:
         a chat turn — once it ends, the prefix store keeps the blocks of its prompt and answer, so the
         next turn, whose prompt repeats them, starts from them (``Trace.turn_cached_tokens`` says how many)."""
         gen = Generation(self.lm, prompt, **kwargs)
-        key = (*gen.key(), bool(keep_turn))
+        key = (*self._key(gen, owner), bool(keep_turn))
         with self._cond:
             if self._closed:
                 raise RuntimeError("The server is shutting down; try again once it is back.")
@@ -160,6 +165,11 @@ class Engine:
                 self._thread.start()
             self._cond.notify_all()
         return handle
+
+    def _key(self, gen: Generation, owner: str | None) -> tuple:
+        """Identical requests share one run, but a salted store's sessions share nothing: not even a run."""
+        salted = self.prefix is not None and self.prefix.session_salt
+        return (*gen.key(), owner) if salted else gen.key()
 
     def warm(self, prompt: str, chat: bool = True) -> Trace:
         """Run ``prompt`` for one new token, before a room arrives: the prefix store keeps its prompt's
@@ -311,12 +321,12 @@ class Engine:
         g = job.gen
         if not job.claimed:
             if self.prefix is not None:
-                hashes = self.prefix.hashes(g)
+                hashes = self.prefix.hashes(g, next(iter(job.owners)))
                 if storing.intersection(hashes):
                     return None  # a run of this step computes blocks this one would reuse: start once they are stored
                 job.claim = self.prefix.claim(g, hashes, owners=job.owners)
                 if job.keep_turn:
-                    self.prefix.keep_turn(g, job.claim)
+                    keep_turn(self.prefix, g, job.claim)
                 storing.update(job.claim.hashes[len(job.claim.held) :])
             job.claimed = True
         if g.prefilling and budget <= 0:
@@ -337,7 +347,7 @@ class Engine:
             return False
         g.finish()
         if job.keep_turn and self.prefix is not None:  # its cache is still whole: the next turn starts from it
-            g.trace.turn_cached_tokens = self.prefix.store_turn(g, job.claim, owners=job.owners)
+            g.trace.turn_cached_tokens = store_turn(self.prefix, g, job.claim, owners=job.owners)
         if self.slots is not None:  # its Trace is complete: the check reads no cache
             self.slots.detach(g.cache)
         return True

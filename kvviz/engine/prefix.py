@@ -26,6 +26,16 @@ sessions did, or the viewer did, so one student never reads another's prompt (th
 system prompt every request starts with stay readable). Hidden blocks' hashes are shown through a key
 only this store knows: the chained hash of a guessed prompt cannot be compared with them offline.
 
+Blocks evicted from memory spill to a bounded :class:`~kvviz.engine.disk_tier.DiskTier` when the store has
+one, and come back on a hit: each prompt token of a run is labelled computed, memory hit or disk hit in its
+Trace (``prompt_sources``). A run without a recorder (``record=False``) stores and reuses keys and values
+only, under hashes of their own (a recorded run needs the rows too), and for its whole prompt: rows are
+what grows with the square of the prefix.
+
+A shared cache tells a second user, by its time to first token, whether someone already sent the same
+prefix. ``session_salt`` closes that channel (vLLM's ``cache_salt``): each session's blocks are hashed
+with a salt of its own, so sessions never share a block (the server's own runs stay unsalted).
+
 The engine's thread claims, stores and releases while the blocks view reads :meth:`PrefixStore.blocks`
 from request threads, so every touch of the cache's bookkeeping holds the store's lock; tensor work on
 blocks a run has pinned (no one evicts or changes them) happens outside it.
@@ -34,8 +44,10 @@ blocks a run has pinned (no one evicts or changes them) happens outside it.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import threading
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -44,10 +56,13 @@ import torch
 from kvviz.blocks.hashing import BlockHasher
 from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
 from kvviz.capture.generation import Generation
+from kvviz.engine.disk_tier import DiskTier, block_layers, spill
 
 BLOCK_SIZE = 8  # tokens per cached block (see the module docstring)
 SERVER = None  # the owner of the server's own runs (warm-up, examples): their blocks are anyone's to read
 SHARED = 2  # owners that make a block shared: more are not remembered (a template block has every session)
+COMPUTED, MEMORY, DISK = "computed", "memory", "disk"  # where a prompt token's keys and values came from
+RECENT = 24  # requests whose sources the blocks view shows (a room's wave)
 
 
 @dataclass
@@ -56,7 +71,7 @@ class Block:
     probability rows [Lyr, Hq, B, end] over keys ``0 … end-1`` (end = the block's last position + 1)."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
-    rows: torch.Tensor
+    rows: torch.Tensor | None  # None: a block of keys and values only (stored by a run without a recorder)
     token_ids: tuple[int, ...] = ()  # the block's prompt tokens, so the blocks view can show their text
     parent: bytes | None = None  # hash of the block before it (None: the prompt's first block)
     start: int = 0  # position of its first token
@@ -90,12 +105,24 @@ class BlockInfo:
 
 
 @dataclass(frozen=True)
+class RequestSources:
+    """Where one request's prompt tokens came from: computed, the memory tier, the disk tier."""
+
+    number: int  # the store's count of requests, from 1
+    computed: int
+    memory: int
+    disk: int
+    owners: frozenset = frozenset()  # who sent it (withheld from a public view)
+
+
+@dataclass(frozen=True)
 class StoreView:
     """A consistent copy of the store: its blocks in eviction order (next victim first, blocks in use
     last) and its statistics (:meth:`PrefixStore.stats`)."""
 
     blocks: list[BlockInfo] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
+    requests: list[RequestSources] = field(default_factory=list)  # the latest RECENT, oldest first
 
 
 @dataclass
@@ -109,20 +136,47 @@ class Claim:
 class PrefixStore:
     """Blocks of prompt KV and attention rows by chained hash (see the module docstring)."""
 
-    def __init__(self, capacity_bytes: int, block_size: int = BLOCK_SIZE, max_tokens: int = 256, salt: str = ""):
-        self.cache = PrefixCache(capacity_bytes)
-        self.hasher = BlockHasher(block_size, salt)
+    def __init__(
+        self,
+        capacity_bytes: int,
+        block_size: int = BLOCK_SIZE,
+        max_tokens: int = 256,
+        salt: str = "",
+        disk: DiskTier | None = None,
+        session_salt: bool = False,
+    ):
+        self._spill: list[CachedBlock] = []  # evicted under the lock, written to disk after it
+        self.cache = PrefixCache(capacity_bytes, on_evict=None if disk is None else self._spill.append)
+        self.salt, self.hasher = salt, BlockHasher(block_size, salt)
         self.block_size, self.max_tokens = block_size, max_tokens
+        self.disk, self.session_salt = disk, session_salt
         self.lock = threading.Lock()
         self._key = os.urandom(32)  # hashes a public view shows are keyed with it (see the module docstring)
+        self.disk_hit_blocks = 0
+        self._requests: deque[RequestSources] = deque(maxlen=RECENT)
+        self._n_requests = 0
 
-    def hashes(self, g: Generation) -> list[bytes]:
+    def _hasher(self, g: Generation, owner: str | None) -> BlockHasher:
+        """The hasher of this run's blocks: keys-and-values-only blocks and a salted session's apart."""
+        return self.hasher_for(owner, kv_only=g.rec is None)
+
+    def hasher_for(self, owner: str | None, kv_only: bool = False) -> BlockHasher:
+        """The hasher of ``owner``'s blocks (salted per session when sessions are; ``kv_only``: a run without
+        a recorder's blocks, which hold no rows)."""
+        extra = self.salt + ("\x00kv-only" if kv_only else "")
+        if self.session_salt and owner is not None:  # the server's own runs stay unsalted
+            extra += "\x00session:" + hmac.new(self._key, owner.encode("utf-8"), hashlib.sha256).hexdigest()
+        return self.hasher if extra == self.salt else BlockHasher(self.block_size, extra)
+
+    def hashes(self, g: Generation, owner: str | None = SERVER) -> list[bytes]:
         """The chained hashes of the run's prompt blocks the store could hold (none for a run it cannot seed,
-        or when the store may hold no bytes: no run then waits for blocks another is computing)."""
-        usable = min(g.trace.n_prompt - 1, self.max_tokens) // self.block_size * self.block_size
-        if usable <= 0 or not g.default_cache or g.rec is None or self.cache.capacity_bytes <= 0:
+        or when the store may hold no bytes: no run then waits for blocks another is computing); ``owner``:
+        who sent it (its salt, when sessions are salted)."""
+        n = g.trace.n_prompt - 1 if g.rec is None else min(g.trace.n_prompt - 1, self.max_tokens)
+        usable = n // self.block_size * self.block_size
+        if usable <= 0 or not g.default_cache or self.cache.capacity_bytes <= 0:
             return []
-        return self.hasher(g.trace.token_ids[:usable])
+        return self._hasher(g, owner)(g.trace.token_ids[:usable])
 
     def claim(
         self, g: Generation, hashes: list[bytes] | None = None, owners: Iterable[str | None] = (SERVER,)
@@ -130,96 +184,107 @@ class PrefixStore:
         """Seed a fresh run from the longest cached run of its leading blocks, and ask its recorder to keep
         the rows of the blocks still to be stored. Call before the run's first forward; ``hashes``: the
         run's :meth:`hashes`, when the caller has them already; ``owners``: who sent the run."""
-        b = self.block_size
-        hashes = self.hashes(g) if hashes is None else hashes
-        if not hashes or g.rec is None:
+        b, owners = self.block_size, list(owners)
+        hashes = self.hashes(g, owners[0] if owners else SERVER) if hashes is None else hashes
+        if not hashes:
             return Claim([], [])
         usable = len(hashes) * b
         with self.lock:
             held = self.cache.acquire(hashes)
             for block in held:
                 block.payload.own(owners)
+        tiers = [MEMORY] * len(held)
+        while self.disk is not None and len(held) < len(hashes):  # on from disk, then memory again, ...
+            h = hashes[len(held)]
+            with self.lock:
+                found = self.cache.pin(h)
+                if found is not None:
+                    found.payload.own(owners)
+            tier = MEMORY
+            if found is None:
+                found, tier = self._from_disk(h, owners), DISK
+            if found is None:
+                break
+            held.append(found)
+            tiers.append(tier)
         if held:
             blocks = [h.payload for h in held]
             layers = [
                 (torch.cat([blk.kv[i][0] for blk in blocks], dim=2), torch.cat([blk.kv[i][1] for blk in blocks], dim=2))
                 for i in range(len(blocks[0].kv))
             ]
-            p = len(held) * b
-            rows = torch.zeros(*blocks[0].rows.shape[:2], p, p, device=blocks[0].rows.device)
-            for j, blk in enumerate(blocks):
-                rows[:, :, j * b : (j + 1) * b, : blk.rows.shape[3]] = blk.rows
-            g.restore_prefix(layers, rows)
-        if len(held) < len(hashes):
+            g.restore_prefix(layers, None if g.rec is None else _rows(blocks, b))
+        if len(held) < len(hashes) and g.rec is not None:
             g.rec.keep_prefix_rows(usable)
+        g.trace.prompt_sources = [t for t in tiers for _ in range(b)] + [COMPUTED] * (g.trace.n_prompt - len(held) * b)
+        counts = g.trace.source_counts()
+        with self.lock:
+            self._n_requests += 1
+            seen = RequestSources(self._n_requests, counts[COMPUTED], counts[MEMORY], counts[DISK], frozenset(owners))
+            self._requests.append(seen)
         return Claim(held, hashes)
+
+    def _from_disk(self, block_hash: bytes, owners: list[str | None]) -> CachedBlock | None:
+        """The block read back from the disk tier into memory (pinned for the run), or None."""
+        assert self.disk is not None
+        got = self.disk.take(block_hash)
+        if got is None:
+            return None
+        tensors, meta = got
+        kv, rows = block_layers(tensors, meta["layers"], meta["device"])
+        payload = Block(kv, rows, meta["token_ids"], meta["parent"], meta["start"], set(meta["owners"]))
+        with self.lock:
+            block = self.cache.insert(block_hash, block_nbytes(payload), payload)
+            if block is not None:
+                block.hits += 1
+                block.payload.own(owners)
+                self.disk_hit_blocks += 1
+        if block is None:  # no room in memory now: it stays on disk
+            self.disk.put(block_hash, tensors, meta)
+        return block
+
+    def flush(self) -> None:
+        """Write the blocks evicted from memory to the disk tier (outside the lock: file work is slow; after a
+        run's prefill, not before it: a run's time to first token waits for no one else's blocks)."""
+        with self.lock:
+            victims = self._spill[:]  # the cache appends to this very list: emptied, never replaced
+            self._spill.clear()
+        if self.disk is not None:
+            spill(self.disk, victims)
 
     def store(self, g: Generation, claim: Claim, owners: Iterable[str | None] = (SERVER,)) -> None:
         """After the run's prefill: insert its blocks not yet cached (pinned for the run), then drop the
         recorder's copy of the rows; ``owners``: who sent the run."""
-        if g.rec is None or g.rec.prefix_rows is None:
+        self.flush()  # blocks the claim's reads from disk pushed out of memory: written after the prefill
+        if len(claim.held) >= len(claim.hashes) or (g.rec is not None and g.rec.prefix_rows is None):
             return
-        rows, b = g.rec.prefix_rows, self.block_size
-        g.rec.prefix_rows = None
+        rows, b = (None, self.block_size) if g.rec is None else (g.rec.prefix_rows, self.block_size)
+        if g.rec is not None:
+            g.rec.prefix_rows = None
         ids = g.trace.token_ids
         for j in range(len(claim.held), len(claim.hashes)):
             start, end = j * b, (j + 1) * b
-            kv = [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in _tensors(g.cache)]
+            kv = [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in layer_kv(g.cache)]
             parent = claim.hashes[j - 1] if j else None
-            payload = Block(kv, rows[:, :, start:end, :end].clone(), tuple(ids[start:end]), parent, start)
-            nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + payload.rows.nbytes
-            with self.lock:
-                block = self.cache.insert(claim.hashes[j], nbytes, payload)
-                if block is not None:  # a block another run stored meanwhile keeps its owners and gains these
-                    block.payload.own(owners)
-            if block is None:  # no room: later blocks would be unreachable without this one
-                break
-            claim.held.append(block)
+            payload = Block(
+                kv, None if rows is None else rows[:, :, start:end, :end].clone(), tuple(ids[start:end]), parent, start
+            )
+            if not self.insert(claim.hashes[j], payload, owners, claim):
+                break  # no room: later blocks would be unreachable without this one
+        self.flush()
 
-    def keep_turn(self, g: Generation, claim: Claim) -> None:
-        """For a chat turn, before its first forward (after :meth:`claim`): ask the recorder to keep the rows
-        of the blocks past the prompt's stored ones, up to the store's reach, so :meth:`store_turn` can
-        store the finished turn's prompt and answer for the next turn to start from."""
-        b = self.block_size
-        start = len(claim.hashes) * b
-        end = min(g.trace.n_prompt + g.max_new_tokens - 1, self.max_tokens) // b * b
-        if g.rec is None or not g.default_cache or self.cache.capacity_bytes <= 0 or end <= start:
-            return
-        g.rec.keep_turn_rows(start, end)
-
-    def store_turn(self, g: Generation, claim: Claim, owners: Iterable[str | None] = (SERVER,)) -> int:
-        """After a chat turn's last step (its cache still held): insert the full blocks its cache holds past
-        the prompt's — the rest of the prompt and the answer, up to the store's reach — chained after the
-        prompt's blocks, pinned for the run like them. The tokens the store then holds for this turn."""
-        b = self.block_size
-        rec = g.rec
-        if rec is None or rec.turn_rows is None or len(claim.held) < len(claim.hashes):  # a block found no room
-            return len(claim.held) * b
-        rows, s = rec.turn_rows, rec.turn_start
-        rec.turn_rows = None
-        ids = g.trace.token_ids[: min(g.fed, s + rows.shape[2]) // b * b]  # the cache holds g.fed tokens
-        hashes = self.hasher(ids)
-        for j in range(len(claim.hashes), len(hashes)):
-            start, end = j * b, (j + 1) * b
-            kv = [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in _tensors(g.cache)]
-            parent = hashes[j - 1] if j else None
-            payload = Block(kv, rows[:, :, start - s : end - s, :end].clone(), tuple(ids[start:end]), parent, start)
-            nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + payload.rows.nbytes
-            with self.lock:
-                block = self.cache.insert(hashes[j], nbytes, payload)
-                if block is not None:
-                    block.payload.own(owners)
-            if block is None:
-                break
-            claim.held.append(block)
-            claim.hashes.append(hashes[j])
-        return len(claim.held) * b
-
-    def held_tokens(self, token_ids: list[int]) -> int:
-        """How many leading tokens of ``token_ids`` the store holds now, in whole blocks (no side effects)."""
-        hashes = self.hasher(token_ids[: self.max_tokens // self.block_size * self.block_size])
+    def insert(self, block_hash: bytes, payload: Block, owners: Iterable[str | None], claim: Claim) -> bool:
+        """Store one block for ``claim``'s run (pinned for it); False when the store has no room for it."""
         with self.lock:
-            return self.cache.match(hashes) * self.block_size
+            block = self.cache.insert(block_hash, block_nbytes(payload), payload)
+            if block is not None:  # a block another run stored meanwhile keeps its owners and gains these
+                block.payload.own(owners)
+        if block is None:
+            return False
+        claim.held.append(block)
+        if len(claim.hashes) < len(claim.held):  # a block past the prompt's (a chat turn's answer)
+            claim.hashes.append(block_hash)
+        return True
 
     def own(self, hashes: Iterable[bytes], owner: str | None) -> None:
         """``owner`` sent a prompt with these blocks too (a request that joined an identical run)."""
@@ -255,9 +320,12 @@ class PrefixStore:
                 for c in self.cache.eviction_order()
             ]
             stats = self._stats()
+            requests = list(self._requests)
         if private:
             blocks = [self._as_seen(b, viewer) for b in blocks]
-        return StoreView(blocks, stats)
+            mine = [r for r in requests if SERVER in r.owners or viewer in r.owners]
+            requests = [replace(r, owners=frozenset()) for r in mine]
+        return StoreView(blocks, stats, requests)
 
     def _as_seen(self, block: BlockInfo, viewer: str | None) -> BlockInfo:
         keyed = None if block.parent is None else self._keyed(block.parent)
@@ -290,9 +358,33 @@ class PrefixStore:
             "evicted_blocks": s.evicted_blocks,
             "evicted_bytes": s.evicted_bytes,
             "refused_blocks": s.refused_blocks,
+            "disk_hit_blocks": self.disk_hit_blocks,
+            "session_salt": self.session_salt,
+            **({} if self.disk is None else self.disk.snapshot()),
         }
 
+    def close(self) -> None:
+        """Drop the disk tier's files (the server is stopping)."""
+        if self.disk is not None:
+            self.disk.close()
 
-def _tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+
+def block_nbytes(block: Block) -> int:
+    return sum(k.nbytes + v.nbytes for k, v in block.kv) + (0 if block.rows is None else block.rows.nbytes)
+
+
+def _rows(blocks: list[Block], b: int) -> torch.Tensor:
+    """The cached blocks' probability rows as one [Lyr, Hq, P, P] prefix (each block's rows end at its end)."""
+    first = blocks[0].rows
+    assert first is not None and all(blk.rows is not None for blk in blocks)
+    p = len(blocks) * b
+    rows = torch.zeros(*first.shape[:2], p, p, device=first.device)
+    for j, blk in enumerate(blocks):
+        assert blk.rows is not None
+        rows[:, :, j * b : (j + 1) * b, : blk.rows.shape[3]] = blk.rows
+    return rows
+
+
+def layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each layer's stored keys and values ([1, Hkv, T, D]) of a default (dynamic) cache."""
     return [(layer.keys, layer.values) for layer in cache.layers]

@@ -58,6 +58,15 @@ def room_summary(view: StoreView) -> str:
         f"recomputed). **{plural(s.get('evicted_blocks', 0), 'block')} evicted** so far, least recently used "
         f"first ({format_bytes(s.get('evicted_bytes', 0))})."
     )
+    if s.get("disk_capacity_bytes"):
+        text += (
+            f" The disk tier holds **{plural(s.get('disk_blocks', 0), 'evicted block')}**, "
+            f"{format_bytes(s.get('disk_bytes', 0))} of {format_bytes(s['disk_capacity_bytes'])}; "
+            f"{plural(s.get('disk_hit_blocks', 0), 'block')} came back from it on a hit, "
+            f"{plural(s.get('disk_refused_files', 0), 'file')} refused as not the one written."
+        )
+    if s.get("session_salt"):
+        text += " Each session's blocks are salted: sessions share none."
     if not n:
         text += "\n\nNo blocks yet: generate on the **Generate** tab (a prompt of at least 17 tokens) to fill it."
     return text

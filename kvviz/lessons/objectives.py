@@ -153,6 +153,17 @@ KIVI = ShowMe(
     "A few key channels are bright across every token; at 2 bits keys per channel beat keys per token.",
 )
 
+SIDE_CHANNEL = ShowMe(
+    "Time a second session",
+    "tab_blocks",
+    {"blocks.leak_tries": 3},
+    "blocks.leak_run",
+    "leak-chart",
+    "With one store for everyone, a prompt another session already sent answers several times sooner than a "
+    "new one, so the second session guesses right nearly every time; with a salt per session both take the "
+    "prefill's time and its guesses are a coin flip.",
+)
+
 OBJECTIVES = (
     Objective(
         1,
@@ -258,6 +269,13 @@ PITFALLS = (
         "Every decode step reads every sequence's cache; at long context that "
         "costs more time than reading the weights.",
         DECODE,
+    ),
+    Pitfall(
+        "Sharing one cache between strangers",
+        "A prefix cache shared by every user answers a prompt someone already sent without computing it: the "
+        "time to first token tells a second user what the first one sent. Salt each session's block hashes "
+        "(vLLM's cache_salt) where users are strangers; a lecture room shares its system prompt on purpose.",
+        SIDE_CHANNEL,
     ),
     Pitfall("Treating eviction as free", "Evicted entries are gone: a question about them cannot be answered.", NEEDLE),
     Pitfall(

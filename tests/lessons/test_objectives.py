@@ -20,9 +20,9 @@ def test_the_lesson_is_the_chapters():
         assert o.show_me and o.explanation not in text  # explained in kvviz's own words
     for q in QUESTIONS:
         assert q.question.split("?")[0] in text.replace("\n", " ")
-    assert len(PITFALLS) == 7
+    assert len(PITFALLS) == 8
     views = {sm.tab for o in OBJECTIVES for sm in o.show_me} | {p.show_me.tab for p in PITFALLS}
-    assert {"tab_generate", "tab_memory", "tab_attention", "tab_eviction", "tab_quant"} <= views
+    assert {"tab_generate", "tab_memory", "tab_attention", "tab_eviction", "tab_quant", "tab_blocks"} <= views
     for sm in [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
         assert all("." in k for k in sm.values) and (sm.press is None or "." in sm.press)
 

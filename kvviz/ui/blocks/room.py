@@ -17,6 +17,7 @@ from gradio.context import Context
 
 from kvviz.engine.prefix import StoreView
 from kvviz.figures import blocks_room as fig
+from kvviz.figures import prefix_tiers
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
 
@@ -34,7 +35,7 @@ def signature(view: StoreView | None) -> tuple:
     if view is None:
         return ()
     blocks = tuple((b.block_hash, b.ref_count, b.hits) for b in view.blocks)
-    return blocks, tuple(sorted(view.stats.items()))
+    return blocks, tuple(sorted(view.stats.items())), tuple(r.number for r in view.requests)
 
 
 def decoder(ctx: AppContext) -> Callable[[tuple[int, ...]], str]:
@@ -49,17 +50,19 @@ def decoder(ctx: AppContext) -> Callable[[tuple[int, ...]], str]:
 
 
 def refresh(ctx: AppContext, decode: Callable[[tuple[int, ...]], str], last, viewer: str | None = None) -> tuple:
-    """Summary, tree, table and the new signature; every output skipped when the cache is as shown.
+    """Summary, tree, table, each recent request's sources and the new signature; every output skipped when
+    the cache is as shown.
     ``viewer``: the session asking (in a public deployment it reads only its own and shared blocks)."""
     store = ctx.engine.prefix
     view = None if store is None else store.blocks(viewer, private=ctx.settings.public)
     sig = signature(view)
     if sig == last:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
     if view is None:
-        return NO_STORE, None, None, sig
+        return NO_STORE, None, None, None, sig
     texts = [HIDDEN if b.hidden else decode(b.token_ids) for b in view.blocks]
-    return fig.room_summary(view), fig.room_tree(view, texts), fig.room_table(view, texts), sig
+    sources = prefix_tiers.sources_bar(view.requests)
+    return fig.room_summary(view), fig.room_tree(view, texts), fig.room_table(view, texts), sources, sig
 
 
 def _enclosing_tab() -> gr.Tab | None:
@@ -82,6 +85,7 @@ def build(ctx: AppContext) -> None:
         max_height=400,
     )
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
+    sources = captioned_plot("Where each request's prompt came from", "room-sources", prefix_tiers.CAPTIONS["sources"])
     shown = gr.State(None)  # the signature on the page
     decode = decoder(ctx)
 
@@ -89,7 +93,7 @@ def build(ctx: AppContext) -> None:
         # no session (a bare API call): it reads only the server's and shared blocks
         return refresh(ctx, decode, last, getattr(request, "session_hash", None))
 
-    outputs = [summary, tree, table, shown]
+    outputs = [summary, tree, table, sources, shown]
     tab = _enclosing_tab()
     timer = gr.Timer(REFRESH_S, active=tab is None or ctx.tabs is None)
     timer.tick(tick, shown, outputs, api_name=False, show_progress="hidden", queue=False)

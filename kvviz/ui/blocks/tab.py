@@ -19,6 +19,7 @@ from kvviz.figures import blocks as fig
 from kvviz.limits import MAX_STEP
 from kvviz.safety import whole_number
 from kvviz.ui.blocks import eviction as blocks_eviction
+from kvviz.ui.blocks import reuse as blocks_reuse
 from kvviz.ui.blocks import room as blocks_room
 from kvviz.ui.blocks import sharing as blocks_sharing
 from kvviz.ui.blocks.checks import BLOCK_SIZES, block_size_of, check_prompt
@@ -173,6 +174,7 @@ def build(ctx: AppContext) -> None:
 
     blocks_sharing.build(ctx, block_size)
     blocks_room.build(ctx)
+    blocks_reuse.build(ctx)
     blocks_eviction.build(ctx, block_size)
 
     api_blocks.api(ctx, api_name="blocks")

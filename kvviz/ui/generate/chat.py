@@ -14,6 +14,7 @@ import gradio as gr
 
 from kvviz.chat.history import MODEL, TEMPLATES, available, messages, parse_history, previous_turn, render
 from kvviz.chat.turns import TurnReport, turn_report
+from kvviz.engine.chat_turn import held_tokens
 from kvviz.figures import chat as fig
 from kvviz.limits import check_prompt_length, prompt_limit
 from kvviz.ui.serving.context import AppContext
@@ -44,13 +45,13 @@ def history_of(conversation) -> list[dict]:
     return out
 
 
-def api_turn(ctx: AppContext, trace, history: list[dict], template: str) -> dict:
+def api_turn(ctx: AppContext, trace, history: list[dict], template: str, owner: str | None = None) -> dict:
     """``/generate``'s account of a chat turn: the tokens reused and computed and the first position where the
     prompt differs from the previous turn's tokens (rebuilt from the history: the client sends text)."""
     tok = ctx.lm.tokenizer
     previous = previous_turn(tok, history, template)
     store = ctx.engine.prefix
-    cached = store.held_tokens(previous) if store is not None and previous else 0
+    cached = held_tokens(store, previous, owner) if store is not None and previous else 0
     report = turn_report(tok, trace, previous, cached, len(history) // 2 + 1)
     return {**report.as_dict(), "verdict": report.verdict()}
 

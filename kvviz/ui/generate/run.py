@@ -270,10 +270,11 @@ def run(job: Job[Ask]):
 
 def summary(job: Job[Ask]) -> dict:
     """``/generate``'s answer: the trace summary, and a note when the time budget ended the run."""
-    trace = submit(job.ctx, job.req, job.should_stop, session_of(job.request)).result()
+    owner = session_of(job.request)
+    trace = submit(job.ctx, job.req, job.should_stop, owner).result()
     out = trace.summary()
     if job.req.keep_turn:
-        out["turn"] = api_turn(job.ctx, trace, list(job.req.history), job.req.template)
+        out["turn"] = api_turn(job.ctx, trace, list(job.req.history), job.req.template, owner)
     if job.timed_out:
         out["note"] = job.timeout_note().lstrip(" ·")
     return out

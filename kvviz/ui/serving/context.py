@@ -13,8 +13,9 @@ import gradio as gr
 from kvviz.capture.model_io import model_info
 from kvviz.capture.trace import ModelInfo
 from kvviz.demo_store import DemoStore
+from kvviz.engine.disk_tier import DiskTier
 from kvviz.engine.engine import Engine
-from kvviz.models import LoadedModel
+from kvviz.models import LoadedModel, cache_root
 from kvviz.safety import SessionFiles
 from kvviz.settings import Settings
 from kvviz.ui.serving.jobs import Jobs
@@ -81,10 +82,15 @@ class AppContext:
         """The one engine that decodes every session's Generate runs together (``kvviz.engine``)."""
         if self._engine is None:
             s = self.settings
+            disk = (
+                DiskTier(cache_root().parent / "prefix-blocks", s.prefix_disk_mb * 2**20) if s.prefix_disk_mb else None
+            )
             self._engine = Engine(
                 self.lm,
                 max_batch=s.batch_size,
                 prefix_cache_bytes=s.prefix_cache_mb * 2**20,
+                prefix_disk=disk,
+                session_salt=s.cache_salt,
                 gather_s=s.gather_ms / 1000,
                 gather_max_s=3 * s.gather_ms / 1000,
             )

@@ -39,14 +39,17 @@ def test_outside_tabs_it_polls_from_the_start(lm):
 def test_refresh_lists_the_rooms_blocks_and_skips_when_unchanged(lm):
     ctx = AppContext(lm=lm, settings=Settings())
     decode = blocks_room.decoder(ctx)
-    summary, tree, table, sig = blocks_room.refresh(ctx, decode, None)
+    summary, tree, table, sources, sig = blocks_room.refresh(ctx, decode, None)
     assert "No blocks yet" in summary and "Hit rate 0%" in summary and len(table) == 0
     assert all(isinstance(x, type(gr.skip())) for x in blocks_room.refresh(ctx, decode, sig)), "unchanged: skipped"
     h = ctx.engine.submit("What is two plus two?", chat=True, max_new_tokens=2)
     assert wait_all([h], 600)
-    summary, tree, table, sig2 = blocks_room.refresh(ctx, decode, sig)
+    summary, tree, table, sources, sig2 = blocks_room.refresh(ctx, decode, sig)
     size = ctx.engine.prefix.block_size
     n = (h.trace.n_prompt - 1) // size
     assert sig2 != sig and len(table) == n and f"**{n} block" in summary
     assert table["text"].iloc[-1].startswith("<|im_start|>system⏎") and set(table["held by"]) == {0}
     assert list(table["tokens"])[-1] == f"0–{size - 1}" and tree.data[0].ids[0] == "root"
+    # the request's bar: every prompt token computed (a cold store), none from memory or disk
+    assert [t.name for t in sources.data] == ["computed", "memory hit", "disk hit"]
+    assert [list(t.y) for t in sources.data] == [[h.trace.n_prompt], [0], [0]]

@@ -32,6 +32,7 @@ RUN_STEPS = {
     ("run", "block view"),
     ("blocks", "block view"),
     ("run", "prefix sharing"),
+    ("run", "side-channel timing"),
     ("run", "eviction × paging"),
     ("run_analyze", "quantization analysis"),
     ("run_maps", "key/value maps"),
@@ -50,6 +51,7 @@ CHECKED = {
     "composition",
     "block view",
     "prefix sharing",
+    "side-channel timing",
     "eviction × paging",
 }
 

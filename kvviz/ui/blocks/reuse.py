@@ -1,0 +1,90 @@
+"""Blocks tab sections on reuse: what a page size costs on the room's own requests, and what a shared cache
+leaks to a second session (measured on the model, in a store of its own).
+
+The page-size replay needs only the tokenizer (:func:`kvviz.blocks.page_size.replay`), so it is drawn
+when the tab is built; the side channel runs the model through :class:`ModelJob`
+(:func:`kvviz.engine.side_channel.measure`). Figures from :mod:`kvviz.figures.prefix_tiers`.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from kvviz.blocks.page_size import replay
+from kvviz.capture.model_io import encode_prompt
+from kvviz.engine.side_channel import Leak, measure
+from kvviz.examples import chapter_text
+from kvviz.examples.room import room_requests
+from kvviz.figures import prefix_tiers as fig
+from kvviz.safety import whole_number
+from kvviz.ui.page.widgets import captioned_plot
+from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.sessions import user_errors
+
+LEAK_TOKENS = 192  # long enough that a prefill takes far longer than a hit, short enough for a quick show-me
+MAX_TRIES = 6
+PAGES = (
+    "### Page size costs reuse\nThe room's requests (the example every student presses, then three waves of "
+    "24 students' own questions, through the chat template) replayed through a prefix cache at four block "
+    "sizes. A block is reused only when it is full and matches to its end, so the tokens a request shares "
+    "past its last full shared block are computed again."
+)
+LEAK = (
+    "### What a shared cache leaks\nA prefix store shared by every session answers a prompt someone already "
+    "sent without computing it, so its first token comes much sooner — and a second session that times its "
+    "answer learns whether another sent that prompt (a document, a system prompt, a question). vLLM's "
+    "`cache_salt` closes the channel; here a per-session salt in the block hash (`KVVIZ_CACHE_SALT`, on in "
+    "public mode, off for a lecture room, where sharing the system prompt is the point) does. The measurement "
+    "runs in a store of its own: the room's cache is not touched."
+)
+
+
+def leak_summary(leak: Leak) -> str:
+    """The medians and how often the second session's guess is right, per store."""
+    lines = []
+    for salted in (False, True):
+        sent, new = leak.median(salted, True) * 1000, leak.median(salted, False) * 1000
+        store = "**Salted per session**" if salted else "**Shared store**"
+        lines.append(
+            f"{store}: median time to first token {sent:,.0f} ms when another session sent the prompt, "
+            f"{new:,.0f} ms when no one did — the second session guesses right in "
+            f"**{leak.guessed_right(salted):.0%}** of its requests (50 %: a coin)."
+        )
+    return "\n\n".join(lines)
+
+
+def build(ctx: AppContext) -> None:
+    """Both sections, inside the Blocks tab."""
+    gr.Markdown(PAGES)
+    frame = replay([encode_prompt(ctx.lm, p, True) for p in room_requests()])
+    captioned_plot("Reuse per block size", "pages-chart", fig.CAPTIONS["pages"], fig.page_size_chart(frame))
+    gr.Dataframe(fig.page_size_table(frame), label="Per block size", interactive=False, elem_id="pages-table")
+
+    gr.Markdown(LEAK)
+    with gr.Row():
+        tries = gr.Slider(2, MAX_TRIES, value=3, step=1, label="Tries per case", elem_id="leak-tries")
+        button = gr.Button("Time a second session", variant="primary", elem_id="leak-run")
+    summary = gr.Markdown(elem_id="leak-summary")
+    chart = captioned_plot("A second session's time to first token", "leak-chart", fig.CAPTIONS["leak"])
+    ctx.components.update({"blocks.leak_tries": tries, "blocks.leak_run": button})
+
+    def check(_ctx: AppContext, n) -> tuple[list[int], int]:
+        with user_errors():
+            k = whole_number(n, "Tries", 1, MAX_TRIES)
+        ids = encode_prompt(ctx.lm, chapter_text(), False)[: LEAK_TOKENS + 2 * k]
+        return ids, k
+
+    def run(job):
+        ids, k = job.req
+        leak = measure(ctx.lm, ids, k, progress=lambda f, desc: job.progress(f, desc))
+        return leak_summary(leak), fig.leak_chart(leak)
+
+    side_channel = ModelJob(
+        "side-channel timing",
+        check=check,
+        run=run,
+        size=lambda r: Size(len(r[0]), 1, runs=6 * r[1] + 2),
+        progress=True,
+    )
+    side_channel.button(ctx, button, [tries], [summary, chart])
