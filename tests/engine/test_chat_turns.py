@@ -9,6 +9,7 @@ import pytest
 from kvviz.capture.tokens import token_texts
 from kvviz.chat.history import DROP_ANSWERS, MODEL, messages, render
 from kvviz.chat.turns import turn_report
+from kvviz.engine.chat_turn import held_tokens
 from kvviz.engine.engine import Engine
 from kvviz.engine.handle import wait_all
 from tests.engine.test_engine import ARRAYS, HALF, solo
@@ -106,3 +107,25 @@ def test_two_chats_decoded_together_each_reuse_their_own_turn(lm):
         assert two.trace.token_ids == cold.token_ids
         np.testing.assert_allclose(two.trace.colsum, cold.colsum, atol=2e-5, rtol=1e-4)
         np.testing.assert_allclose(two.trace.prefill_colsum, cold.prefill_colsum, atol=2e-5, rtol=1e-4)
+
+
+def test_a_salted_session_s_turn_two_reuses_its_own_turn_one_and_no_one_else_does(lm):
+    """With per-session salts (public mode) a turn's blocks are stored under the session's salted hashes, the
+    ones its next claim looks for: the chat keeps its reuse, and another session sending the same turn finds
+    none of it."""
+    engine = Engine(lm, session_salt=True)
+
+    def turn(owner, history, user):
+        ids = render(lm.tokenizer, messages(history, user), MODEL)
+        h = engine.submit(user, owner=owner, prompt_ids=ids, max_new_tokens=12, keep_turn=True)
+        assert wait_all([h], 600)
+        return h.trace
+
+    one = turn("alice", [], FIRST)
+    assert one.turn_cached_tokens > one.n_prompt
+    history = [{"role": "user", "content": FIRST}, {"role": "assistant", "content": one.text}]
+    two = turn("alice", history, SECOND)
+    assert two.cached_prompt_tokens == one.turn_cached_tokens
+    assert held_tokens(engine.prefix, one.token_ids, "alice") == one.turn_cached_tokens
+    assert held_tokens(engine.prefix, one.token_ids, "bob") == 0
+    assert turn("bob", history, SECOND).cached_prompt_tokens == 0
