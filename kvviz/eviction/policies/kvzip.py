@@ -97,11 +97,12 @@ class KVzip(Policy):
         shown = scores.clone()
         shown[..., :s] = float("nan")
         if n <= state.n_kept:
-            roles = torch.full(state.positions.shape, KEPT, dtype=torch.long)
-            roles[..., :s] = SINK
-            return Selection(keep=state.positions, roles=roles, scores=shown)
+            every = torch.full(state.positions.shape, KEPT, dtype=torch.long)
+            every[..., :s] = SINK
+            return Selection(keep=state.positions, roles=every, scores=shown)
         mask = kvzip_keep_mask(scores, s, state.ratio, state.n_kept, bool(self.layerwise))
-        keep, roles = [], []
+        keep: list[list[torch.Tensor]] = []
+        roles: list[list[torch.Tensor]] = []
         for layer in range(mask.shape[0]):
             keep.append([state.positions[layer, h][mask[layer, h]] for h in range(mask.shape[1])])
             roles.append([torch.where(k < s, SINK, KEPT) for k in keep[-1]])
