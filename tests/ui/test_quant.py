@@ -68,7 +68,7 @@ def test_values_text_names_the_column_that_supports_kivi():
     [
         (("", True, 0, 0, "int2", "channel", "token", 32, 0), "empty"),
         (("Hi there", False, 99, 0, "int2", "channel", "token", 32, 0), "layer"),
-        (("Hi there", False, 0, 0, "int3", "channel", "token", 32, 0), "format"),
+        (("Hi there", False, 0, 0, "int5", "channel", "token", 32, 0), "format"),  # int3 is a format now
     ],
 )
 def test_bad_input_is_a_readable_error(ctx, args, match):
