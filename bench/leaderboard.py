@@ -1,11 +1,12 @@
 """The leaderboard sweep at full size, timed: writes bench/results/leaderboard.json (the app's Leaderboard tab loads it).
 
 Run: ``.venv/bin/python bench/leaderboard.py [--samples 25] [--length 1024] [--threads 1]``.
-Default: 7 policies (StreamingLLM, SnapKV, KNorm, TOVA, ExpectedAttention, PyramidKV, AdaKV) × ratios
+Default: 8 policies (StreamingLLM, SnapKV, KNorm, TOVA, ExpectedAttention, PyramidKV, AdaKV, KVzip) × ratios
 {0, 0.25, 0.5, 0.75, 0.875} × {query-aware, query-agnostic} over 25 samples of 1,024 tokens (the
 three tasks in turn, needle depths 0–100 %), one prefill per sample. Target: ≤ 600 s on the 2-core
 CPU machine; the result records the wall time, its split (prefill, decisions, decoding) and the
-load average the machine had, since other processes share the cores.
+load average the machine had, since other processes share the cores. KVzip's repeat passes (one per sample and
+mode, on top of the shared prefill) are timed per record (``extra_prefill_s`` beside ``prefill_s``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ ids come from tests/data/kvpress_prompts.json (written in the kvviz env by
     python3 -m venv /tmp/kvpress-env
     /tmp/kvpress-env/bin/pip install "torch==2.13.0" "kvpress==0.5.5"
     /tmp/kvpress-env/bin/python tools/kvpress_reference.py \
-        [--model ~/.cache/kvviz/models/SmolLM2-135M-Instruct]
+        [--model ~/.cache/kvviz/models/SmolLM2-135M-Instruct] [--presses KVzipPress]
+
+``--presses`` records only those presses' cases and keeps every other case of the existing file as it is.
 
 The model folder is the bundled GGUF converted by kvviz (``load_model()`` creates it on first use).
 How the kept positions are read: a wrapper around the press's own ``compress`` matches every row
@@ -23,6 +25,11 @@ rounding difference could flip the choice. SnapKV, TOVA and PyramidKV are run tw
 the model's own attention weights), and the script fails if the two disagree. PyramidKV keeps a
 different number of entries per layer (recorded per layer); AdaKV keeps every entry and masks the
 evicted ones per head (``module.masked_key_indices``), so its kept set is the complement of the mask.
+KVzip runs its context-reconstruction pass when the press's context manager exits and then masks the
+same way (SDPA only: kvpress refuses eager); its kept sets are scattered over the context, so they are
+stored as one hexadecimal bit mask per layer and KV head (``kept_mask``: bit p set = position p kept)
+instead of runs, with the header length kvpress read from the chat template and each repeat pass's
+prompt ids (the tokens before the repeated context).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from kvpress import (
     AdaKVPress,
     ExpectedAttentionPress,
     KnormPress,
+    KVzipPress,
     PyramidKVPress,
     SnapKVPress,
     StreamingLLMPress,
@@ -99,6 +107,19 @@ CASES: list[tuple[str, str, dict]] = [
             {"compression_ratio": 0.5, "window_size": 64, "kernel_size": 5, "alpha_safeguard": 0.2},
             {"compression_ratio": 0.75, "window_size": 64, "kernel_size": 5, "alpha_safeguard": 0.2},
             {"compression_ratio": 0.75, "window_size": 16, "kernel_size": 7, "alpha_safeguard": 0.5},
+        )
+    ],
+    # KVzip: kvpress's defaults (4 sinks, one global bottom-k, chunks of 2048: one pass), its per-layer budget,
+    # and 128-token chunks (three repeat passes, the later ones quoting the chunk before) with 8 sinks
+    *[
+        (p, "KVzipPress", params)
+        for p in ("needle_chat", "chapter_300")
+        for params in (
+            {"compression_ratio": 0.25},
+            {"compression_ratio": 0.5},
+            {"compression_ratio": 0.75},
+            {"compression_ratio": 0.5, "layerwise": True},
+            {"compression_ratio": 0.6, "n_sink": 8, "chunk_size": 128},
         )
     ],
 ]
@@ -168,6 +189,67 @@ def adakv_kept(press, module, hidden_states, keys, values, attentions, kwargs) -
     return [torch.nonzero(row).flatten().tolist() for row in keep], gap
 
 
+def to_mask(positions: list[int]) -> str:
+    """Sorted positions → a hexadecimal bit mask (bit p set = position p kept)."""
+    return format(sum(1 << p for p in positions), "x")
+
+
+def run_kvzip(model, ids: torch.Tensor, params: dict) -> dict:
+    """Prefill ``ids`` under KVzipPress: kept positions per layer and KV head (the complement of its mask),
+    the repeat passes it fed, and the gap between the last evicted and the first kept score."""
+    press = KVzipPress(**params)
+    seen: dict = {}
+    prepare, compress_post = press.prepare, press.compress_post
+
+    def recording_prepare(model, tokenizer, *args, **kwargs):
+        pairs = prepare(model, tokenizer, *args, **kwargs)
+        seen["header"] = int(press.prefix_length)
+        seen["chunks"] = [
+            [
+                press.prefix_length + i * press.chunk_size,
+                r.shape[1] - a.shape[1],
+                r[0, : r.shape[1] - a.shape[1]].tolist(),
+            ]
+            for i, (a, r) in enumerate(pairs)
+        ]
+        return pairs
+
+    def recording_compress_post(model):
+        seen["scores"] = press.score_val.clone()  # [Lyr, 1, Hkv, n]
+        compress_post(model)
+
+    press.prepare, press.compress_post = recording_prepare, recording_compress_post  # instance attributes only
+    with torch.inference_mode(), press(model):
+        model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
+    layers, n = model.config.num_hidden_layers, ids.shape[1]
+    kept = []
+    for layer in model.model.layers:
+        keep = torch.ones(model.config.num_key_value_heads, n, dtype=torch.bool)
+        _, heads, seq = layer.self_attn.masked_key_indices
+        keep[heads.cpu(), seq.cpu()] = False
+        kept.append([to_mask(torch.nonzero(row).flatten().tolist()) for row in keep])
+    scores = seen["scores"][:, 0].float().clone()  # out of inference mode
+    scores[..., : press.n_sink] = scores.amax() + 1.0
+    ratio = params["compression_ratio"]
+    if params.get("layerwise"):
+        k = int(scores.shape[1] * n * ratio)
+        flat = scores.reshape(layers, -1).sort(-1).values
+        gap = float((flat[:, k] - flat[:, k - 1]).min())
+    else:
+        k = int(scores.numel() * ratio)
+        flat = scores.reshape(-1).sort().values
+        gap = float(flat[k] - flat[k - 1])
+    counts = [[bin(int(h, 16)).count("1") for h in layer] for layer in kept]
+    return {
+        "n_kept": None,
+        "n_kept_total": sum(map(sum, counts)),
+        "min_score_gap": gap,
+        "header": seen["header"],
+        "repeat_chunks": seen["chunks"],  # [start, prompt tokens, the prompt ids before the repeated context]
+        "kept_mask": kept,
+    }
+
+
 def run_case(model, ids: torch.Tensor, press_name: str, params: dict) -> dict:
     """Prefill ``ids`` under the press; kept positions per layer and KV head, and the score gap."""
     press = make_press(press_name, params)
@@ -226,12 +308,24 @@ def load(folder: Path, attn: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="converted bundled model folder")
+    ap.add_argument("--presses", default="", help="comma-separated press names to re-record (default: all)")
     args = ap.parse_args()
     prompts = json.loads(PROMPTS.read_text())["prompts"]
     sdpa, eager = load(args.model, "sdpa"), load(args.model, "eager")
-    cases = []
+    only = {p for p in args.presses.split(",") if p}
+    kept_before = json.loads(OUT.read_text())["cases"] if only else []
+    if only and json.loads(OUT.read_text())["prompts"] != prompts:
+        raise RuntimeError("The prompts changed: re-record every press (leave out --presses).")
+    cases = [c for c in kept_before if c["press"] not in only]
     for prompt, press_name, params in CASES:
+        if only and press_name not in only:
+            continue
         ids = torch.tensor([prompts[prompt]["token_ids"]])
+        if press_name == "KVzipPress":
+            result = run_kvzip(sdpa, ids, params)
+            cases.append({"prompt": prompt, "press": press_name, "params": params, "n_tokens": ids.shape[1], **result})
+            print(f"{prompt:12s} {press_name:18s} {params} kept={result['n_kept_total']} gap={result['min_score_gap']}")
+            continue
         result = run_case(sdpa, ids, press_name, params)
         if press_name in EAGER_CHECK:  # the attention-weights path must pick the same set
             other = run_case(eager, ids, press_name, params)
@@ -242,7 +336,10 @@ def main() -> None:
             f"{prompt:12s} {press_name:18s} {params} n_kept={result['n_kept']} min_score_gap={result['min_score_gap']}"
         )
     record = {
-        "about": "kvpress kept positions per case: kept[layer][kv_head] = half-open [start, stop) runs",
+        "about": (
+            "kvpress kept positions per case: kept[layer][kv_head] = half-open [start, stop) runs, or "
+            "kept_mask[layer][kv_head] = hexadecimal bit mask (bit p set = position p kept)"
+        ),
         "kvpress": version("kvpress"),
         "transformers": transformers.__version__,
         "torch": torch.__version__,

@@ -34,6 +34,7 @@ from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.held import held_kv, ragged_roles, role_map
 from kvviz.eviction.policies import KEPT, FullCache, Policy, PolicyState, n_kept_for
 from kvviz.eviction.query_stats import QueryStats, collecting
+from kvviz.eviction.reconstruction import reconstruction_scores
 from kvviz.eviction.served import quantize_kept, served_bytes
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import Scheme
@@ -56,6 +57,9 @@ class Evictor:
         keys (``run_policy`` does; a capture's views place every key at its original position).
         ``ratio``: the compression ratio asked for, when the budget was given as one (PyramidKV's formula uses it)."""
         info = model_info(lm)
+        self.lm = lm
+        self.context_ids: list[int] | None = None  # the compressed prompt's ids, set by the caller (KVzip's repeat)
+        self.reconstruction_s: float | None = None  # seconds of the context-reconstruction pass, when one ran
         self.feeds_slot_positions = feeds_slot_positions
         self.ratio = ratio
         self.query_stats: QueryStats | None = (
@@ -134,9 +138,15 @@ class Evictor:
         self, cache: EvictingCache, recorder: Recorder | None, step: int, ordered: torch.Tensor, order: torch.Tensor
     ) -> PolicyState:
         """What the policy sees: held positions ascending, and the summaries and tensors it asked for."""
-        keys = values = None
+        keys = values = reconstruction = None
         if self.policy.needs_kv:
             keys, values = held_kv(cache, order)
+        repeat = self.policy.reconstruction_pass
+        if repeat is not None and step == 0:
+            if self.context_ids is None or keys is None or values is None:
+                raise ValueError("KVzip re-reads the compressed prompt: run it with kvviz.eviction.run.run_policy.")
+            rec = reconstruction_scores(self.lm, keys, values, self.context_ids, *repeat)
+            reconstruction, self.reconstruction_s = rec.scores, rec.seconds
         return PolicyState(
             positions=ordered,
             n_kept=self.n_kept,
@@ -149,6 +159,7 @@ class Evictor:
             values=values,
             query_stats=self.query_stats if step == 0 else None,
             ratio=self.ratio,
+            reconstruction=reconstruction,
         )
 
 
@@ -289,6 +300,7 @@ def run_policy(
     n_c = len(ids) if n_compress is None else int(n_compress)  # Generation checks it (prefill_tokens)
     n_kept = resolve_budget(policy, n_c, budget, ratio)
     ev = Evictor(lm, policy, n_kept, n_c, record_history, feeds_slot_positions=True, ratio=ratio)
+    ev.context_ids = ids[:n_c]
     cfg = ev.recorder_config()
     cfg.bin_factor = len(ids) + max_new_tokens  # the display maps are not needed here: one bin
     step_bytes: list[int] = []
@@ -345,6 +357,8 @@ def run_policy(
             t1 = time.perf_counter()
             timings["prefill_s"] = t1 - t0
     decode_s = time.perf_counter() - t1
+    if ev.reconstruction_s is not None:
+        timings["reconstruction_s"] = ev.reconstruction_s  # inside prefill_s: the repeat pass runs at step 0
     generated = g.trace.token_ids[len(ids) :]
     fed = len(generated) - 1
     timings.update(

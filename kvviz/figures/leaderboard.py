@@ -90,7 +90,7 @@ def curves(table: pd.DataFrame, metric: str = "string_match", mode: str = "query
 def points_table(table: pd.DataFrame, mode: str) -> pd.DataFrame:
     """The chart's points for one mode, in human units."""
     df = table[table["mode"] == mode].sort_values(["policy", "ratio"])
-    return pd.DataFrame(
+    out = pd.DataFrame(
         {
             "policy": df["policy"],
             "requested ratio": df["ratio"],
@@ -103,6 +103,9 @@ def points_table(table: pd.DataFrame, mode: str) -> pd.DataFrame:
             "samples": df["samples"],
         }
     )
+    if {"prefill_s", "extra_prefill_s"} <= set(df):  # KVzip's repeat pass: a prefill cost the others do not pay
+        out["prefill × shared"] = ((df["prefill_s"] + df["extra_prefill_s"]) / df["prefill_s"]).round(2)
+    return out
 
 
 def samples_table(records: pd.DataFrame, policy: str, ratio: float, mode: str) -> pd.DataFrame:

@@ -19,6 +19,11 @@ CAPTIONS = {
     "bytes": "Bytes of this prompt's whole cache under each scheme (payload + fp16 scales and zero points + the "
     "16-bit recent window), against the same cache in 16-bit.",
     "layers": "Attention-output error (%) per layer for the selected schemes: where in the model quantization hurts.",
+    "rotated": "|key| of the same layer and head after the orthonormal Hadamard turn (QuaRot, TurboQuant): the "
+    "outlier channels' energy is spread over every channel, so a per-token scale no longer stretches for one.",
+    "rotation": "Key and attention-output error (%) at 4, 3 and 2 bits for KIVI's grouping (keys per channel, values per "
+    "token), plain per-token groups, and per-token groups after the Hadamard turn, all groups of 32, no "
+    "full-precision window (log scale; lower is better).",
     "agreement": "Top-1 agreement (%) of next-token predictions with the full-precision cache, feeding both the "
     "full cache's own continuation, and the mean KL divergence (nats) of their distributions; a 2-bit cache "
     "that is off by about half in the attention output can still agree on most next tokens (see why above).",
@@ -59,6 +64,27 @@ def values_story(tok, ch, both_ch) -> str:
 
 
 MAX_COLUMNS = 512  # tokens shown in a magnitude map before max-pooling columns
+
+
+def rotation_story(results: list[SchemeResult], before: float, after: float) -> str:
+    """One sentence per result of the rotation comparison (``rotation_schemes`` order: KIVI, per token, rotated
+    at each bit width), then one for the magnitude maps (largest key channel over the median, before / after)."""
+    lines = []
+    for i in range(0, len(results) - 2, 3):
+        kivi, token, turned = results[i : i + 3]
+        bits = kivi.scheme.key.bits
+        lines.append(
+            f"- **{bits} bits:** the Hadamard turn takes the per-token key error from {100 * token.key_error:.1f} % to "
+            f"**{100 * turned.key_error:.1f} %** (attention output {100 * token.output_error:.1f} → "
+            f"{100 * turned.output_error:.1f} %); KIVI's per-channel keys lose {100 * kivi.key_error:.1f} % "
+            f"(output {100 * kivi.output_error:.1f} %)."
+        )
+    lines.append(
+        f"- **The maps:** over every layer and KV head the largest key channel averages {before:.1f}× the median "
+        f"channel before the turn and {after:.1f}× after it — the outlier is spread, not removed, which is why a "
+        "scale per channel can still do better."
+    )
+    return "\n".join(lines)
 
 
 def _pool_columns(x: np.ndarray, tokens: list[str]) -> tuple[np.ndarray, list[str]]:

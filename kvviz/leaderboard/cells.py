@@ -4,7 +4,8 @@
 both modes: the last prompt queries' attention rows (for the query-aware state, and — the prefill
 being causal — for the context alone), the prefill queries' statistics at both ends, and the keys
 and values. :func:`decide` turns that into one cell's kept set per layer and KV head, a keep mask
-over the prefill, the needle's retention and the bytes an evicting cache really holds for it.
+over the prefill, the needle's retention and the bytes an evicting cache really holds for it; a policy
+that makes its own pass over the prefill (KVzip's context reconstruction) runs it there, timed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.eviction.cache import EvictingCache
 from kvviz.eviction.policies import PAD, Policy, PolicyState, ScorerPolicy, n_kept_for
 from kvviz.eviction.query_stats import QueryStats, collecting
+from kvviz.eviction.reconstruction import reconstruction_scores
 from kvviz.leaderboard.tasks import Sample
 from kvviz.models import LoadedModel
 
@@ -88,6 +90,7 @@ class Decision:
     full_bytes: int  # the compressed part uncompressed
     needle_retention: float  # share of the needle sentence's positions kept, over layers and KV heads
     counts: torch.Tensor  # [Lyr, Hkv] entries kept per layer and KV head
+    extra_prefill_s: float = 0.0  # seconds of the policy's own pass over the prefill (KVzip's reconstruction)
 
 
 def state_for(
@@ -152,8 +155,16 @@ def decide(
     n_kept = n_kept_for(n, ratio=ratio)
     policy.validate(n_kept, n)
     layers, hkv, total = len(pre.keys), pre.kv_heads, pre.n_tokens
+    extra_s = 0.0
     if policy.compresses(n, n_kept, 0):
         state = state_for(pre, mode, policy, n_kept, ratio, with_kv=False)
+        repeat = policy.reconstruction_pass
+        if repeat is not None:  # one repeat pass per (mode, pass settings) and prefill, timed
+            key = ("reconstruction", mode, repeat)
+            if key not in memo:
+                keys, values = torch.stack([k[:, :n] for k in pre.keys]), torch.stack([v[:, :n] for v in pre.values])
+                memo[key] = reconstruction_scores(lm, keys, values, pre.sample.ids[:n], *repeat)
+            state.reconstruction, extra_s = memo[key].scores, memo[key].seconds
         chooser = _scored_once(
             policy, memo, ("scores", id(policy), mode), state, lambda: state_for(pre, mode, policy, n_kept, ratio)
         )
@@ -181,4 +192,5 @@ def decide(
         full_bytes=full,
         needle_retention=float(keep[..., a:b].float().mean()),
         counts=counts,
+        extra_prefill_s=extra_s,
     )

@@ -35,7 +35,7 @@ from kvviz.models import LoadedModel
 
 Progress = Callable[[float, str], None]
 RATIOS = (0.0, 0.25, 0.5, 0.75, 0.875)
-DEFAULT_POLICIES = ("streaming_llm", "snapkv", "knorm", "tova", "expected_attention", "pyramidkv", "adakv")
+DEFAULT_POLICIES = ("streaming_llm", "snapkv", "knorm", "tova", "expected_attention", "pyramidkv", "adakv", "kvzip")
 METRICS = ("string_match", "needle_retention", "top1_agreement", "mean_kl", "achieved_ratio", "achieved_ratio_held")
 
 
@@ -172,8 +172,9 @@ class SweepResult:
         df = self.frame()
         if df.empty:
             return df
+        cols = list(METRICS) + [c for c in ("prefill_s", "extra_prefill_s") if c in df]
         return (
-            df.groupby(["policy", "mode", "ratio"], as_index=False)[list(METRICS)]
+            df.groupby(["policy", "mode", "ratio"], as_index=False)[cols]
             .mean()
             .assign(samples=df.groupby(["policy", "mode", "ratio"]).size().values)
         )
@@ -247,7 +248,8 @@ def run_sweep(
             report(i / len(samples), f"sample {i + 1}/{len(samples)}: {sample.key}")
             t = time.perf_counter()
             pre = prefill(lm, sample, pols)
-            prefill_s += time.perf_counter() - t
+            sample_prefill_s = time.perf_counter() - t
+            prefill_s += sample_prefill_s
             t = time.perf_counter()
             keys: list[tuple[Policy, float, str]] = []
             cells: list[tuple[str, Decision]] = []
@@ -264,7 +266,10 @@ def run_sweep(
             t = time.perf_counter()
             full, per_cell = decode_cells(lm, pre, cells, max_new_tokens)
             decode_s += time.perf_counter() - t
-            out.records += _records(lm, pre, keys, cells, full, per_cell, pols, ratios, modes)
+            rows = _records(lm, pre, keys, cells, full, per_cell, pols, ratios, modes)
+            for row in rows:  # what the shared prefill cost; a policy's own pass over it comes on top
+                row["prefill_s"] = sample_prefill_s
+            out.records += rows
             out.samples.append(sample)
     out.timings = {
         "total_s": time.perf_counter() - t0,
@@ -303,6 +308,7 @@ def _records(
                         "n_kept": pre.compressed(m),
                         "stored_bytes": None,
                         "held_bytes": None,
+                        "extra_prefill_s": 0.0,
                     }
                 )
     for (p, r, m), (_, d), got in zip(keys, cells, per_cell):
@@ -323,6 +329,7 @@ def _records(
                 "n_kept": d.n_kept,
                 "stored_bytes": d.stored_bytes,
                 "held_bytes": d.held_bytes,
+                "extra_prefill_s": d.extra_prefill_s,
             }
         )
     return rows

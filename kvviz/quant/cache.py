@@ -18,9 +18,11 @@ them attend to their own exact K/V; every later step reads them back quantized.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -30,11 +32,16 @@ from kvviz.capture.generation import Generation
 from kvviz.capture.loop import capture
 from kvviz.capture.model_io import encode_prompt
 from kvviz.models import LoadedModel
-from kvviz.quant.schemes import QuantSpec, Scheme, quantized_prefix, round_trip, stored_bytes
+from kvviz.quant.schemes import QuantSpec, Scheme, quantized_prefix, rotated, round_trip, stored_bytes, unrotated
 
 
 class QuantizedLayer(DynamicLayer):
-    """One layer's cache: entries older than the spec's window are stored as their quantized round trip."""
+    """One layer's cache: entries older than the spec's window are stored as their quantized round trip.
+
+    Under a rotating spec the layer stores every entry turned by the Hadamard rotation (``x H``), quantizes
+    it there, and turns what it hands to attention back (``Hᵀ``) on every read: the stored tensors are the
+    rotated, quantized keys a QuaRot-style cache holds, and attention sees q·k unchanged.
+    """
 
     def __init__(self, scheme: Scheme):
         for spec in (scheme.key, scheme.value):
@@ -57,16 +64,33 @@ class QuantizedLayer(DynamicLayer):
         held_k, held_v = self.keys, self.values
         if held_k is None or held_v is None:
             raise RuntimeError("lazy_initialization left the layer without tensors.")
-        keys = torch.cat([held_k, key_states], dim=-2)  # [B, Hkv, t, D]
-        values = torch.cat([held_v, value_states], dim=-2)
-        self.keys, self.values = keys.clone(), values.clone()
-        self.quantized_keys = _settle(self.keys, self.scheme.key, self.quantized_keys)
-        self.quantized_values = _settle(self.values, self.scheme.value, self.quantized_values)
+        k_spec, v_spec = self.scheme.key, self.scheme.value
+        keys = torch.cat([_read(held_k, k_spec), key_states], dim=-2)  # [B, Hkv, t, D]: what attention sees
+        values = torch.cat([_read(held_v, v_spec), value_states], dim=-2)
+        self.keys = torch.cat([held_k, _write(key_states, k_spec)], dim=-2)  # as stored (rotated if the spec is)
+        self.values = torch.cat([held_v, _write(value_states, v_spec)], dim=-2)
+        self.quantized_keys = _settle(self.keys, _stored(k_spec), self.quantized_keys)
+        self.quantized_values = _settle(self.values, _stored(v_spec), self.quantized_values)
         return keys, values
 
     def reset(self) -> None:
         super().reset()
         self.quantized_keys = self.quantized_values = 0
+
+
+def _write(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """New entries as the layer stores them: turned by the Hadamard rotation when the spec rotates."""
+    return rotated(x).to(x.dtype) if spec.rotate else x.clone()
+
+
+def _read(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Stored entries as attention reads them: turned back when the spec rotates."""
+    return unrotated(x).to(x.dtype) if spec.rotate and x.numel() else x
+
+
+def _stored(spec: QuantSpec) -> QuantSpec:
+    """The spec the stored (already rotated) entries are quantized with."""
+    return dataclasses.replace(spec, rotate=False) if spec.rotate else spec
 
 
 def _settle(x: torch.Tensor, spec: QuantSpec, done: int) -> int:
@@ -134,26 +158,43 @@ class GenerationComparison:
         return rows
 
 
+def forced_logits(lm: LoadedModel, ids: list[int], continuation: list[int], factory: Callable | None) -> list:
+    """Next-token logits [vocab] after the prompt and after each fed token of ``continuation`` (one forced run of
+    the solo driver on the cache ``factory`` makes; None: the full cache)."""
+    g = Generation(
+        lm,
+        "",
+        prompt_ids=ids,
+        max_new_tokens=len(continuation),
+        forced=continuation,
+        record=False,
+        prefill_chunk=0,
+        cache_factory=factory,
+    )
+    return [f.logits[-1] for f in forwards(lm, g, wrapped=False)]
+
+
+def perplexity(lm: LoadedModel, ids: list[int], n_context: int, scheme: Scheme | None) -> float:
+    """exp(mean NLL) of ``ids[n_context:]``, each token predicted from a cache that holds everything before it
+    under ``scheme`` (None: the full cache); the first ``n_context`` tokens are the prefill."""
+    if not 1 <= n_context < len(ids) - 1:
+        raise ValueError(f"Perplexity needs a context of 1…{len(ids) - 2} tokens before the scored ones.")
+    rest = ids[n_context:]
+    logits = forced_logits(lm, ids[:n_context], rest, None if scheme is None else cache_factory(scheme))
+    with torch.inference_mode():
+        nll = [-float(torch.log_softmax(x.float(), -1)[t]) for x, t in zip(logits, rest)]
+    return float(np.exp(np.mean(nll)))
+
+
 def teacher_forced(lm: LoadedModel, ids: list[int], continuation: list[int], scheme: Scheme) -> tuple[float, float]:
     """Feed the full cache's continuation to both caches (two forced runs of the solo driver, one after
     the other); top-1 agreement and mean KL at every step."""
     if not continuation:
         return 0.0, 0.0
-
-    def logits(factory: Callable | None) -> list[torch.Tensor]:
-        g = Generation(
-            lm,
-            "",
-            prompt_ids=ids,
-            max_new_tokens=len(continuation),
-            forced=continuation,
-            record=False,
-            prefill_chunk=0,
-            cache_factory=factory,
-        )
-        return [f.logits[-1] for f in forwards(lm, g, wrapped=False)]  # [vocab] per step
-
-    full, quant = logits(None), logits(cache_factory(scheme))
+    full, quant = (
+        forced_logits(lm, ids, continuation, None),
+        forced_logits(lm, ids, continuation, cache_factory(scheme)),
+    )
     agree, kls = [], []
     with torch.inference_mode():
         for a, b in zip(full, quant):

@@ -31,6 +31,7 @@ from kvviz.quant.schemes import (
     Scheme,
     attention_output,
     quantized_prefix,
+    rotated,
     simulate,
     stored_bytes,
 )
@@ -249,19 +250,21 @@ def results_frame(results: list[SchemeResult]) -> pd.DataFrame:
 
 
 # ---- what the magnitude maps show ----------------------------------------------------------------
-def magnitude_map(qkv: QKV, layer: int, head: int, which: str = "k") -> np.ndarray:
-    """|K| or |V| of one layer and KV head as channels × tokens: [D, T]."""
+def magnitude_map(qkv: QKV, layer: int, head: int, which: str = "k", rotate: bool = False) -> np.ndarray:
+    """|K| or |V| of one layer and KV head as channels × tokens: [D, T]; ``rotate``: after the Hadamard turn."""
     check_layer_head(qkv, layer, head)
     x = (qkv.k if which == "k" else qkv.v)[layer, head]  # [T, D]
-    return x.abs().T.numpy()
+    return (rotated(x) if rotate else x).abs().T.numpy()
 
 
-def channel_outlier_ratio(qkv: QKV, which: str = "k") -> np.ndarray:
+def channel_outlier_ratio(qkv: QKV, which: str = "k", rotate: bool = False) -> np.ndarray:
     """Per layer and KV head: the largest channel's mean |x| over the median channel's ([Lyr, Hkv]).
 
-    Large for keys (a few channels are large for every token), near 1–3 for values.
+    Large for keys (a few channels are large for every token), near 1–3 for values; ``rotate``: after the
+    Hadamard turn, which spreads the large channels over all of them.
     """
-    x = (qkv.k if which == "k" else qkv.v).abs().mean(2)  # [Lyr, Hkv, D]
+    x = qkv.k if which == "k" else qkv.v
+    x = (rotated(x) if rotate else x).abs().mean(2)  # [Lyr, Hkv, D]
     return (x.amax(-1) / x.median(-1).values.clamp(min=1e-12)).numpy()
 
 

@@ -1,4 +1,4 @@
-"""Simulated KV-cache quantization: FP8 (e4m3), INT8, INT4, INT2, per token / per channel, and KIVI.
+"""Simulated KV-cache quantization: FP8 (e4m3), INT8, INT4, INT3, INT2, per token / per channel, KIVI, and rotation.
 
 Every quantizer is a round trip (quantize, then dequantize back to fp32), so attention can run on
 what a quantized cache would hand back; the bytes a packed store would take (payload plus fp16
@@ -8,6 +8,12 @@ scales and zero points) are counted separately. Tensors are ``[..., T, D]`` (tok
 - per channel: each channel is split into groups of ``group_size`` consecutive tokens (KIVI's keys);
 - per tensor: one scale for the whole tensor (FP8 as serving engines often do it).
 
+A spec with ``rotate`` first turns each head's vectors by an orthonormal Hadamard matrix H (QuaRot,
+TurboQuant): a channel that is large for every token (the outlier key channels KIVI quantizes per
+channel for) is spread over all channels, so per-token groups see no single huge channel. Attention
+is unchanged by an orthogonal rotation applied to both queries and keys (q·k = qH·kH), so the round
+trip quantizes in the rotated basis and turns back (x̂ = Q(xH)Hᵀ).
+
 A ``residual`` window of the most recent tokens stays in full precision (KIVI). For per-channel
 groups a group is quantized only once all its tokens are there, so up to ``group_size − 1`` more
 recent tokens also wait in full precision — exactly what :mod:`kvviz.quant.cache` does as it generates.
@@ -16,13 +22,14 @@ The real model's queries, keys and values come from :mod:`kvviz.quant.model`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-FORMATS = {"fp8": 8, "int8": 8, "int4": 4, "int2": 2}
+FORMATS = {"fp8": 8, "int8": 8, "int4": 4, "int3": 3, "int2": 2}
 AXES = ("token", "channel", "tensor")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FULL_BYTES = 2  # the residual window and the baseline are counted as 16-bit (bf16/fp16), as served
@@ -34,12 +41,14 @@ class QuantSpec:
     """How one of K or V is stored: ``fmt`` in FORMATS, ``axis`` in AXES, group and recent window sizes.
 
     ``group_size=None`` means the whole axis (all channels of a token, all tokens of a channel).
+    ``rotate``: quantize each head's vectors after an orthonormal Hadamard rotation (per token only).
     """
 
     fmt: str = "int2"
     axis: str = "channel"
     group_size: int | None = 32
     residual: int = 0
+    rotate: bool = False
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
@@ -51,6 +60,8 @@ class QuantSpec:
             raise ValueError(f"group_size must be a positive integer or None, got {g!r}.")
         if isinstance(self.residual, bool) or not isinstance(self.residual, int) or self.residual < 0:
             raise ValueError(f"residual must be an integer ≥ 0, got {self.residual!r}.")
+        if self.rotate and self.axis != "token":
+            raise ValueError("A rotation mixes the channels of each token: rotate only per-token quantization.")
 
     @property
     def bits(self) -> int:
@@ -62,7 +73,8 @@ class QuantSpec:
         where = "per tensor" if self.axis == "tensor" else f"per {self.axis}"
         group = f", groups of {self.group_size}" if self.group_size and self.axis != "tensor" else ""
         window = f", last {self.residual} in full precision" if self.residual else ""
-        return f"{fmt} {where}{group}{window}"
+        turned = "Hadamard-rotated, " if self.rotate else ""
+        return f"{turned}{fmt} {where}{group}{window}"
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,50 @@ def preset_schemes(group_size: int = 32, residual: int = 32) -> list[Scheme]:
     ]
 
 
+def rotation_schemes(bits: tuple[int, ...] = (4, 3, 2), group_size: int = 32) -> list[Scheme]:
+    """At each bit width: KIVI's grouping (K per channel, V per token), plain per token, and Hadamard + per token.
+
+    No full-precision window anywhere, so the three differ only in how each group is formed.
+    """
+    out = []
+    for b in bits:
+        fmt, g = f"int{b}", group_size
+        out += [
+            Scheme(
+                f"INT{b} KIVI (K per channel, V per token)", QuantSpec(fmt, "channel", g), QuantSpec(fmt, "token", g)
+            ),
+            Scheme(f"INT{b} per token (K and V)", QuantSpec(fmt, "token", g), QuantSpec(fmt, "token", g)),
+            Scheme(
+                f"INT{b} Hadamard + per token (K and V)",
+                QuantSpec(fmt, "token", g, rotate=True),
+                QuantSpec(fmt, "token", g, rotate=True),
+                note="QuaRot (Ashkboos et al. 2024), TurboQuant (Zandieh et al. 2025)",
+            ),
+        ]
+    return out
+
+
+# ---- the rotation --------------------------------------------------------------------------------
+def hadamard(d: int, device=None) -> torch.Tensor:
+    """The orthonormal Hadamard matrix [d, d] (Sylvester's construction, scaled by 1/√d; H Hᵀ = I)."""
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"A Hadamard rotation needs a power-of-two head dimension, got {d}.")
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(d)).to(device)
+
+
+def rotated(x: torch.Tensor) -> torch.Tensor:
+    """Each vector of ``x`` [..., D] turned by the Hadamard rotation: x H (fp32)."""
+    return x.float() @ hadamard(x.shape[-1], x.device)
+
+
+def unrotated(x: torch.Tensor) -> torch.Tensor:
+    """The inverse turn: x Hᵀ (fp32)."""
+    return x.float() @ hadamard(x.shape[-1], x.device).T
+
+
 # ---- the round trip ----------------------------------------------------------------------------
 def quantized_prefix(n_tokens: int, spec: QuantSpec) -> int:
     """How many of the oldest tokens are stored quantized (the rest wait in full precision)."""
@@ -133,7 +189,12 @@ def _grouped(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, Callable[[
 
 
 def round_trip(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """Quantize ``x`` [..., T, D] with ``spec`` (ignoring its window) and dequantize back to fp32."""
+    """Quantize ``x`` [..., T, D] with ``spec`` (ignoring its window) and dequantize back to fp32.
+
+    A rotating spec quantizes ``x H`` and turns the result back (the error is the same in both bases).
+    """
+    if spec.rotate:
+        return unrotated(round_trip(rotated(x), dataclasses.replace(spec, rotate=False)))
     if x.numel() == 0:
         return x.float()
     xg, ungroup = _grouped(x.float(), spec)

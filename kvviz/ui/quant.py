@@ -10,8 +10,8 @@ from kvviz.capture.model_io import encode_prompt
 from kvviz.examples import needle_prompt
 from kvviz.figures import quant as fig
 from kvviz.quant.cache import compare_generation
-from kvviz.quant.model import QKV, channel_outlier_ratio, collect_qkv, compare, magnitude_map
-from kvviz.quant.schemes import AXES, FORMATS, QuantSpec, Scheme, preset_schemes
+from kvviz.quant.model import QKV, channel_outlier_ratio, collect_qkv, compare, evaluate, magnitude_map
+from kvviz.quant.schemes import AXES, FORMATS, QuantSpec, Scheme, preset_schemes, rotation_schemes
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
@@ -93,6 +93,9 @@ def analyze(
         # every row scores the same tokens: per-channel groups quantize only whole groups of tokens
         scored = qkv.crop(qkv.n_tokens - qkv.n_tokens % int(group)) if qkv.n_tokens >= int(group) else qkv
         table, results = compare(scored, _schemes(custom, group, window), progress=progress)
+        rot = [evaluate(scored, s) for s in rotation_schemes(group_size=int(group))]
+        rmap = magnitude_map(qkv, layer, head, "k", rotate=True)
+    turn = (float(channel_outlier_ratio(qkv, "k", r).mean()) for r in (False, True))
     shown = [
         r
         for r in results
@@ -134,6 +137,9 @@ def analyze(
         fig.error_bars(results),
         fig.bytes_bars(results),
         fig.layer_errors(shown),
+        fig.magnitude_map(rmap, qkv.tokens, "keys after the Hadamard turn", layer, head),
+        fig.error_bars(rot),
+        fig.rotation_story(rot, *turn),
     )
 
 
@@ -143,10 +149,12 @@ def maps(ctx: AppContext, prompt, chat, layer, head):
     layer, head = int(layer), int(head)
     with user_errors():
         kmap, vmap = magnitude_map(qkv, layer, head, "k"), magnitude_map(qkv, layer, head, "v")
+        rmap = magnitude_map(qkv, layer, head, "k", rotate=True)
     return (
         fig.magnitude_map(kmap, qkv.tokens, "keys", layer, head),
         fig.magnitude_map(vmap, qkv.tokens, "values", layer, head),
         maps_text(qkv, layer, head),
+        fig.magnitude_map(rmap, qkv.tokens, "keys after the Hadamard turn", layer, head),
     )
 
 
@@ -178,6 +186,7 @@ def generate(
     with user_errors():
         custom = custom_scheme(fmt, key_axis, value_axis, group, window)
         schemes = {s.name: s for s in _schemes(custom, group, window)}
+        schemes.update({s.name: s for s in rotation_schemes(group_size=int(group))})
         scheme = custom if choice == CUSTOM else schemes.get(choice)
         if scheme is None:
             raise ValueError(f"Unknown scheme {choice!r}.")
@@ -245,9 +254,16 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         sizes = captioned_plot("Bytes per scheme", "quant-bytes", fig.CAPTIONS["bytes"])
         layers_plot = captioned_plot("Error per layer", "quant-layers", fig.CAPTIONS["layers"])
+    gr.Markdown("### Rotation beside KIVI: a Hadamard turn per head before per-token groups")
+    with gr.Row():
+        rplot = captioned_plot("|keys| after the rotation", "quant-rotated", fig.CAPTIONS["rotated"])
+        rbars = captioned_plot("Rotation vs KIVI vs per token", "quant-rotation", fig.CAPTIONS["rotation"])
+    rot_md = gr.Markdown(elem_id="quant-rotation-text")
 
-    gr.Markdown("### Generate with a cache that quantizes as it stores")
-    names = [s.name for s in preset_schemes()] + [CUSTOM]
+    gr.Markdown(
+        "### Generate with a cache that quantizes as it stores (the Hadamard schemes store rotated keys, turned back on read)"
+    )
+    names = [s.name for s in preset_schemes() + rotation_schemes()] + [CUSTOM]
     with gr.Row():
         scheme = gr.Dropdown(names, value=CUSTOM, label="Scheme", elem_id="quant-scheme")
         max_new = gr.Slider(
@@ -355,8 +371,8 @@ def build(ctx: AppContext) -> None:
         progress=True,
     )
 
-    analysis = [headline, kplot, vplot, maps_md, table, errors, sizes, layers_plot]
-    analysis_outputs = [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot]  # run_analyze's order
+    analysis = [headline, kplot, vplot, maps_md, table, errors, sizes, layers_plot, rplot, rbars, rot_md]
+    analysis_outputs = [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot, rplot, rbars, rot_md]
 
     def stored_analysis(request: gr.Request, live, *settings):
         """The analysis's outputs when its result is stored (for a show-me), else None."""
@@ -365,7 +381,7 @@ def build(ctx: AppContext) -> None:
 
     ctx.answers["quant.button"] = ShowMeAnswer([live, *controls], analysis_outputs, stored_analysis)
     clear_on_refusal(analysis_run.event(ctx, analyze_btn.click, [live, *controls], analysis_outputs), analysis)
-    maps_run.event(ctx, [layer.release, head.release], [prompt, chat, layer, head], [kplot, vplot, maps_md])
+    maps_run.event(ctx, [layer.release, head.release], [prompt, chat, layer, head], [kplot, vplot, maps_md, rplot])
     generated = generate_run.event(
         ctx,
         gen_btn.click,

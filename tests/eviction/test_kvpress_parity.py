@@ -1,12 +1,14 @@
 """kvviz's policies keep exactly what NVIDIA kvpress 0.5.5 keeps, per layer and KV head.
 
 The reference, tests/data/kvpress_kept.json, was recorded by kvpress's own presses (StreamingLLM,
-SnapKV, Knorm, TOVA, ExpectedAttention, PyramidKV, AdaKV around SnapKV) on the bundled SmolLM2
+SnapKV, Knorm, TOVA, ExpectedAttention, PyramidKV, AdaKV around SnapKV, KVzip) on the bundled SmolLM2
 (fp32, exact attention) in a separate env — see tools/kvpress_reference.py for how to rebuild it.
 Here kvviz must keep the same positions for the same token ids and compression ratio: every case
 through the policy's ``select`` on one recorded prefill per prompt (kept CI-fast), and one case per
 policy end to end through :func:`kvviz.eviction.run.run_policy`, whose evicting cache must then
-hold exactly that set (and, for ragged budgets, the bytes of exactly those entries).
+hold exactly that set (and, for ragged budgets, the bytes of exactly those entries). KVzip's cases run
+its context-reconstruction pass (:mod:`kvviz.eviction.reconstruction`) on a plain prefill of the prompt
+and must also feed exactly the repeat prompts kvpress fed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kvviz.capture.model_io import forward, model_info
 from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.eviction.policies import PolicyState, make_policy, n_kept_for
 from kvviz.eviction.query_stats import collecting
+from kvviz.eviction.reconstruction import reconstruction_scores, repeat_chunks
 from kvviz.eviction.run import run_policy
 
 pytestmark = pytest.mark.slow  # a recorded prefill per prompt, and end-to-end runs
@@ -39,6 +42,7 @@ PRESS_POLICY = {
     "ExpectedAttentionPress": "expected_attention",
     "PyramidKVPress": "pyramidkv",
     "AdaKVPress": "adakv",
+    "KVzipPress": "kvzip",
 }
 END_TO_END = [
     next(
@@ -95,14 +99,39 @@ def is_tie(scores: torch.Tensor | None, diff: tuple, rtol: float = 1e-5) -> bool
     return spread <= rtol * float(swapped.abs().max())
 
 
+def from_mask(mask: str) -> list[int]:
+    """A hexadecimal bit mask (bit p set = position p kept) → sorted positions."""
+    bits = int(mask, 16)
+    return [p for p in range(bits.bit_length()) if bits >> p & 1]
+
+
 def reference_kept(case: dict) -> list[list[list[int]]]:
+    if "kept_mask" in case:
+        return [[from_mask(head) for head in layer] for layer in case["kept_mask"]]
     return [[expand(head) for head in layer] for layer in case["kept"]]
+
+
+def kvzip_scores(lm, ids: list[int], cases: list[dict]) -> dict[tuple[int, int], torch.Tensor]:
+    """(n_sink, chunk_size) → KVzip's reconstruction scores [Lyr, Hkv, L], on a plain fp32 prefill of ``ids``."""
+    cache = DynamicCache(config=lm.config)
+    with torch.inference_mode(), installed(lm.model):
+        forward(lm, ids, 0, cache, None)
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
+    out = {}
+    for c in cases:
+        policy, _ = to_policy(c["press"], c["params"])
+        repeat = policy.reconstruction_pass
+        if repeat not in out:
+            out[repeat] = reconstruction_scores(lm, keys, values, ids, *repeat).scores
+    return out
 
 
 @pytest.fixture(scope="module")
 def prefills(lm):
     """Prompt name → what every policy may look at after one recorded fp32 prefill: n tokens, window_rows
-    [Lyr, Hq, W, L], keys and values [Lyr, Hkv, L, D], and the query statistics for each n_sink in the cases.
+    [Lyr, Hq, W, L], keys and values [Lyr, Hkv, L, D], the query statistics for each n_sink in the cases, and
+    KVzip's reconstruction scores for each (n_sink, chunk_size) in the cases.
 
     W is the largest SnapKV window among the prompt's cases; a smaller window reads its last rows.
     """
@@ -130,7 +159,8 @@ def prefills(lm):
             stats = {skip: get(len(ids)) for skip, get in gets.items()}
         keys = torch.stack([layer.keys[0] for layer in rec.cache.layers])
         values = torch.stack([layer.values[0] for layer in rec.cache.layers])
-        out[name] = (len(ids), rec.window_rows, keys, values, stats)
+        kvzip = kvzip_scores(lm, ids, [c for c in mine if c["press"] == "KVzipPress"])
+        out[name] = (len(ids), rec.window_rows, keys, values, stats, kvzip)
     return out
 
 
@@ -159,15 +189,22 @@ def expected_n_kept(policy, case: dict, n: int, layers: int) -> list[int]:
     return [n_kept_for(n, ratio=ratio)] * layers
 
 
+KVZIP = [c for c in CASES if c["press"] == "KVzipPress"]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_kept_sets_equal_kvpress(prefills, case):
-    n, window_rows, keys, values, stats = prefills[case["prompt"]]
+    n, window_rows, keys, values, stats, kvzip = prefills[case["prompt"]]
     assert n == case["n_tokens"]
     policy, ratio = to_policy(case["press"], case["params"])
     n_kept = n_kept_for(n, ratio=ratio)
-    layers, kv_heads = len(case["kept"]), len(case["kept"][0])
-    per_layer = case.get("n_kept_per_layer") or [case["n_kept"]] * layers
-    assert expected_n_kept(policy, case, n, layers) == per_layer, "budgets differ from kvpress's"
+    reference = reference_kept(case)
+    layers, kv_heads = len(reference), len(reference[0])
+    if case["press"] == "KVzipPress":  # one budget over every layer and head: kvpress's total
+        assert sum(map(len, (h for layer in reference for h in layer))) == case["n_kept_total"]
+    else:
+        per_layer = case.get("n_kept_per_layer") or [case["n_kept"]] * layers
+        assert expected_n_kept(policy, case, n, layers) == per_layer, "budgets differ from kvpress's"
     policy.validate(n_kept, n)
     state = PolicyState(
         positions=torch.arange(n).expand(layers, kv_heads, n),
@@ -180,16 +217,30 @@ def test_kept_sets_equal_kvpress(prefills, case):
         values=values,
         query_stats=stats.get(policy.query_stats_skip),
         ratio=ratio,
+        reconstruction=kvzip.get(policy.reconstruction_pass),
     )
     assert policy.wants_compression(state)
     selection = policy.select(state)
     keep = selection.keep  # [Lyr, Hkv, k], PAD after each head's list when budgets differ
     ours = [[sorted(p for p in head if p >= 0) for head in layer] for layer in keep.tolist()]
-    diffs = [d for d in diff_heads(ours, reference_kept(case)) if not is_tie(selection.scores, d)]
+    diffs = [d for d in diff_heads(ours, reference) if not is_tie(selection.scores, d)]
     assert not diffs, (
         f"{len(diffs)} (layer, KV head) kept sets differ from kvpress "
         f"(layer, head, only kvviz keeps, only kvpress keeps): {diffs[:5]}"
     )
+
+
+@pytest.mark.parametrize("case", KVZIP, ids=[case_id(c) for c in KVZIP])
+def test_kvzip_repeats_what_kvpress_repeats(lm, case):
+    """The chat template's header and every repeat pass's prompt (the ids before the repeated context) are
+    kvpress's, chunk by chunk."""
+    ids = REFERENCE["prompts"][case["prompt"]]["token_ids"]
+    header, chunks = repeat_chunks(lm.tokenizer, ids, case["params"].get("chunk_size", 2048))
+    assert header == case["header"]
+    assert [[c.start, len(c.ids) - (c.end - c.start), c.ids[: len(c.ids) - (c.end - c.start)]] for c in chunks] == case[
+        "repeat_chunks"
+    ]
+    assert chunks[-1].end == len(ids) and all(c.ids[-(c.end - c.start) :] == ids[c.start : c.end] for c in chunks)
 
 
 @pytest.mark.parametrize("case", END_TO_END, ids=[case_id(c) for c in END_TO_END])

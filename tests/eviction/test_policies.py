@@ -67,6 +67,7 @@ def fake_state(n: int, n_kept: int, seed: int = 0, step: int = 0, w: int = 8, d:
         keys=torch.randn(LYR, HKV, n, d, generator=g),
         values=torch.randn(LYR, HKV, n, d, generator=g),
         query_stats=stats,
+        reconstruction=torch.rand(LYR, HKV, n, generator=g),  # KVzip's largest repeat attention per entry
     )
 
 
@@ -88,6 +89,7 @@ def test_registry_names_and_contract():
         "expected_attention",
         "pyramidkv",
         "adakv",
+        "kvzip",
     }
     for name, cls in POLICIES.items():
         assert dataclasses.is_dataclass(cls) and issubclass(cls, Policy)
@@ -370,3 +372,31 @@ def test_h2o_on_the_model_never_evicts_its_recent_window(lm):
     assert len({tuple(run.kept[li, h]) for li in range(run.kept.shape[0]) for h in range(run.kept.shape[1])}) > 1, (
         "H2O chooses per layer and KV head"
     )
+
+
+# ---- KVzip ----------------------------------------------------------------------------------------
+def test_kvzip_evicts_the_lowest_scores_over_every_layer_and_head():
+    """One bottom-k over layers × heads: budgets differ per layer and head, the sinks always stay."""
+    n = 10
+    scores = torch.zeros(LYR, HKV, n)
+    scores[0, 0] = 1.0  # layer 0, head 0 is needed everywhere
+    scores[1, 1, 5:] = 0.5
+    state = PolicyState(
+        positions=torch.arange(n).expand(LYR, HKV, n).contiguous(),
+        n_kept=5,
+        n_prompt=n,
+        step=0,
+        kv_heads=HKV,
+        reconstruction=scores + torch.linspace(0, 1e-3, n),  # ties broken towards later positions
+        ratio=0.5,
+    )
+    sel = make_policy("kvzip", n_sink=2).select(state)
+    kept = [[[p for p in head if p >= 0] for head in layer] for layer in sel.keep.tolist()]
+    assert len(sum(sum(kept, []), [])) == LYR * HKV * n // 2  # int(numel × 0.5) evicted in all
+    assert kept[0][0] == list(range(n)) and kept[1][1] == [0, 1, 5, 6, 7, 8, 9]
+    assert all(layer_head[:2] == [0, 1] for layer in kept for layer_head in layer)  # sinks
+    assert (sel.roles[..., :2] == SINK).all()
+    layerwise = make_policy("kvzip", n_sink=2, layerwise=True).select(state)
+    assert ((layerwise.keep >= 0).sum((-1, -2)) == HKV * n // 2).all()  # the same count in every layer
+    with pytest.raises(ValueError, match="reconstruction"):
+        make_policy("kvzip").select(dataclasses.replace(fake_state(40, 20), reconstruction=None))

@@ -97,7 +97,7 @@ def test_bytes_count_payload_scales_and_window():
 
 def test_bad_specs_are_refused():
     with pytest.raises(ValueError, match="format"):
-        QuantSpec("int3")
+        QuantSpec("int5")
     with pytest.raises(ValueError, match="axis"):
         QuantSpec("int4", "row")
     with pytest.raises(ValueError, match="group_size"):

@@ -24,7 +24,7 @@ def ctx(lm):
 
 
 def test_analyze_shows_maps_table_and_the_direction(ctx):
-    kmap, vmap, maps_md, headline, table, errors, sizes, layers = tab.analyze(
+    kmap, vmap, maps_md, headline, table, errors, sizes, layers, rmap, rbars, rot_md = tab.analyze(
         ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress
     )
     assert "keys per channel lose" in headline and "× worse" in headline
@@ -41,10 +41,14 @@ def test_analyze_shows_maps_table_and_the_direction(ctx):
     assert "layer 15, KV head 0" in vmap.layout.title.text and vmap.data[0].z.shape[0] == ctx.info.head_dim
     assert [len(t.x) for t in errors.data] == [len(table)] * 3 and len(sizes.data[0].x) == len(table)
     assert len(layers.data[-1].x) == ctx.info.layers and layers.data[-1].name == "Your scheme"
+    # rotation beside KIVI: the turned key map, 4 / 3 / 2 bits × three groupings, one sentence per bit width + the maps
+    assert "after the Hadamard turn" in rmap.layout.title.text and rmap.data[0].z.shape == kmap.data[0].z.shape
+    assert [len(t.x) for t in rbars.data] == [9] * 3
+    assert [line.split("**")[1] for line in rot_md.splitlines()] == ["4 bits:", "3 bits:", "2 bits:", "The maps:"]
 
 
 def test_short_prompt_says_groups_have_not_filled(ctx):
-    *_, headline, table, _, _, _ = tab.analyze(
+    _, _, _, headline, table, *_ = tab.analyze(
         ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0, progress=no_progress
     )
     assert "too short for per-channel groups" in headline
@@ -64,7 +68,7 @@ def test_values_text_names_the_column_that_supports_kivi():
     [
         (("", True, 0, 0, "int2", "channel", "token", 32, 0), "empty"),
         (("Hi there", False, 99, 0, "int2", "channel", "token", 32, 0), "layer"),
-        (("Hi there", False, 0, 0, "int3", "channel", "token", 32, 0), "format"),
+        (("Hi there", False, 0, 0, "int5", "channel", "token", 32, 0), "format"),  # int3 is a format now
     ],
 )
 def test_bad_input_is_a_readable_error(ctx, args, match):

@@ -26,6 +26,7 @@ from kvviz.eviction.policies.expected_attention import ExpectedAttention
 from kvviz.eviction.policies.full import FullCache
 from kvviz.eviction.policies.h2o import H2O
 from kvviz.eviction.policies.knorm import KNorm
+from kvviz.eviction.policies.kvzip import KVzip
 from kvviz.eviction.policies.pyramidkv import PyramidKV
 from kvviz.eviction.policies.scorer import COMPETES, ScorerPolicy, select_kept
 from kvviz.eviction.policies.snapkv import SnapKV
@@ -45,6 +46,7 @@ POLICIES: dict[str, type[Policy]] = {
     "expected_attention": ExpectedAttention,
     "pyramidkv": PyramidKV,
     "adakv": AdaKV,
+    "kvzip": KVzip,
 }
 
 
@@ -134,6 +136,7 @@ __all__ = [
     "FullCache",
     "H2O",
     "KNorm",
+    "KVzip",
     "Policy",
     "PolicyState",
     "PyramidKV",

@@ -69,7 +69,9 @@ class PolicyState:
     rows of the last W prompt queries over the L prompt keys (SnapKV, TOVA). ``keys``/``values``
     [Lyr, Hkv, n, D]: the held entries as stored (RoPE applied to keys), aligned with ``positions``
     (KNorm, ExpectedAttention). ``query_stats``: the prefill queries' statistics before RoPE
-    (:class:`~kvviz.eviction.query_stats.QueryStats`; ExpectedAttention).
+    (:class:`~kvviz.eviction.query_stats.QueryStats`; ExpectedAttention). ``reconstruction`` [Lyr, Hkv, n]:
+    the largest attention the context-reconstruction pass paid each entry (:mod:`kvviz.eviction.reconstruction`;
+    KVzip).
     """
 
     positions: torch.Tensor
@@ -83,6 +85,7 @@ class PolicyState:
     values: torch.Tensor | None = None
     query_stats: QueryStats | None = None
     ratio: float | None = None  # the compression ratio asked for, when the budget was given as one
+    reconstruction: torch.Tensor | None = None
 
 
 @dataclass
@@ -128,6 +131,12 @@ class Policy:
     @property
     def query_stats_skip(self) -> int | None:
         """Leading prompt tokens left out of the prefill query statistics; None: the policy needs none."""
+        return None
+
+    @property
+    def reconstruction_pass(self) -> tuple[int, int] | None:
+        """(sinks in the repeat queries' softmax, context tokens per repeat pass) when the policy needs the
+        context-reconstruction scores (``PolicyState.reconstruction``); None: it needs none."""
         return None
 
     @property
