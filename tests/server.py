@@ -30,6 +30,8 @@ SERVER_ENV = {
     # the shared server computes each example on its first click (tests/browser/test_showme_walk.py starts
     # one that computes them all at start-up)
     "KVVIZ_PRECOMPUTE": "0",
+    # nor reads or writes stored show-me results (a test that wants them passes its own folder)
+    "KVVIZ_RESULTS_DIR": "0",
 }
 
 

@@ -20,6 +20,7 @@ from kvviz.ui.generate.run import (  # noqa: F401  (re-exported: where tests and
 )
 from kvviz.ui.page.play import play_button
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.page.widgets import clear_on_refusal
 from kvviz.ui.serving.precompute import live_box
 from kvviz.ui.serving.sessions import user_errors
 
@@ -96,11 +97,12 @@ def build(ctx: AppContext):
     }
     ctx.planners["generate.button"] = lambda values: generate_run.plan(ctx, values, defaults)
     outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv, step]
-    # bad input (and a refusal) is answered by a quick step with no outputs, so its message is a toast and the
-    # previous run's results stay visible; the run step takes its place in the room when it starts. Its progress
+    # bad input (and a refusal) is answered by a quick step with no outputs, so its message is a toast; the
+    # previous run's results are then cleared (the session's trace stays for the other tabs), so they never sit
+    # under the refused settings. The run step takes its place in the room when it starts. Its progress
     # shows on the status line only: Gradio's full progress pulses every output while a run streams, and on a
     # small machine those animations take CPU from the model
-    _, event = generate_run.generation.button(
+    checked, event = generate_run.generation.button(
         ctx,
         go_btn,
         [prompt, chat, max_new, temperature, top_p, seed, budget, fresh],
@@ -108,6 +110,9 @@ def build(ctx: AppContext):
         show_progress="minimal",
         show_progress_on=[status],
     )
+    shown = [status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
+    clear_on_refusal(checked, shown)
+    clear_on_refusal(event, shown)
 
     def stop(request: gr.Request):
         ctx.stop_flag(request).set()
