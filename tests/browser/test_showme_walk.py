@@ -68,7 +68,7 @@ def show_mes() -> list[tuple[str, object]]:
     return out
 
 
-def click_and_time(page, button_id: str, sm) -> float:
+def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
     """Seconds from the click until the view shows its result, idle, with the named view in the viewport."""
     ready = READY.get(sm.tab)
     old = text_of(page, ready[0]) if ready else None
@@ -80,22 +80,22 @@ def click_and_time(page, button_id: str, sm) -> float:
         "t => [...document.querySelectorAll('button[role=tab][aria-selected=true]')]"
         ".some(b => b.innerText.trim() === t)",
         arg=TAB_TITLES[sm.tab],
-        timeout=60_000,
+        timeout=timeout_ms,
         polling=50,
     )
     page.wait_for_function(  # the named view was outlined (seen by WATCH_SPOT even if it has faded since)
-        "id => window.__kvvizSpotted.has(id)", arg=sm.anchor, timeout=60_000, polling=50
+        "id => window.__kvvizSpotted.has(id)", arg=sm.anchor, timeout=timeout_ms, polling=50
     )
     if ready:
         page.wait_for_function(
             "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
             " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
             arg=[ready[0], ready[1], old, change],
-            timeout=60_000,
+            timeout=timeout_ms,
             polling=50,
         )
-    page.wait_for_function(IDLE, timeout=60_000, polling=50)
-    page.wait_for_function(IN_VIEW, arg=sm.anchor, timeout=60_000, polling=50)
+    page.wait_for_function(IDLE, timeout=timeout_ms, polling=50)
+    page.wait_for_function(IN_VIEW, arg=sm.anchor, timeout=timeout_ms, polling=50)
     return time.perf_counter() - t0
 
 
