@@ -65,9 +65,7 @@ class DemoStore:
         self._shared: dict[int, Any] = {}  # objects inside stored results that views may memoize on (by id)
         self.on_done: Callable[[Entry], None] | None = None
 
-    def plan(
-        self, key: Hashable, label: str, compute: Compute, restored: Callable[[Any], None] | None = None
-    ) -> Entry:
+    def plan(self, key: Hashable, label: str, compute: Compute, restored: Callable[[Any], None] | None = None) -> Entry:
         """Register a result the app will need (a second plan of the same key keeps the first). ``restored``
         is called with a value read back from disk, before it is served (e.g. to mark a trace shared)."""
         with self._lock:

@@ -102,7 +102,9 @@ def test_a_pickled_or_truncated_array_file_and_broken_json_are_refused(tmp_path)
 
 
 def _ctx(tmp_path, store: DemoStore) -> SimpleNamespace:
-    return SimpleNamespace(settings=Settings(results_dir=str(tmp_path)), lm=SimpleNamespace(name="SmolLM2"), store=store)
+    return SimpleNamespace(
+        settings=Settings(results_dir=str(tmp_path)), lm=SimpleNamespace(name="SmolLM2"), store=store
+    )
 
 
 def test_a_restart_reads_back_what_the_first_start_computed_and_refreshes_it(tmp_path, monkeypatch):

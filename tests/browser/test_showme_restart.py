@@ -23,12 +23,13 @@ from tests.server import start_app, stop_app
 ARTIFACTS = Path(__file__).parent / "artifacts"
 FIRST_CLICK_S = 5.0  # the room clicks as soon as the page is up
 NO_STORE = os.environ.get("KVVIZ_RESTART_NO_STORE") == "1"
+START_S = 600.0  # a loaded machine loads the model slowly; the clock starts at the first HTTP 200 anyway
 CLICK_TIMEOUT_MS = 1_800_000 if NO_STORE else 60_000  # without a store a click waits for its computation
 
 
 def fill(base: Path, results: Path, browser_context) -> None:
     """A first server that computes every example, then stops: its results stay in ``results``."""
-    first = start_app(base / "first", {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": str(results)})
+    first = start_app(base / "first", {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": str(results)}, timeout_s=START_S)
     try:
         page = browser_context.new_page()
         page.goto(first.url, wait_until="load")
@@ -46,7 +47,7 @@ def test_a_restarted_server_answers_every_show_me_from_its_store(browser_context
         fill(tmp_path, results, browser_context)
         assert list(results.rglob("*.json")), "the first server stored no results"
     env = {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": "0" if NO_STORE else str(results)}
-    second = start_app(tmp_path / "second", env)
+    second = start_app(tmp_path / "second", env, timeout_s=START_S)
     answered = time.perf_counter()
     page = browser_context.new_page()
     errors: list[str] = []

@@ -8,9 +8,8 @@ and the handler renders its latest state at the page's pace (:mod:`kvviz.ui.gene
 
 from __future__ import annotations
 
-import threading
-
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -19,8 +19,8 @@ from kvviz.ui.generate.run import (  # noqa: F401  (re-exported: where tests and
     validate_request,
 )
 from kvviz.ui.page.play import play_button
+from kvviz.ui.page.widgets import clear_on_refusal, typed_slider
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.page.widgets import clear_on_refusal
 from kvviz.ui.serving.precompute import live_box
 from kvviz.ui.serving.sessions import user_errors
 
@@ -38,7 +38,7 @@ def build(ctx: AppContext):
             example = gr.Dropdown(list(ex), label="Examples", value=GENERATE_EXAMPLE)
         with gr.Column(scale=2):
             chat = gr.Checkbox(value=True, label="Use the chat template")
-            max_new = gr.Slider(1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens")
+            max_new = typed_slider(1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens")
             with gr.Accordion("Sampling", open=False):
                 temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")

@@ -94,8 +94,13 @@ def restore(ctx: AppContext) -> int:
         except Exception:
             log.exception("putting back a stored result failed: %s", entry.label)
     if n:
-        log.info("%d of %d show-me results read back from %s in %.1f s", n, len(ctx.store.entries()),
-                 files.folder, time.perf_counter() - t0)
+        log.info(
+            "%d of %d show-me results read back from %s in %.1f s",
+            n,
+            len(ctx.store.entries()),
+            files.folder,
+            time.perf_counter() - t0,
+        )
     return n
 
 
@@ -221,7 +226,9 @@ def _slot(job: Job, entry: Entry | None, poll: float = 0.5) -> None:
         if running:
             r = running[0]
             mine = f" ({entry.label} is next)" if entry is not None and entry is not r else ""
-            job.progress(r.fraction, f"Not ready yet: the server is preparing {r.label}, {100 * r.fraction:.0f} % done{mine}")
+            job.progress(
+                r.fraction, f"Not ready yet: the server is preparing {r.label}, {100 * r.fraction:.0f} % done{mine}"
+            )
         else:
             pos = ticket.position()
             job.progress(0.0, f"Queued: position {max(pos, 1)}, waiting for the model")
@@ -298,7 +305,9 @@ def origin(entry: Entry | None) -> str:
     when = datetime.fromtimestamp(entry.finished_at, tz=timezone.utc).strftime("%H:%M UTC")
     if entry.source == "stored":
         when = datetime.fromtimestamp(entry.finished_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        return f"computed by an earlier start of this server ({when}, took {entry.seconds or 0.0:.1f} s), read from disk"
+        return (
+            f"computed by an earlier start of this server ({when}, took {entry.seconds or 0.0:.1f} s), read from disk"
+        )
     where = "at start-up" if entry.source == "start-up" else "on a first request"
     return f"computed {where} ({when}, took {entry.seconds or 0.0:.1f} s)"
 
