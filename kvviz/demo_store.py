@@ -56,6 +56,10 @@ class Entry:
             return self.state == "done"
 
 
+def _quiet(fraction: float, desc: str = "") -> None:
+    """A refresh's progress: nobody waits for it (the stored value is served meanwhile)."""
+
+
 class DemoStore:
     """Planned results for one app (one per server process), shared by every session."""
 
@@ -128,7 +132,7 @@ class DemoStore:
         if entry.state != "done" or not entry.stale:
             return False
         t0 = time.perf_counter()
-        value = entry.compute(lambda fraction, desc="": None, should_stop)
+        value = entry.compute(_quiet, should_stop)
         if should_stop():
             return False
         self.fulfil(entry, value, "start-up", time.perf_counter() - t0)

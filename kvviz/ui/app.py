@@ -76,7 +76,10 @@ body.kvviz-present [data-testid="block-label"].float {position: static !importan
 .kvviz-spot {outline: 4px solid #f97316 !important; outline-offset: 4px; border-radius: 6px;
   animation: kvviz-spot 1s ease-in-out 3}
 @keyframes kvviz-spot {50% {outline-color: rgba(249, 115, 22, 0.25)}}
-body.kvviz-present .caption, body.kvviz-present .learn-note, body.kvviz-present footer {display: none !important}
+body.kvviz-present .caption, body.kvviz-present footer {display: none !important}
+/* what to look for after a show-me: the point of the view, in large type where the room can read it */
+body.kvviz-present .learn-note, body.kvviz-present .learn-note p {font-size: 30px !important; line-height: 1.35;
+  font-weight: 600}
 """
 
 

@@ -3,9 +3,9 @@
 The first server computes the show-me examples at start-up and writes them under a private results
 folder (KVVIZ_RESULTS_DIR); it is stopped and a second one starts on the same folder. As soon as it
 answers HTTP, a page opens at 1920×1080 in presentation mode and clicks every show-me in lecture
-order; the first click comes within 5 s of the first HTTP 200. Each click's seconds go to
-tests/browser/artifacts/showme_restart_times.json; ``bench/showme_speed.py --cold-restart`` judges
-them against the 2 s target. With ``KVVIZ_RESTART_NO_STORE=1`` (the bench's "before") the first server is
+order (the room clicks as soon as the page is up). The seconds from the first HTTP 200 to the first
+click and each click's seconds go to tests/browser/artifacts/showme_restart_times.json;
+``bench/showme_speed.py --cold-restart`` judges them against the 5 s and 2 s targets. With ``KVVIZ_RESTART_NO_STORE=1`` (the bench's "before") the first server is
 skipped and the second stores nothing: a fresh start as the app had before results were stored.
 """
 
@@ -21,7 +21,6 @@ from tests.browser.test_showme_walk import READY_TIMEOUT_MS, click_and_time, sho
 from tests.server import start_app, stop_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-FIRST_CLICK_S = 5.0  # the room clicks as soon as the page is up
 NO_STORE = os.environ.get("KVVIZ_RESTART_NO_STORE") == "1"
 START_S = 600.0  # a loaded machine loads the model slowly; the clock starts at the first HTTP 200 anyway
 CLICK_TIMEOUT_MS = 1_800_000 if NO_STORE else 60_000  # without a store a click waits for its computation
@@ -66,9 +65,8 @@ def test_a_restarted_server_answers_every_show_me_from_its_store(browser_context
             if first_click is None:
                 first_click = time.perf_counter() - answered
             times[sm.label] = click_and_time(page, button_id, sm, CLICK_TIMEOUT_MS)
-        report = {"store": not NO_STORE, "first_click_after_http_s": first_click, "seconds": times}
-        (ARTIFACTS / "showme_restart_times.json").write_text(json.dumps(report, indent=2))
-        assert first_click is not None and first_click <= FIRST_CLICK_S, first_click
+            report = {"store": not NO_STORE, "first_click_after_http_s": first_click, "seconds": times}
+            (ARTIFACTS / "showme_restart_times.json").write_text(json.dumps(report, indent=2))  # kept as it goes
         assert len(times) >= 8
         if not NO_STORE:
             assert "read back from an earlier start" in page.locator("#learn-ready").inner_text()

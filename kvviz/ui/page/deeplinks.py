@@ -162,8 +162,12 @@ def install(ctx: AppContext, demo: gr.Blocks, links: LinkBar, titles: Mapping[st
     tab_ids = list(titles.values())
 
     def read(request: gr.Request) -> list:
-        link = parse_link(dict(request.query_params) if request else {}, ctx.components, tab_ids)
-        tabs = gr.Tabs(selected=link.tab) if link.tab else gr.skip()
+        query = dict(request.query_params) if request else {}
+        link = parse_link(query, ctx.components, tab_ids)
+        # a lecture opens on the lesson: ?present=1 without a tab selects Learn, not the first tab (Generate)
+        lecture = query.get("present") == "1" and "tab_learn" in tab_ids
+        tab = link.tab or ("tab_learn" if lecture else None)
+        tabs = gr.Tabs(selected=tab) if tab else gr.skip()
         return [tabs, *[link.values.get(k, gr.skip()) for k in keys], note_text(link.notes)]
 
     demo.load(read, None, [ctx.tabs, *comps, links.note], api_name=False, queue=False, show_progress="hidden")
