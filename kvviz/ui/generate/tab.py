@@ -38,7 +38,9 @@ def build(ctx: AppContext):
             example = gr.Dropdown(list(ex), label="Examples", value=GENERATE_EXAMPLE)
         with gr.Column(scale=2):
             chat = gr.Checkbox(value=True, label="Use the chat template")
-            max_new = typed_slider(1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens")
+            max_new = typed_slider(
+                1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens", elem_id="gen-max-new"
+            )
             with gr.Accordion("Sampling", open=False):
                 temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")

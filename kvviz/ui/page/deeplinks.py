@@ -149,7 +149,13 @@ def bar() -> LinkBar:
     """The note about a link's ignored parts, and "Copy link" with the link it made."""
     note = gr.Markdown(elem_id="link-note")
     with gr.Row(equal_height=True):
-        url = gr.Textbox(label="Link to this view", elem_id="link-url", interactive=False, scale=4)
+        url = gr.Textbox(
+            label="Link to this view",
+            elem_id="link-url",
+            interactive=False,
+            scale=4,
+            placeholder="Copy link puts a link that reopens this view here",  # presentation mode hides it empty
+        )
         copy = gr.Button("🔗 Copy link", elem_id="copy-link", size="sm", scale=0, min_width=140)
     return LinkBar(url, copy, gr.Textbox(visible=False), note)
 

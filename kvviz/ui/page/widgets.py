@@ -6,6 +6,7 @@ import gradio as gr
 import pandas as pd
 
 from kvviz.safety import whole_number
+from kvviz.ui.serving.gradio_adapter import pass_typed_values
 
 
 def captioned_plot(label: str, elem_id: str, caption: str, value=None) -> gr.Plot:
@@ -42,11 +43,8 @@ def waiting_table(hint: str) -> pd.DataFrame:
 def typed_slider(*args, **kwargs) -> gr.Slider:
     """A slider whose typed number reaches the handler as typed, so the handler's own range message ("Layer
     must be between 0 and 29; got 99.") is shown instead of Gradio's "Value 99 is greater than maximum value
-    29.", which names no control and leaves the number in the box. (Its preprocess is replaced on the one
-    instance: a subclass of a Gradio component would make Gradio write a stub file beside this module.)"""
-    slider = gr.Slider(*args, **kwargs)
-    slider.preprocess = lambda payload: payload  # type: ignore[method-assign]
-    return slider
+    29.", which names no control and leaves the number in the box (needs an ``elem_id``)."""
+    return pass_typed_values(gr.Slider(*args, **kwargs))
 
 
 def in_range(value, what: str, lo: int, hi: int) -> str | None:
