@@ -69,6 +69,7 @@ def build(ctx, stop: threading.Event):
     logging.getLogger("kvviz").info("session files under %s (removed at exit)", ctx.files.root)
     demo = build_app(ctx)
     sessions.install(demo, ctx)
+    precompute.restore(ctx)  # show-me results an earlier start stored: answered at once
     precompute.warm(ctx)  # the chat template's prefix blocks cached before the first request
     precompute.start(ctx, stop)  # the show-me examples, in the background while the server starts
     return demo, {**serve(demo, settings), "mcp_server": settings.mcp}

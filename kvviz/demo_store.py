@@ -5,7 +5,10 @@ background thread computes them at start-up, and every session reads the same ob
 A request for a planned key either finds the result, waits for the computation already running for
 it (never a second copy of it), or claims it and computes it itself. A failed or cut-short
 computation leaves the key unclaimed, so the next request tries again. Unplanned keys are never
-stored: the store holds a fixed, small set of results.
+stored: the store holds a fixed, small set of results. A result an earlier server wrote to disk is
+put back as done (:meth:`DemoStore.restore`, source "stored") and computed again later
+(:meth:`DemoStore.refresh`), its old value served until the new one replaces it; ``on_done`` is told
+of every new result (the app writes it to disk).
 
 Nothing here imports gradio or torch.
 """
@@ -37,6 +40,8 @@ class Entry:
     fraction: float = 0.0
     desc: str = ""
     error: BaseException | None = None
+    restored: Callable[[Any], None] | None = None  # told of a value read back from disk (before it is served)
+    stale: bool = False  # the value was read back from disk: a refresh is due
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def report(self, fraction: float, desc: str = "") -> None:
@@ -51,6 +56,10 @@ class Entry:
             return self.state == "done"
 
 
+def _quiet(fraction: float, desc: str = "") -> None:
+    """A refresh's progress: nobody waits for it (the stored value is served meanwhile)."""
+
+
 class DemoStore:
     """Planned results for one app (one per server process), shared by every session."""
 
@@ -58,11 +67,13 @@ class DemoStore:
         self._lock = threading.Lock()
         self._entries: dict[Hashable, Entry] = {}
         self._shared: dict[int, Any] = {}  # objects inside stored results that views may memoize on (by id)
+        self.on_done: Callable[[Entry], None] | None = None
 
-    def plan(self, key: Hashable, label: str, compute: Compute) -> Entry:
-        """Register a result the app will need (a second plan of the same key keeps the first)."""
+    def plan(self, key: Hashable, label: str, compute: Compute, restored: Callable[[Any], None] | None = None) -> Entry:
+        """Register a result the app will need (a second plan of the same key keeps the first). ``restored``
+        is called with a value read back from disk, before it is served (e.g. to mark a trace shared)."""
         with self._lock:
-            return self._entries.setdefault(key, Entry(key, label, compute))
+            return self._entries.setdefault(key, Entry(key, label, compute, restored=restored))
 
     def put_first(self, keys: list[Hashable]) -> None:
         """Compute these planned keys first, in this order (the order a lecture reaches them)."""
@@ -96,9 +107,36 @@ class DemoStore:
     def fulfil(self, entry: Entry, value: Any, source: str, seconds: float) -> None:
         """The claimed computation finished: keep its result and wake everyone waiting."""
         with entry._cond:
-            entry.value, entry.source, entry.seconds = value, source, seconds
+            entry.value, entry.source, entry.seconds, entry.stale = value, source, seconds, False
             entry.state, entry.finished_at, entry.fraction = "done", time.time(), 1.0
             entry._cond.notify_all()
+        if self.on_done is not None:
+            self.on_done(entry)
+
+    def restore(self, entry: Entry, value: Any, finished_at: float | None, seconds: float | None) -> bool:
+        """A value an earlier server stored for a pending entry: done now, marked stale (False if it was not
+        pending any more)."""
+        if entry.restored is not None:
+            entry.restored(value)
+        with entry._cond:
+            if entry.state != "pending":
+                return False
+            entry.value, entry.source, entry.seconds, entry.stale = value, "stored", seconds, True
+            entry.state, entry.finished_at, entry.fraction = "done", finished_at or time.time(), 1.0
+            entry._cond.notify_all()
+            return True
+
+    def refresh(self, entry: Entry, should_stop: Callable[[], bool] = lambda: False) -> bool:
+        """Compute a stale entry again while its stored value is served; True once the new value replaced it.
+        A failure keeps the stored value."""
+        if entry.state != "done" or not entry.stale:
+            return False
+        t0 = time.perf_counter()
+        value = entry.compute(_quiet, should_stop)
+        if should_stop():
+            return False
+        self.fulfil(entry, value, "start-up", time.perf_counter() - t0)
+        return True
 
     def fail(self, entry: Entry, error: BaseException | None = None) -> None:
         """The claimed computation failed or was cut short: waiters get ``error``, the key is free again."""

@@ -42,6 +42,8 @@ SPACES_ZERO_GPU             set by a ZeroGPU Space: every model job runs whole i
                             forked worker), so nothing runs the model at start-up or between calls
 KVVIZ_MODEL                 the model to load when none is given (bundled; on a Space the hub copy)
 KVVIZ_CACHE_DIR             folder for converted models (~/.cache/kvviz)
+KVVIZ_RESULTS_DIR           folder for the show-me results a server stores for its next start
+                            (<KVVIZ_CACHE_DIR>/results); 0 = keep them in memory only
 KVVIZ_LEADERBOARD           the sweep result the Leaderboard tab shows (bench/results/leaderboard.json)
 SPACE_ID                    set by Hugging Face Spaces: public mode, the hub copy of SmolLM2
 KVVIZ_MCP                   1 = serve the named endpoints as MCP tools at /gradio_api/mcp (on by default
@@ -191,6 +193,7 @@ class Settings:
     warm: bool = True  # run the Generate example once before serving (the engine's prefix cache, first forward)
     zero_gpu: bool = False  # a ZeroGPU Space (SPACES_ZERO_GPU): the model runs only inside spaces.GPU calls
     mcp: bool = False  # launch(mcp_server=...): the named endpoints as tools for an LLM client (Gradio's MCP server)
+    results_dir: str | None = None  # stored show-me results, read back by the next start (None: memory only)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -226,4 +229,17 @@ class Settings:
             warm=_switch("KVVIZ_WARM", not zero),
             zero_gpu=zero,
             mcp=_switch("KVVIZ_MCP", bool(os.environ.get("SPACE_ID"))),
+            results_dir=results_dir(),
         )
+
+
+def results_dir() -> str | None:
+    """Where show-me results are stored for the next start: KVVIZ_RESULTS_DIR, else ``results`` beside the
+    converted models (KVVIZ_CACHE_DIR, ~/.cache/kvviz); "0" or "off" keeps them in memory only."""
+    folder = os.environ.get("KVVIZ_RESULTS_DIR", "").strip()
+    if folder.lower() in ("0", "off", "false", "no"):
+        return None
+    if folder:
+        return folder
+    root = os.environ.get("KVVIZ_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kvviz")
+    return os.path.join(root, "results")

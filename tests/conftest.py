@@ -3,11 +3,15 @@ and tests/browser (tests/server.py, started once per session); tests that need a
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kvviz.models import load_model
 from tests.server import app_server, app_server_process, inprocess_app  # noqa: F401  (fixtures)
 
+# tests never read or write the user's stored show-me results (a test that wants them passes its own folder)
+os.environ.setdefault("KVVIZ_RESULTS_DIR", "0")
 SERVED = {"app_server", "app_server_process", "inprocess_app", "client"}
 
 

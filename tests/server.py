@@ -30,6 +30,8 @@ SERVER_ENV = {
     # the shared server computes each example on its first click (tests/browser/test_showme_walk.py starts
     # one that computes them all at start-up)
     "KVVIZ_PRECOMPUTE": "0",
+    # nor reads or writes stored show-me results (a test that wants them passes its own folder)
+    "KVVIZ_RESULTS_DIR": "0",
 }
 
 
@@ -78,7 +80,12 @@ def wait_http_ok(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: fl
     raise RuntimeError(f"app.py did not answer 200 within {timeout_s:.0f} s:\n{log_path.read_text()[-4000:]}")
 
 
-def start_app(base: Path, extra_env: dict[str, str] | None = None, args: list[str] | None = None) -> RunningApp:
+def start_app(
+    base: Path,
+    extra_env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> RunningApp:
     """Start ``app.py`` on a free port with a private temp folder under ``base``; wait until it serves."""
     port = free_port()
     temp_dir = base / "tmp"
@@ -106,7 +113,7 @@ def start_app(base: Path, extra_env: dict[str, str] | None = None, args: list[st
         )
     url = f"http://127.0.0.1:{port}/"
     try:
-        wait_http_ok(url, proc, log_path)
+        wait_http_ok(url, proc, log_path, timeout_s)
     except BaseException:
         stop_app(proc)
         raise

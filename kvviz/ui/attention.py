@@ -13,7 +13,7 @@ from kvviz.figures import sinks as sinks_fig
 from kvviz.safety import whole_number
 from kvviz.sinks import group_text, sink_frame
 from kvviz.ui.page.play import play_button
-from kvviz.ui.page.widgets import captioned_plot, waiting_table
+from kvviz.ui.page.widgets import captioned_plot, in_range, typed_slider, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.sessions import user_errors
 
@@ -142,7 +142,7 @@ def build(ctx: AppContext) -> None:
 
     gr.Markdown("### One head: queries × keys")
     with gr.Row():
-        layer = gr.Slider(
+        layer = typed_slider(
             0,
             info.layers - 1,
             value=min(info.layers - 1, info.layers * 2 // 3),
@@ -207,10 +207,28 @@ def build(ctx: AppContext) -> None:
 
     state = ctx.trace_state
     head_inputs = [state, layer, head, view, log]
-    for comp in (layer, head, view, log):
+    for comp in (head, view, log):
         comp.change(lambda *a: head_view(info, *a), head_inputs, [group, heatmap], api_name=False)
-    for comp in (layer, step):
-        comp.change(step_view, [state, layer, step, k], step_plot, api_name=False)
+    step.change(step_view, [state, layer, step, k], step_plot, api_name=False)
+
+    def on_layer(trace, layer_v, head_v, view_v, log_v, step_v, k_v):
+        """A layer out of range: the app's message once, and the slider back at the nearest layer (whose
+        change then draws it); else both views of the layer."""
+        message = in_range(layer_v, "Layer", 0, info.layers - 1)
+        if message is not None:
+            gr.Warning(message)
+            try:
+                nearest = min(max(int(float(layer_v)), 0), info.layers - 1)
+            except (TypeError, ValueError, OverflowError):
+                nearest = 0
+            return nearest, gr.skip(), gr.skip(), gr.skip()
+        return (
+            gr.skip(),
+            *head_view(info, trace, layer_v, head_v, view_v, log_v),
+            step_view(trace, layer_v, step_v, k_v),
+        )
+
+    layer.change(on_layer, [state, layer, head, view, log, step, k], [layer, group, heatmap, step_plot], api_name=False)
     k.change(sink_views, [state, k], [strip, sink_plot, line_plot, table, norms_plot], api_name=False).then(
         step_view, [state, layer, step, k], step_plot, api_name=False
     )

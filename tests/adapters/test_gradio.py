@@ -88,3 +88,17 @@ def test_a_lazy_session_takes_value_updates_like_an_eager_one():
         state._update_value_in_config(box._id, "changed")
     assert list(lazy.components) == list(eager.components)
     assert any(c.get("props", {}).get("value") == "changed" for c in lazy.components)
+
+
+def test_a_registered_slider_passes_a_typed_number_even_in_a_sessions_rebuilt_copy():
+    plain = gr.Slider(0, 29, step=1, elem_id="canary-plain")
+    typed = adapter.pass_typed_values(gr.Slider(0, 29, step=1, elem_id="canary-typed"))
+    try:
+        plain.preprocess(99)
+        raise AssertionError("Gradio no longer checks a slider's range in preprocess")
+    except gr.Error as exc:
+        assert "greater than maximum" in str(exc)
+    assert typed.preprocess(99) == 99
+    kwargs = {**typed.constructor_args, "render": False}  # how Gradio rebuilds a session's copy on an update
+    kwargs.pop("value", None)
+    assert type(typed)(**kwargs).preprocess(99) == 99

@@ -119,7 +119,11 @@ def test_learn_journey_in_presentation_mode(page, screenshot):
     )
     assert big >= 22 and big >= 1.3 * normal, (normal, big)  # large type for the back row
     assert tab_font >= 20
-    assert page.locator(".learn-note").first.evaluate("e => getComputedStyle(e).display") == "none"  # no clutter
+    note = page.locator(".learn-note").first  # what to look for: in large type, not hidden
+    assert (
+        note.is_visible()
+        and float(note.evaluate("e => parseFloat(getComputedStyle(e.querySelector('p') || e).fontSize)")) >= 28
+    )
     color = body_text.evaluate("e => getComputedStyle(e).color")
     assert color in ("rgb(0, 0, 0)", "rgb(17, 17, 17)"), color  # high contrast
     shot = screenshot(page, "learn_presentation")
@@ -175,8 +179,10 @@ def test_present_url_parameter(browser_context, app_server):
     tab = browser_context.new_page()
     try:
         tab.goto(app_server + "?present=1", wait_until="load")
-        tab.wait_for_selector("#generate-btn")
         tab.wait_for_function("document.body.classList.contains('kvviz-present')", timeout=30_000)
+        tab.locator("#learn-tabs").wait_for(timeout=30_000)  # a lecture opens on the lesson, not on Generate
+        assert [t.strip() for t in selected_tabs(tab)][0] == "Learn"
+        assert tab.locator("#showme-1-1-note").is_visible()
     finally:
         tab.close()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvviz.lessons.objectives import OBJECTIVES, PITFALLS
-from tests.browser.test_learn_journey import READY, TAB_TITLES, open_learn, text_of
+from tests.browser.test_learn_journey import READY, TAB_TITLES, open_learn, selected_tabs, text_of
 from tests.server import start_app, stop_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -68,7 +68,7 @@ def show_mes() -> list[tuple[str, object]]:
     return out
 
 
-def click_and_time(page, button_id: str, sm) -> float:
+def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
     """Seconds from the click until the view shows its result, idle, with the named view in the viewport."""
     ready = READY.get(sm.tab)
     old = text_of(page, ready[0]) if ready else None
@@ -80,22 +80,22 @@ def click_and_time(page, button_id: str, sm) -> float:
         "t => [...document.querySelectorAll('button[role=tab][aria-selected=true]')]"
         ".some(b => b.innerText.trim() === t)",
         arg=TAB_TITLES[sm.tab],
-        timeout=60_000,
+        timeout=timeout_ms,
         polling=50,
     )
     page.wait_for_function(  # the named view was outlined (seen by WATCH_SPOT even if it has faded since)
-        "id => window.__kvvizSpotted.has(id)", arg=sm.anchor, timeout=60_000, polling=50
+        "id => window.__kvvizSpotted.has(id)", arg=sm.anchor, timeout=timeout_ms, polling=50
     )
     if ready:
         page.wait_for_function(
             "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
             " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
             arg=[ready[0], ready[1], old, change],
-            timeout=60_000,
+            timeout=timeout_ms,
             polling=50,
         )
-    page.wait_for_function(IDLE, timeout=60_000, polling=50)
-    page.wait_for_function(IN_VIEW, arg=sm.anchor, timeout=60_000, polling=50)
+    page.wait_for_function(IDLE, timeout=timeout_ms, polling=50)
+    page.wait_for_function(IN_VIEW, arg=sm.anchor, timeout=timeout_ms, polling=50)
     return time.perf_counter() - t0
 
 
@@ -108,8 +108,8 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, read
         page.set_viewport_size({"width": 1920, "height": 1080})
         page.set_default_timeout(60_000)
         page.goto(ready_server.url + "?present=1", wait_until="load")
-        page.wait_for_selector("#generate-btn")
-        page.get_by_role("tab", name="Learn", exact=True).click()
+        page.locator("#learn-tabs").wait_for()  # presentation mode opens on the Learn tab
+        assert [t.strip() for t in selected_tabs(page)][0] == "Learn"
         page.locator("#learn-ready").get_by_text("all", exact=False).wait_for(timeout=READY_TIMEOUT_MS)
         assert page.evaluate("document.body.classList.contains('kvviz-present')")
 
@@ -119,6 +119,8 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, read
             note = page.locator(f"#{button_id}-note").inner_text() if page.locator(f"#{button_id}-note").count() else ""
             if "not in this build yet" in note:
                 continue
+            look = page.locator(f"#{button_id}-note")  # the point of the view, readable by the room
+            assert look.is_visible() and "Look for" in look.inner_text(), button_id
             try:
                 times[sm.label] = click_and_time(page, button_id, sm)
             except Exception as exc:

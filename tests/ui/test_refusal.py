@@ -8,7 +8,9 @@ import pytest
 from kvviz.settings import Settings
 from kvviz.ui import nocache as tab_nocache
 from kvviz.ui import quant as tab_quant
+from kvviz.ui.blocks import tab as tab_blocks
 from kvviz.ui.eviction import tab as tab_eviction
+from kvviz.ui.generate import tab as tab_generate
 from kvviz.ui.memory import tab as tab_memory
 from kvviz.ui.page.widgets import REFUSED, stale_values
 from kvviz.ui.serving.context import AppContext
@@ -35,10 +37,13 @@ def _cleared_on_failure(demo: gr.Blocks, component) -> bool:
         (tab_eviction, ["evict-status", "evict-table"]),
         (tab_quant, ["quant-headline", "quant-gen-summary"]),
         (tab_nocache, ["nocache-summary"]),
+        (tab_generate, ["gen-status", "token-stream", "answer", "cache-growth", "memory-gauge", "equivalence"]),
+        (tab_blocks, ["blocks-status", "blocks-summary", "blocks-grid", "share-summary", "evblocks-note"]),
     ],
 )
 def test_each_results_panel_is_cleared_when_its_request_is_refused(ctx, module, panels):
     with gr.Blocks() as demo:
+        ctx.trace_state = gr.State(None)  # as the page builds it (the Generate tab writes the session's trace)
         module.build(ctx)
     found = {c.elem_id: c for c in demo.blocks.values() if getattr(c, "elem_id", None)}
     for panel in panels:

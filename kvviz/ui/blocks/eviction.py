@@ -16,7 +16,7 @@ from kvviz.figures import blocks_eviction as fig
 from kvviz.limits import MAX_BUDGET_TOKENS
 from kvviz.safety import whole_number
 from kvviz.ui.blocks.checks import block_size_of, check_prompt
-from kvviz.ui.page.widgets import captioned_plot, waiting_table
+from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
@@ -115,5 +115,7 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
         run=run,
         size=lambda r: Size(r[1], 1, runs=len(r[3])),
     )
-    paging.button(ctx, button, [prompt, chat, budget, chosen, block_size, pick], [runs_state, note, bars, table, grid])
+    shown = [runs_state, note, bars, table, grid]
+    for event in paging.button(ctx, button, [prompt, chat, budget, chosen, block_size, pick], shown):
+        clear_on_refusal(event, [note, runs_state, bars, table, grid])
     pick.change(survivors, [runs_state, pick], grid, api_name=False, show_progress="hidden")

@@ -14,7 +14,7 @@ from kvviz.figures import blocks_sharing as fig
 from kvviz.limits import check_prompt_length, prompt_limit
 from kvviz.safety import clean_prompt
 from kvviz.ui.blocks.checks import block_size_of
-from kvviz.ui.page.widgets import captioned_plot, waiting_table
+from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
@@ -105,4 +105,5 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
         run=run,
         size=lambda r: Size(max(map(len, r[2])), 1, runs=len(r[2])),
     )
-    sharing.button(ctx, button, [block_size, chat, *boxes], [summary, figure, table])
+    for event in sharing.button(ctx, button, [block_size, chat, *boxes], [summary, figure, table]):
+        clear_on_refusal(event, [summary, figure, table])

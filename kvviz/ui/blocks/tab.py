@@ -24,7 +24,7 @@ from kvviz.ui.blocks import room as blocks_room
 from kvviz.ui.blocks import sharing as blocks_sharing
 from kvviz.ui.blocks.checks import BLOCK_SIZES, block_size_of, check_prompt
 from kvviz.ui.page.play import play_button
-from kvviz.ui.page.widgets import captioned_plot, waiting_table
+from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
@@ -158,9 +158,11 @@ def build(ctx: AppContext) -> None:
     def run(job):
         return shown(capture_prompt(job), "this prompt", job.req[4])
 
-    block_view.with_(run=run).button(
+    checked, ran = block_view.with_(run=run).button(
         ctx, run_btn, [prompt, chat, max_new, block_size], [state, source, step, *view_outputs]
     )
+    for event in (checked, ran):  # a refused run empties the earlier one's views instead of leaving them unlabelled
+        clear_on_refusal(event, [source, state, *view_outputs])
     for control in (block_size, step, layer):
         control.change(views, [state, block_size, step, layer], view_outputs, api_name=False, show_progress="hidden")
 

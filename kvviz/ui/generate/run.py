@@ -9,6 +9,7 @@ and the handler renders its latest state at the page's pace (:mod:`kvviz.ui.gene
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,8 +181,13 @@ def plan(ctx: AppContext, values: dict, defaults: dict) -> tuple:
             share_trace(ctx, trace)
         return trace, export_bytes(trace)
 
+    def restored(value) -> None:
+        """A stored generation read back from disk: shared at once, its views drawn in the background."""
+        ctx.store.share(value[0])
+        threading.Thread(target=share_trace, args=(ctx, value[0]), name="kvviz-draw", daemon=True).start()
+
     key = gen_key(ctx, a)
-    ctx.store.plan(key, f"generation of {plural(a.n_new, 'token')}", compute)
+    ctx.store.plan(key, f"generation of {plural(a.n_new, 'token')}", compute, restored=restored)
     return key
 
 

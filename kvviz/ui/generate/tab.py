@@ -20,6 +20,7 @@ from kvviz.ui.generate.run import (  # noqa: F401  (re-exported: where tests and
     validate_request,
 )
 from kvviz.ui.page.play import play_button
+from kvviz.ui.page.widgets import clear_on_refusal, typed_slider
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.precompute import live_box
 from kvviz.ui.serving.sessions import user_errors
@@ -38,7 +39,9 @@ def build(ctx: AppContext):
             example = gr.Dropdown(list(ex), label="Examples", value=GENERATE_EXAMPLE)
         with gr.Column(scale=2):
             chat = gr.Checkbox(value=True, label="Use the chat template")
-            max_new = gr.Slider(1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens")
+            max_new = typed_slider(
+                1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens", elem_id="gen-max-new"
+            )
             with gr.Accordion("Sampling", open=False):
                 temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
@@ -98,11 +101,12 @@ def build(ctx: AppContext):
     }
     ctx.planners["generate.button"] = lambda values: generate_run.plan(ctx, values, defaults)
     outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv, step]
-    # bad input (and a refusal) is answered by a quick step with no outputs, so its message is a toast and the
-    # previous run's results stay visible; the run step takes its place in the room when it starts. Its progress
+    # bad input (and a refusal) is answered by a quick step with no outputs, so its message is a toast; the
+    # previous run's results are then cleared (the session's trace stays for the other tabs), so they never sit
+    # under the refused settings. The run step takes its place in the room when it starts. Its progress
     # shows on the status line only: Gradio's full progress pulses every output while a run streams, and on a
     # small machine those animations take CPU from the model
-    _, event = generate_run.generation.button(
+    checked, event = generate_run.generation.button(
         ctx,
         go_btn,
         [prompt, chat, max_new, temperature, top_p, seed, budget, fresh, chat_ui["multi"], chat_ui["template"]]
@@ -111,6 +115,9 @@ def build(ctx: AppContext):
         show_progress="minimal",
         show_progress_on=[status],
     )
+    shown = [status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
+    clear_on_refusal(checked, shown)
+    clear_on_refusal(event, shown)
 
     event.success(
         lambda trace, conversation, multi: generate_chat.after_turn(ctx, trace, conversation, multi),

@@ -149,7 +149,13 @@ def bar() -> LinkBar:
     """The note about a link's ignored parts, and "Copy link" with the link it made."""
     note = gr.Markdown(elem_id="link-note")
     with gr.Row(equal_height=True):
-        url = gr.Textbox(label="Link to this view", elem_id="link-url", interactive=False, scale=4)
+        url = gr.Textbox(
+            label="Link to this view",
+            elem_id="link-url",
+            interactive=False,
+            scale=4,
+            placeholder="Copy link puts a link that reopens this view here",  # presentation mode hides it empty
+        )
         copy = gr.Button("🔗 Copy link", elem_id="copy-link", size="sm", scale=0, min_width=140)
     return LinkBar(url, copy, gr.Textbox(visible=False), note)
 
@@ -162,8 +168,12 @@ def install(ctx: AppContext, demo: gr.Blocks, links: LinkBar, titles: Mapping[st
     tab_ids = list(titles.values())
 
     def read(request: gr.Request) -> list:
-        link = parse_link(dict(request.query_params) if request else {}, ctx.components, tab_ids)
-        tabs = gr.Tabs(selected=link.tab) if link.tab else gr.skip()
+        query = dict(request.query_params) if request else {}
+        link = parse_link(query, ctx.components, tab_ids)
+        # a lecture opens on the lesson: ?present=1 without a tab selects Learn, not the first tab (Generate)
+        lecture = query.get("present") == "1" and "tab_learn" in tab_ids
+        tab = link.tab or ("tab_learn" if lecture else None)
+        tabs = gr.Tabs(selected=tab) if tab else gr.skip()
         return [tabs, *[link.values.get(k, gr.skip()) for k in keys], note_text(link.notes)]
 
     demo.load(read, None, [ctx.tabs, *comps, links.note], api_name=False, queue=False, show_progress="hidden")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
+from kvviz.safety import whole_number
+from kvviz.ui.serving.gradio_adapter import pass_typed_values
+
 
 def captioned_plot(label: str, elem_id: str, caption: str, value=None) -> gr.Plot:
     """A chart in its own column with its caption underneath (hidden in presentation mode)."""
@@ -35,3 +38,19 @@ def clear_on_refusal(event, outputs: list, note_at: int = 0) -> None:
 def waiting_table(hint: str) -> pd.DataFrame:
     """An empty table whose only header says what fills it, instead of Gradio's bare "1 | 2 | 3"."""
     return pd.DataFrame(columns=[hint])
+
+
+def typed_slider(*args, **kwargs) -> gr.Slider:
+    """A slider whose typed number reaches the handler as typed, so the handler's own range message ("Layer
+    must be between 0 and 29; got 99.") is shown instead of Gradio's "Value 99 is greater than maximum value
+    29.", which names no control and leaves the number in the box (needs an ``elem_id``)."""
+    return pass_typed_values(gr.Slider(*args, **kwargs))
+
+
+def in_range(value, what: str, lo: int, hi: int) -> str | None:
+    """None when ``value`` is a whole number in [lo, hi], else the app's message saying what to type."""
+    try:
+        whole_number(value, what, lo, hi)
+    except ValueError as exc:
+        return str(exc)
+    return None

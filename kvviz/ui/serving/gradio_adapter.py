@@ -120,3 +120,27 @@ def build_session_configs_lazily(enable: bool = True) -> None:
     """New sessions build their component configs when first read, not on the event loop at their first
     event (``enable=False`` restores Gradio's own behaviour). Affects every Blocks in the process."""
     SessionState.__init__ = _lazy_init if enable else _EAGER_INIT  # type: ignore[method-assign]
+
+
+# Gradio checks a slider's typed number against its range in Slider.preprocess and raises "Value 99 is greater
+# than maximum value 29.", naming no control, before any handler runs. Sliders registered here pass the number
+# to the handler instead, which says what to fix in the app's words. They are known by elem_id: Gradio's
+# per-session copy of a component is rebuilt from its constructor arguments on an update (a new instance of
+# the class, elem_id kept), so a patch on one instance would not survive.
+_TYPED_SLIDERS: set[str] = set()
+_SLIDER_PREPROCESS = gr.Slider.preprocess
+
+
+def _typed_preprocess(self: gr.Slider, payload: Any) -> Any:
+    if self.elem_id in _TYPED_SLIDERS:
+        return payload
+    return _SLIDER_PREPROCESS(self, payload)
+
+
+def pass_typed_values(slider: gr.Slider) -> gr.Slider:
+    """``slider`` (which must have an elem_id) gives its handlers the number as typed, out of range included."""
+    if not slider.elem_id:
+        raise ValueError("a slider that passes typed values needs an elem_id")
+    _TYPED_SLIDERS.add(slider.elem_id)
+    gr.Slider.preprocess = _typed_preprocess  # type: ignore[method-assign]
+    return slider

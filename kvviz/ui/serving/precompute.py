@@ -6,6 +6,12 @@ is built, one result at a time, each through the admission gate (session ``kvviz
 only while no user job runs or waits (Generate runs included), so the server starts at once and people never queue long
 behind it. A request for a result still being prepared waits for that computation and shows its
 progress; "Recompute live" skips the store and runs through the gate like any job.
+
+Every result computed is also written to disk (:class:`~kvviz.demo_files.DemoFiles`, under
+``settings.results_dir``, keyed by model, kvviz version and machine), and :func:`restore` reads them back
+before the server answers, so a restarted server (a Space waking up) answers every show-me at once. The
+results read back are computed again in the background once the room has had the server to itself for
+:data:`REFRESH_AFTER_S`; until then the stored ones are served. ZeroGPU reads them too but computes none.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from kvviz.admission import Refused
+from kvviz.demo_files import DemoFiles, NotStorable, Unreadable, code_version
 from kvviz.demo_store import Compute, Entry
 from kvviz.examples import GENERATE_EXAMPLE, examples
 from kvviz.ui.serving.context import AppContext
@@ -29,6 +37,9 @@ log = logging.getLogger("kvviz")
 SESSION = "kvviz-precompute"
 IDLE_POLL_S = 0.5
 LIVE_LABEL = "Recompute live (skip the result computed at start-up)"
+# stored results are computed again only after this long: the first minute after a restart belongs to the
+# room that woke the server (their show-mes are answered from the store meanwhile)
+REFRESH_AFTER_S = 60.0
 
 
 def live_box(elem_id: str) -> gr.Checkbox:
@@ -43,7 +54,106 @@ def _gate_idle(ctx: AppContext) -> bool:
     return all(s["running"] == 0 and s["waiting"] == 0 for s in snaps)
 
 
+def disk(ctx: AppContext) -> DemoFiles | None:
+    """The folder of stored results for this model, code and machine (None when the settings keep none)."""
+    if not ctx.settings.results_dir:
+        return None
+    return DemoFiles(Path(ctx.settings.results_dir), ctx.lm.name, code_version())
+
+
+def restore(ctx: AppContext) -> int:
+    """Before the server answers: every planned result an earlier start stored is put back (how many), and
+    every new result will be stored. A file that does not load is removed and its result computed again."""
+    files = disk(ctx)
+    if files is None:
+        return 0
+
+    def save(entry: Entry) -> None:
+        try:
+            files.save(entry.key, entry.value, entry.label, entry.seconds)
+        except NotStorable as exc:
+            log.warning("not stored on disk (%s): %s", exc, entry.label)
+        except OSError:
+            log.exception("storing a result failed: %s", entry.label)
+
+    ctx.store.on_done = save
+    n = 0
+    t0 = time.perf_counter()
+    for entry in ctx.store.entries():
+        try:
+            found = files.load(entry.key)
+        except Unreadable as exc:
+            log.warning("stored result refused, computing it again (%s)", exc)
+            files.remove(entry.key)
+            continue
+        if found is None:
+            continue
+        value, head = found
+        try:
+            n += ctx.store.restore(entry, value, head.get("saved_at"), head.get("seconds"))
+        except Exception:
+            log.exception("putting back a stored result failed: %s", entry.label)
+    if n:
+        log.info(
+            "%d of %d show-me results read back from %s in %.1f s",
+            n,
+            len(ctx.store.entries()),
+            files.folder,
+            time.perf_counter() - t0,
+        )
+    return n
+
+
+def _wait_room_quiet(ctx: AppContext, since: float, stop: threading.Event | None) -> bool:
+    """Sleep until :data:`REFRESH_AFTER_S` after ``since``; False if the server is stopping."""
+    while time.monotonic() - since < REFRESH_AFTER_S:
+        if stop is not None and stop.wait(IDLE_POLL_S):
+            return False
+        if stop is None:
+            time.sleep(IDLE_POLL_S)
+    return True
+
+
 def run_plan(ctx: AppContext, stop: threading.Event | None = None) -> None:
+    """Compute every pending planned result, each when the gate is idle (users go first); then, after
+    :data:`REFRESH_AFTER_S`, compute again those read back from disk."""
+    since = time.monotonic()
+    _compute_pending(ctx, stop)
+    stale = [e for e in ctx.store.entries() if e.stale]
+    if not stale or not _wait_room_quiet(ctx, since, stop):
+        return
+    for entry in stale:
+        if not _turn(ctx, entry, stop):
+            return
+
+
+def _turn(ctx: AppContext, entry: Entry, stop: threading.Event | None) -> bool:
+    """Wait for an idle gate and refresh one stale entry through it; False once the server is stopping."""
+    stopping = (lambda: stop.is_set()) if stop is not None else (lambda: False)
+    while not stopping():
+        if not _gate_idle(ctx):
+            time.sleep(IDLE_POLL_S)
+            continue
+        try:
+            ticket = ctx.jobs.gate.admit(SESSION, f"start-up example: {entry.label}")
+        except Refused:
+            time.sleep(IDLE_POLL_S)
+            continue
+        with ticket:
+            try:
+                ticket.wait()
+            except Refused:
+                return False
+            try:
+                if ctx.store.refresh(entry, stopping):
+                    log.info("refreshed stored example: %s (%.1f s)", entry.label, entry.seconds or 0.0)
+            except Exception:
+                log.exception("refreshing a stored example failed: %s", entry.label)
+            return True
+    return False
+
+
+def _compute_pending(ctx: AppContext, stop: threading.Event | None = None) -> None:
     """Compute every pending planned result, each when the gate is idle (users go first)."""
     for entry in ctx.store.entries():
         while entry.state == "pending" and not (stop and stop.is_set()):
@@ -107,6 +217,23 @@ def wait_for(entry: Entry, progress: Callable[[float, str], None] | None = None,
     return entry.state == "done"
 
 
+def _slot(job: Job, entry: Entry | None, poll: float = 0.5) -> None:
+    """The job's turn at the gate; while it waits, the progress bar says what the server is preparing first
+    (a start-up example holds the model) instead of a silent wait."""
+    ticket = job.admit()
+    while not ticket.wait(poll):
+        running = [e for e in job.ctx.store.entries() if e.state == "running"]
+        if running:
+            r = running[0]
+            mine = f" ({entry.label} is next)" if entry is not None and entry is not r else ""
+            job.progress(
+                r.fraction, f"Not ready yet: the server is preparing {r.label}, {100 * r.fraction:.0f} % done{mine}"
+            )
+        else:
+            pos = ticket.position()
+            job.progress(0.0, f"Queued: position {max(pos, 1)}, waiting for the model")
+
+
 def shared(job: Job, key: Hashable, compute: Compute, *, live: bool) -> tuple[Any, Entry | None]:
     """The result for ``key`` and its store entry (None when computed just for this request).
 
@@ -118,7 +245,7 @@ def shared(job: Job, key: Hashable, compute: Compute, *, live: bool) -> tuple[An
     entry = None if live else ctx.store.entry(key)
     if entry is not None and entry.state != "pending" and wait_for(entry, progress):
         return entry.value, entry
-    job.slot()
+    _slot(job, None if live else ctx.store.entry(key))
     claimed, mine = (None, False) if live else ctx.store.claim(key)
     if claimed is not None and not mine:  # someone else started it while this job waited its turn
         job.release()
@@ -176,6 +303,11 @@ def origin(entry: Entry | None) -> str:
     if entry is None or entry.finished_at is None:
         return "computed now"
     when = datetime.fromtimestamp(entry.finished_at, tz=timezone.utc).strftime("%H:%M UTC")
+    if entry.source == "stored":
+        when = datetime.fromtimestamp(entry.finished_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        return (
+            f"computed by an earlier start of this server ({when}, took {entry.seconds or 0.0:.1f} s), read from disk"
+        )
     where = "at start-up" if entry.source == "start-up" else "on a first request"
     return f"computed {where} ({when}, took {entry.seconds or 0.0:.1f} s)"
 
@@ -186,9 +318,11 @@ def readiness(ctx: AppContext) -> str:
     done = sum(e.state == "done" for e in entries)
     if not entries:
         return ""
+    stored = sum(e.state == "done" and e.source == "stored" for e in entries)
+    kept = f" ({stored} read back from an earlier start, computed again in the background)" if stored else ""
     if done == len(entries):
-        return f"**Ready:** all {len(entries)} show-me examples are computed; every show-me answers at once."
+        return f"**Ready:** all {len(entries)} show-me examples are computed{kept}; every show-me answers at once."
     running = [e for e in entries if e.state == "running"]
     now = f" Now: {running[0].label} ({100 * running[0].fraction:.0f} %)." if running else ""
     off = "" if ctx.settings.precompute else " (Start-up computing is off: each is computed on its first click.)"
-    return f"**Preparing examples:** {done} of {len(entries)} ready.{now}{off}"
+    return f"**Preparing examples:** {done} of {len(entries)} ready{kept}.{now}{off}"
