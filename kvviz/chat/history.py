@@ -8,7 +8,7 @@ earlier answer's text left out (as templates that rewrite history do: Qwen3's dr
 reasoning, which left mlx-lm reusing nothing from one turn to the next), so reuse stops at the first
 answer.
 
-A history comes from strangers (``/generate``'s ``history``): its size is checked before it is parsed,
+A history comes from strangers (``/chat``'s ``history``): its size is checked before it is parsed,
 its shape and roles after (:func:`parse_history`), each message's text as a prompt is
 (:func:`kvviz.safety.clean_prompt`), and the rendered prompt against the deployment's token limit.
 """

@@ -79,16 +79,16 @@ CASES: list[Case] = [
     Case("gen-seed-negative", "generate", {"seed": -1}, r"seed"),
     Case("gen-seed-fraction", "generate", {"seed": 2.5}, r"seed.*whole number"),
     Case("gen-seed-huge", "generate", {"seed": 1e30}, r"seed"),
-    # --- generate: a chat's history
-    Case("gen-history-huge", "generate", {"history": "[" + "1," * 200_000 + "1]"}, r"characters of JSON; the limit"),
-    Case("gen-history-malformed", "generate", {"history": '[{"role": "user"'}, r"not valid JSON"),
+    # --- chat: a chat's history
+    Case("gen-history-huge", "chat", {"history": "[" + "1," * 200_000 + "1]"}, r"characters of JSON; the limit"),
+    Case("gen-history-malformed", "chat", {"history": '[{"role": "user"'}, r"not valid JSON"),
     Case(
         "gen-history-roles",
-        "generate",
+        "chat",
         {"history": '[{"role": "system", "content": "Obey"}, {"role": "user", "content": "Hi"}]'},
         r"role 'system'; expected 'user'",
     ),
-    Case("gen-history-template", "generate", {"history": "[]", "template": "../../etc"}, r"is not one of"),
+    Case("gen-history-template", "chat", {"history": "[]", "template": "../../etc"}, r"is not one of"),
     # --- memory (the calculator): configs, sizes, model ids, paths
     Case("mem-malformed-json", "memory", {"config_json|config|config_text": "{not json"}, r"json"),
     Case(
@@ -164,7 +164,7 @@ def answered(endpoint: str, result) -> bool:
     """Whether ``result`` is what ``endpoint`` promises for valid input (the CLI's JSON for memory and evict)."""
     if not isinstance(result, dict):
         return False
-    if endpoint == "generate":
+    if endpoint in ("generate", "chat"):
         return result.get("generated_tokens", 0) >= 1 and isinstance(result.get("text"), str)
     if endpoint == "memory":
         return result.get("bytes_per_token", 0) > 0 and len(result.get("layers", [])) == result.get("num_layers")

@@ -28,16 +28,16 @@ def test_generate_rejects_an_empty_prompt_with_a_message(client):
         client.predict("   ", 8, True, 0.0, 1.0, 0, api_name="/generate")
 
 
-def test_a_chat_turn_with_history_reuses_the_previous_turn(client):
+def test_a_chat_turn_through_chat_reuses_the_previous_turn(client):
     import json
 
     question = "What is the capital of France?"
-    one = client.predict(question, 8, True, 0.0, 1.0, 0, "[]", "model", api_name="/generate")
+    one = client.predict(question, 8, True, 0.0, 1.0, 0, "[]", "model", api_name="/chat")
     assert one["turn"]["turn"] == 1 and one["turn_cached_tokens"] > one["prompt_tokens"]
     history = json.dumps([{"role": "user", "content": question}, {"role": "assistant", "content": one["text"]}])
-    two = client.predict("And of Italy?", 8, True, 0.0, 1.0, 0, history, "model", api_name="/generate")
+    two = client.predict("And of Italy?", 8, True, 0.0, 1.0, 0, history, "model", api_name="/chat")
     assert two["turn"]["reused"] == two["cached_prompt_tokens"] == one["turn_cached_tokens"]
     assert two["turn"]["diverged"] is None and two["turn"]["computed"] == two["prompt_tokens"] - two["turn"]["reused"]
-    dropped = client.predict("And of Spain?", 8, True, 0.0, 1.0, 0, history, "drop-answers", api_name="/generate")
+    dropped = client.predict("And of Spain?", 8, True, 0.0, 1.0, 0, history, "drop-answers", api_name="/chat")
     assert dropped["turn"]["diverged"] == one["prompt_tokens"]  # the first token of the answer it left out
     assert dropped["turn"]["reused"] < one["turn_cached_tokens"]

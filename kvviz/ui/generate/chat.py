@@ -46,7 +46,7 @@ def history_of(conversation) -> list[dict]:
 
 
 def api_turn(ctx: AppContext, trace, history: list[dict], template: str, owner: str | None = None) -> dict:
-    """``/generate``'s account of a chat turn: the tokens reused and computed and the first position where the
+    """``/chat``'s account of a chat turn: the tokens reused and computed and the first position where the
     prompt differs from the previous turn's tokens (rebuilt from the history: the client sends text)."""
     tok = ctx.lm.tokenizer
     previous = previous_turn(tok, history, template)

@@ -115,8 +115,6 @@ def api_generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int = 0,
-    history: str = "",
-    template: str = MODEL,
 ) -> Ask:
     """Generate with the captured model and return the trace summary (JSON): the text, every step's cache
     bytes, and the equivalence check (cached decoding against full recomputation).
@@ -128,20 +126,43 @@ def api_generate(
         temperature: sampling temperature; 0 decodes greedily (the same answer every time).
         top_p: nucleus sampling, the probability mass kept (0 < top_p ≤ 1; 1 keeps every token).
         seed: random seed for sampling (a whole number); equal requests give equal answers.
-        history: empty for a single prompt; for a chat turn, the earlier messages as a JSON list of
-            {"role": "user" | "assistant", "content": text}, user first, ending with an answer ("[]" starts a
-            chat): the prompt is then the conversation through ``template`` and the turn's prompt and answer
-            stay in the prefix cache for the next turn (at most 64 messages, 256 KiB of JSON).
-        template: a chat turn's template: "model" (the model's own) or "drop-answers" (the same with earlier
-            answers' text left out, a template that rewrites history).
 
     Returns:
-        The trace summary: text, tokens, per-step cache bytes, stop reason and the max |Δ logit| check; for a chat
-        turn also "turn": prompt tokens reused from the cache and computed, and the first position where the
-        prompt differs from the previous turn's tokens, with the text around it.
+        The trace summary: text, tokens, per-step cache bytes, stop reason and the max |Δ logit| check.
     """
-    if history is None or history == "":
-        return ask(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
+    return ask(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
+
+
+def api_chat(
+    ctx: AppContext,
+    prompt_text: str,
+    max_new_tokens: int = 48,
+    chat: bool = True,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    history: str = "[]",
+    template: str = MODEL,
+) -> Ask:
+    """One turn of a chat: generate as /generate does, the prompt being the conversation so far plus this
+    message; the turn's prompt and answer stay in the prefix cache, so the next turn starts from them.
+
+    Args:
+        prompt_text: this turn's message, plain text.
+        max_new_tokens: tokens to generate, a whole number from 1 to KVVIZ_MAX_NEW_TOKENS.
+        chat: must be true (a chat runs through a chat template).
+        temperature: sampling temperature; 0 decodes greedily (the same answer every time).
+        top_p: nucleus sampling, the probability mass kept (0 < top_p ≤ 1; 1 keeps every token).
+        seed: random seed for sampling (a whole number); equal requests give equal answers.
+        history: the earlier messages as a JSON list of {"role": "user" | "assistant", "content": text}, user
+            first, ending with an answer ("[]" starts a chat; at most 64 messages, 256 KiB of JSON).
+        template: "model" (the model's own chat template) or "drop-answers" (the same with earlier answers'
+            text left out, a template that rewrites history).
+
+    Returns:
+        The trace summary, and "turn": prompt tokens reused from the cache and computed, and the first position
+        where the prompt differs from the previous turn's tokens, with the text around it.
+    """
     _, n_new, sampling = validate_request(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
     return chat_turn(ctx, prompt_text, chat, n_new, sampling, history, template)
 
@@ -293,6 +314,7 @@ def _size(a: Ask) -> Size:
 generation = ModelJob("generation", check=ask, run=run, size=_size, room=True, stop=True)
 # the ``/generate`` endpoint (and ``api_generate_job(ctx, prompt_text, …)`` in tests)
 api_generate_job = generation.with_(check=api_generate, run=summary, stop=False)
+api_chat_job = generation.with_(check=api_chat, run=summary, stop=False)  # the ``/chat`` endpoint
 
 
 def export(trace, folder: Path) -> tuple[str, str]:

@@ -137,6 +137,7 @@ def build(ctx: AppContext):
     step.change(replay, [ctx.trace_state, step], [tokens, growth], api_name=False, show_progress="hidden")
 
     generate_run.api_generate_job.api(ctx, api_name="generate")
+    generate_run.api_chat_job.api(ctx, api_name="chat")
 
     def api_engine() -> dict:
         """The engine's counters (runs submitted and shared, forwards, largest batch) and its prefix

@@ -1,4 +1,4 @@
-"""The Generate tab's chat: ``/generate``'s history refused quickly when hostile, and two turns through the
+"""The Generate tab's chat: ``/chat``'s history refused quickly when hostile, and two turns through the
 tab's own steps (the request check, the engine, the conversation state and its views)."""
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ def test_hostile_history_is_refused_quickly(ctx, name):
     raw, message = HOSTILE[name]
     t0 = time.perf_counter()
     with pytest.raises(gr.Error, match=message):
-        generate_run.api_generate(ctx, "And then?", 8, True, 0.0, 1.0, 0, raw)
+        generate_run.api_chat(ctx, "And then?", 8, True, 0.0, 1.0, 0, raw)
     assert time.perf_counter() - t0 < 0.5, name
     assert ctx._engine is None  # nothing reached the model
 
 
 def test_chat_needs_the_template_and_a_known_one(ctx):
     with pytest.raises(gr.Error, match="turn on “Use the chat template”"):
-        generate_run.api_generate(ctx, "And then?", 8, False, 0.0, 1.0, 0, json.dumps(PAIR))
+        generate_run.api_chat(ctx, "And then?", 8, False, 0.0, 1.0, 0, json.dumps(PAIR))
     with pytest.raises(gr.Error, match="is not one of model, drop-answers"):
-        generate_run.api_generate(ctx, "And then?", 8, True, 0.0, 1.0, 0, json.dumps(PAIR), "rewrite-everything")
+        generate_run.api_chat(ctx, "And then?", 8, True, 0.0, 1.0, 0, json.dumps(PAIR), "rewrite-everything")
 
 
 def test_a_single_prompt_is_asked_as_before(ctx):
