@@ -77,7 +77,9 @@ def test_every_model_step_is_declared_through_the_wrapper(demo):
     assert checks == CHECKED
     for f, job in jobs:
         if job is not None:
-            assert f.api_visibility == ("public" if f.api_name in ("generate", "chat", "evict", "blocks") else "private")
+            assert f.api_visibility == (
+                "public" if f.api_name in ("generate", "chat", "evict", "blocks") else "private"
+            )
             assert f.concurrency_limit is None  # the gates are the model's queues
 
 
