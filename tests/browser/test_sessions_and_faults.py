@@ -116,14 +116,14 @@ def test_queue_stop_bad_input_and_closing_free_the_session(open_page, inprocess_
     assert not is_installed(ctx.lm.model)
     wait_until(lambda: len(ctx.files.sessions()) == 1, what="only this session's exports to remain")
 
-    # bad input after a good run: a clear message, and the earlier results stay on the page
+    # bad input after a good run: a clear message, and the earlier results are cleared, so they never sit
+    # under settings that were refused (the session's trace stays for the other tabs)
     tab.locator("#prompt textarea").fill("   ")
     tab.locator("#generate-btn").click()
     toast = tab.locator(".toast-body.error")
     toast.first.wait_for(timeout=30_000)
     assert "prompt is empty" in toast.first.inner_text()
-    assert tab.locator("#answer textarea").input_value() == answer
-    assert tab.locator("#token-stream").inner_text().strip()
+    wait_until(lambda: tab.locator("#answer textarea").input_value() == "", what="the refused run's results cleared")
     screenshot(tab, "bad_input_keeps_results")
     assert sessions_with_traces(demo) >= 1
 

@@ -116,8 +116,9 @@ def build(ctx: AppContext):
         show_progress_on=[status],
     )
     shown = [status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
-    clear_on_refusal(checked, shown)
-    clear_on_refusal(event, shown)
+    clear_on_refusal(
+        checked, shown
+    )  # the check refuses; the run step's own end (Stop, a time budget) keeps its results
 
     event.success(
         lambda trace, conversation, multi: generate_chat.after_turn(ctx, trace, conversation, multi),
