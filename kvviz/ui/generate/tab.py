@@ -116,9 +116,7 @@ def build(ctx: AppContext):
         show_progress_on=[status],
     )
     shown = [status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
-    clear_on_refusal(
-        checked, shown
-    )  # the check refuses; the run step's own end (Stop, a time budget) keeps its results
+    clear_on_refusal(checked, shown)  # only the check's refusal: a run ended by Stop keeps its results
 
     event.success(
         lambda trace, conversation, multi: generate_chat.after_turn(ctx, trace, conversation, multi),
