@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -127,54 +128,61 @@ def run_plan(ctx: AppContext, stop: threading.Event | None = None) -> None:
             return
 
 
-def _turn(ctx: AppContext, entry: Entry, stop: threading.Event | None) -> bool:
-    """Wait for an idle gate and refresh one stale entry through it; False once the server is stopping."""
-    stopping = (lambda: stop.is_set()) if stop is not None else (lambda: False)
+def _stopping(stop: threading.Event | None) -> Callable[[], bool]:
+    return (lambda: stop.is_set()) if stop is not None else (lambda: False)
+
+
+@contextmanager
+def _idle_slot(ctx: AppContext, label: str, stopping: Callable[[], bool]) -> Iterator[bool]:
+    """Hold the gate for one start-up job, taken only once the gate is idle so users go first; yields
+    False (holding nothing) when the server stops before the slot is granted."""
     while not stopping():
         if not _gate_idle(ctx):
             time.sleep(IDLE_POLL_S)
             continue
         try:
-            ticket = ctx.jobs.gate.admit(SESSION, f"start-up example: {entry.label}")
+            ticket = ctx.jobs.gate.admit(SESSION, f"start-up example: {label}")
         except Refused:
             time.sleep(IDLE_POLL_S)
             continue
         with ticket:
             try:
                 ticket.wait()
-            except Refused:
-                return False
-            try:
-                if ctx.store.refresh(entry, stopping):
-                    log.info("refreshed stored example: %s (%.1f s)", entry.label, entry.seconds or 0.0)
-            except Exception:
-                log.exception("refreshing a stored example failed: %s", entry.label)
-            return True
-    return False
+            except Refused:  # the server is stopping (its gate cancelled the line)
+                yield False
+                return
+            yield True
+            return
+    yield False
+
+
+def _turn(ctx: AppContext, entry: Entry, stop: threading.Event | None) -> bool:
+    """Refresh one stale entry through the gate once it is idle; False once the server is stopping."""
+    stopping = _stopping(stop)
+    with _idle_slot(ctx, entry.label, stopping) as granted:
+        if not granted:
+            return False
+        try:
+            if ctx.store.refresh(entry, stopping):
+                log.info("refreshed stored example: %s (%.1f s)", entry.label, entry.seconds or 0.0)
+        except Exception:
+            log.exception("refreshing a stored example failed: %s", entry.label)
+        return True
 
 
 def _compute_pending(ctx: AppContext, stop: threading.Event | None = None) -> None:
     """Compute every pending planned result, each when the gate is idle (users go first)."""
+    stopping = _stopping(stop)
     for entry in ctx.store.entries():
-        while entry.state == "pending" and not (stop and stop.is_set()):
-            if not _gate_idle(ctx):
-                time.sleep(IDLE_POLL_S)
-                continue
-            try:
-                ticket = ctx.jobs.gate.admit(SESSION, f"start-up example: {entry.label}")
-            except Refused:
-                time.sleep(IDLE_POLL_S)
-                continue
-            with ticket:
-                try:
-                    ticket.wait()
-                except Refused:  # the server is stopping (its gate cancelled the line)
+        while entry.state == "pending" and not stopping():
+            with _idle_slot(ctx, entry.label, stopping) as granted:
+                if not granted:
                     return
                 claimed, mine = ctx.store.claim(entry.key)
                 if not mine:
                     break
                 try:
-                    ctx.store.run(entry, "start-up", (lambda: stop.is_set()) if stop is not None else (lambda: False))
+                    ctx.store.run(entry, "start-up", stopping)
                     log.info("ready example: %s (%.1f s)", entry.label, entry.seconds or 0.0)
                 except Exception:
                     log.exception("start-up example failed: %s", entry.label)
