@@ -319,7 +319,7 @@ class Recorder(PrefillRows, DecodeRows):
             self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])  # only prompt queries so far
         if self.keep_outputs:
             outs = [o for o in self._out_step if o is not None]  # legacy attention hands over no output
-            held = len(outs) == len(self._out_step) == len(self.attention_layers)
+            held = len(outs) == len(self._out_step)
             self.outputs.append(torch.stack(outs) if held else None)  # [Lyr, q, Hq*Dv]
 
     def _key_positions(self, layer: int, k_len: int) -> torch.Tensor | None:
