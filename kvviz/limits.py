@@ -160,8 +160,9 @@ class JobCost:
     """The work and memory of a model job, known before it runs.
 
     ``token_passes`` counts token × layer forward passes (prefill plus decode, for every run the job
-    makes); ``key_reads`` counts the attention keys those queries read (the quadratic part);
-    ``bytes`` is the KV cache plus the recorder's arrays at the job's longest sequence.
+    makes, plus any repeat pass); ``key_reads`` counts the attention keys those queries read (the quadratic
+    part); ``bytes`` is the KV cache plus the recorder's arrays at the job's longest sequence;
+    ``repeat_tokens`` the tokens fed by repeat passes over a prefilled cache (KVzip's reconstruction).
     """
 
     prompt_tokens: int
@@ -171,23 +172,34 @@ class JobCost:
     token_passes: int
     key_reads: int
     bytes: int
+    repeat_tokens: int = 0
 
     def describe(self) -> str:
         runs = f"{self.runs} runs of " if self.runs > 1 else ""
+        repeat = f" + {self.repeat_tokens:,} repeat-pass tokens" if self.repeat_tokens else ""
         return (
-            f"{runs}{self.prompt_tokens:,} prompt + {self.new_tokens:,} new tokens × {self.layers} layers "
+            f"{runs}{self.prompt_tokens:,} prompt + {self.new_tokens:,} new tokens{repeat} × {self.layers} layers "
             f"({self.key_reads:.3g} attention key reads, ~{self.bytes / 2**20:,.0f} MiB)"
         )
 
 
 def job_cost(
-    prompt_tokens: int, new_tokens: int, layers: int, bytes_per_token: int, runs: int = 1, window: int | None = None
+    prompt_tokens: int,
+    new_tokens: int,
+    layers: int,
+    bytes_per_token: int,
+    runs: int = 1,
+    window: int | None = None,
+    repeat_passes: tuple[tuple[int, int], ...] = (),
 ) -> JobCost:
     """What ``runs`` generations of ``new_tokens`` after a ``prompt_tokens`` prompt will cost.
 
     ``bytes_per_token`` is the model's KV bytes per token (all layers); the recorder keeps about as
     much again beside the cache (attention summaries and statistics), so the estimate doubles it.
     ``window`` caps the keys each decode step reads (a cache that holds at most that many entries).
+    ``repeat_passes``: (cached, fed) per pass that feeds ``fed`` tokens through a copy of a prefilled cache
+    of ``cached`` entries (KVzip's repeat of the context): the ``i``-th fed token reads ``cached + i`` keys,
+    and the copy plus the fed tokens' K/V sit beside the run's cache (no recorder arrays).
     """
     total = prompt_tokens + new_tokens
     prefill = prompt_tokens * (prompt_tokens + 1) // 2
@@ -197,8 +209,18 @@ def job_cost(
         decode = _sum_range(prompt_tokens + 1, prompt_tokens + below) + (new_tokens - below) * window
     reads = runs * layers * (prefill + decode)
     held = total if window is None else min(total, window)
+    fed = sum(q for _, q in repeat_passes)
+    reads += layers * sum(q * n + q * (q + 1) // 2 for n, q in repeat_passes)
+    copy = max((n + q for n, q in repeat_passes), default=0) * bytes_per_token
     return JobCost(
-        prompt_tokens, new_tokens, layers, runs, runs * layers * total, reads, 2 * runs * held * bytes_per_token
+        prompt_tokens,
+        new_tokens,
+        layers,
+        runs,
+        layers * (runs * total + fed),
+        reads,
+        2 * runs * held * bytes_per_token + copy,
+        fed,
     )
 
 
@@ -273,6 +295,6 @@ def lease_seconds(cost: JobCost, ceiling: float = GPU_LEASE_CEILING_S, floor: fl
     """Whole seconds of GPU a job with this cost asks for: its estimated run time plus a quarter, within
     [floor, ceiling]."""
     decode = cost.runs * cost.new_tokens * cost.layers * GPU_LAYER_STEP_S
-    prefill = cost.runs * cost.prompt_tokens * cost.layers * GPU_LAYER_TOKEN_S
+    prefill = (cost.runs * cost.prompt_tokens + cost.repeat_tokens) * cost.layers * GPU_LAYER_TOKEN_S
     estimate = floor + 1.25 * (decode + prefill + cost.key_reads * GPU_KEY_READ_S)
     return int(math.ceil(min(max(estimate, floor), max(ceiling, floor))))

@@ -274,8 +274,12 @@ def uses_interface(model) -> bool:
     return uses_attention_interface(model)
 
 
-def check_capturable(model) -> None:
-    """Raise :class:`CaptureError` naming the feature when kvviz cannot capture ``model`` faithfully."""
+def check_capturable(model, state_layers: bool = False) -> None:
+    """Raise :class:`CaptureError` naming the feature when kvviz cannot capture ``model`` faithfully.
+
+    ``state_layers=True`` lets linear-attention / state-space layers through: a run that records attention
+    on the other layers only, and marks these absent (the Memory tab's live hybrid); loading refuses them,
+    since every view of a Generate run reads every layer's attention."""
     config = model.config
     name = getattr(config, "model_type", type(model).__name__)
     if getattr(config, "is_encoder_decoder", False):
@@ -285,7 +289,7 @@ def check_capturable(model) -> None:
     except ValueError as exc:
         raise CaptureError(f"kvviz cannot capture {name}: {exc}") from None
     state = [s.index for s in layout.layers if s.kind.endswith("state")]
-    if state:
+    if state and not state_layers:
         raise CaptureError(
             f"kvviz cannot capture {name}: layers {', '.join(map(str, state[:6]))} are linear-attention "
             "/ state-space layers, which have no attention probabilities to record."

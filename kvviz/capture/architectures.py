@@ -5,8 +5,8 @@ hybrid, learned-sink, and the caches of 2025–26 models: cross-layer KV sharing
 attention's indexer keys (DeepSeek-V3.2) and a linear-attention hybrid (Qwen3-Next's gated DeltaNet));
 weights are random, nothing is downloaded, and a byte-level tokenizer (UTF-8 bytes = token ids,
 vocabulary 256) stands in for a real one. ``run_kind`` captures a short generation with kvviz's own
-capture (attention recorded where every layer attends; a linear-attention hybrid runs through the same
-loop without the recorder) and reads the cache's tensors, layer by layer and step by step, next to the
+capture (attention recorded on every layer that attends: a linear-attention hybrid's full-attention
+layers; its gated-DeltaNet layers have none and are marked absent, NaN) and reads the cache's tensors, layer by layer and step by step, next to the
 memory calculator's formula::
 
     from kvviz.capture.architectures import run_kind
@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvviz.capture.cache_tensors import CacheTensor, bytes_per_layer, stored_tensors
+from kvviz.capture.trace import Trace
 from kvviz.memory.layout import PRESET_DIR
 from kvviz.models import LoadedModel
 
@@ -81,13 +83,14 @@ def build(
     name: str | None = None,
     seed: int = 0,
     attn_implementation: str | None = None,
-    capturable: bool = True,
+    state_layers: bool = False,
 ) -> LoadedModel:
     """A random-weight fp32 CPU model from a config dict (``model_type`` plus the config's fields).
 
     The implementation is transformers' default for the class (SDPA where it has one), or eager for
     attention that bypasses transformers' attention interface, the only path kvviz can capture there.
-    ``capturable=False`` skips the capture check, for a model that only runs (a linear-attention hybrid).
+    ``state_layers=True`` lets linear-attention layers through the capture check (a hybrid's attention is
+    recorded on its attention layers only).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -102,8 +105,7 @@ def build(
     if not uses_interface(model):
         force_attn_implementation(model.config, "eager")
     model.eval().requires_grad_(False)
-    if capturable:
-        check_capturable(model)
+    check_capturable(model, state_layers=state_layers)
     return LoadedModel(
         model=model,
         tokenizer=ByteTokenizer(),
@@ -114,16 +116,11 @@ def build(
     )
 
 
-def records(kind: str) -> bool:
-    """Whether kvviz records the kind's attention: every layer must attend (a linear-attention hybrid's don't)."""
-    return not _kinds()[check_kind(kind)].get("state_layers", False)
-
-
 @cache
 def tiny_model(kind: str) -> LoadedModel:
     """The tiny model of ``kind``, built once per process and shared read-only."""
     cfg = tiny_config(kind)
-    return build(cfg, name=f"tiny {kind} ({cfg['model_type']})", capturable=records(kind))
+    return build(cfg, name=f"tiny {kind} ({cfg['model_type']})", state_layers=_kinds()[kind].get("state_layers", False))
 
 
 @dataclass(frozen=True)
@@ -160,10 +157,17 @@ class LiveCache:
     formula_bytes_per_token: int
     formula: str  # the per-token arithmetic, one term per group of layers
     per_head_bytes_per_token: int  # heads × (key dim + value dim): what attention sees, what MLA avoids caching
-    max_abs_logit_diff_vs_unpatched: float | None  # None where attention is not recorded (no check to run)
+    max_abs_logit_diff_vs_unpatched: float | None  # None where the check did not run
     elapsed_s: float
     learned_sink_share: float | None = None  # mean share of attention the learned sinks took (no cache entry holds it)
     index_topk: int | None = None  # DeepSeek sparse attention: keys each query attends to
+    trace: Trace | None = None  # the capture's record: attention summaries, NaN on layers without attention
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers whose attention the run recorded (read from the trace: those with rows that are not NaN)."""
+        rows = None if self.trace is None else self.trace.window_rows
+        return () if rows is None else tuple(i for i in range(rows.shape[0]) if not np.isnan(rows[i]).all())
 
     @property
     def state_bytes(self) -> tuple[int, ...]:
@@ -201,8 +205,6 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
     """Capture ``prompt`` + ``max_new_tokens`` on the tiny model of ``kind`` and read its cache."""
     from transformers import DynamicCache
 
-    from kvviz.capture.drive import drive
-    from kvviz.capture.generation import Generation
     from kvviz.capture.loop import capture
     from kvviz.memory.estimate import estimate, layer_groups, live_cache_bytes_formula
     from kvviz.memory.layout import cache_layout
@@ -229,12 +231,7 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
 
     run: dict[str, Any] = dict(chat=False, max_new_tokens=max_new_tokens, cache_factory=keep_cache, after_step=measure)
     t0 = time.perf_counter()
-    if records(kind):
-        trace = capture(lm, prompt, verify=True, **run)
-    else:  # linear-attention layers have no attention to record: the same loop, the model's attention as loaded
-        g = drive(lm, Generation(lm, prompt, record=False, **run), wrapped=False)
-        with torch.inference_mode():
-            trace = g.finish()
+    trace = capture(lm, prompt, verify=True, **run)  # a linear layer runs as loaded, recording nothing
     elapsed = time.perf_counter() - t0
     n = layout.num_layers
     steps = []
@@ -281,4 +278,5 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
         elapsed_s=elapsed,
         learned_sink_share=None if trace.learned_sink_mass is None else float(trace.learned_sink_mass.mean()),
         index_topk=getattr(lm.config, "index_topk", None),
+        trace=trace,
     )

@@ -219,13 +219,14 @@ def _uninstall(model, entry: dict) -> None:
 
 
 @contextmanager
-def installed(model):
+def installed(model, state_layers: bool = False):
     """Route ``model``'s attention through the capture wrapper for the block, then restore it.
 
     Re-entrant and thread-safe: concurrent runs on one shared model share the installation, and
-    the last one out puts the previous implementation back.
+    the last one out puts the previous implementation back. ``state_layers``: a linear-attention
+    hybrid's attention layers are wrapped, its linear layers run as loaded (see ``check_capturable``).
     """
-    check_capturable(model)
+    check_capturable(model, state_layers=state_layers)
     with _cond:
         _cond.wait_for(lambda: id(model) not in _exclusive)
         entry = _users.get(id(model))

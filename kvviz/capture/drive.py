@@ -62,7 +62,7 @@ def forwards(
     with ExitStack() as stack:
         stack.enter_context(torch.inference_mode())
         if wrapped:
-            stack.enter_context(installed(lm.model))
+            stack.enter_context(installed(lm.model, state_layers=g.trace.model.attention_layers is not None))
         while not g.done:
             t0, c0 = time.perf_counter(), time.process_time()
             decode = g.step > 0

@@ -127,7 +127,9 @@ class Generation:
             raise ValueError("The equivalence check compares recorded attention outputs: it needs record=True.")
         self.rec: Recorder | None = None
         if record:
-            self.rec = Recorder(info.layers, info.q_heads, t_max, head, cfg, lm.device, keep_outputs=verify)
+            self.rec = Recorder(
+                info.layers, info.q_heads, t_max, head, cfg, lm.device, verify, attention_layers=info.attention_layers
+            )
         self.cache = cache_factory(lm) if cache_factory else DynamicCache(config=lm.config)
         if self.rec is not None:
             self.rec.cache = self.cache
@@ -343,6 +345,14 @@ def summarize(trace: Trace, rec: Recorder, cache) -> None:
     if rec.learned_sink_mass is not None:
         trace.learned_sink_mass = rec.learned_sink_mass[:, :, :tq].cpu().numpy()
     kv_stats(trace, cache)
+    absent = sorted(set(range(trace.model.layers)) - set(rec.attention_layers))
+    if absent:  # layers without attention (a linear hybrid's): NaN, absent, never zeros posing as attention
+        for name in ("colsum", "prefill_colsum", "sink_mass", "window_rows", "prefill_map", *KV_STATS):
+            getattr(trace, name)[absent] = np.nan
+        trace.decode_rows[:, absent] = np.nan
+
+
+KV_STATS = ("key_norms", "value_norms", "key_channel_absmean", "value_channel_absmean")
 
 
 def kv_stats(trace: Trace, cache) -> None:

@@ -61,6 +61,7 @@ def model_info(lm: LoadedModel) -> ModelInfo:
         cache_heads, cache_dims = 1, [layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]]
     sinks = any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in attention_modules(lm.model))
     params = list(lm.model.parameters())
+    attending = [s.index for s in layout.layers if s.kind not in ("state", "none")]  # a linear layer has no attention
     return ModelInfo(
         name=lm.name,
         model_type=layout.model_type,
@@ -80,6 +81,7 @@ def model_info(lm: LoadedModel) -> ModelInfo:
         cache_heads=cache_heads,
         cache_dims=cache_dims,
         learned_sinks=sinks,
+        attention_layers=attending if len(attending) < layout.num_layers else None,
     )
 
 

@@ -78,6 +78,7 @@ class Recorder(PrefillRows, DecodeRows):
         cfg: RecorderConfig,
         device: torch.device,
         keep_outputs: bool = False,
+        attention_layers: list[int] | None = None,
     ):
         if cfg.bin_factor < 1 or cfg.chunk < 1 or cfg.sink_k < 0 or cfg.obs_window < 1:
             raise ValueError("RecorderConfig needs bin_factor, chunk, obs_window >= 1 and sink_k >= 0.")
@@ -113,7 +114,9 @@ class Recorder(PrefillRows, DecodeRows):
         self._step_scores = torch.empty(layers * q_heads * t_max, device=device)
         self._step_used = 0
         self.learned_sink_mass: torch.Tensor | None = None  # [Lyr, Hq, T] share on each head's learned sink
-        self._recorded = [False] * layers  # layers this forward reached (each must)
+        # the layers that attend (None: every one); a linear-attention layer has no attention to reach
+        self.attention_layers = list(range(layers)) if attention_layers is None else list(attention_layers)
+        self._recorded = [False] * layers  # layers this forward reached (each attending one must)
         self._decode_checked = False  # the first decode step checks every layer's row against its output
         self.prefix_rows: torch.Tensor | None = None  # [Lyr, Hq, P, P]: the first P prompt queries' rows, kept
         self.turn_rows: torch.Tensor | None = None  # [Lyr, Hq, E-S, E]: rows of queries S … E-1, prompt or generated
@@ -302,7 +305,7 @@ class Recorder(PrefillRows, DecodeRows):
     def end_forward(self) -> None:
         """Close one forward pass: reduce the decode rows held back for it, copy the prompt's column
         sums once the prompt is through, collect attention outputs for the equivalence check."""
-        missing = [i for i, seen in enumerate(self._recorded) if not seen]
+        missing = [i for i in self.attention_layers if not self._recorded[i]]
         self._recorded = [False] * self.layers
         if missing:
             raise CaptureError(

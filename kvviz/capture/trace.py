@@ -58,6 +58,9 @@ class ModelInfo:
     cache_heads: int | None = None
     cache_dims: list[int] | None = None
     learned_sinks: bool = False  # each head has a learned sink logit (gpt-oss)
+    # the layers that attend, where some do not (a linear-attention hybrid's full-attention layers); None:
+    # every layer. The others' attention summaries are NaN: absent, not zero attention
+    attention_layers: list[int] | None = None
 
     @property
     def group_size(self) -> int:

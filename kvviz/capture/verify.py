@@ -61,7 +61,8 @@ def _recompute(lm: LoadedModel, gens: Sequence[Generation]) -> list[dict]:
     for g in gens:
         fed = g.trace.token_ids[: g.trace.n_fed]
         cfg = RecorderConfig(bin_factor=g.trace.bin_factor)
-        rec = Recorder(g.trace.model.layers, g.trace.model.q_heads, len(fed), len(fed), cfg, lm.device, True)
+        info = g.trace.model
+        rec = Recorder(info.layers, info.q_heads, len(fed), len(fed), cfg, lm.device, True, info.attention_layers)
         rec.begin_forward("outputs", len(fed))
         recs.append(rec)
         feeds.append(fed)
@@ -118,7 +119,7 @@ def check(lm: LoadedModel, gens: Sequence[Generation], timeout: float = 10.0) ->
         unread = [res.pop("_outputs_unread") for res in out]
         again = [(g, res) for g, res, u in zip(gens, out, unread) if u or res["max_abs_logit_diff"] >= TOLERANCE]
         if again:
-            with installed(lm.model):
+            with installed(lm.model, state_layers=gens[0].trace.model.attention_layers is not None):
                 for (_, res), through in zip(again, recompute(lm, [g for g, _ in again])):
                     res.update(through, recomputations=2)
     return out

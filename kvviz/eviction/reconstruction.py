@@ -92,6 +92,12 @@ def repeat_chunks(tokenizer, ids: list[int], chunk_size: int) -> tuple[int, list
     return header, chunks
 
 
+def repeat_passes(tokenizer, ids: list[int], chunk_size: int) -> tuple[tuple[int, int], ...]:
+    """(cached, fed) tokens of each repeat pass over a cache holding the prompt ``ids``: what the pass
+    costs (:func:`kvviz.limits.job_cost`), known from the tokenizer before any model work."""
+    return tuple((len(ids), len(c.ids)) for c in repeat_chunks(tokenizer, ids, chunk_size)[1])
+
+
 class _MaxAttention:
     """Stands in for a Recorder during a repeat pass: each layer's largest repeat attention per cached position."""
 

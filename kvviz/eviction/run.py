@@ -242,6 +242,8 @@ class EvictionRequest:
     ratio: float | None
     n_compress: int
     max_new_tokens: int
+    # (cached, fed) tokens of each repeat pass the policies of the job make (KVzip), for its cost estimate
+    repeat_passes: tuple[tuple[int, int], ...] = ()
 
     def run(self, lm: LoadedModel, **kwargs) -> PolicyRun:
         """:func:`run_policy` on this request (``kwargs``: record_history, should_stop, ...)."""

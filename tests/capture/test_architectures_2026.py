@@ -7,6 +7,7 @@ equal the memory calculator's formula at each; the tokens must be the model's ow
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,3 +85,39 @@ def test_generate_refuses_layers_whose_kv_differ_in_size():
     cfg = {**tiny_config("KV-sharing"), "global_head_dim": 32}
     with pytest.raises(CaptureError, match=r"K/V of different sizes \(heads × head_dim 1 × 16, 1 × 32\)"):
         build(cfg)
+
+
+SUMMARIES = ("colsum", "prefill_colsum", "sink_mass", "window_rows", "prefill_map", "key_channel_absmean")
+
+
+def test_hybrid_attention_is_recorded_on_its_full_attention_layers_only():
+    """The capture records the full-attention layer's probabilities, equal to transformers' own eager
+    ``output_attentions`` on the same tokens; the gated-DeltaNet layers have none and are NaN (absent)."""
+    from kvviz.capture.architectures import build
+
+    live = run_kind("linear hybrid", PROMPT)
+    trace = live.trace
+    cfg = tiny_model("linear hybrid").config
+    full = tuple(i for i, kind in enumerate(cfg.layer_types) if kind == "full_attention")
+    assert live.attention_layers == full == (3,) and trace.model.attention_layers == [3]
+    for name in SUMMARIES:
+        arr = getattr(trace, name)
+        assert np.isnan(arr[:3]).all() and not np.isnan(arr[3]).any(), name
+    assert np.isnan(trace.decode_rows[:, :3]).all() and not np.isnan(trace.decode_rows[:, 3]).any()
+    assert np.isnan(trace.key_norms[:3]).all() and not np.isnan(trace.key_norms[3, :, : trace.n_fed]).any()
+    n = trace.n_prompt
+    prompt_rows = trace.window_rows[3]  # [Hq, W, L]: with a 12-token prompt, every prompt query's row
+    assert prompt_rows.shape == (4, n, n)
+    np.testing.assert_allclose(prompt_rows.sum(-1), 1, atol=1e-5)
+    decode = trace.decode_rows[:, 3].astype(np.float32)  # [S, Hq, T] (bin 1), fp16 in the trace
+    np.testing.assert_allclose(decode.sum(-1), 1, atol=2e-3)
+    eager = build(tiny_config("linear hybrid"), attn_implementation="eager", state_layers=True)  # same seed
+    ids = torch.tensor([trace.token_ids[: trace.n_fed]])
+    with torch.inference_mode():
+        attentions = eager.model(input_ids=ids, output_attentions=True).attentions
+    assert len(attentions) == len(full)  # transformers returns the attention layers' probabilities only
+    ref = attentions[0][0].numpy()  # [Hq, T, T]
+    np.testing.assert_allclose(prompt_rows, ref[:, :n, :n], atol=1e-6)
+    assert np.all(decode[..., trace.n_fed :] == 0)  # the trace's last column: the final token, never fed
+    np.testing.assert_allclose(decode[..., : trace.n_fed], ref[:, n:].transpose(1, 0, 2), atol=1e-3)
+    np.testing.assert_allclose(trace.colsum[3, :, : trace.n_fed], ref.sum(1), atol=1e-5)

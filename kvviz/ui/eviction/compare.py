@@ -8,6 +8,7 @@ start-up, so its first click answers at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from kvviz.eviction.policies import POLICIES, make_policy
 from kvviz.eviction.run import EvictionRequest, resolve_budget
 from kvviz.examples import NEEDLE_ANSWER
 from kvviz.figures import eviction_compare as fig
-from kvviz.ui.eviction.request import library_call
+from kvviz.ui.eviction.request import library_call, policy_passes
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.jobs import UserError
@@ -91,7 +92,7 @@ def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Ca
         pols = [req.policy if n == req.policy.name else make_policy(n) for n in names if n in POLICIES]
         for p in pols:
             library_call(resolve_budget, p, req.n_compress, req.budget, req.ratio)
-        return req, pols
+        return dataclasses.replace(req, repeat_passes=policy_passes(ctx, req.ids[: req.n_compress], pols)), pols
 
     def check(_ctx, live, names, *args):
         req, pols = compare_request(names, *args)
@@ -138,7 +139,7 @@ def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Ca
         "comparison",
         check=check,
         run=run_compare,
-        size=lambda r: Size(len(r[0].ids), r[0].max_new_tokens, runs=len(r[1]) + 1),
+        size=lambda r: Size(len(r[0].ids), r[0].max_new_tokens, runs=len(r[1]) + 1, repeat_passes=r[0].repeat_passes),
         store=True,
         progress=True,
     )

@@ -22,6 +22,7 @@ from kvviz.ui.serving.jobs import UserError
 from kvviz.ui.serving.model_job import ModelJob, Size
 
 RUNS = 7  # the full cache, then the policy, the quantization and both, each teacher-forced and free
+POLICY_RUNS = 4  # of those, the runs that make the policy's own passes (KVzip's repeat of the context)
 
 
 @dataclass
@@ -82,7 +83,9 @@ def wire(ctx: AppContext, section: ComposeSection, main_inputs: list, gather: Ca
         "composition",
         check=lambda _ctx, name, *args: (name, compose_request(name, *args)),
         run=run_compose,
-        size=lambda r: Size(len(r[1].ids), r[1].max_new_tokens, runs=RUNS),
+        size=lambda r: Size(
+            len(r[1].ids), r[1].max_new_tokens, runs=RUNS, repeat_passes=r[1].repeat_passes * POLICY_RUNS
+        ),
         progress=True,
     )
     inputs = [section.scheme, *main_inputs]

@@ -10,6 +10,7 @@ import gradio as gr
 
 from kvviz.eviction.demos import split_question
 from kvviz.eviction.policies import POLICIES, check_params, make_policy
+from kvviz.eviction.reconstruction import repeat_passes
 from kvviz.eviction.run import EvictionRequest, resolve_budget
 from kvviz.figures import eviction as fig
 from kvviz.limits import MAX_BUDGET_TOKENS, MAX_QUESTION_CHARS, check_prompt_length, prompt_limit
@@ -69,12 +70,23 @@ def check_request(
                 f"Compression ratio {r:g} evicts too much of the {n_c:,} compressed tokens: {exc} "
                 "Lower the compression ratio."
             ) from None
-    return EvictionRequest(ids=ids, policy=policy, budget=b, ratio=r, n_compress=n_c, max_new_tokens=n_new)
+    passes = policy_passes(ctx, ids[:n_c], [policy])
+    return EvictionRequest(ids, policy, b, r, n_c, n_new, passes)
+
+
+def policy_passes(ctx: AppContext, compressed: list[int], policies) -> tuple[tuple[int, int], ...]:
+    """The repeat passes (KVzip's reconstruction of the context) ``policies`` make over the compressed prompt."""
+    out: tuple[tuple[int, int], ...] = ()
+    for p in policies:
+        repeat = p.reconstruction_pass
+        if repeat is not None:
+            out += library_call(repeat_passes, ctx.lm.tokenizer, compressed, repeat[1])
+    return out
 
 
 def request_size(req: EvictionRequest) -> Size:
-    """One policy run: its prompt and new tokens."""
-    return Size(len(req.ids), req.max_new_tokens)
+    """One policy run: its prompt and new tokens, and KVzip's repeat of the context."""
+    return Size(len(req.ids), req.max_new_tokens, repeat_passes=req.repeat_passes)
 
 
 def evict(

@@ -17,7 +17,7 @@ from kvviz.ui.serving.sessions import user_errors
 
 
 def show_architecture(kind, prompt):
-    """(summary, per-layer table, chart, bytes-per-step chart) for one architecture kind and prompt."""
+    """(summary, per-layer table, chart, bytes-per-step chart, recorded attention) for one kind and prompt."""
     if kind not in kinds():
         raise gr.Error(f"Pick one of the architectures: {', '.join(kinds())}.")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -26,7 +26,8 @@ def show_architecture(kind, prompt):
         raise gr.Error(f"The tiny models read at most {MAX_PROMPT_BYTES} bytes; shorten the prompt.")
     with user_errors("Tiny-model run"):
         live = run_kind(kind, prompt)
-    return fig.summary_markdown(live), fig.cache_table(live), fig.bytes_chart(live), fig.steps_chart(live)
+    charts = fig.bytes_chart(live), fig.steps_chart(live), fig.attention_chart(live)
+    return fig.summary_markdown(live), fig.cache_table(live), *charts
 
 
 def build(ctx: AppContext) -> None:
@@ -54,12 +55,13 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     chart = captioned_plot("Bytes per layer", "arch-chart", fig.CAPTIONS["chart"])
     steps = captioned_plot("Bytes per layer, step by step", "arch-steps", fig.CAPTIONS["steps"])
+    attention = captioned_plot("Attention recorded", "arch-attention", fig.CAPTIONS["attention"])
     ctx.components.update({"memory.arch_kind": kind, "memory.arch_run": button})
     gr.on(
         [button.click, kind.change, prompt.submit],
         show_architecture,
         [kind, prompt],
-        [summary, table, chart, steps],
+        [summary, table, chart, steps, attention],
         api_name=False,
         concurrency_id="tiny",
         concurrency_limit=ctx.settings.concurrency,

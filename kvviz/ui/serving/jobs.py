@@ -100,12 +100,13 @@ class Jobs:
         runs: int = 1,
         window: int | None = None,
         room: bool = False,
+        repeat_passes: tuple[tuple[int, int], ...] = (),
     ) -> Ticket:
         """A place in line for this session's job, or :class:`UserError` at once (see :func:`job_cost`);
         ``room``: a Generate run, admitted to the engine's gate. Only a run step that is about to run asks."""
-        gate = self._refusals(request, prompt_tokens, new_tokens, runs, window, room)
+        gate = self._refusals(request, prompt_tokens, new_tokens, runs, window, room, repeat_passes)
         other = self.gate if room else self.room
-        cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
+        cost = self._cost(prompt_tokens, new_tokens, runs, window, repeat_passes)
         address = client_of(request, self.settings.proxy_hops)
         try:
             return gate.admit(
@@ -127,10 +128,11 @@ class Jobs:
         runs: int = 1,
         window: int | None = None,
         room: bool = False,
+        repeat_passes: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """:class:`UserError` now if :meth:`admit` would refuse this job now; takes no place in line (a button's
         check step asks, so its refusal is a toast while the page keeps its results)."""
-        gate = self._refusals(request, prompt_tokens, new_tokens, runs, window, room)
+        gate = self._refusals(request, prompt_tokens, new_tokens, runs, window, room, repeat_passes)
         snap = gate.snapshot()
         if snap["running"] >= gate.slots and snap["waiting"] >= gate.max_waiting:
             raise UserError(
@@ -141,9 +143,13 @@ class Jobs:
         except Refused as exc:
             raise UserError(str(exc)) from None
 
-    def _refusals(self, request, prompt_tokens, new_tokens, runs, window, room) -> Gate:
+    def _cost(self, prompt_tokens, new_tokens, runs, window, repeat_passes):
+        info = self.info
+        return job_cost(prompt_tokens, new_tokens, info.layers, info.kv_bytes_per_token, runs, window, repeat_passes)
+
+    def _refusals(self, request, prompt_tokens, new_tokens, runs, window, room, repeat_passes=()) -> Gate:
         """The gate this job would pass; :class:`UserError` for memory, cost or a second job elsewhere."""
-        cost = job_cost(prompt_tokens, new_tokens, self.info.layers, self.info.kv_bytes_per_token, runs, window)
+        cost = self._cost(prompt_tokens, new_tokens, runs, window, repeat_passes)
         gate, other = (self.room, self.gate) if room else (self.gate, self.room)
         try:
             gate.check_memory()

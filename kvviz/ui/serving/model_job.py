@@ -52,6 +52,7 @@ class Size:
     new_tokens: int
     runs: int = 1
     window: int | None = None
+    repeat_passes: tuple[tuple[int, int], ...] = ()  # (cached, fed) per repeat pass (KVzip): see job_cost
 
 
 class Job(Generic[R]):
@@ -72,7 +73,14 @@ class Job(Generic[R]):
         if self.ticket is None:
             s = size or self.spec.size(self.req)
             self.ticket = self.ctx.jobs.admit(
-                self.request, self.spec.what, s.prompt_tokens, s.new_tokens, s.runs, s.window, room=self.spec.room
+                self.request,
+                self.spec.what,
+                s.prompt_tokens,
+                s.new_tokens,
+                s.runs,
+                s.window,
+                room=self.spec.room,
+                repeat_passes=s.repeat_passes,
             )
         return self.ticket
 
@@ -192,7 +200,9 @@ class ModelJob(Generic[R]):
         except Exception:
             return lease_seconds(job_cost(0, 0, 1, 0), ceiling)
         info = ctx.info
-        cost = job_cost(s.prompt_tokens, s.new_tokens, info.layers, info.kv_bytes_per_token, s.runs, s.window)
+        cost = job_cost(
+            s.prompt_tokens, s.new_tokens, info.layers, info.kv_bytes_per_token, s.runs, s.window, s.repeat_passes
+        )
         return lease_seconds(cost, ceiling)
 
     # ---- Gradio steps -------------------------------------------------------------------------------
@@ -226,7 +236,9 @@ class ModelJob(Generic[R]):
 
         def fn(request: gr.Request, *inputs) -> None:
             s = self.size(check(ctx, *inputs))
-            ctx.jobs.precheck(request, s.prompt_tokens, s.new_tokens, s.runs, s.window, room=self.room)
+            ctx.jobs.precheck(
+                request, s.prompt_tokens, s.new_tokens, s.runs, s.window, room=self.room, repeat_passes=s.repeat_passes
+            )
 
         fn.__name__ = fn.__qualname__ = f"check_{getattr(self.run, '__name__', 'run')}"
         setattr(fn, MARK, self)

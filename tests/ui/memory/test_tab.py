@@ -194,7 +194,8 @@ def test_api_memory_matches_the_cli_json(ctx):
 def test_live_architecture_section_shows_the_real_cache_next_to_the_formula():
     from kvviz.ui.memory.architectures import show_architecture
 
-    summary, table, chart, steps = show_architecture("MLA", "The KV cache")
+    summary, table, chart, steps, attention = show_architecture("MLA", "The KV cache")
+    assert "attention recorded on layers 0, 1; layer 1 shown" in attention.layout.title.text
     assert "equal, layer by layer, at every step ✓" in summary and "no factor 2 and no head count" in summary
     assert [len(t.x) for t in steps.data] == [8] * 4  # 2 layers × (measured, formula) after prefill + 7 steps
     assert list(table["tensors"]) == ["latent [1, 1, 19, 32] + RoPE key [1, 1, 19, 8]"] * 2
@@ -210,8 +211,12 @@ def test_live_architecture_section_shows_the_real_cache_next_to_the_formula():
 def test_live_section_runs_the_linear_attention_hybrid_generate_refuses():
     from kvviz.ui.memory.architectures import show_architecture
 
-    summary, table, _, steps = show_architecture("linear hybrid", "The KV cache")
-    assert "attention not recorded" in summary and "the same every time" in summary
+    summary, table, _, steps, attention = show_architecture("linear hybrid", "The KV cache")
+    assert "Attention recorded on layer 3 (full attention) and on none of layers 0, 1, 2" in summary
+    assert "the same every time" in summary and "captured logits within" in summary
+    assert "recorded on layers 3; none on layers 0, 1, 2 (no attention); layer 3 shown" in attention.layout.title.text
+    rows = attention.data[0].z  # the full-attention layer's prompt rows, mean over heads: each sums to 1
+    assert len(rows) == 12 and all(abs(sum(r) - 1) < 1e-5 for r in rows)
     assert list(table["state bytes (measured / formula)"]) == ["2,048 / 2,048"] * 3 + ["0 / 0"]
     flat = [t.y for t in steps.data[0:6:2]]  # the three linear layers' measured bytes, step by step
     assert all(set(y) == {2048} for y in flat) and steps.data[6].y[-1] > steps.data[6].y[0]
