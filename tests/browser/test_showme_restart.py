@@ -62,9 +62,10 @@ WATCH_WAITING = r"""() => {
     for (const n of r.addedNodes || []) seen(n.textContent);
   } }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
+# inside the viewport, to a pixel (a scrolled layout lands on fractions of one)
 IN_VIEWPORT = (
-    "e => { const r = e.getBoundingClientRect();"
-    " return r.height > 0 && r.top >= 0 && r.left >= 0 && r.bottom <= innerHeight && r.right <= innerWidth; }"
+    "e => { const r = e.getBoundingClientRect(); return r.height > 0 && r.top >= -1 && r.left >= -1"
+    " && r.bottom <= innerHeight + 1 && r.right <= innerWidth + 1; }"
 )
 
 
