@@ -109,12 +109,16 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         )
         links = deeplinks.bar()
         generate_event = None
+        built: dict[str, gr.Tab] = {}
         with gr.Tabs() as ctx.tabs:
-            for title, tab_id, module in TABS:
-                with gr.Tab(title, id=tab_id):
+            # Learn is built after every other tab (its show-mes set their components and press their buttons,
+            # which must exist), then put back in its place in the bar: the page lays tabs out in child order
+            for title, tab_id, module in sorted(TABS, key=lambda t: t[2] is learn):
+                with gr.Tab(title, id=tab_id) as built[tab_id]:
                     result = module.build(ctx)
                     if module is generate:
                         generate_event = result
+        ctx.tabs.children[:] = [built[tab_id] for _, tab_id, _ in TABS]
         # views of a stored (show-me) trace are drawn once and reused by every session
         ctx.listeners[:] = [(precompute.memo_listener(ctx, fn), i, o) for fn, i, o in ctx.listeners]
         if generate_event is not None:

@@ -13,6 +13,7 @@ READY = {
     "tab_memory": ("#memory-summary", r"KiB|GiB"),
     "tab_quant": ("#quant-headline", r"2 bits|too short"),
     "tab_nocache": ("#nocache-summary", r"Same tokens"),
+    "tab_blocks": ("#leak-summary", r"Shared store"),
     "tab_attention": ("#attn-status", r"\S"),
     "tab_eviction": ("#evict-verdict", r"\S"),
 }
@@ -23,6 +24,7 @@ TAB_TITLES = {
     "tab_memory": "Memory",
     "tab_quant": "Quantization",
     "tab_nocache": "Cache vs no cache",
+    "tab_blocks": "Blocks",
 }
 LONG = 180_000  # ms: a show-me may start a generation on a busy CPU
 
@@ -40,25 +42,46 @@ def text_of(page, selector: str) -> str | None:
     return loc.inner_text() if loc.count() else None
 
 
+# where a tab's button is, once its bar is drawn: "open" (its panel is on screen), "bar" (a button in the bar),
+# "menu" (Gradio moved it into the bar's "More tabs" menu) or false (the page has not drawn the bar yet)
+FIND_TAB = """([scope, title, panel]) => {
+  const mine = (b) => scope ? !!b.closest(scope) : !b.closest('#learn-tabs');
+  const shown = (e) => !!e && e.getClientRects().length > 0;
+  const named = (sel) => [...document.querySelectorAll(sel)].filter((b) => mine(b) && b.innerText.trim() === title);
+  const bar = named('button[role=tab]');
+  if (bar.some((b) => b.getAttribute('aria-selected') === 'true') && (!panel || shown(document.querySelector(panel))))
+    return 'open';
+  if (bar.some(shown)) return 'bar';
+  return named('.overflow-dropdown button').length ? 'menu' : false;
+}"""
+
+
+def open_tab(page, scope: str | None, title: str, panel: str | None = None) -> None:
+    """Select the tab ``title`` of the top bar (``scope`` None) or of the tabs inside ``scope``, wherever Gradio
+    put its button: waits for the bar to be drawn (a page that has just loaded has none yet), then clicks the
+    button in the bar or opens the bar's "More tabs" menu (large type on a narrow screen) and clicks it there."""
+    where = page.wait_for_function(FIND_TAB, arg=[scope, title, panel], polling=50).json_value()
+    if where == "open":
+        return
+    inside = f"{scope} " if scope else ""
+    outside = "" if scope else ":not(#learn-tabs *)"
+    if where == "bar":
+        name = re.compile(rf"^\s*{re.escape(title)}\s*$")
+        page.locator(f"{inside}button[role=tab]{outside}", has_text=name).filter(visible=True).first.click()
+        return
+    item = page.locator(
+        f"{inside}.overflow-dropdown button{outside}", has_text=re.compile(rf"^\s*{re.escape(title)}\s*$")
+    ).first
+    if not item.is_visible():
+        page.locator(f'{inside}.overflow-menu{outside} button[aria-label="More tabs"]').first.click()
+    item.click()
+
+
 def open_learn(page, inner: str) -> None:
-    top = page.get_by_role("tab", name="Learn", exact=True)
-    if "Learn" in [t.strip() for t in selected_tabs(page)]:
-        pass
-    elif top.count() and top.is_visible():
-        top.click()
-    else:  # large type on a narrower screen: another view is selected and Learn sits in the "More tabs" menu
-        learn = page.locator(".overflow-dropdown button:not(#learn-tabs *)", has_text=re.compile(r"^\s*Learn\s*$"))
-        menu = page.locator(".overflow-menu:not(#learn-tabs *)", has=learn).first
-        if not learn.first.is_visible():
-            menu.locator('button[aria-label="More tabs"]').click()
-        learn.first.click()
+    """The Learn tab, then its inner tab ``inner`` (e.g. "3 Size formula")."""
+    open_tab(page, None, "Learn", "#learn-tabs")
     page.locator("#learn-tabs").wait_for()
-    tab = page.locator("#learn-tabs").get_by_role("tab", name=inner, exact=True)
-    if tab.count() and tab.is_visible():
-        tab.click()
-    else:  # large type: Gradio moves the tabs that do not fit into a "More tabs" menu
-        page.locator('#learn-tabs button[aria-label="More tabs"]').click()
-        page.locator("#learn-tabs .overflow-dropdown button", has_text=inner).click()
+    open_tab(page, "#learn-tabs", inner)
 
 
 def show_me(page, button_id: str, sm, must_change: bool = True) -> None:

@@ -10,40 +10,15 @@ click is written with a screenshot per show-me under tests/browser/artifacts/; w
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from kvviz.lessons.objectives import OBJECTIVES, PITFALLS
-from tests.browser.test_learn_journey import READY, TAB_TITLES, open_learn, selected_tabs, text_of
+from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, show_mes
+from tests.browser.test_learn_journey import open_learn, selected_tabs
 from tests.server import start_app, stop_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-READY_TIMEOUT_MS = 1_800_000  # the examples on a busy 2-core machine (a few minutes when it is quiet)
-IDLE = (
-    "() => ![...document.querySelectorAll('[data-testid=status-tracker]:not(.hide)')].some("
-    "e => e.classList.contains('generating') || e.querySelector('.eta-bar, .progress-level, .loading'))"
-)
-# the named view is on screen and drawn (a plot has left its empty state and plotly has drawn it)
-IN_VIEW = (
-    "id => { const e = document.getElementById(id); if (!e || !e.getClientRects().length) return false;"
-    " if (e.querySelector('[aria-label=\"Empty value\"]')) return false;"
-    " const p = e.querySelector('.js-plotly-plot'); if (p && !p.querySelector('.main-svg')) return false;"
-    " const r = e.getBoundingClientRect(); return r.bottom > 0 && r.top < innerHeight && r.height > 0; }"
-)
-
-# the outline lasts a few seconds; a busy page can run its removal before a poll sees it, so an observer
-# notes every element that gains it
-WATCH_SPOT = """id => {
-  if (!window.__kvvizSpotted) {
-    window.__kvvizSpotted = new Set();
-    new MutationObserver((records) => { for (const r of records)
-      if (r.target.id && r.target.classList.contains('kvviz-spot')) window.__kvvizSpotted.add(r.target.id); }
-    ).observe(document.body, {subtree: true, attributes: true, attributeFilter: ['class']});
-  }
-  window.__kvvizSpotted.delete(id);
-}"""
 
 
 @pytest.fixture(scope="module")
@@ -52,51 +27,6 @@ def ready_server(tmp_path_factory):
     running = start_app(tmp_path_factory.mktemp("showme-server"), {"KVVIZ_PRECOMPUTE": "1"})
     yield running
     stop_app(running.proc)
-
-
-def show_mes() -> list[tuple[str, object]]:
-    """(button id, show-me) in lecture order, each example once."""
-    out, seen = [], set()
-    for obj in OBJECTIVES:
-        for j, sm in enumerate(obj.show_me, 1):
-            out.append((f"showme-{obj.number}-{j}", sm, f"{obj.number} {obj.title}"))
-            seen.add(sm.label)
-    for i, pit in enumerate(PITFALLS, 1):
-        if pit.show_me.label not in seen:
-            seen.add(pit.show_me.label)
-            out.append((f"pitfall-{i}", pit.show_me, "Pitfalls"))
-    return out
-
-
-def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
-    """Seconds from the click until the view shows its result, idle, with the named view in the viewport."""
-    ready = READY.get(sm.tab)
-    old = text_of(page, ready[0]) if ready else None
-    change = sm.tab not in ("tab_attention", "tab_memory")  # these may show the same text again
-    page.evaluate(WATCH_SPOT, sm.anchor)
-    t0 = time.perf_counter()
-    page.locator(f"#{button_id}").click()
-    page.wait_for_function(
-        "t => [...document.querySelectorAll('button[role=tab][aria-selected=true]')]"
-        ".some(b => b.innerText.trim() === t)",
-        arg=TAB_TITLES[sm.tab],
-        timeout=timeout_ms,
-        polling=50,
-    )
-    page.wait_for_function(  # the named view was outlined (seen by WATCH_SPOT even if it has faded since)
-        "id => window.__kvvizSpotted.has(id)", arg=sm.anchor, timeout=timeout_ms, polling=50
-    )
-    if ready:
-        page.wait_for_function(
-            "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
-            " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
-            arg=[ready[0], ready[1], old, change],
-            timeout=timeout_ms,
-            polling=50,
-        )
-    page.wait_for_function(IDLE, timeout=timeout_ms, polling=50)
-    page.wait_for_function(IN_VIEW, arg=sm.anchor, timeout=timeout_ms, polling=50)
-    return time.perf_counter() - t0
 
 
 def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, ready_server):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvviz.lessons.objectives import LLAMA70, OBJECTIVES
+from kvviz.lessons.objectives import LLAMA70, OBJECTIVES, PITFALLS, SIDE_CHANNEL
 from kvviz.settings import Settings
-from kvviz.ui.app import build_app
+from kvviz.ui.app import TABS, build_app
 from kvviz.ui.serving.context import AppContext
 
 
@@ -27,3 +27,17 @@ def test_results_at_hand_answer_in_the_show_me_event_and_others_are_pressed(lm):
     sent = {b._id for b in click.outputs}
     assert {c._id for c in memory.outputs} <= sent  # the calculator's outputs come with the click
     assert {c._id for c in memory.inputs} <= {b._id for b in click.inputs}  # read from the session's page
+
+
+def test_every_show_me_finds_its_view_and_learn_keeps_its_place_among_the_tabs(lm):
+    ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=64, max_prompt_tokens=1024, concurrency=1))
+    demo = build_app(ctx)
+    notes = {
+        b.elem_id: str(b.value)
+        for b in demo.blocks.values()
+        if str(getattr(b, "elem_id", None) or "").endswith("-note") and "Look for" in str(getattr(b, "value", ""))
+    }
+    assert len(notes) >= len(OBJECTIVES) + len(PITFALLS)
+    assert not {k: v for k, v in notes.items() if "not in this build" in v.lower()}  # the Blocks pitfall included
+    assert [tab.id for tab in ctx.tabs.children] == [tab_id for _, tab_id, _ in TABS]  # built last, shown in place
+    assert ctx.store.planned(ctx.planners["blocks.leak_run"](SIDE_CHANNEL.values))  # its timing is stored too

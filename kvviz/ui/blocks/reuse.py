@@ -12,6 +12,7 @@ import gradio as gr
 
 from kvviz.blocks.page_size import replay
 from kvviz.capture.model_io import encode_prompt
+from kvviz.demo_store import Compute
 from kvviz.engine.side_channel import Leak, measure
 from kvviz.examples import chapter_text
 from kvviz.examples.room import room_requests
@@ -20,6 +21,7 @@ from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.precompute import live_box, origin, shared
 from kvviz.ui.serving.sessions import user_errors
 
 LEAK_TOKENS = 192  # long enough that a prefill takes far longer than a hit, short enough for a quick show-me
@@ -65,26 +67,42 @@ def build(ctx: AppContext) -> None:
     with gr.Row():
         tries = gr.Slider(2, MAX_TRIES, value=3, step=1, label="Tries per case", elem_id="leak-tries")
         button = gr.Button("Time a second session", variant="primary", elem_id="leak-run")
+        live = live_box("leak-live")
     summary = gr.Markdown(elem_id="leak-summary")
     chart = captioned_plot("A second session's time to first token", "leak-chart", fig.CAPTIONS["leak"])
     ctx.components.update({"blocks.leak_tries": tries, "blocks.leak_run": button})
 
-    def check(_ctx: AppContext, n) -> tuple[list[int], int]:
+    def job(n) -> tuple[tuple, list[int], Compute]:
+        """The store key, prompt and computation of one timing (the number of tries checked first)."""
         with user_errors():
             k = whole_number(n, "Tries", 1, MAX_TRIES)
         ids = encode_prompt(ctx.lm, chapter_text(), False)[: LEAK_TOKENS + 2 * k]
-        return ids, k
+
+        def compute(report, should_stop) -> Leak:
+            return measure(ctx.lm, ids, k, progress=report)
+
+        return (ctx.lm.name, "side-channel", tuple(ids), k), ids, compute
+
+    def plan(values: dict) -> tuple:
+        key, _, compute = job(values.get("blocks.leak_tries", tries.value))
+        ctx.store.plan(key, "side-channel timing", compute)
+        return key
+
+    # the show-me's timing is measured once and stored like the others, so a restarted server answers it at once
+    ctx.planners["blocks.leak_run"] = plan
 
     def run(job):
-        ids, k = job.req
-        leak = measure(ctx.lm, ids, k, progress=lambda f, desc: job.progress(f, desc))
-        return leak_summary(leak), fig.leak_chart(leak)
+        fresh, key, _, compute = job.req
+        leak, entry = shared(job, key, compute, live=fresh)
+        when = "measured now on this machine" if entry is None else f"measured on this machine, {origin(entry)}"
+        return f"{leak_summary(leak)} · *{when.replace('computed ', '')}*", fig.leak_chart(leak)
 
     side_channel = ModelJob(
         "side-channel timing",
-        check=check,
+        check=lambda _ctx, n, fresh: (bool(fresh), *job(n)),
         run=run,
-        size=lambda r: Size(len(r[0]), 1, runs=6 * r[1] + 2),
+        size=lambda r: Size(len(r[2]), 1, runs=6 * r[1][3] + 2),
+        store=True,
         progress=True,
     )
-    side_channel.button(ctx, button, [tries], [summary, chart])
+    side_channel.button(ctx, button, [tries, live], [summary, chart])
