@@ -39,6 +39,7 @@ REPEAT_FIRST = "\n\nRepeat the previous context exactly."
 REPEAT_NEXT = "\n\nRepeat the part of the previous context exactly, starting with"
 PREVIOUS_TAIL = 8  # tokens of the chunk before that a later chunk's prompt quotes
 DUMMY = "dummy context"
+ROWS = 64  # repeat queries scored at once: [Hq, 64, k] stays in cache where [Hq, q, k] went out to memory
 
 
 def template_parts(tokenizer) -> tuple[int, list[int]]:
@@ -106,23 +107,46 @@ class _MaxAttention:
         self.n_cached, self.n_sink = n_cached, n_sink
         self.chunk = Chunk(0, 0, [])
         self.seen: set[int] = set()
+        self._scratch: torch.Tensor | None = None  # one block of query rows' scores, kept across layers
 
     def record(self, layer, query, key, mask, scaling, softcap, out, **extra) -> None:
-        """query [1, Hq, q, D] (after RoPE), key [1, Hkv, n + q, D]: the cache with the repeat tokens appended."""
+        """query [1, Hq, q, D] (after RoPE), key [1, Hkv, n + q, D]: the cache with the repeat tokens appended.
+
+        The repeat queries are scored ``ROWS`` at a time against the keys they see (the sinks, the chunk
+        and the repeat tokens up to their own), keeping only a running max per (KV head, position): the
+        numbers of one [Hkv, G, q, k] softmax, without writing that matrix out (~70 MB a layer for 1,000 tokens).
+        """
         _, hq, q_len, d = query.shape
         hkv = key.shape[1]
-        c = self.chunk
+        g, c = hq // hkv, self.chunk
         sink = min(self.n_sink, c.start)
-        keys = torch.cat([key[:, :, :sink], key[:, :, c.start : c.end], key[:, :, -q_len:]], dim=2)
-        keys = keys.unsqueeze(2).transpose(-2, -1).contiguous()  # [1, Hkv, 1, D, k]
-        queries = query.reshape(1, hkv, hq // hkv, q_len, d)  # [1, Hkv, G, q, D]: repeat_kv's head order
-        weights = torch.matmul(queries, keys) / math.sqrt(d)  # [1, Hkv, G, q, k]
-        causal = torch.full((q_len, q_len), torch.finfo(weights.dtype).min, device=weights.device)
-        cond = torch.arange(q_len, device=weights.device)
-        causal.masked_fill_(cond < (cond + 1).view(q_len, 1), 0)
-        weights[..., -q_len:, -q_len:] += causal
-        weights = torch.softmax(weights, dim=-1)[..., sink : sink + c.end - c.start]
-        self.scores[layer, :, c.start : c.end] = weights.amax(dim=(-3, -2))[0].float().to(self.scores.device)
+        keys = torch.cat([key[0, :, :sink], key[0, :, c.start : c.end], key[0, :, -q_len:]], dim=1)
+        kt = keys.transpose(1, 2).contiguous()  # [Hkv, D, m + q]
+        m = sink + c.end - c.start  # keys before the repeat tokens
+        queries = query[0].reshape(hkv, g, q_len, d)  # repeat_kv's head order
+        best = torch.zeros(hkv, c.end - c.start, dtype=query.dtype, device=query.device)
+        low = torch.finfo(query.dtype).min
+        causal = torch.zeros(ROWS, ROWS, dtype=query.dtype, device=query.device).masked_fill_(
+            torch.ones(ROWS, ROWS, dtype=torch.bool, device=query.device).triu(1), low
+        )
+        if (
+            self._scratch is None
+            or self._scratch.numel() < hq * ROWS * (m + q_len)
+            or self._scratch.dtype != query.dtype
+            or self._scratch.device != query.device
+        ):
+            self._scratch = query.new_empty(hq * ROWS * (m + q_len))
+        for c0 in range(0, q_len, ROWS):
+            c1 = min(c0 + ROWS, q_len)
+            rows, seen = c1 - c0, m + c1  # no query sees a later repeat token
+            s = self._scratch[: hq * rows * seen].view(hkv, g * rows, seen)
+            torch.bmm(queries[:, :, c0:c1].reshape(hkv, g * rows, d), kt[:, :, :seen], out=s)
+            s.div_(math.sqrt(d))
+            s4 = s.view(hkv, g, rows, seen)
+            s4[..., seen - rows :].add_(causal[:rows, :rows])
+            torch.softmax(s, dim=-1, out=s)
+            torch.maximum(best, s4[..., sink:m].amax(dim=(1, 2)), out=best)
+        self.scores[layer, :, c.start : c.end] = best.float().to(self.scores.device)
         self.seen.add(layer)
 
     def record_weights(self, layer, weights, learned_sinks: bool = False) -> None:
