@@ -116,8 +116,8 @@ def magnitude_map(mag: np.ndarray, tokens: list[str], which: str = "keys", layer
         )
     )
     fig.update_layout(
-        title=f"|{which}|, layer {layer}, KV head {head}: top channels {', '.join(map(str, top))} "
-        f"(largest channel mean = {ratio:.1f}× the median)",
+        title=f"|{which}|, layer {layer}, KV head {head}: largest channel {ratio:.1f}× the median "
+        f"(channels {', '.join(map(str, top))})",
         xaxis_title="token position" + (" (max-pooled)" if z.shape[1] < mag.shape[1] else ""),
         yaxis_title="channel",
         height=360,
@@ -150,7 +150,8 @@ def error_bars(results: list[SchemeResult]) -> go.Figure:
         yaxis_title="relative error (%)",
         height=420,
         margin=dict(l=60, r=20, t=50, b=140),
-        legend=dict(orientation="h", y=1.08),
+        # beside the bars, outside the plot area: over it, the legend covered the tallest bars
+        legend=dict(x=1.01, xanchor="left", y=1, yanchor="top"),
     )
     fig.update_xaxes(tickangle=-30)
     return fig

@@ -230,19 +230,20 @@ def compare(qkv: QKV, schemes: list[Scheme], progress=None) -> tuple[pd.DataFram
 
 
 def results_frame(results: list[SchemeResult]) -> pd.DataFrame:
-    """One row per scheme; errors in percent, the cache in KiB/MiB, compression vs a 16-bit cache."""
+    """One row per scheme; errors in percent, the cache in KiB/MiB, compression vs a 16-bit cache (the errors
+    first, beside the scheme's name: they are the point; the spelled-out groupings last)."""
     return pd.DataFrame(
         [
             {
                 "scheme": r.scheme.name,
-                "keys": r.scheme.key.label,
-                "values": r.scheme.value.label,
                 "K error (%)": round(100 * r.key_error, 3),
                 "V error (%)": round(100 * r.value_error, 3),
                 "attention output error (%)": round(100 * r.output_error, 3),
-                "tokens quantized (K / V)": f"{r.key_quantized} / {r.value_quantized} of {r.n_tokens}",
                 "cache": format_bytes(r.total_bytes),
                 "vs 16-bit": f"{r.compression:.2f}× smaller",
+                "tokens quantized (K / V)": f"{r.key_quantized} / {r.value_quantized} of {r.n_tokens}",
+                "keys": r.scheme.key.label,
+                "values": r.scheme.value.label,
             }
             for r in results
         ]

@@ -9,7 +9,7 @@ from kvviz.ui.blocks import tab as blocks
 from kvviz.ui.eviction import tab as eviction
 from kvviz.ui.generate import tab as generate
 from kvviz.ui.memory import tab as memory
-from kvviz.ui.page import deeplinks, plotly_preload, present
+from kvviz.ui.page import deeplinks, plotly_preload, present, toasts
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
 
@@ -22,15 +22,15 @@ TABS = [
     ("Quantization", "tab_quant", quant),
     ("Cache vs no cache", "tab_nocache", nocache),
     ("Learn", "tab_learn", learn),
-    # after Learn (and after Eviction, whose inputs it fills): with large presentation fonts the last tabs may go
-    # to the overflow menu
+    # after Learn (and after Eviction, whose inputs it fills): with large presentation fonts the last tabs may
+    # wrap onto a second row
     ("Leaderboard", "tab_leaderboard", leaderboard),
     ("Blocks", "tab_blocks", blocks),
 ]
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
 # scripts for the page's <head>: charts drawn at the presentation scale, plotly loaded while the page is idle
-HEAD = present.HEAD + plotly_preload.HEAD
+HEAD = present.HEAD + plotly_preload.HEAD + toasts.HEAD
 CSS = """
 .caption {font-size: 0.92em; opacity: 0.85}
 /* tables: headers break between words, never inside one; a wide table scrolls instead of being cut */
@@ -39,18 +39,15 @@ CSS = """
   word-break: normal !important; overflow-wrap: normal !important; hyphens: none}
 .prose th, .prose td {white-space: nowrap}
 .table-wrap, .table-container {overflow-x: auto !important; max-width: 100%}
-/* phones: every tab on the page (wrapped, no hidden "more" menu), charts without toolbars over their labels */
+/* phones: the tabs wrap onto rows (gr.Tabs(overflow_behavior="wrap")), charts without toolbars over their
+   labels, the model card's one-row table read down the page (its header beside its value) instead of cut */
 @media (max-width: 640px) {
-  .tab-wrapper {flex-wrap: wrap; height: auto !important}
-  .tab-wrapper .overflow-menu > button {display: none !important}
-  .tab-wrapper .overflow-menu {position: static; flex-basis: 100%; width: 100%}
-  .tab-wrapper .overflow-dropdown, .tab-wrapper .overflow-dropdown.hide {display: flex !important; flex-wrap: wrap;
-    position: static !important; width: 100% !important; box-shadow: none !important; border: none !important;
-    padding: 0 !important;
-    background: transparent !important}
-  .tab-wrapper .overflow-dropdown button {width: auto !important; padding: 4px 10px}
   .js-plotly-plot .modebar-container {display: none !important}
   .gradio-container {padding-left: 6px !important; padding-right: 6px !important}
+  #model-card table {display: grid !important; grid-auto-flow: column; grid-template-rows: repeat(7, auto);
+    grid-template-columns: max-content 1fr; overflow-x: visible}
+  #model-card thead, #model-card tbody, #model-card tr {display: contents}
+  #model-card th, #model-card td {white-space: normal}
 }
 /* presentation mode: tab_learn toggles body.kvviz-present (or ?present=1) */
 body.kvviz-present, body.kvviz-present .gradio-container {
@@ -110,7 +107,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         links = deeplinks.bar()
         generate_event = None
         built: dict[str, gr.Tab] = {}
-        with gr.Tabs() as ctx.tabs:
+        with gr.Tabs(overflow_behavior="wrap") as ctx.tabs:
             # Learn is built after every other tab (its show-mes set their components and press their buttons,
             # which must exist), then put back in its place in the bar: the page lays tabs out in child order
             for title, tab_id, module in sorted(TABS, key=lambda t: t[2] is learn):

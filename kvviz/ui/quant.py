@@ -247,6 +247,8 @@ def build(ctx: AppContext) -> None:
         waiting_table("Press Analyze this prompt to see every scheme's error and size"),
         label="Every scheme on this prompt",
         interactive=False,
+        wrap=True,  # with widths that add up to the box: every column on screen, long groupings on two lines
+        column_widths=["19%", "8%", "8%", "9%", "7%", "10%", "11%", "14%", "14%"],
         elem_id="quant-table",
     )
     errors = gr.Plot(label="Error per scheme", elem_id="quant-errors")

@@ -24,6 +24,18 @@ def test_phone_layout(browser_context, app_server, screenshot):
         page.wait_for_selector("#generate-btn")
         shown = _visible_tab_buttons(page)
         assert all(t in shown for t in TABS), shown
+        # ... and every one of them looks like a tab: a tab of the strip, styled as the first one
+        looks = page.evaluate("""() => [...document.querySelectorAll('.tab-wrapper button')]
+            .filter((b) => b.offsetParent !== null && b.closest('.visually-hidden') === null && b.closest('#learn-tabs') === null)
+            .map((b) => { const s = getComputedStyle(b);
+              return [b.textContent.trim(), b.getAttribute('role'), s.fontSize, s.paddingLeft, s.height]; })""")
+        assert {name for name, *_ in looks} >= set(TABS), looks
+        assert all(role == "tab" for _, role, *_ in looks), looks
+        assert len({tuple(style) for _, _, *style in looks}) == 1, looks
+        # the model card's table fits the phone: every cell whole on the screen, nothing cut at the edge
+        card = page.evaluate("""[...document.querySelectorAll('#model-card th, #model-card td')].map((c) =>
+            [c.textContent.trim(), c.getBoundingClientRect().left, c.getBoundingClientRect().right])""")
+        assert len(card) == 14 and all(left >= 0 and right <= WIDTH for _, left, right in card), card
         # the page never scrolls sideways: wide content scrolls inside its own box
         assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH + 1
         # the model card's table keeps words whole: no header cell narrower than its longest word
@@ -35,6 +47,13 @@ def test_phone_layout(browser_context, app_server, screenshot):
         page.locator(".tab-wrapper button:not([tabindex='-1'])", has_text="Memory").first.click()
         page.wait_for_selector("#memory-summary")
         assert page.locator("#memory-summary").is_visible()
+        # chart titles wrap to the phone's width instead of running off the chart's edge
+        page.locator("#memory-size .gtitle").wait_for()
+        titles = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter((p) => p.offsetParent !== null)
+            .map((p) => { const t = p.querySelector('.gtitle'); if (!t) return null;
+              const a = p.getBoundingClientRect(), b = t.getBoundingClientRect();
+              return [t.textContent, b.left >= a.left - 1 && b.right <= a.right + 1]; }).filter((x) => x)""")
+        assert titles and all(inside for _, inside in titles), titles
         # a results table: headers on one line each (never "agreem ent"), the table scrolls inside its box
         heads = page.evaluate("""[...document.querySelectorAll('#memory-table th')].map((c) =>
             [c.textContent.trim(), getComputedStyle(c).wordBreak, c.getBoundingClientRect().height])""")
@@ -47,5 +66,6 @@ def test_phone_layout(browser_context, app_server, screenshot):
         assert breaks and all(b == ["normal", "normal"] for b in breaks), breaks
         assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH + 1
         screenshot(page, "phone_390_memory")
+        page.screenshot(path="/tmp/present_phone_memory.png")
     finally:
         page.close()

@@ -70,16 +70,47 @@ SCALE_JS = """
     return [Array.isArray(data) ? data.map((t) => fonts(t, R.trace_fonts, ratio)) : data, lay];
   };
   const target = () => (document.body.classList.contains(CLS) ? R.present : 1);
+  // the title broken into lines that fit the chart's width (plotly never wraps one; a long title ran off
+  // the chart's edge on a phone or in half of a presentation screen); the title as written is kept in meta
+  const pen = document.createElement('canvas').getContext('2d');
+  const fit = (gd, layout) => {
+    const el = typeof gd === 'string' ? document.getElementById(gd) : gd;
+    const width = (isObj(layout) && layout.width) || (el && el.clientWidth) || 0;
+    if (!width || !isObj(layout)) return layout;
+    const title = typeof layout.title === 'string' ? {text: layout.title} : layout.title;
+    const meta = isObj(layout.meta) ? layout.meta : {};
+    const text = typeof meta.kvviz_title === 'string' ? meta.kvviz_title : isObj(title) && title.text;
+    if (typeof text !== 'string' || !text) return layout;
+    const base = isObj(layout.font) && layout.font.size ? layout.font.size : R.font;
+    const size = (isObj(title.font) && title.font.size) || 1.4 * base;
+    pen.font = `${size}px "Open Sans", verdana, arial, sans-serif`;
+    const x = typeof title.x === 'number' ? title.x : 0.05, room = width * (x < 1 / 3 ? 1 - x : 1) - 24;
+    const lines = text.split('<br>').flatMap((line) => {
+      if (line.includes('<') || pen.measureText(line).width <= room) return [line];
+      const out = [];
+      for (const word of line.split(' ')) {
+        const last = out.length ? `${out[out.length - 1]} ${word}` : word;
+        if (out.length && pen.measureText(last).width > room) out.push(word);
+        else if (out.length) out[out.length - 1] = last;
+        else out.push(word);
+      }
+      return out;
+    });
+    if (lines.length === text.split('<br>').length && text === title.text) return layout;
+    // wrapped: from the top of the chart, below where the panel's label floats, pushing the plot area down
+    const top = {yref: 'container', y: 1, yanchor: 'top', pad: {t: 36}, automargin: true};
+    return {...layout, title: {...title, text: lines.join(' <br>'), ...top}, meta: {...meta, kvviz_title: text}};
+  };
   const hook = (P) => {
     if (!P || P.kvvizScales || typeof P.react !== 'function') return;
     const react = P.react;
     P.react = function (gd, data, layout, config) {
       if (isObj(data)) {  // react(gd, {data, layout, config, frames})
         const [d, l] = scale(data.data, data.layout, target());
-        return react.call(this, gd, {...data, data: d, layout: l});
+        return react.call(this, gd, {...data, data: d, layout: fit(gd, l)});
       }
       [data, layout] = scale(data, layout, target());
-      return react.call(this, gd, data, layout, config);
+      return react.call(this, gd, data, fit(gd, layout), config);
     };
     P.kvvizScales = true;
   };
@@ -94,13 +125,20 @@ SCALE_JS = """
     Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true, get: () => P,
       set: (v) => { P = v; hook(v); }});
   }
-  window.kvvizPresent = {rule: R, scale, scaleOf, target, redraw};
+  window.kvvizPresent = {rule: R, scale, scaleOf, target, redraw, fit};
 })();
 """.replace("__RULE__", json.dumps(rule())).replace("__CLS__", PRESENT_CLASS)
 # in the page's <head> (app.py passes it to launch): plotly is wrapped before the first chart loads it
 HEAD = f"<script>{SCALE_JS}</script>"
 # the toggle: flip the body class and redraw the charts at the new scale (in the page only)
 TOGGLE_JS = f"() => {{ document.body.classList.toggle('{PRESENT_CLASS}'); window.kvvizPresent.redraw(); return []; }}"
+# Generate while presenting: the run's status line and token stream (below the prompt's inputs) come to the top
+# of the screen, so the room watches the tokens arrive instead of the inputs. The scroll is measured from the
+# stream, not the status line: the browser keeps the stream where it is while the status line above it fills
+FOLLOW_JS = (
+    "() => { const t = document.getElementById('token-stream'); if (t && document.body.classList.contains('__CLS__')) "
+    "window.scrollTo({top: Math.max(0, t.getBoundingClientRect().top + window.scrollY - 90)}); return []; }"
+).replace("__CLS__", PRESENT_CLASS)
 # moving a Gradio slider from a script: set its value, then the events Gradio listens to (shared with play)
 STEP_HELPER_JS = """
 window.kvvizStep = (s, delta) => {
@@ -159,4 +197,7 @@ def install(ctx: AppContext, demo: gr.Blocks) -> None:
     toggle = ctx.components.get("learn.present")
     if isinstance(toggle, gr.Button):
         toggle.click(None, None, None, js=TOGGLE_JS, api_name=False, queue=False, show_progress="hidden")
+    go = ctx.components.get("generate.button")
+    if isinstance(go, gr.Button):
+        go.click(None, None, None, js=FOLLOW_JS, api_name=False, queue=False, show_progress="hidden")
     demo.load(None, None, None, js=LOAD_JS, api_name=False, queue=False, show_progress="hidden")
