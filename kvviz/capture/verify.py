@@ -15,8 +15,8 @@ position's logits are its own), the capture's packs them into one forward
 (:mod:`kvviz.capture.packed`). Runs of one batch that begin with the same tokens — a room's chat
 template and system prompt — compute those leading rows once, from scratch, for all of them: a row
 depends only on the tokens up to it, so they are every run's own rows, and each run's later rows
-attend to them as in a forward of its own. On the 2-core machine that halves a room's check
-(24 chat runs: 28 of ~53 tokens each shared). The result says how many tokens were shared.
+attend to them as in a forward of its own. A room's chat runs share most of their prompt, so this
+roughly halves a room's check. The result says how many tokens were shared.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ run beside a long one is checked at once.
 
 An idle engine may gather before its first step (the served app does, ``KVVIZ_GATHER_MS``): a room
 pressing Generate together reaches the server over a second, and a step, once begun, admits no one
-until it ends (on the 2-core machine a lone prefill took 1.6 s while the others arrived, and they
-then ended a step after it, their check with them). The first run then waits until no new run has
+until it ends (a lone prefill that begins while the others arrive makes them end a step after it,
+their check with them). The first run then waits until no new run has
 been submitted for ``gather_s`` seconds (at most ``gather_max_s`` after it came, or until the batch
 is full) — a lone user's run starts that much later.
 

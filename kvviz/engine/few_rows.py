@@ -71,10 +71,8 @@ def few_rows() -> Iterator[None]:
 @contextmanager
 def threads_for(rows: int, device: torch.device) -> Iterator[None]:
     """Within the block, a forward of at most :data:`ONE_THREAD_ROWS` rows on the CPU runs on one intra-op
-    thread. In the served app a lone run decoded faster on one thread than on two (200 tokens through
-    ``/generate``: 17–19 s against 21–29 s on the 2-core machine, the library's own capture taking
-    12–13 s meanwhile): its products are too small to gain from a second thread, which only waits for
-    the first. Linear layers give the same results either way at these row counts."""
+    thread. A lone run's products are too small to gain from a second thread, which only waits for the first
+    (``bench/page_speed.py`` measures it). Linear layers give the same results either way at these row counts."""
     if rows > ONE_THREAD_ROWS or device.type != "cpu":
         yield
         return
