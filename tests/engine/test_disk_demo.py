@@ -64,3 +64,13 @@ def test_the_room_names_what_its_block_bytes_count(lm):
     assert "whose 16 tokens hold 720 KiB" in text and "attention rows" in text
     table = fig.room_table(view, ["hi"], bpt)
     assert table[fig.ROWS_BYTES].tolist() == ["1.4 MiB"] and table[fig.KV_BYTES].tolist() == ["360 KiB"]
+
+
+def test_the_blocks_view_says_its_block_is_keys_and_values_only():
+    from kvviz.blocks.table import block_table
+    from kvviz.figures import blocks as fig_blocks
+
+    table = block_table([20] * 30, [20 * 1536] * 30, 3, 16)  # SmolLM2: 1,536 B per token and layer
+    text = fig_blocks.table_summary(table, [], "a run")
+    assert "16 tokens × 46,080 B = **720 KiB**" in text and "of keys and values" in text
+    assert "also keeps each block's attention rows" in text
