@@ -21,16 +21,15 @@ def held_kv(cache: EvictingCache, order: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def role_map(sel: Selection, n_prompt: int) -> torch.Tensor:
-    """Role of every prompt position per layer and KV head [Lyr, Hkv, n_prompt] (EVICTED where not kept)."""
+    """Role of every prompt position per layer and KV head [Lyr, Hkv, n_prompt] (EVICTED where not kept).
+
+    A ragged selection pads short heads with -1: those entries land in a spare column that is cut off, so
+    padding never writes a role onto a real position (position 0 would otherwise read "evicted")."""
     keep = sel.keep.cpu()
-    out = torch.full((*keep.shape[:2], n_prompt), EVICTED, dtype=torch.int8)
+    out = torch.full((*keep.shape[:2], n_prompt + 1), EVICTED, dtype=torch.int8)  # last column: padding
     valid = (keep >= 0) & (keep < n_prompt)
-    out.scatter_(
-        -1,
-        keep.clamp(0, n_prompt - 1),
-        torch.where(valid, sel.roles.cpu().to(torch.int8), out.gather(-1, keep.clamp(0, n_prompt - 1))),
-    )
-    return out
+    out.scatter_(-1, torch.where(valid, keep, n_prompt), sel.roles.cpu().to(torch.int8))
+    return out[..., :n_prompt]
 
 
 def ragged_roles(positions: torch.Tensor, roles: torch.Tensor, n_prompt: int) -> torch.Tensor:

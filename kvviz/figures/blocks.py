@@ -211,7 +211,8 @@ def table_summary(table: BlockTable, allocs: Sequence[Allocation], what: str) ->
         f"layer and KV head ({table.blocks:,} over {len(table.layers)} layers); the last block holds {last} of "
         f"{b} slots, so **{table.wasted_slots} slots are empty**. One block across every layer: {b} tokens × "
         f"{table.bytes_per_token:,} B = **{format_bytes(table.bytes_per_block)}** "
-        f"({format_bytes(per_head)} per layer and KV head), measured from the cache tensors."
+        f"({format_bytes(per_head)} per layer and KV head) of keys and values, measured from the cache tensors "
+        "(the room's prefix cache below also keeps each block's attention rows, so its blocks weigh more)."
     )
     lines = [
         f"**{a.scheme}**: {format_bytes(a.reserved_bytes)} reserved for {format_bytes(a.used_bytes)} held "

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvviz.engine.disk_demo import SpillDemo
 from kvviz.engine.prefix import StoreView
 from kvviz.units import format_bytes, plural
 
@@ -24,7 +25,12 @@ CAPTIONS = {
     "cannot be evicted and come last): the block it follows, its token positions and text, the requests "
     "holding it, the requests that found it cached, and its bytes (keys and values of every layer plus the "
     "attention rows the views need). On a public deployment a block only one other session sent shows no text.",
+    "disk": "The same kind of store with room in memory for one prompt's blocks: prompt A is computed, B and C "
+    "push A's blocks out of memory onto the disk tier (purple: tokens read back from disk), and A again reads "
+    "them back instead of computing them.",
 }
+ROWS_BYTES = "bytes (keys, values and attention rows)"
+KV_BYTES = "of which keys and values"
 
 
 def _short(block_hash: str | None) -> str:
@@ -42,8 +48,15 @@ def _check(view: StoreView, texts: Sequence[str]) -> None:
         raise ValueError(f"one text per block: {len(view.blocks)} blocks, {len(texts)} texts.")
 
 
-def room_summary(view: StoreView) -> str:
-    """Hit rate, bytes held vs capacity and evictions in one paragraph with units."""
+def _span(sizes: Sequence[int]) -> str:
+    lo, hi = min(sizes), max(sizes)
+    return format_bytes(lo) if lo == hi else f"{format_bytes(lo)}–{format_bytes(hi)}"
+
+
+def room_summary(view: StoreView, kv_bytes_per_token: int | None = None) -> str:
+    """Hit rate, bytes held vs capacity and evictions in one paragraph with units; with ``kv_bytes_per_token``
+    also what a block's bytes are (keys and values, then attention rows), so they do not read as contradicting
+    the Blocks view's keys-and-values-only blocks."""
     s = view.stats
     b, n = s.get("block_size", 16), len(view.blocks)
     in_use = sum(1 for blk in view.blocks if blk.ref_count > 0)
@@ -64,6 +77,16 @@ def room_summary(view: StoreView) -> str:
             f"{format_bytes(s.get('disk_bytes', 0))} of {format_bytes(s['disk_capacity_bytes'])}; "
             f"{plural(s.get('disk_hit_blocks', 0), 'block')} came back from it on a hit, "
             f"{plural(s.get('disk_refused_files', 0), 'file')} refused as not the one written."
+        )
+    if kv_bytes_per_token and view.blocks:
+        sizes = [blk.nbytes for blk in view.blocks]
+        kv = b * kv_bytes_per_token
+        text += (
+            f" A block here is {b} tokens and weighs {_span(sizes)}: its keys and values are {b} × "
+            f"{kv_bytes_per_token:,} B = {format_bytes(kv)} (the same {kv_bytes_per_token:,} B per token as the "
+            f"Blocks view's blocks above, whose 16 tokens hold {format_bytes(16 * kv_bytes_per_token)}), and the "
+            "rest is the attention rows of its queries, kept so a request that reuses it still draws its "
+            "attention views."
         )
     if s.get("session_salt"):
         text += " Each session's blocks are salted: sessions share none."
@@ -120,8 +143,8 @@ def room_tree(view: StoreView, texts: Sequence[str]) -> go.Figure:
     return fig
 
 
-def room_table(view: StoreView, texts: Sequence[str]) -> pd.DataFrame:
-    """One row per cached block, the next to evict first."""
+def room_table(view: StoreView, texts: Sequence[str], kv_bytes_per_token: int | None = None) -> pd.DataFrame:
+    """One row per cached block, the next to evict first; with ``kv_bytes_per_token`` also its keys and values alone."""
     _check(view, texts)
     rows = []
     rank = 0
@@ -137,7 +160,50 @@ def room_table(view: StoreView, texts: Sequence[str]) -> pd.DataFrame:
                 "text": _shown(text),
                 "held by": blk.ref_count,
                 "hits": blk.hits,
-                "bytes": format_bytes(blk.nbytes),
+                ROWS_BYTES: format_bytes(blk.nbytes),
+                KV_BYTES: format_bytes(len(blk.token_ids) * (kv_bytes_per_token or 0)),
             }
         )
-    return pd.DataFrame(rows, columns=["evicted", "block", "after", "tokens", "text", "held by", "hits", "bytes"])
+    columns = ["evicted", "block", "after", "tokens", "text", "held by", "hits", ROWS_BYTES]
+    return pd.DataFrame(rows, columns=[*columns, KV_BYTES] if kv_bytes_per_token else columns)
+
+
+def disk_demo_summary(demo: SpillDemo) -> str:
+    """What the small store did, step by step, in one paragraph with the numbers of the run."""
+    first, last = demo.steps[0], demo.steps[-1]
+    spilled = next((s for s in demo.steps if s.disk_blocks), None)
+    text = (
+        f"A store of its own with **{format_bytes(demo.memory_capacity)} of memory** "
+        f"({demo.memory_capacity // demo.block_bytes} blocks of {format_bytes(demo.block_bytes)}: keys and values "
+        f"only) and a {format_bytes(demo.disk_capacity)} disk tier. Prompt {first.prompt} computed all "
+        f"{first.sources.computed} of its tokens and left {plural(first.memory_blocks, 'block')} in memory."
+    )
+    if spilled is not None:
+        text += (
+            f" After prompt {spilled.prompt}, **{plural(spilled.disk_blocks, 'block')} "
+            f"({format_bytes(spilled.disk_bytes)}) had been evicted from memory to disk**."
+        )
+    text += (
+        f" Prompt {last.prompt} again: **{last.sources.disk} of its {last.sources.computed + last.sources.memory + last.sources.disk} "
+        f"prompt tokens came back from disk**, {last.sources.memory} from memory, {last.sources.computed} computed "
+        "(the last prompt token always is, with the partial block before it)."
+    )
+    return text
+
+
+def disk_demo_table(demo: SpillDemo) -> pd.DataFrame:
+    """One row per request of the demo: where its prompt came from and what each tier held after it."""
+    return pd.DataFrame(
+        [
+            {
+                "request": f"#{i + 1}: prompt {s.prompt}",
+                "computed": s.sources.computed,
+                "from memory": s.sources.memory,
+                "from disk": s.sources.disk,
+                "memory after": f"{plural(s.memory_blocks, 'block')}, {format_bytes(s.memory_bytes)}",
+                "disk after": f"{plural(s.disk_blocks, 'block')}, {format_bytes(s.disk_bytes)}",
+                "evicted to disk so far": s.evicted_blocks,
+            }
+            for i, s in enumerate(demo.steps)
+        ]
+    )

@@ -265,6 +265,32 @@ def slot_table(run: PolicyRun, layer: int, head: int, step: int = 0) -> pd.DataF
     )
 
 
+def kept_sentence(run: PolicyRun) -> str:
+    """How many entries the heads keep, said as the budget map draws it: one number when every layer and KV head
+    keeps the same count, the mean, fewest and most when the policy's budgets differ (KVzip, AdaKV, PyramidKV)."""
+    counts = run.kept_counts()  # [Lyr, Hkv]
+    lo, hi = int(counts.min()), int(counts.max())
+    if lo == hi:
+        return f"**n_kept = {run.n_kept}** entries per layer and KV head"
+    return (
+        f"a budget of **n_kept = {run.n_kept}** entries per layer and KV head *on average*: its heads keep "
+        f"from **{lo}** to **{hi}** (mean {counts.mean():.1f}; the budget map shows each)"
+    )
+
+
+def bytes_sentence(run: PolicyRun) -> str:
+    """The cache's bytes at the two moments the view shows: after the answer (the status) and right after the
+    prefill's compression (the table of stores), each beside the full cache at the same moment."""
+    fed = run.n_prompt + max(len(run.generated_ids) - 1, 0) - run.n_compressed
+    full_prefill = run.kv_bytes_per_token * run.n_compressed
+    return (
+        f"Cache **after the answer** ({fed} tokens fed after the compression): **{format_bytes(run.cache_bytes)}** "
+        f"(measured from the tensors) vs **{format_bytes(run.full_cache_bytes)}** for the full cache then; "
+        f"**right after the prefill** (the table of stores): {format_bytes(run.step_bytes[0])} vs "
+        f"{format_bytes(full_prefill)}."
+    )
+
+
 def budget_map(run: PolicyRun) -> go.Figure:
     """Heatmap layers × KV heads: entries each keeps after the prefill (PyramidKV's and AdaKV's budgets differ)."""
     counts = run.kept_counts()  # [Lyr, Hkv]
@@ -301,7 +327,7 @@ def budget_bytes(run: PolicyRun) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "store": [r[0] for r in rows],
-            "bytes": [format_bytes(r[1]) for r in rows],
+            "bytes right after the prefill": [format_bytes(r[1]) for r in rows],
             "freed": [f"{100 * (1 - r[1] / full):.1f} %" if full else "—" for r in rows],
         }
     )

@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvviz.quant.cache import GenerationComparison
-from kvviz.quant.model import SchemeResult
+from kvviz.quant.model import OUTLIER_RATIO, OUTLIER_RATIO_MEANS, SchemeResult, outlier_ratio
 
 CAPTIONS = {
     "keys": "|key| per channel (rows) and token (columns) for one layer and KV head: a few channels are large for "
@@ -68,7 +68,7 @@ MAX_COLUMNS = 512  # tokens shown in a magnitude map before max-pooling columns
 
 def rotation_story(results: list[SchemeResult], before: float, after: float) -> str:
     """One sentence per result of the rotation comparison (``rotation_schemes`` order: KIVI, per token, rotated
-    at each bit width), then one for the magnitude maps (largest key channel over the median, before / after)."""
+    at each bit width), then one for the magnitude maps (the keys' median outlier ratio, before / after)."""
     lines = []
     for i in range(0, len(results) - 2, 3):
         kivi, token, turned = results[i : i + 3]
@@ -80,11 +80,23 @@ def rotation_story(results: list[SchemeResult], before: float, after: float) -> 
             f"(output {100 * kivi.output_error:.1f} %)."
         )
     lines.append(
-        f"- **The maps:** over every layer and KV head the largest key channel averages {before:.1f}× the median "
-        f"channel before the turn and {after:.1f}× after it — the outlier is spread, not removed, which is why a "
-        "scale per channel can still do better."
+        f"- **The maps:** the median {OUTLIER_RATIO} of the keys ({OUTLIER_RATIO_MEANS}, over every layer and KV "
+        f"head) is **{before:.1f}×** before the turn and **{after:.1f}×** after it — the outlier is spread, not "
+        "removed, which is why a scale per channel can still do better."
     )
     return "\n".join(lines)
+
+
+def maps_story(k: np.ndarray, v: np.ndarray, layer: int, head: int, n_tokens: int) -> str:
+    """The outlier ratios ([Lyr, Hkv], :func:`kvviz.quant.model.channel_outlier_ratio`) of the chosen head, and
+    their median over every head: the numbers the map titles and the rotation story repeat."""
+    lyr, hkv = k.shape
+    return (
+        f"**Layer {layer}, KV head {head}:** {OUTLIER_RATIO} ({OUTLIER_RATIO_MEANS}) **{k[layer, head]:.1f}×** for "
+        f"keys, **{v[layer, head]:.1f}×** for values. Over all {lyr} layers × {hkv} KV heads the median "
+        f"{OUTLIER_RATIO} is {float(np.median(k)):.1f}× for keys vs {float(np.median(v)):.1f}× for values "
+        f"({n_tokens} tokens)."
+    )
 
 
 def _pool_columns(x: np.ndarray, tokens: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -103,7 +115,7 @@ def magnitude_map(mag: np.ndarray, tokens: list[str], which: str = "keys", layer
     z, labels = _pool_columns(mag, tokens)
     mean = mag.mean(1)
     top = np.argsort(mean)[::-1][:3]
-    ratio = float(mean.max() / max(np.median(mean), 1e-12))
+    ratio = float(outlier_ratio(mean))
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -116,8 +128,8 @@ def magnitude_map(mag: np.ndarray, tokens: list[str], which: str = "keys", layer
         )
     )
     fig.update_layout(
-        title=f"|{which}|, layer {layer}, KV head {head}: largest channel {ratio:.1f}× the median "
-        f"(channels {', '.join(map(str, top))})",
+        title=f"|{which}|, layer {layer}, KV head {head}: {OUTLIER_RATIO} {ratio:.1f}× "
+        f"(largest channels {', '.join(map(str, top))})",
         xaxis_title="token position" + (" (max-pooled)" if z.shape[1] < mag.shape[1] else ""),
         yaxis_title="channel",
         height=360,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvviz.settings import env
@@ -28,8 +30,52 @@ def load_result(path: Path | None = None) -> dict | None:
     return data
 
 
+Z95 = 1.959964  # the standard normal's 97.5 % quantile: two-sided 95 % intervals
+INTERVAL_METRICS = ("string_match", "needle_retention", "top1_agreement", "mean_kl")
+POINT = ["policy", "mode", "ratio"]
+
+
+def wilson_interval(hits: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's score interval for a share of ``hits`` out of ``n`` trials: unlike mean ± z·SE it stays inside
+    [0, 1] and is not empty at 0 % or 100 %, which 25-sample scores of 0/1 often are."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval(values: np.ndarray) -> tuple[float, float]:
+    """95 % interval of a point's mean over its samples: Wilson's for 0/1 scores (string match), mean ± z·SE else."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if len(v) == 0:
+        return math.nan, math.nan
+    if np.isin(v, (0.0, 1.0)).all():
+        return wilson_interval(float(v.sum()), len(v))
+    half = Z95 * float(v.std(ddof=1)) / math.sqrt(len(v)) if len(v) > 1 else math.nan
+    return float(v.mean()) - half, float(v.mean()) + half
+
+
+def intervals(records: pd.DataFrame) -> pd.DataFrame:
+    """Per point (policy, mode, ratio): ``<metric>_lo`` and ``<metric>_hi``, the 95 % interval of each metric's mean."""
+    rows = []
+    for key, part in records.groupby(POINT, sort=False):
+        row = dict(zip(POINT, key))
+        for m in INTERVAL_METRICS:
+            if m in part:
+                row[f"{m}_lo"], row[f"{m}_hi"] = interval(part[m].to_numpy())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def table(data: dict) -> pd.DataFrame:
-    return pd.DataFrame(data["table"])
+    """The points (one row per policy, mode and ratio), with each metric's 95 % interval from the stored records."""
+    points = pd.DataFrame(data["table"])
+    if not data.get("records"):
+        return points
+    return points.merge(intervals(records(data)), on=POINT, how="left")
 
 
 def records(data: dict) -> pd.DataFrame:

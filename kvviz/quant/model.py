@@ -258,15 +258,31 @@ def magnitude_map(qkv: QKV, layer: int, head: int, which: str = "k", rotate: boo
     return (rotated(x) if rotate else x).abs().T.numpy()
 
 
+OUTLIER_RATIO = "outlier ratio"  # the one name the Quantization view gives :func:`outlier_ratio`
+OUTLIER_RATIO_MEANS = "the largest channel's mean |x| ÷ the median channel's"
+
+
+def outlier_ratio(channel_means: np.ndarray) -> np.ndarray:
+    """The outlier ratio along the last axis: the largest channel's mean |x| over the median channel's (numpy's
+    median: the mean of the two middle channels of an even count). Every number the view shows uses this one."""
+    m = np.asarray(channel_means, dtype=np.float64)
+    return m.max(-1) / np.maximum(np.median(m, axis=-1), 1e-12)
+
+
 def channel_outlier_ratio(qkv: QKV, which: str = "k", rotate: bool = False) -> np.ndarray:
-    """Per layer and KV head: the largest channel's mean |x| over the median channel's ([Lyr, Hkv]).
+    """Per layer and KV head: the :func:`outlier_ratio` of its channels ([Lyr, Hkv]).
 
     Large for keys (a few channels are large for every token), near 1–3 for values; ``rotate``: after the
     Hadamard turn, which spreads the large channels over all of them.
     """
     x = qkv.k if which == "k" else qkv.v
     x = (rotated(x) if rotate else x).abs().mean(2)  # [Lyr, Hkv, D]
-    return (x.amax(-1) / x.median(-1).values.clamp(min=1e-12)).numpy()
+    return outlier_ratio(x.float().numpy())
+
+
+def median_outlier_ratio(qkv: QKV, which: str = "k", rotate: bool = False) -> float:
+    """The median over every layer and KV head of :func:`channel_outlier_ratio`: the view's one summary of it."""
+    return float(np.median(channel_outlier_ratio(qkv, which, rotate)))
 
 
 def check_layer_head(qkv: QKV, layer: int, head: int) -> None:

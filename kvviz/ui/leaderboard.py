@@ -109,6 +109,8 @@ def build(ctx: AppContext) -> None:
         max_height=320,
     )
     gr.Markdown(fig.CAPTIONS["points"], elem_classes="caption")
+    if table0 is not None and fig.above_full_note(table0):
+        gr.Markdown(fig.above_full_note(table0), elem_id="lb-above-full")
     if table0 is not None and fig.needle_vs_demo(table0):
         gr.Markdown(fig.needle_vs_demo(table0), elem_id="lb-vs-needle")
     gr.Markdown("### The samples behind a point")

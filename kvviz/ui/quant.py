@@ -10,7 +10,15 @@ from kvviz.capture.model_io import encode_prompt
 from kvviz.examples import needle_prompt
 from kvviz.figures import quant as fig
 from kvviz.quant.cache import compare_generation
-from kvviz.quant.model import QKV, channel_outlier_ratio, collect_qkv, compare, evaluate, magnitude_map
+from kvviz.quant.model import (
+    QKV,
+    channel_outlier_ratio,
+    collect_qkv,
+    compare,
+    evaluate,
+    magnitude_map,
+    median_outlier_ratio,
+)
 from kvviz.quant.schemes import AXES, FORMATS, QuantSpec, Scheme, preset_schemes, rotation_schemes
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
@@ -65,14 +73,8 @@ def _qkv(ctx: AppContext, prompt: str, chat: bool) -> QKV:
 
 
 def maps_text(qkv: QKV, layer: int, head: int) -> str:
-    k = channel_outlier_ratio(qkv, "k")
-    v = channel_outlier_ratio(qkv, "v")
-    return (
-        f"**Layer {layer}, KV head {head}:** the largest key channel averages **{k[layer, head]:.1f}×** the "
-        f"median channel, the largest value channel **{v[layer, head]:.1f}×**. Over all {qkv.layers} layers × "
-        f"{qkv.kv_heads} KV heads the median ratio is {float(sorted(k.ravel())[k.size // 2]):.1f}× for keys vs "
-        f"{float(sorted(v.ravel())[v.size // 2]):.1f}× for values ({qkv.n_tokens} tokens).\n\n{WHY}"
-    )
+    k, v = channel_outlier_ratio(qkv, "k"), channel_outlier_ratio(qkv, "v")
+    return f"{fig.maps_story(k, v, layer, head, qkv.n_tokens)}\n\n{WHY}"
 
 
 def values_text(tok, ch, both_ch) -> str:
@@ -95,7 +97,7 @@ def analyze(
         table, results = compare(scored, _schemes(custom, group, window), progress=progress)
         rot = [evaluate(scored, s) for s in rotation_schemes(group_size=int(group))]
         rmap = magnitude_map(qkv, layer, head, "k", rotate=True)
-    turn = (float(channel_outlier_ratio(qkv, "k", r).mean()) for r in (False, True))
+    turn = (median_outlier_ratio(qkv, "k", r) for r in (False, True))
     shown = [
         r
         for r in results

@@ -66,4 +66,4 @@ def test_table_lists_blocks_next_to_evict_first():
     assert list(table["after"]) == ["aaaaaaaa", "dddddddd", "—"]
     assert list(table["tokens"]) == ["16–31", "32–47", "0–15"]
     assert table["text"][0] == "What is two⏎plus two?" and list(table["held by"]) == [0, 0, 2]
-    assert list(table["hits"]) == [0, 0, 2] and set(table["bytes"]) == {"1 MiB"}
+    assert list(table["hits"]) == [0, 0, 2] and set(table[fig.ROWS_BYTES]) == {"1 MiB"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gradio as gr
 import pytest
 
@@ -23,10 +25,31 @@ def ctx(lm):
     return AppContext(lm=lm, settings=Settings())
 
 
-def test_analyze_shows_maps_table_and_the_direction(ctx):
-    kmap, vmap, maps_md, headline, table, errors, sizes, layers, rmap, rbars, rot_md = tab.analyze(
-        ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress
+@pytest.fixture(scope="module")
+def analyzed(ctx):
+    """The tab's defaults: the needle prompt, layer 15, KV head 0, INT2 keys per channel, groups of 32."""
+    return tab.analyze(ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress)
+
+
+def test_one_outlier_ratio_named_and_the_same_everywhere(analyzed):
+    kmap, vmap, maps_md, *_, rmap, rbars, rot_md = analyzed
+    head = re.search(r"outlier ratio (\d+\.\d)×", kmap.layout.title.text).group(1)
+    assert f"outlier ratio (the largest channel's mean |x| ÷ the median channel's) **{head}×** for keys" in maps_md
+    median = re.search(r"the median outlier ratio is (\d+\.\d)× for keys", maps_md).group(1)
+    assert (
+        "the median outlier ratio of the keys (the largest channel's mean |x| ÷ the median channel's, over " in rot_md
     )
+    assert f"is **{median}×** before the turn" in rot_md
+    numbers = set(
+        re.findall(r"(\d+\.\d)×", kmap.layout.title.text + maps_md.split("\n\n")[0] + rot_md.splitlines()[-1])
+    )
+    value_ratios = re.findall(r"\*\*(\d+\.\d)×\*\* for values|(\d+\.\d)× for values", maps_md)
+    after = re.search(r"\*\*(\d+\.\d)×\*\* after it", rot_md).group(1)
+    assert numbers == {head, median, after} | {x for pair in value_ratios for x in pair if x}
+
+
+def test_analyze_shows_maps_table_and_the_direction(ctx, analyzed):
+    kmap, vmap, maps_md, headline, table, errors, sizes, layers, rmap, rbars, rot_md = analyzed
     assert "keys per channel lose" in headline and "× worse" in headline
     assert (
         "Every row scores the same first" in headline
@@ -35,7 +58,7 @@ def test_analyze_shows_maps_table_and_the_direction(ctx):
     assert fig.OUTPUT_VS_ANSWER in headline
     assert set(table["tokens quantized (K / V)"].iloc[:-2]) == {table["tokens quantized (K / V)"].iloc[0]}
     assert table["cache"].str.endswith(("KiB", "MiB")).all()
-    assert "the largest key channel averages" in maps_md
+    assert "outlier ratio" in maps_md
     assert len(table) == len(tab.preset_schemes()) + 1 and table["scheme"].iloc[-1] == "Your scheme"
     assert kmap.data[0].z.shape[0] == ctx.info.head_dim
     assert "layer 15, KV head 0" in vmap.layout.title.text and vmap.data[0].z.shape[0] == ctx.info.head_dim

@@ -134,6 +134,12 @@ class Policy:
         return None
 
     @property
+    def reads_queries(self) -> bool:
+        """Whether the prompt's queries (a question's among them) score the entries: attention sums or rows, or
+        query statistics. False for policies that decide from positions, keys or a repeat of the context alone."""
+        return self.needs_colsum or self.needs_window_rows or self.query_stats_skip is not None
+
+    @property
     def reconstruction_pass(self) -> tuple[int, int] | None:
         """(sinks in the repeat queries' softmax, context tokens per repeat pass) when the policy needs the
         context-reconstruction scores (``PolicyState.reconstruction``); None: it needs none."""

@@ -15,11 +15,15 @@ from functools import lru_cache
 import gradio as gr
 from gradio.context import Context
 
+from kvviz.engine.disk_demo import MEMORY_BLOCKS, ORDER, PROMPT_TOKENS, SpillDemo, spill_demo
 from kvviz.engine.prefix import StoreView
 from kvviz.figures import blocks_room as fig
 from kvviz.figures import prefix_tiers
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.precompute import live_box, origin, shared
+from kvviz.units import format_bytes
 
 REFRESH_S = 2.0
 EXPLAIN = (
@@ -62,7 +66,8 @@ def refresh(ctx: AppContext, decode: Callable[[tuple[int, ...]], str], last, vie
         return NO_STORE, None, None, None, sig
     texts = [HIDDEN if b.hidden else decode(b.token_ids) for b in view.blocks]
     sources = prefix_tiers.sources_bar(view.requests)
-    return fig.room_summary(view), fig.room_tree(view, texts), fig.room_table(view, texts), sources, sig
+    bpt = ctx.info.kv_bytes_per_token
+    return fig.room_summary(view, bpt), fig.room_tree(view, texts), fig.room_table(view, texts, bpt), sources, sig
 
 
 def _enclosing_tab() -> gr.Tab | None:
@@ -73,7 +78,12 @@ def _enclosing_tab() -> gr.Tab | None:
 
 
 def build(ctx: AppContext) -> None:
-    """The section, inside the Blocks tab."""
+    """The section, inside the Blocks tab: the engine's store, live, then the disk tier shown on a small one."""
+    _live(ctx)
+    build_disk_demo(ctx)
+
+
+def _live(ctx: AppContext) -> None:
     gr.Markdown(f"### The room's prefix cache, live\n{EXPLAIN}")
     summary = gr.Markdown("Open this tab to read the engine's prefix cache.", elem_id="room-summary")
     tree = captioned_plot("Cached blocks by prefix", "room-tree", fig.CAPTIONS["tree"])
@@ -109,3 +119,57 @@ def build(ctx: AppContext) -> None:
     # Tab.select also fires when another view switches to this tab; Tabs.select when the user leaves it
     tab.select(opened, shown, [*outputs, timer], api_name=False, show_progress="hidden", queue=False)
     ctx.tabs.select(switched, None, timer, api_name=False, show_progress="hidden", queue=False)
+
+
+DISK = (
+    "### The disk tier, shown\nWith the engine's store ({memory} in memory) a lecture evicts nothing, so "
+    "nothing reaches its disk tier. This runs four requests through a store of its own whose memory holds one "
+    "prompt's blocks, so you can watch blocks spill to disk and come back (the room's cache is not touched)."
+)
+
+
+def disk_key(ctx: AppContext) -> tuple:
+    """The store key of the disk-tier demo (one result per model)."""
+    return (ctx.lm.name, "disk-tier demo", PROMPT_TOKENS, MEMORY_BLOCKS)
+
+
+def disk_outputs(demo: SpillDemo, when: str) -> tuple:
+    """Summary, per-request table and sources chart of the demo."""
+    chart = prefix_tiers.sources_bar([s.sources for s in demo.steps])
+    return f"{fig.disk_demo_summary(demo)} · *{when}*", fig.disk_demo_table(demo), chart
+
+
+def build_disk_demo(ctx: AppContext) -> None:
+    """The disk-tier show-me: a button whose result is stored like the other show-mes (``blocks.disk_demo``)."""
+    gr.Markdown(DISK.format(memory=format_bytes(ctx.settings.prefix_cache_mb * 2**20)))
+    with gr.Row():
+        button = gr.Button("Show the disk tier (a small store)", variant="primary", elem_id="disk-demo-run")
+        live = live_box("disk-demo-live")
+    summary = gr.Markdown(elem_id="disk-demo-summary")
+    table = gr.Dataframe(label="Each request of the demo", interactive=False, elem_id="disk-demo-table")
+    chart = captioned_plot("Where each request's prompt came from", "disk-demo-chart", fig.CAPTIONS["disk"])
+    ctx.components["blocks.disk_demo"] = button
+
+    def compute(report, should_stop) -> SpillDemo:
+        return spill_demo(ctx.lm)
+
+    def plan(values: dict) -> tuple:
+        ctx.store.plan(disk_key(ctx), "disk-tier demo", compute)
+        return disk_key(ctx)
+
+    ctx.planners["blocks.disk_demo"] = plan
+
+    def run(job):
+        demo, entry = shared(job, disk_key(ctx), compute, live=bool(job.req))
+        when = "run now on this machine" if entry is None else f"run on this machine, {origin(entry)}"
+        return disk_outputs(demo, when.replace("computed ", ""))
+
+    job = ModelJob(
+        "disk-tier demo",
+        check=lambda _ctx, fresh: bool(fresh),
+        run=run,
+        size=lambda _r: Size(PROMPT_TOKENS, 1, runs=len(ORDER)),
+        store=True,
+        progress=True,
+    )
+    job.button(ctx, button, [live], [summary, table, chart])

@@ -19,7 +19,6 @@ from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.jobs import UserError
 from kvviz.ui.serving.model_job import Job, ModelJob, Size
 from kvviz.ui.serving.sessions import user_errors
-from kvviz.units import format_bytes
 
 # what is compressed after the prefill: (what the page says, the value handlers compare)
 COMPRESS_QUESTION, COMPRESS_CONTEXT = "question", "context"
@@ -159,11 +158,21 @@ def status_text(run, policy) -> str:
         if run.n_compressed < run.n_prompt
         else f"all {run.n_prompt} prompt tokens"
     )
-    return (
-        f"**{policy.title}** compressed {compressed} to **n_kept = {run.n_kept}** entries per layer and KV "
-        f"head. Cache now **{format_bytes(run.cache_bytes)}** (measured from the tensors) vs "
-        f"**{format_bytes(run.full_cache_bytes)}** for the full cache. {mode}"
-    )
+    return f"**{policy.title}** compressed {compressed} to {fig.kept_sentence(run)}. {fig.bytes_sentence(run)} {mode}"
+
+
+def compress_choices(name: str) -> list[tuple[str, str]]:
+    """The *What is compressed* choices for policy ``name``: the question votes only for policies that read queries."""
+    if name not in POLICIES or make_policy(name).reads_queries:
+        return COMPRESS
+    title = POLICIES[name].title.split(" (")[0]  # "KVzip", not its parenthesised gloss
+    return [
+        (
+            f"with the question (compressed like the context: {title} never reads its queries, so it does not vote)",
+            COMPRESS_QUESTION,
+        ),
+        COMPRESS[1],
+    ]
 
 
 def policy_text(name: str) -> str:

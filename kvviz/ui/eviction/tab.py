@@ -29,6 +29,7 @@ from kvviz.ui.eviction.request import (  # noqa: F401  (re-exported: the tab's r
     EMPTY,
     api_evict,
     check_request,
+    compress_choices,
     library_call,
     policy_text,
     request_size,
@@ -164,9 +165,9 @@ def build(ctx: AppContext) -> None:
     for control in (layer, head, step):
         control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
     policy.change(
-        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n)],
+        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n), gr.Radio(compress_choices(n))],
         policy,
-        [*groups.values(), about],
+        [*groups.values(), about, compress],
         api_name=False,
         queue=False,
     )
