@@ -38,6 +38,20 @@ CAPTIONS = {
 STRIP_MAX = 1200  # tokens shown in the token strip (the middle of a longer run is elided)
 
 
+def later_layers_summary(trace: Trace, k: int = 4) -> str:
+    """What the map shows for the later half of the layers, in this run's numbers: the range of the per-layer
+    means of attention on the first ``k`` tokens, how many heads give them more than half, and uniform's share."""
+    frac = sink_fraction(trace, k)  # [Lyr, Hq]
+    first = frac.shape[0] // 2
+    later = frac[first:]
+    means = later.mean(1)
+    uniform = float(layer_sink_line(trace, k)["uniform"].mean())
+    return (
+        f"layers {first}–{frac.shape[0] - 1}: {100 * means.min():.0f}–{100 * means.max():.0f} % on average per layer, "
+        f"{int((later > 0.5).sum())} of {later.size} heads above 50 %; uniform attention: {100 * uniform:.1f} %"
+    )
+
+
 def sink_map(trace: Trace, k: int = 4) -> go.Figure:
     """Layers × query heads: percent of attention on the first ``k`` tokens; KV groups separated. With
     learned sinks (gpt-oss) a second panel beside it: percent on each head's learned sink."""
@@ -83,7 +97,8 @@ def sink_map(trace: Trace, k: int = 4) -> go.Figure:
     title = f"Sink map: % of attention on the first {k} tokens (white lines: KV groups)"
     if learned is not None:
         title = f"Sink map: % of attention on the first {k} tokens and on each head's learned sink"
-    fig.update_layout(title=title, height=max(360, 16 * info.layers + 100), margin=dict(l=50, r=20, t=60, b=40))
+    title += f"<br><sup>{later_layers_summary(trace, k)}</sup>"
+    fig.update_layout(title=title, height=max(360, 16 * info.layers + 100), margin=dict(l=50, r=20, t=80, b=40))
     fig.update_xaxes(title_text="query head")
     fig.update_yaxes(title_text="layer", autorange="reversed", dtick=2, col=1)
     return fig

@@ -115,7 +115,9 @@ SINKS = ShowMe(
     {"generate.prompt": needle_prompt(), "generate.chat": True, "generate.max_new": 16},
     "generate.button",
     "attn-sink-map",
-    "Later layers put most of their attention on the first few tokens, whatever they say.",
+    "In the later half of the layers the heads give the first 4 tokens far more than uniform attention would "
+    "(about 5 %): between a quarter and two thirds of their attention, layer by layer, with many heads under half "
+    "— the map's subtitle gives this run's numbers.",
 )
 NEEDLE = ShowMe(
     "Needle demo under eviction",
