@@ -285,3 +285,23 @@ def _new_caches(live: LiveCache) -> list[str]:
             "each token into its state and computes no attention probabilities, so the trace marks them absent."
         )
     return out
+
+
+def look_for(live: LiveCache) -> str:
+    """The Learn tab's "Look for" line for this run: its own numbers, each of them shown in the summary."""
+    fixed, shared = sum(live.state_bytes), [i for i, src in enumerate(live.kv_sources) if src is not None]
+    if fixed:
+        state = [b for b in live.state_bytes if b]
+        return (
+            f"{len(state)} gated-DeltaNet layers keep a fixed state of {state[0]:,} B each, the same at every step: "
+            f"{fixed:,} B of fixed state beside {live.measured_bytes:,} B that grow with the tokens, "
+            f"{live.cache_bytes:,} B in all — a fixed size, not no size."
+        )
+    if shared:
+        return f"The KV-sharing layers hold 0 B of their own: {_growth(live)}; the cache holds {live.cache_bytes:,} B."
+    if live.attention == "MLA":
+        return (
+            f"One latent and one RoPE key per token and layer: {live.bytes_per_token:,} B per token, where per-head "
+            f"keys and values would take {live.per_head_bytes_per_token:,} B per token."
+        )
+    return f"The cache holds {live.cache_bytes:,} B, {live.bytes_per_token:,} B per token, equal to the formula."
