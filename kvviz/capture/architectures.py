@@ -155,13 +155,14 @@ class LiveCache:
     steps: tuple[StepBytes, ...]  # after the prefill and after every decode step
     bytes_per_token: int  # every layer, no window: measured bytes / tokens held, summed over layers
     formula_bytes_per_token: int
-    formula: str  # the per-token arithmetic, one term per group of layers
+    formula: str  # the per-token arithmetic, one term per group of layers that grows with the tokens
     per_head_bytes_per_token: int  # heads × (key dim + value dim): what attention sees, what MLA avoids caching
     max_abs_logit_diff_vs_unpatched: float | None  # None where the check did not run
     elapsed_s: float
     learned_sink_share: float | None = None  # mean share of attention the learned sinks took (no cache entry holds it)
     index_topk: int | None = None  # DeepSeek sparse attention: keys each query attends to
     trace: Trace | None = None  # the capture's record: attention summaries, NaN on layers without attention
+    fixed_formula: str = ""  # the fixed states' arithmetic (linear-attention layers), "" without any
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -186,6 +187,24 @@ class LiveCache:
         return sum(self.formula_layer_bytes)
 
     @property
+    def cache_bytes(self) -> int:
+        """Everything the cache holds: what grows with the tokens plus the fixed states."""
+        return self.measured_bytes + sum(self.state_bytes)
+
+    @property
+    def formula_cache_bytes(self) -> int:
+        return self.formula_bytes + sum(self.formula_state_bytes)
+
+    @property
+    def growing_layers(self) -> tuple[int, ...]:
+        """The layers whose cache grew at the run's last step (a sliding layer at its window, a fixed state
+        and a KV-sharing layer do not); with a single step, the layers that hold K/V at all."""
+        if len(self.steps) < 2:
+            return tuple(i for i, b in enumerate(self.layer_bytes) if b)
+        before, last = self.steps[-2], self.steps[-1]
+        return tuple(i for i, (a, b) in enumerate(zip(before.layer_bytes, last.layer_bytes)) if b > a)
+
+    @property
     def label(self) -> str:
         return describe(self.kind)
 
@@ -199,6 +218,18 @@ def _term(group) -> str:
     """One group of layers in the per-token formula: ``2 sliding layers × 2 × 2 KV heads × 16 × 4 B``."""
     kind = "MLA" if group.kind == "mla" else group.kind
     return f"{group.count} {kind} layer{'s' if group.count > 1 else ''} × {group.per_token_expr}"
+
+
+def _fixed_term(layout, dtype_bytes: int) -> str:
+    """The fixed states in the formula: ``3 state layers × 512 elements × 4 B`` (one term per state size)."""
+    sizes: dict[int, int] = {}
+    for spec in layout.layers:
+        if spec.state_elements:
+            sizes[spec.state_elements] = sizes.get(spec.state_elements, 0) + 1
+    return " + ".join(
+        f"{n} state layer{'s' if n > 1 else ''} × {elements:,} elements × {dtype_bytes} B"
+        for elements, n in sizes.items()
+    )
 
 
 def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -> LiveCache:
@@ -272,11 +303,12 @@ def run_kind(kind: str, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 8) -
         steps=tuple(steps),
         bytes_per_token=sum(b // h for b, h in zip(measured, held) if h),
         formula_bytes_per_token=est.bytes_per_token,
-        formula=" + ".join(_term(g) for g in layer_groups(layout, est)),
+        formula=" + ".join(_term(g) for g in layer_groups(layout, est) if g.kind != "state"),
         per_head_bytes_per_token=per_head * 4 * n,
         max_abs_logit_diff_vs_unpatched=(trace.equivalence or {}).get("max_abs_logit_diff_vs_unpatched"),
         elapsed_s=elapsed,
         learned_sink_share=None if trace.learned_sink_mass is None else float(trace.learned_sink_mass.mean()),
         index_topk=getattr(lm.config, "index_topk", None),
         trace=trace,
+        fixed_formula=_fixed_term(layout, 4),
     )

@@ -4,9 +4,10 @@ Turn n+1's prompt is the whole conversation rendered again — system prompt, ev
 message and answer, the new user message — so it starts from the cache of turn n only when the
 template renders the earlier turns exactly as turn n's cache holds them (its prompt, then the answer
 as generated). The model's own template does; :data:`DROP_ANSWERS` is the same template with every
-earlier answer's text left out (as templates that rewrite history do: Qwen3's drops earlier turns'
-reasoning, which left mlx-lm reusing nothing from one turn to the next), so reuse stops at the first
-answer.
+earlier answer left out (as templates that rewrite history do: Qwen3's drops earlier turns' reasoning,
+which left mlx-lm reusing nothing from one turn to the next), so reuse stops at the first answer. It
+drops the whole answer message, not only its text: a small model shown earlier answers that were empty
+answers the new question the same way, with its end-of-turn token first and no text.
 
 A history comes from strangers (``/chat``'s ``history``): its size is checked before it is parsed,
 its shape and roles after (:func:`parse_history`), each message's text as a prompt is
@@ -22,14 +23,14 @@ from kvviz.limits import MAX_HISTORY_CHARS, MAX_HISTORY_MESSAGES
 from kvviz.safety import clean_prompt
 
 MODEL = "model"  # the model's own chat template
-DROP_ANSWERS = "drop-answers"  # the model's template with earlier answers' text left out
+DROP_ANSWERS = "drop-answers"  # the model's template with earlier answers left out
 TEMPLATES = {
     MODEL: "The model's own chat template (earlier turns rendered as they were)",
-    DROP_ANSWERS: "A template that drops earlier answers' text (rewrites history)",
+    DROP_ANSWERS: "A template that drops earlier answers (rewrites history)",
 }
 ROLES = ("user", "assistant")
-_CONTENT = "message['content']"
-_DROPPED = "(message['content'] if message['role'] != 'assistant' else '')"
+_LOOP = "{% for message in messages %}"
+_DROPPED = "{% for message in messages if message['role'] != 'assistant' %}"
 
 
 def template_source(tokenizer, name: str) -> str | None:
@@ -37,8 +38,8 @@ def template_source(tokenizer, name: str) -> str | None:
     if name == MODEL:
         return None
     own = getattr(tokenizer, "chat_template", None)
-    if name == DROP_ANSWERS and isinstance(own, str) and _CONTENT in own:
-        return own.replace(_CONTENT, _DROPPED)
+    if name == DROP_ANSWERS and isinstance(own, str) and _LOOP in own:
+        return own.replace(_LOOP, _DROPPED)
     raise ValueError(f"Chat template {name!r} is not available for this model; choose one of {available(tokenizer)}.")
 
 
@@ -47,7 +48,7 @@ def available(tokenizer) -> list[str]:
     own = getattr(tokenizer, "chat_template", None)
     if not isinstance(own, str):
         return []
-    return [MODEL, DROP_ANSWERS] if _CONTENT in own else [MODEL]
+    return [MODEL, DROP_ANSWERS] if _LOOP in own else [MODEL]
 
 
 def parse_history(raw, max_chars: int) -> list[dict[str, str]]:

@@ -37,15 +37,17 @@ class TurnReport:
     before: str = ""
     was: str = ""
     now: str = ""
+    answered: bool = True  # False: the turn's answer has no text (its first token ended the turn)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def verdict(self) -> str:
         """One line: what the turn reused and why it stopped there, and what it kept for the next turn."""
-        return (
-            f"{self._reuse()} The store kept this turn's first {self.kept:,} tokens (prompt and answer) for the next."
-        )
+        out = f"{self._reuse()} The store kept this turn's first {self.kept:,} tokens (prompt and answer) for the next."
+        if not self.answered:
+            out += " The model answered nothing: the first token it chose ends its turn."
+        return out
 
     def _reuse(self) -> str:
         head = f"Turn {self.turn}: {self.reused:,} of {self.prompt_tokens:,} prompt tokens reused, {self.computed:,} computed"
@@ -87,4 +89,5 @@ def turn_report(tokenizer, trace: Trace, previous: Sequence[int], previous_cache
         was = "".join(token_texts(tokenizer, list(previous[at : at + CONTEXT_TOKENS])))
         now = "".join(token_texts(tokenizer, prompt[at : at + CONTEXT_TOKENS]))
     kept = trace.turn_cached_tokens or 0
-    return TurnReport(turn, n, reused, n - reused, len(previous), previous_cached, at, kept, before, was, now)
+    answered = bool(trace.text.strip())
+    return TurnReport(turn, n, reused, n - reused, len(previous), previous_cached, at, kept, before, was, now, answered)

@@ -15,9 +15,10 @@ from kvviz.units import format_bytes
 CAPTIONS = {
     "table": "Each layer's cache as transformers stores it after the run: the tensors' shapes ([batch, heads, "
     "tokens, dim]), the bytes they hold, and the memory calculator's bytes for the same config and tokens.",
-    "chart": "Bytes per layer measured from the cache tensors next to the formula's; for MLA the third bar is "
-    "what per-head keys and values of the same attention would take, the size the chapter's pitfall "
-    "(forgetting MLA's special shape) would report.",
+    "chart": "Bytes per layer measured from the cache tensors, one stacked segment per kind of tensor (K/V or "
+    "MLA's latent and RoPE key, a sparse-attention indexer's keys, a linear-attention layer's fixed state), next "
+    "to the formula's; for MLA the third bar is what per-head keys and values of the same attention would take, "
+    "the size the chapter's pitfall (forgetting MLA's special shape) would report.",
     "steps": "Each layer's bytes measured from its cache tensors after the prefill and after every decode step "
     "(dots: the formula's), so a full-attention layer climbs by one token's K/V per step while a sliding layer "
     "stops at its window, a linear-attention layer's fixed state stays flat and a KV-sharing layer stays at zero.",
@@ -121,38 +122,53 @@ def attention_chart(live: LiveCache) -> go.Figure:
     return fig
 
 
+SEGMENTS = {  # the measured bar's stacked segments: name, colour, which tensors
+    "kv": ("measured: K/V (cache tensors)", "#1f77b4"),
+    "index": ("measured: indexer keys", "#17becf"),
+    "state": ("measured: fixed state (conv + recurrent)", "#2ca02c"),
+}
+
+
+def _segment(name: str) -> str:
+    return "state" if name.endswith("state") else "index" if name == "indexer keys" else "kv"
+
+
+def measured_segments(live: LiveCache) -> dict[str, list[int]]:
+    """Per kind of tensor (:data:`SEGMENTS`), each layer's measured bytes; K/V always, the others where held."""
+    n = len(live.layer_bytes)
+    out = {key: [0] * n for key in SEGMENTS}
+    for t in live.tensors:
+        out[_segment(t.name)][t.layer] += t.bytes
+    return {key: v for key, v in out.items() if key == "kv" or any(v)}
+
+
 def bytes_chart(live: LiveCache) -> go.Figure:
-    """Grouped bars per layer: measured vs formula bytes (and per-head K/V for MLA)."""
+    """Bars per layer: the measured bytes stacked by kind of tensor, the formula's beside them (and per-head
+    K/V for MLA)."""
     x = [f"layer {i} ({_kind(live, i)})" for i in range(len(live.layer_bytes))]
-    fig = go.Figure(
-        [
-            go.Bar(
-                x=x,
-                y=list(live.layer_bytes),
-                name="measured (cache tensors)",
-                marker_color="#1f77b4",
-                hovertemplate="%{x}: %{y:,} B measured<extra></extra>",
-            ),
-            go.Bar(
-                x=x,
-                y=list(live.formula_layer_bytes),
-                name="formula (memory calculator)",
-                marker_color="#ff7f0e",
-                hovertemplate="%{x}: %{y:,} B by the formula<extra></extra>",
-            ),
-        ]
-    )
+    fig = go.Figure()
+    base = [0] * len(x)
+    for key, values in measured_segments(live).items():
+        name, colour = SEGMENTS[key]
+        if key == "kv" and live.attention == "MLA":
+            name = "measured: latent + RoPE key"
+        fig.add_bar(
+            x=x, y=values, base=list(base), offsetgroup="measured", name=name, marker_color=colour,
+            hovertemplate="%{x}: %{y:,} B " + name.removeprefix("measured: ") + "<extra></extra>",
+        )  # fmt: skip
+        base = [b + v for b, v in zip(base, values)]
+    formula = [a + b for a, b in zip(live.formula_layer_bytes, live.formula_state_bytes)]
+    fig.add_bar(
+        x=x, y=formula, offsetgroup="formula", name="formula (memory calculator)", marker_color="#ff7f0e",
+        hovertemplate="%{x}: %{y:,} B by the formula<extra></extra>",
+    )  # fmt: skip
     if live.attention == "MLA":
         per_layer = live.per_head_bytes_per_token // len(live.layer_bytes)
-        fig.add_trace(
-            go.Bar(
-                x=x,
-                y=[n * per_layer for n in live.tokens_held],
-                name="per-head K/V (the pitfall)",
-                marker_color="#adb5bd",
-                hovertemplate="%{x}: %{y:,} B if cached per head<extra></extra>",
-            )
-        )
+        fig.add_bar(
+            x=x, y=[n * per_layer for n in live.tokens_held], offsetgroup="per-head",
+            name="per-head K/V (the pitfall)", marker_color="#adb5bd",
+            hovertemplate="%{x}: %{y:,} B if cached per head<extra></extra>",
+        )  # fmt: skip
     fig.update_layout(
         title=f"{live.kind}: cache bytes per layer after {live.tokens_seen} tokens",
         barmode="group",
@@ -175,9 +191,16 @@ def summary_markdown(live: LiveCache) -> str:
     text = (
         f"**{live.kind}** — {live.label}. A tiny random-weight `{live.model_type}` read {live.tokens_seen} "
         f"tokens in {live.elapsed_s:.2f} s ({check}). Cache measured from its tensors: "
-        f"**{live.measured_bytes:,} B = {format_bytes(live.measured_bytes)}**; the formula: "
-        f"**{live.formula_bytes:,} B** — {verdict}. Per token (every layer, no window): "
-        f"**{live.bytes_per_token:,} B** measured, formula {live.formula} = {live.formula_bytes_per_token:,} B."
+        f"**{live.cache_bytes:,} B = {format_bytes(live.cache_bytes)}**{_split(live)}; the formula: "
+        f"**{live.formula_cache_bytes:,} B** — {verdict}. Per token (every layer, no window): "
+        f"**{live.bytes_per_token:,} B** measured, formula {live.formula} = {live.formula_bytes_per_token:,} B"
+    )
+    fixed = sum(live.state_bytes)
+    text += (
+        f"; plus **{fixed:,} B** fixed whatever the length, formula {live.fixed_formula} = "
+        f"{sum(live.formula_state_bytes):,} B."
+        if fixed
+        else "."
     )
     if live.attention == "MLA":
         ratio = live.per_head_bytes_per_token / max(live.bytes_per_token, 1)
@@ -196,17 +219,45 @@ def summary_markdown(live: LiveCache) -> str:
     return text
 
 
+def _split(live: LiveCache) -> str:
+    """The headline's parts where the cache holds a fixed state beside what grows with the tokens."""
+    fixed = sum(live.state_bytes)
+    if not fixed:
+        return ""
+    return f" ({live.measured_bytes:,} B that grow with the tokens + {fixed:,} B of fixed state)"
+
+
+def _layers(indices) -> str:
+    return f"layer{'s' if len(indices) != 1 else ''} {', '.join(map(str, indices))}"
+
+
+def _growth(live: LiveCache) -> str:
+    """Which layers grow with the context and which stay flat, read from the bytes measured at each step."""
+    growing = live.growing_layers
+    flat = [i for i, b in enumerate(live.layer_bytes) if b and i not in growing]
+    empty = [i for i, b in enumerate(live.layer_bytes) if not b]
+    grow = "grows" if len(growing) == 1 else "grow"
+    out = f"only {_layers(growing)} of the {len(live.layer_bytes)} {grow} with the context (measured step by step)"
+    if flat:
+        sizes = sorted({live.layer_bytes[i] for i in flat})
+        each = f"{sizes[0]:,} B each" if len(sizes) == 1 else ", ".join(f"{live.layer_bytes[i]:,} B" for i in flat)
+        kinds = {_kind(live, i) for i in flat}
+        why = " (their sliding window)" if kinds == {"sliding"} else ""
+        out += f"; {_layers(flat)} stay flat at {each}{why}"
+    if empty:
+        out += f"; {_layers(empty)} hold nothing"
+    return out
+
+
 def _new_caches(live: LiveCache) -> list[str]:
     """What cross-layer sharing, sparse-attention indexer keys and linear-attention state add, measured."""
     out = []
     shared = [i for i, src in enumerate(live.kv_sources) if src is not None]
     if shared:
-        own = len(live.kv_sources) - len(shared)
         out.append(
             f"Cross-layer KV sharing, on a real transformers cache: layers {', '.join(map(str, shared))} compute "
             f"queries but no keys or values; each attends to an earlier layer's (table), and its cache layer, a "
-            f"`DummyLayer`, holds **{sum(live.layer_bytes[i] for i in shared)} B**: only {own} of "
-            f"{len(live.kv_sources)} layers grow with the context."
+            f"`DummyLayer`, holds **{sum(live.layer_bytes[i] for i in shared)} B**: {_growth(live)}."
         )
     index = sum(t.bytes for t in live.tensors if t.name == "indexer keys")
     if index:
@@ -234,3 +285,23 @@ def _new_caches(live: LiveCache) -> list[str]:
             "each token into its state and computes no attention probabilities, so the trace marks them absent."
         )
     return out
+
+
+def look_for(live: LiveCache) -> str:
+    """The Learn tab's "Look for" line for this run: its own numbers, each of them shown in the summary."""
+    fixed, shared = sum(live.state_bytes), [i for i, src in enumerate(live.kv_sources) if src is not None]
+    if fixed:
+        state = [b for b in live.state_bytes if b]
+        return (
+            f"{len(state)} gated-DeltaNet layers keep a fixed state of {state[0]:,} B each, the same at every step: "
+            f"{fixed:,} B of fixed state beside {live.measured_bytes:,} B that grow with the tokens, "
+            f"{live.cache_bytes:,} B in all — a fixed size, not no size."
+        )
+    if shared:
+        return f"The KV-sharing layers hold 0 B of their own: {_growth(live)}; the cache holds {live.cache_bytes:,} B."
+    if live.attention == "MLA":
+        return (
+            f"One latent and one RoPE key per token and layer: {live.bytes_per_token:,} B per token, where per-head "
+            f"keys and values would take {live.per_head_bytes_per_token:,} B per token."
+        )
+    return f"The cache holds {live.cache_bytes:,} B, {live.bytes_per_token:,} B per token, equal to the formula."

@@ -155,6 +155,37 @@ KIVI = ShowMe(
     "A few key channels are bright across every token; at 2 bits keys per channel beat keys per token.",
 )
 
+LIVE_NOTE = "(its numbers appear here once the example has been computed at start-up)"
+
+
+def live_architecture(label: str, kind: str, point: str) -> ShowMe:
+    """A tiny model of ``kind`` run live in the Memory tab: its real cache tensors next to the formula."""
+    return ShowMe(
+        label,
+        "tab_memory",
+        {"memory.arch_kind": kind, "memory.arch_prompt": "The KV cache"},
+        "memory.arch_run",
+        "arch-summary",
+        f"{point} {LIVE_NOTE}",
+    )
+
+
+LIVE_MLA = live_architecture(
+    "MLA live: a latent instead of per-head K/V",
+    "MLA",
+    "One latent and one RoPE key per token and layer, a fraction of what per-head keys and values take.",
+)
+LIVE_SHARING = live_architecture(
+    "Gemma-4's cross-layer KV sharing, live",
+    "KV-sharing",
+    "The sharing layers hold nothing of their own; the sliding layers stay flat at their window.",
+)
+LIVE_STATE = live_architecture(
+    "Qwen3-Next's linear-attention state, live",
+    "linear hybrid",
+    "The gated-DeltaNet layers keep a state of a fixed size, not of no size, beside the layer that grows.",
+)
+
 SIDE_CHANNEL = ShowMe(
     "Time a second session",
     "tab_blocks",
@@ -209,8 +240,10 @@ OBJECTIVES = (
         "Describe at intuition level the main ways to shrink the cache: quantization, eviction "
         "(StreamingLLM, H2O, SnapKV), and architectural changes.",
         "Store fewer bits (FP8; 2-bit with KIVI's per-channel keys), store fewer tokens (keep the attention "
-        "sinks and what the question needs — lossy), or change the architecture so there is less to store.",
-        (SINKS, NEEDLE, KIVI),
+        "sinks and what the question needs — lossy), or change the architecture so there is less to store: "
+        "one latent per token (MLA), layers that reuse an earlier layer's K/V (Gemma-4), a fixed-size state "
+        "instead of a growing cache (Qwen3-Next's linear attention).",
+        (SINKS, NEEDLE, KIVI, LIVE_MLA, LIVE_SHARING, LIVE_STATE),
     ),
 )
 

@@ -81,18 +81,26 @@ def resolve(ctx: AppContext, sm: ShowMe) -> tuple[list[tuple[str, object]], list
     return targets, missing, press, available
 
 
-def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State) -> None:
-    """A button that loads ``sm`` into its view; a note lists what this build lacks."""
+def show_me_button(
+    ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State
+) -> tuple[gr.Markdown, Callable[[], str]] | None:
+    """A button that loads ``sm`` into its view; a note lists what this build lacks. Returns the note and how
+    to write it where its "Look for" line is read from the stored result (to refresh once that is ready)."""
     targets, missing, press, available = resolve(ctx, sm)
     btn = gr.Button(
         f"▶ Show me: {sm.label}", elem_id=elem_id, variant="primary" if available else "secondary", size="lg"
     )
-    note = f"*Look for:* {sm.look_for}"
+    look = ctx.look_fors.get(sm.press or "") if available else None
+    suffix = ""
     if not available:
-        note += f" *(The {_prefix(sm.tab).capitalize()} view is not in this build yet.)*"
+        suffix = f" *(The {_prefix(sm.tab).capitalize()} view is not in this build yet.)*"
     elif missing:
-        note += f" *(Not in this build: {', '.join(missing)}; the rest is loaded.)*"
-    gr.Markdown(note, elem_classes="learn-note", elem_id=f"{elem_id}-note")
+        suffix = f" *(Not in this build: {', '.join(missing)}; the rest is loaded.)*"
+
+    def note() -> str:
+        return f"*Look for:* {(look(sm.values) if look else None) or sm.look_for}{suffix}"
+
+    shown = gr.Markdown(note if look else note(), elem_classes="learn-note", elem_id=f"{elem_id}-note")
     press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
     via_generate = bool(press and press_tab == "generate" and _prefix(sm.tab) != "generate")
     first_tab = "tab_generate" if via_generate else sm.tab
@@ -157,6 +165,7 @@ def show_me_button(ctx: AppContext, sm: ShowMe, elem_id: str, pending: gr.State)
         controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
         js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))
         event.then(None, [mode] if mode is not None else None, None, js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
+    return (shown, note) if look else None
 
 
 def plan_show_mes(ctx: AppContext) -> None:
@@ -217,15 +226,8 @@ def build(ctx: AppContext) -> None:
         present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
     ready = gr.Markdown(lambda: precompute.readiness(ctx), elem_id="learn-ready")  # read on every page load
     timer = gr.Timer(READY_POLL_S, active=bool(ctx.store.entries()))
-    timer.tick(
-        lambda: (precompute.readiness(ctx), gr.Timer(active=ctx.store.counts()["done"] < len(ctx.store.entries()))),
-        None,
-        [ready, timer],
-        api_name=False,
-        queue=False,
-        show_progress="hidden",
-    )
 
+    notes: list[tuple[gr.Markdown, Callable[[], str]]] = []  # "Look for" lines read from stored results
     n = len(OBJECTIVES)
     ids = [f"learn-{o.number}" for o in OBJECTIVES] + ["learn-questions", "learn-pitfalls"]
     with gr.Tabs(elem_id="learn-tabs") as inner:
@@ -236,7 +238,8 @@ def build(ctx: AppContext) -> None:
                     elem_classes="learn-objective",
                 )
                 for j, sm in enumerate(obj.show_me):
-                    show_me_button(ctx, sm, f"showme-{obj.number}-{j + 1}", pending)
+                    if live_note := show_me_button(ctx, sm, f"showme-{obj.number}-{j + 1}", pending):
+                        notes.append(live_note)
                 if obj.number == 2:
                     _walkthrough(ctx, walk_trace, pending)
                 nxt = gr.Button(
@@ -263,6 +266,15 @@ def build(ctx: AppContext) -> None:
             for i, p in enumerate(PITFALLS, 1):
                 gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
                 show_me_button(ctx, p.show_me, f"pitfall-{i}", pending)
+
+    def tick() -> list:
+        """The readiness line and the "Look for" lines read from stored results, until every example is ready."""
+        active = ctx.store.counts()["done"] < len(ctx.store.entries())
+        return [precompute.readiness(ctx), gr.Timer(active=active), *[write() for _, write in notes]]
+
+    timer.tick(
+        tick, None, [ready, timer, *[md for md, _ in notes]], api_name=False, queue=False, show_progress="hidden"
+    )
     ctx.components.update({"learn.tabs": inner, "learn.present": present})
     plan_show_mes(ctx)
 

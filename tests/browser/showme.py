@@ -5,9 +5,10 @@ at start-up) and tests/browser/test_showme_restart.py (a restarted server answer
 
 from __future__ import annotations
 
+import re
 import time
 
-from kvviz.lessons.objectives import OBJECTIVES, PITFALLS
+from kvviz.lessons.objectives import LIVE_MLA, LIVE_NOTE, LIVE_SHARING, LIVE_STATE, OBJECTIVES, PITFALLS
 from tests.browser.test_learn_journey import READY, TAB_TITLES, text_of
 
 READY_TIMEOUT_MS = 1_800_000  # the examples on a busy 2-core machine (a few minutes when it is quiet)
@@ -79,3 +80,32 @@ def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
     page.wait_for_function(IDLE, timeout=timeout_ms, polling=50)
     page.wait_for_function(IN_VIEW, arg=sm.anchor, timeout=timeout_ms, polling=50)
     return time.perf_counter() - t0
+
+
+# show-mes whose "Look for" line is read from their stored result: where the view shows each of its numbers
+LOOK_FOR_SHOWN = {sm.label: "#arch-summary" for sm in (LIVE_MLA, LIVE_SHARING, LIVE_STATE)}
+NUMBER = r"\d[\d,]*(?:\.\d+)?"
+
+
+def look_for_numbers(page, button_id: str, sm, timeout_ms: int = 60_000) -> list[str]:
+    """The numbers of the show-me's "Look for" line once it is read from the stored result (before the click)."""
+    if sm.label not in LOOK_FOR_SHOWN:
+        return []
+    page.wait_for_function(  # the line computed from the result, not the placeholder shown until it is ready
+        "([id, wait]) => { const e = document.getElementById(id); return !!e && !e.innerText.includes(wait); }",
+        arg=[f"{button_id}-note", LIVE_NOTE],
+        timeout=timeout_ms,
+        polling=100,
+    )
+    numbers = re.findall(NUMBER, page.locator(f"#{button_id}-note").inner_text())
+    assert numbers, (button_id, sm.label)
+    return numbers
+
+
+def numbers_on_screen(page, sm, numbers: list[str]) -> None:
+    """Each of the "Look for" line's numbers is shown in the view the show-me opened."""
+    if not numbers:
+        return
+    view = page.locator(LOOK_FOR_SHOWN[sm.label])
+    text = view.inner_text()
+    assert view.is_visible() and all(n in text for n in numbers), (sm.label, numbers, text[:600])

@@ -47,6 +47,8 @@ def test_two_turn_chat(page, screenshot):
     assert "differs from the previous turn at position" in three, three
     assert "⏎" in three  # the template's own text around the difference is shown
     assert log.get_by_text(THIRD).count() >= 1
+    assert "answered nothing" not in three, three
+    assert "capital" in log.inner_text().split(THIRD)[-1]  # a real answer under the third question
 
     assert page.locator(".toast-body.error").count() == 0, "an error toast is shown"
     assert not errors, f"JavaScript errors in the page: {errors}"

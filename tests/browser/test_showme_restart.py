@@ -22,7 +22,7 @@ import re
 import time
 from pathlib import Path
 
-from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, show_mes
+from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, look_for_numbers, numbers_on_screen, show_mes
 from tests.browser.test_learn_journey import open_learn, selected_tabs
 from tests.server import start_app, stop_app
 
@@ -51,6 +51,9 @@ SHOWS = {
     "Sink map of the real model": ("#attn-status", r"Run of \d+ prompt \+ \d+ generated tokens"),
     "Perplexity with and without the sink tokens": ("#evict-sinks-result", rf"Perplexity after[\s\S]*{FROM_DISK}"),
     "Time a second session": ("#leak-summary", rf"Shared store[\s\S]*{FROM_DISK}"),
+    "MLA live: a latent instead of per-head K/V": ("#arch-summary", r"1,280 B per token"),
+    "Gemma-4's cross-layer KV sharing, live": ("#arch-summary", r"only layer 1 of the 6 grows"),
+    "Qwen3-Next's linear-attention state, live": ("#arch-summary", r"11,008 B"),
 }
 # any text a view shows while its result is still being computed (kvviz/ui/serving/precompute.py)
 WATCH_WAITING = r"""() => {
@@ -127,9 +130,11 @@ def test_a_restarted_server_answers_every_show_me_from_its_store(browser_context
             look_for_in_sight(page, button_id)
             if report["first_click_after_http_s"] is None:
                 report["first_click_after_http_s"] = time.perf_counter() - answered
+            numbers = look_for_numbers(page, button_id, sm, CLICK_TIMEOUT_MS)
             try:
                 times[sm.label] = click_and_time(page, button_id, sm, CLICK_TIMEOUT_MS)
                 shows(page, sm.label)
+                numbers_on_screen(page, sm, numbers)
             except Exception as exc:
                 page.screenshot(path=str(ARTIFACTS / f"restart-{button_id}-failed.png"))
                 raise AssertionError(f"show-me {sm.label!r} ({button_id}) did not land its view: {exc}") from exc

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, show_mes
+from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, look_for_numbers, numbers_on_screen, show_mes
 from tests.browser.test_learn_journey import open_learn, selected_tabs
 from tests.server import start_app, stop_app
 
@@ -51,8 +51,10 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, read
                 continue
             look = page.locator(f"#{button_id}-note")  # the point of the view, readable by the room
             assert look.is_visible() and "Look for" in look.inner_text(), button_id
+            numbers = look_for_numbers(page, button_id, sm)
             try:
                 times[sm.label] = click_and_time(page, button_id, sm)
+                numbers_on_screen(page, sm, numbers)  # the line's numbers, computed from the result, in the view
             except Exception as exc:
                 page.screenshot(path=str(ARTIFACTS / f"{button_id}-failed.png"))
                 raise AssertionError(f"show-me {sm.label!r} ({button_id}) did not land its view: {exc}") from exc
@@ -62,6 +64,7 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, read
         for label, seconds in times.items():
             print(f"  {seconds:5.2f}  {label}")
         assert len(times) >= 8
+        assert {"Qwen3-Next's linear-attention state, live", "Gemma-4's cross-layer KV sharing, live"} <= set(times)
         assert page.locator(".toast-body.error").count() == 0, page.locator(".toast-body.error").all_inner_texts()
         assert not errors, errors
     finally:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kvviz.capture.architectures import run_kind, tiny_config, tiny_model
+from kvviz.figures import architectures as fig
 from kvviz.models import CaptureError, check_capturable
 
 PROMPT = "The KV cache"
@@ -121,3 +122,49 @@ def test_hybrid_attention_is_recorded_on_its_full_attention_layers_only():
     assert np.all(decode[..., trace.n_fed :] == 0)  # the trace's last column: the final token, never fed
     np.testing.assert_allclose(decode[..., : trace.n_fed], ref[:, n:].transpose(1, 0, 2), atol=1e-3)
     np.testing.assert_allclose(trace.colsum[3, :, : trace.n_fed], ref.sum(1), atol=1e-5)
+
+
+def _bars(chart) -> dict[str, list[int]]:
+    return {t.name: list(t.y) for t in chart.data}
+
+
+def test_the_linear_hybrid_s_fixed_state_is_counted_in_the_bars_and_the_headline():
+    """The gated-DeltaNet layers' state has a fixed size, not no size: 3 × 2,048 B beside the full layer's K/V."""
+    live = run_kind("linear hybrid", PROMPT)
+    bars = _bars(fig.bytes_chart(live))
+    state = bars["measured: fixed state (conv + recurrent)"]
+    assert state == [2048, 2048, 2048, 0] and bars["measured: K/V (cache tensors)"] == [0, 0, 0, 19 * 256]
+    assert bars["formula (memory calculator)"] == [2048, 2048, 2048, 19 * 256]
+    assert live.cache_bytes == live.formula_cache_bytes == 3 * 2048 + 19 * 256 == 11_008
+    text = fig.summary_markdown(live)
+    assert "Cache measured from its tensors: **11,008 B = 10.8 KiB** (4,864 B that grow" in text
+    assert "the formula: **11,008 B**" in text
+    # the per-token formula totals only what grows; the state's own term totals its fixed bytes
+    assert "formula 1 full layer × 2 × 2 KV heads × 16 × 4 B = 256 B;" in text
+    assert "plus **6,144 B** fixed whatever the length, formula 3 state layers × 512 elements × 4 B = 6,144 B." in text
+
+
+def test_the_sharing_sentence_names_the_layers_that_grow_from_the_measured_bytes():
+    live = run_kind("KV-sharing", PROMPT)
+    assert live.growing_layers == (1,)  # layers 0 and 2 are 8-token windows: 7 tokens held from the first step
+    text = fig.summary_markdown(live)
+    assert "3 of 6 layers grow" not in text
+    assert (
+        "only layer 1 of the 6 grows with the context (measured step by step); layers 0, 2 stay flat at 896 B each "
+        "(their sliding window); layers 3, 4, 5 hold nothing." in text
+    )
+    # a prompt shorter than the window: the sliding layers grow until it fills, then only layer 1 does
+    short = run_kind("KV-sharing", "KV", max_new_tokens=3)
+    assert short.growing_layers == (0, 1, 2) and "only layers 0, 1, 2 of the 6 grow" in fig.summary_markdown(short)
+
+
+def test_dsa_s_indexer_keys_are_their_own_bar_segment():
+    live = run_kind("DSA", PROMPT)
+    bars = _bars(fig.bytes_chart(live))
+    assert bars["measured: indexer keys"] == [19 * 16 * 4] * 2 and sum(bars["measured: indexer keys"]) == 2432
+    assert bars["measured: latent + RoPE key"] == [19 * (32 + 8) * 4] * 2
+    assert [a + b for a, b in zip(bars["measured: latent + RoPE key"], bars["measured: indexer keys"])] == list(
+        live.layer_bytes
+    )
+    stacked = [t for t in fig.bytes_chart(live).data if t.offsetgroup == "measured"]
+    assert list(stacked[1].base) == list(stacked[0].y)  # stacked on the latent, not beside it

@@ -62,11 +62,15 @@ def test_figures_and_summary(live):
     table = fig.cache_table(live)
     assert list(table["measured bytes"]) == list(live.formula_layer_bytes) and set(table["equal"]) == {"✓"}
     chart = fig.bytes_chart(live)
-    assert len(chart.data) == (3 if live.attention == "MLA" else 2)
+    segments = [t for t in chart.data if t.offsetgroup == "measured"]
+    # the measured bar, stacked: every byte the tensors hold, the fixed states and indexer keys included
+    totals = [sum(t.y[i] for t in segments) for i in range(len(live.layer_bytes))]
+    assert totals == [a + b for a, b in zip(live.layer_bytes, live.state_bytes)]
+    assert len(chart.data) == len(segments) + (2 if live.attention == "MLA" else 1)
     steps = fig.steps_chart(live)
     assert len(steps.data) == 2 * len(live.layer_bytes) and all(len(t.x) == len(live.steps) for t in steps.data)
     text = fig.summary_markdown(live)
-    assert f"**{live.measured_bytes:,} B" in text and "equal, layer by layer, at every step ✓" in text
+    assert f"**{live.cache_bytes:,} B" in text and "equal, layer by layer, at every step ✓" in text
     if live.kind == "MLA":
         assert "no factor 2 and no head count" in text and "4× more" in text
 

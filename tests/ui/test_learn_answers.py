@@ -41,3 +41,31 @@ def test_every_show_me_finds_its_view_and_learn_keeps_its_place_among_the_tabs(l
     assert not {k: v for k, v in notes.items() if "not in this build" in v.lower()}  # the Blocks pitfall included
     assert [tab.id for tab in ctx.tabs.children] == [tab_id for _, tab_id, _ in TABS]  # built last, shown in place
     assert ctx.store.planned(ctx.planners["blocks.leak_run"](SIDE_CHANNEL.values))  # its timing is stored too
+
+
+def test_the_live_architecture_show_mes_answer_from_their_stored_runs_with_their_own_numbers(lm):
+    """Objective 5's architectures: each run is planned at start-up; once stored, the show-me answers in its
+    click event and its "Look for" line carries that run's numbers, each of them shown in the view's summary."""
+    import re
+
+    from kvviz.lessons.objectives import LIVE_MLA, LIVE_SHARING, LIVE_STATE
+
+    ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=64, max_prompt_tokens=1024, concurrency=1))
+    build_app(ctx)
+    (five,) = [o for o in OBJECTIVES if o.number == 5]
+    assert all(any(sm is s for s in five.show_me) for sm in (LIVE_MLA, LIVE_SHARING, LIVE_STATE))
+    answer, look_for = ctx.answers["memory.arch_run"], ctx.look_fors["memory.arch_run"]
+    lines = {}
+    for sm in (LIVE_MLA, LIVE_SHARING, LIVE_STATE):
+        key = ctx.planners[sm.press](sm.values)
+        values = [sm.values["memory.arch_kind"], sm.values["memory.arch_prompt"]]
+        assert ctx.store.planned(key) and answer.fn(None, *values) is None and look_for(sm.values) is None
+        ctx.store.run(ctx.store.claim(key)[0], "start-up")
+        summary, *_ = answer.fn(None, *values)  # now stored: answered in the click event
+        lines[sm.label] = line = look_for(sm.values)
+        assert line and line != sm.look_for
+        numbers = re.findall(r"\d[\d,]*", line)
+        assert numbers and all(n in summary for n in numbers), (line, summary)
+    assert "6,144 B of fixed state" in lines[LIVE_STATE.label] and "11,008 B in all" in lines[LIVE_STATE.label]
+    assert "only layer 1 of the 6 grows" in lines[LIVE_SHARING.label]
+    assert "320 B per token" in lines[LIVE_MLA.label] and "1,280 B" in lines[LIVE_MLA.label]

@@ -156,8 +156,8 @@ def api_chat(
         seed: random seed for sampling (a whole number); equal requests give equal answers.
         history: the earlier messages as a JSON list of {"role": "user" | "assistant", "content": text}, user
             first, ending with an answer ("[]" starts a chat; at most 64 messages, 256 KiB of JSON).
-        template: "model" (the model's own chat template) or "drop-answers" (the same with earlier answers'
-            text left out, a template that rewrites history).
+        template: "model" (the model's own chat template) or "drop-answers" (the same with earlier answers
+            left out, a template that rewrites history).
 
     Returns:
         The trace summary, and "turn": prompt tokens reused from the cache and computed, and the first position

@@ -58,6 +58,8 @@ class AppContext:
     planners: dict[str, Callable[[dict], Hashable]] = field(default_factory=dict)
     # per demo button ("memory.button"), how a show-me shows its result in one event (see ShowMeAnswer)
     answers: dict[str, ShowMeAnswer] = field(default_factory=dict)
+    # per demo button, a show-me's "Look for" line read from its stored result (None until it is computed)
+    look_fors: dict[str, Callable[[dict], str | None]] = field(default_factory=dict)
     # every file written for a user lives in that session's temp folder
     files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None

@@ -200,7 +200,7 @@ def test_live_architecture_section_shows_the_real_cache_next_to_the_formula():
     assert [len(t.x) for t in steps.data] == [8] * 4  # 2 layers × (measured, formula) after prefill + 7 steps
     assert list(table["tensors"]) == ["latent [1, 1, 19, 32] + RoPE key [1, 1, 19, 8]"] * 2
     assert [t.name for t in chart.data] == [
-        "measured (cache tensors)",
+        "measured: latent + RoPE key",
         "formula (memory calculator)",
         "per-head K/V (the pitfall)",
     ]
