@@ -301,6 +301,34 @@ def describe(fault: Fault) -> dict:
     }
 
 
+def verdict(j: dict) -> str:
+    """The report in two or three sentences (the command's text output and the view's verdict)."""
+    lines = []
+    f = j["first"]
+    if f is None:
+        lines.append(
+            f"No divergence: every step and layer within tolerance ({j['tolerance']:.2g} × scale, {j['dtype']})."
+        )
+    else:
+        where = "the logits" if f["layer"] is None else f"layer {f['layer']}"
+        head = "" if f["kv_head"] is None else f", KV head {f['kv_head']}"
+        size = (
+            f"holds {abs(int(f['jump']))} entry {'more' if f['jump'] > 0 else 'fewer'} than positions fed"
+            if f["quantity"] == "cache length"
+            else f"|Δ| = {f['jump']:.3g} (tolerance {f['tolerance']:.2g} × scale)"
+        )
+        lines.append(
+            f"First divergence: step {f['step']}, {where}{head}, position {f['position']}: {f['quantity']} {size}."
+        )
+    changed = j["tokens_changed_from_step"]
+    lines.append(
+        "The generated tokens are unchanged." if changed is None else f"The tokens change from step {changed}."
+    )
+    if j["fault"]:
+        lines.append(j["fault"]["lesson"])
+    return "\n".join(lines + j["notes"])
+
+
 def debug(
     lm: LoadedModel,
     prompt: str,

@@ -63,8 +63,9 @@ class Fault:
         store, or None to store nothing (and attend to the stale cache)."""
         return keys, values
 
-    def attend(self, module, query, key, value, scaling: float) -> torch.Tensor | None:
-        """The layer's attention output ([B, q, Hq, Dv]) when the fault strikes, or None for the model's own."""
+    def attend(self, module, query, key, value, scaling: float, window: int | None = None) -> torch.Tensor | None:
+        """The layer's attention output ([B, q, Hq, Dv]) when the fault strikes, or None for the model's own
+        (``window``: the layer's sliding window, None for full attention)."""
         return None
 
 
@@ -117,7 +118,8 @@ class FaultyCache(DynamicCache):
     def _attention(self, module, query, key, value, mask, implementation, *args, **kwargs):
         layer = module.layer_idx
         if self.fault.strikes(self.step_of(layer), layer):
-            out = self.fault.attend(module, query, key, value, kwargs.get("scaling") or module.scaling)
+            window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+            out = self.fault.attend(module, query, key, value, kwargs.get("scaling") or module.scaling, window)
             if out is not None:
                 return out, None
         if query.shape[2] == 1 and mask is not None and mask.shape[-1] != key.shape[-2]:

@@ -23,7 +23,7 @@ class CausalDecode(Fault):
     shows = "K and V agree; the attention output of the struck layer jumps at the struck step, and every layer after it"
     first = "attention output"
 
-    def attend(self, module, query, key, value, scaling):
+    def attend(self, module, query, key, value, scaling, window=None):
         if query.shape[2] != 1:
             return None
         return sdpa(query, key, value, scaling, causal=True)  # [1, 1] ∧ tril → key 0 only

@@ -25,7 +25,7 @@ class GqaWrongGroup(Fault):
     shows = "K and V agree; the struck layer's attention output jumps at the struck step"
     first = "attention output"
 
-    def attend(self, module, query, key, value, scaling):
+    def attend(self, module, query, key, value, scaling, window=None):
         groups = query.shape[1] // key.shape[1]
         if groups == 1:
             return None

@@ -50,7 +50,7 @@ class RopeOffByOne(Fault):
     def store(self, keys, values, layer):
         return rotate(keys, self._inv_freq(), 1), values
 
-    def attend(self, module, query, key, value, scaling):
+    def attend(self, module, query, key, value, scaling, window=None):
         from kvviz.capture.faults.base import sdpa
 
         return sdpa(rotate(query, self._inv_freq(), 1), key, value, scaling)

@@ -23,8 +23,7 @@ class SlidingWindowOffByOne(Fault):
     shows = "the struck sliding layer's attention output jumps at the first step whose window is full"
     first = "attention output"
 
-    def attend(self, module, query, key, value, scaling):
-        window = getattr(module, "sliding_window", None)
+    def attend(self, module, query, key, value, scaling, window=None):
         if not window or query.shape[2] != 1 or key.shape[2] < window:
             return None
         return sdpa(query, key[:, :, -(window - 1) :], value[:, :, -(window - 1) :], scaling)
