@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvviz.capture.divergence import debug
+    from kvviz.capture.divergence import debug, verdict
     from kvviz.capture.faults import make_fault
     from kvviz.models import load_model
 
@@ -62,31 +62,3 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(verdict(report.to_json()))
     return 0
-
-
-def verdict(j: dict) -> str:
-    """The report in two or three sentences (the command's text output)."""
-    lines = []
-    f = j["first"]
-    if f is None:
-        lines.append(
-            f"No divergence: every step and layer within tolerance ({j['tolerance']:.2g} × scale, {j['dtype']})."
-        )
-    else:
-        where = "the logits" if f["layer"] is None else f"layer {f['layer']}"
-        head = "" if f["kv_head"] is None else f", KV head {f['kv_head']}"
-        size = (
-            f"holds {abs(int(f['jump']))} entry {'more' if f['jump'] > 0 else 'fewer'} than positions fed"
-            if f["quantity"] == "cache length"
-            else f"|Δ| = {f['jump']:.3g} (tolerance {f['tolerance']:.2g} × scale)"
-        )
-        lines.append(
-            f"First divergence: step {f['step']}, {where}{head}, position {f['position']}: {f['quantity']} {size}."
-        )
-    changed = j["tokens_changed_from_step"]
-    lines.append(
-        "The generated tokens are unchanged." if changed is None else f"The tokens change from step {changed}."
-    )
-    if j["fault"]:
-        lines.append(j["fault"]["lesson"])
-    return "\n".join(lines + j["notes"])

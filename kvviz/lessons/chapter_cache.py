@@ -17,6 +17,7 @@ Command: ``python -m kvviz check --chapter``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,27 +61,35 @@ class ChapterCheck:
         )
 
 
+def layer0_input(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    """Layer 0's attention input for token ids [B, S]: the embeddings through its input norm, [B, S, d_model]."""
+    base: Any = lm.model.base_model  # a decoder with .layers, .embed_tokens, .rotary_emb
+    return base.layers[0].input_layernorm(base.embed_tokens(ids))
+
+
+def project(lm: LoadedModel, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chapter's ``project`` with layer 0's weights and rotary embedding at positions ``start…``:
+    q [B, n_q, S, d_h], k and v [B, n_kv, S, d_h]."""
+    base: Any = lm.model.base_model  # a decoder with .layers, .embed_tokens, .rotary_emb
+    attn = base.layers[0].self_attn
+    n_q, n_kv = lm.config.num_attention_heads, lm.config.num_key_value_heads
+    d_h = getattr(attn, "head_dim", lm.config.hidden_size // n_q)
+    B, S = x.shape[:2]  # noqa: N806 (the chapter's names)
+    pos = torch.arange(start, start + S, device=x.device)[None].expand(B, -1)
+    cos, sin = base.rotary_emb(x, pos)  # [B, S, d_h]
+    q = attn.q_proj(x).view(B, S, n_q, d_h).transpose(1, 2)  # [B, n_q, S, d_h]
+    k = attn.k_proj(x).view(B, S, n_kv, d_h).transpose(1, 2)  # [B, n_kv, S, d_h]
+    v = attn.v_proj(x).view(B, S, n_kv, d_h).transpose(1, 2)
+    return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+
 def chapter_check(lm: LoadedModel) -> ChapterCheck:
     """Run the chapter's code on layer 0 of ``lm`` (see the module docstring), decoding with and without
     ``causal=True``."""
-    base = lm.model.base_model
-    layer = base.layers[0]
-    attn = layer.self_attn
     n_q, n_kv = lm.config.num_attention_heads, lm.config.num_key_value_heads
-    d_h = getattr(attn, "head_dim", lm.config.hidden_size // n_q)
     ids = torch.tensor(
         [lm.tokenizer(s, add_special_tokens=False)["input_ids"][:TOTAL] for s in SENTENCES], device=lm.device
     )
-    B = ids.shape[0]  # noqa: N806 (the chapter's name)
-
-    def project(x: torch.Tensor, start: int):  # x: [B, S, d_model]
-        S = x.shape[1]  # noqa: N806
-        pos = torch.arange(start, start + S, device=lm.device)[None].expand(B, -1)
-        cos, sin = base.rotary_emb(x, pos)  # [B, S, d_h]
-        q = attn.q_proj(x).view(B, S, n_q, d_h).transpose(1, 2)  # [B, n_q, S, d_h]
-        k = attn.k_proj(x).view(B, S, n_kv, d_h).transpose(1, 2)  # [B, n_kv, S, d_h]
-        v = attn.v_proj(x).view(B, S, n_kv, d_h).transpose(1, 2)
-        return _rope(q, cos, sin), _rope(k, cos, sin), v
 
     def attend(q, k, v, causal: bool):
         rep = n_q // n_kv  # expand KV heads for GQA
@@ -89,20 +98,20 @@ def chapter_check(lm: LoadedModel) -> ChapterCheck:
 
     def cached(causal_decode: bool) -> tuple[torch.Tensor, KVCache]:
         cache = KVCache()
-        q, k, v = project(x[:, :PROMPT], 0)  # prefill: 8 prompt tokens at once
+        q, k, v = project(lm, x[:, :PROMPT], 0)  # prefill: 8 prompt tokens at once
         k_all, v_all = cache.append(k, v)
         outs = [attend(q, k_all, v_all, causal=True)]
         for t in range(PROMPT, TOTAL):  # decode: one token per step
-            q, k, v = project(x[:, t : t + 1], t)  # [B, heads, 1, d_h]
+            q, k, v = project(lm, x[:, t : t + 1], t)  # [B, heads, 1, d_h]
             k_all, v_all = cache.append(k, v)  # cache grows to t+1
             outs.append(attend(q, k_all, v_all, causal=causal_decode))
         return torch.cat(outs, dim=2), cache
 
     with torch.inference_mode():
-        x = layer.input_layernorm(base.embed_tokens(ids))  # [B, 12, d_model]: layer 0's input
+        x = layer0_input(lm, ids)  # [B, 12, d_model]
         good, cache = cached(False)
         bad, _ = cached(True)
-        q, k, v = project(x, 0)  # reference: full recompute
+        q, k, v = project(lm, x, 0)  # reference: full recompute
         full = attend(q, k, v, causal=True)
     if cache.k is None:
         raise RuntimeError("The chapter's cache stayed empty.")

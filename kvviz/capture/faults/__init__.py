@@ -62,7 +62,9 @@ def check_fault(fault: Fault, layers: int, max_new_tokens: int, sliding: bool) -
         bounded_int(fault.layer, "fault layer", 0, layers - 1)
         bounded_int(fault.step, "fault step", 1, max(1, max_new_tokens - 1))
     if isinstance(fault, SlidingWindowOffByOne) and not sliding:
-        raise ValueError("sliding_window_off_by_one needs a model with sliding windows; this one has no sliding-window layers.")
+        raise ValueError(
+            "sliding_window_off_by_one needs a model with sliding windows; this one has no sliding-window layers."
+        )
 
 
 __all__ = ["BLOCK", "FAULTS", "Fault", "FaultyCache", "check_fault", "make_fault"]
