@@ -29,7 +29,7 @@ DEFAULT_NEW = 8
 CHOICES = [("none — the correct cache (all clear)", NONE)] + [(f.title, name) for name, f in FAULTS.items()]
 
 
-def check(
+def break_cache(
     ctx: AppContext,
     fault: str = NONE,
     step: int = 2,
@@ -106,7 +106,7 @@ def _api_run(job) -> dict:
 
 
 # the ``/break_cache`` endpoint (and ``api_break_cache(ctx, …)`` in tests)
-api_break_cache = ModelJob("cache debugger", check=check, run=_api_run, size=_size)
+api_break_cache = ModelJob("cache debugger", check=break_cache, run=_api_run, size=_size)
 
 
 def build(ctx: AppContext) -> None:
@@ -157,7 +157,7 @@ def build(ctx: AppContext) -> None:
 
     def plan(values: dict) -> tuple:
         raw = [values.get(k, c.value) for k, c in zip([*names, "breakcache.block"], inputs)]
-        req = check(ctx, *raw)
+        req = break_cache(ctx, *raw)
         key = key_of(ctx, req)
         ctx.store.plan(key, "break the cache", compute_for(ctx, req))
         return key
@@ -171,7 +171,7 @@ def build(ctx: AppContext) -> None:
 
     job = ModelJob(
         "cache debugger",
-        check=lambda _ctx, f, s, lay, p, n, b, fresh: (bool(fresh), check(ctx, f, s, lay, p, n, b)),
+        check=lambda _ctx, f, s, lay, p, n, b, fresh: (bool(fresh), break_cache(ctx, f, s, lay, p, n, b)),
         run=run,
         size=lambda r: _size(r[1]),
         store=True,

@@ -59,7 +59,7 @@ def test_no_fault_is_an_all_clear_map(lm):
 )
 def test_bad_input_is_refused_by_name(ctx, args, match):
     with pytest.raises(gr.Error, match=match):
-        tab.check(ctx, *args, "Name a colour.", 8)
+        tab.break_cache(ctx, *args, "Name a colour.", 8)
 
 
 def test_registered_and_shown_from_learn():
