@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
-from kvviz.commands import blocks, evict, memory, sweep, trace
+from kvviz.commands import blocks, check, evict, memory, sweep, trace
 
-COMMANDS = [trace, memory, evict, blocks, sweep]
+COMMANDS = [trace, memory, evict, blocks, sweep, check]
 
 
 def main(argv: list[str] | None = None) -> int:

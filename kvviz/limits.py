@@ -254,6 +254,10 @@ def check_cost(cost: JobCost, max_key_reads: int, max_bytes: int | None) -> None
 MAX_QUESTION_CHARS = 2000  # the Eviction tab's question box: a sentence or two, fed after the context
 MAX_BUDGET_TOKENS = 10**6  # entries a policy keeps per layer and KV head (far above any prompt the app takes)
 MAX_STEP = 10**6  # a replay slider's step (clamped to the run's last step afterwards)
+MAX_FAULT_STEP = (
+    4096  # the decode step (or prefix block) a debugger fault strikes first; the run's length bounds it further
+)
+MAX_DEBUG_NEW_TOKENS = 64  # tokens a Break-the-cache run generates (the run, a clean run and one recomputation)
 MAX_BLOCK_SIZE = 4096  # tokens per paged block
 MAX_SEED = 2**32 - 1
 NO_CONTEXT_LIMIT = 10**9  # a model whose config states no context length: the deployment's prompt limit decides

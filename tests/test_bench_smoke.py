@@ -82,3 +82,13 @@ def test_leaderboard_bench_smoke(bench, lm, tmp_path):
     assert [s["depth"] for s in saved["samples"]] == [0.0, 0.5, 1.0]
     assert saved["bench"]["cells"] == 2 * 2 * 2 and saved["bench"]["wall_s"] > 0
     assert len(saved["records"]) == 3 * 8 and saved["table"]
+
+
+def test_debugger_bench_smoke(bench, lm, tmp_path):
+    db = bench("debugger")
+    out = tmp_path / "db.json"
+    result = db.main(["--prompt-tokens", "24", "--new-tokens", "3", "--repeats", "1", "--out", str(out)], lm=lm)
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(result)) and saved["prompt_tokens"] == 24 and saved["new_tokens"] == 3
+    assert min(saved["run_median_s"], saved["recompute_median_s"], saved["finder_median_s"]) > 0
+    assert saved["added_vs_recompute"] == pytest.approx(saved["finder_added_s"] / saved["recompute_median_s"])

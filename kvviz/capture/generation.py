@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from kvviz.capture.faults.base import Fault, FaultyCache
 from kvviz.capture.model_io import (
     PREFILL_CHUNK,
     Progress,
@@ -63,6 +64,7 @@ class Generation:
     the one produced) in :attr:`token_logprobs` — the forward must then return every fed position's
     logits (``logits_to_keep=g.logits_to_keep``). A cache whose ``repositions`` is true (its RoPE
     positions are its slots) is fed position ids counted from its length instead of from the tokens fed.
+    ``fault`` (:mod:`kvviz.capture.faults`) breaks this run's cached decoding on purpose (the debugger's zoo).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class Generation:
         record_decode: bool = True,
         keep_logprobs: bool = False,
         score_tokens: bool = False,
+        fault: Fault | None = None,
     ):
         self.lm = lm
         self.sampling = sampling or Sampling()
@@ -100,7 +103,7 @@ class Generation:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError("max_new_tokens must be a whole number, at least 1.")
         if prefill_chunk is None:
-            prefill_chunk = 0 if cache_factory else PREFILL_CHUNK
+            prefill_chunk = 0 if cache_factory or fault else PREFILL_CHUNK
         if prefill_chunk < 0:
             raise ValueError("prefill_chunk must be 0 (one forward) or a positive number of tokens.")
         head = len(ids) if prefill_tokens is None else prefill_tokens
@@ -130,7 +133,9 @@ class Generation:
             self.rec = Recorder(
                 info.layers, info.q_heads, t_max, head, cfg, lm.device, verify, attention_layers=info.attention_layers
             )
-        self.cache = cache_factory(lm) if cache_factory else DynamicCache(config=lm.config)
+        self.fault = fault
+        plain = FaultyCache(fault, lm.config) if fault else DynamicCache(config=lm.config)
+        self.cache = cache_factory(lm) if cache_factory else plain
         if self.rec is not None:
             self.rec.cache = self.cache
         self.stop_on_eos = stop_on_eos
@@ -170,6 +175,8 @@ class Generation:
         self.hooks = 0  # after_step calls so far (ahead of ``step`` by the prompt tokens fed after the prefill)
         self.done = False
         self.t0: float | None = None
+        if fault is not None:
+            fault.start(self)
 
     # -- what this run would share with an identical one ---------------------------------------
     def key(self) -> tuple:
@@ -193,6 +200,7 @@ class Generation:
             self.record_decode,
             self.keep_logprobs,
             self.score_tokens,
+            self.fault,
         )
 
     @property

@@ -75,6 +75,25 @@ WASTE = ShowMe(
     "waste",
     "Token-forward passes with and without the cache for this run.",
 )
+_BREAK = {"breakcache.prompt": CHAT_QUESTION, "breakcache.new_tokens": 8, "breakcache.step": 2, "breakcache.layer": 0}
+CAUSAL_DECODE = ShowMe(
+    "Decode with a causal mask",
+    "tab_breakcache",
+    {**_BREAK, "breakcache.fault": "causal_decode"},
+    "breakcache.button",
+    "breakcache-map",
+    "The ring sits at step 2, layer 0: the keys and values still agree, but the attention output does not — "
+    "the single query under is_causal=True saw only the first key — and every later layer inherits it.",
+)
+FORGET_APPEND = ShowMe(
+    "Forget to append",
+    "tab_breakcache",
+    {**_BREAK, "breakcache.fault": "not_appended"},
+    "breakcache.button",
+    "breakcache-map",
+    "At step 2 layer 0's cache holds one entry fewer than the tokens fed (the cache-length cell off the "
+    "scale): that step attended to the stale cache, and the position stays missing.",
+)
 LLAMA70_8K = ShowMe(
     "Calculator on Llama-3-70B at 8K",
     "tab_memory",
@@ -213,8 +232,9 @@ OBJECTIVES = (
         "Implement a decode step that appends to a KV cache and verify it matches full recomputation.",
         "A decode step computes q, k, v for the one new token, appends k and v to the cache and attends over "
         "it. kvviz runs this loop on a real model and re-runs the whole sequence at the end to prove the "
-        "logits match.",
-        (EQUIVALENCE,),
+        "logits match. Break the cache on purpose to see what a wrong decode step looks like, and where the "
+        "debugger finds it first.",
+        (EQUIVALENCE, CAUSAL_DECODE, FORGET_APPEND),
     ),
     Objective(
         3,

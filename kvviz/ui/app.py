@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from kvviz.ui import attention, leaderboard, learn, nocache, quant
+from kvviz.ui import attention, breakcache, leaderboard, learn, nocache, quant
 from kvviz.ui.blocks import tab as blocks
 from kvviz.ui.eviction import tab as eviction
 from kvviz.ui.generate import tab as generate
@@ -26,6 +26,7 @@ TABS = [
     # wrap onto a second row
     ("Leaderboard", "tab_leaderboard", leaderboard),
     ("Blocks", "tab_blocks", blocks),
+    ("Break the cache", "tab_breakcache", breakcache),
 ]
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")

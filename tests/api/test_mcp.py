@@ -13,7 +13,13 @@ import pytest
 from kvviz.settings import Settings
 from tests.server import start_app, stop_app
 
-TOOLS = {"memory": "/memory", "generate": "/generate", "evict": "/evict", "blocks": "/blocks"}
+TOOLS = {
+    "memory": "/memory",
+    "generate": "/generate",
+    "evict": "/evict",
+    "blocks": "/blocks",
+    "break_cache": "/break_cache",
+}
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,8 @@ RUN_STEPS = {
     ("run_example", "walkthrough example"),
     ("show", "answer"),
     ("run_own", "sweep"),
+    ("run", "cache debugger"),
+    ("break_cache", "cache debugger"),
 }
 # buttons whose click is a quick check step, then the run
 CHECKED = {
@@ -78,7 +80,7 @@ def test_every_model_step_is_declared_through_the_wrapper(demo):
     for f, job in jobs:
         if job is not None:
             assert f.api_visibility == (
-                "public" if f.api_name in ("generate", "chat", "evict", "blocks") else "private"
+                "public" if f.api_name in ("generate", "chat", "evict", "blocks", "break_cache") else "private"
             )
             assert f.concurrency_limit is None  # the gates are the model's queues
 
