@@ -121,6 +121,39 @@ class Ticket:
         self.release()
 
 
+@dataclass
+class Lease:
+    """A running ticket as the process that holds the GPU sees it (ZeroGPU's worker, forked or reused): admitted,
+    waited for and started by the main process's gate, which also releases it; the time budget counts from the
+    same start (``time.monotonic`` is one clock for every process of the machine). Pickled into the GPU call."""
+
+    what: str
+    started: float
+    max_seconds: float
+    timed_out: bool = False
+
+    @classmethod
+    def of(cls, ticket: Ticket) -> Lease:
+        return cls(ticket.what, ticket.started if ticket.started is not None else time.monotonic(), ticket.max_seconds)
+
+    def position(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+    def expired(self) -> bool:
+        if not self.timed_out and time.monotonic() - self.started > self.max_seconds:
+            self.timed_out = True
+        return self.timed_out
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def release(self) -> None:
+        """Nothing here: the main process releases its ticket when the GPU call returns."""
+
+
 class Gate:
     """FIFO admission to ``slots`` concurrent model jobs, one per session, with memory and time limits."""
 
