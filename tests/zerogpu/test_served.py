@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server import start_app, stop_app
 from tests.zerogpu.conftest import zero_env
@@ -117,6 +119,14 @@ def test_refusals_reach_the_visitor_explained(zero_app, api):
     with pytest.raises(AppError, match="ZeroGPU had no GPU free for this job"):
         _predict(app.url, *EVICT, api_name="/evict")
     assert not api.of("/allow")
+    with urllib.request.urlopen(app.url + "metrics", timeout=30) as resp:  # counted by reason in the main process
+        refused = {
+            s.labels["reason"]: s.value
+            for f in text_string_to_metric_families(resp.read().decode())
+            for s in f.samples
+            if s.name == "kvviz:refusals_total"
+        }
+    assert refused["zerogpu_quota"] >= 1 and refused["zerogpu_space_limit"] >= 1 and refused["zerogpu_no_gpu"] >= 1
 
 
 def test_evict_memory_and_blocks_answer(zero_app, api):

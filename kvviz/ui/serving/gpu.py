@@ -87,6 +87,20 @@ def quota_message(exc: BaseException, seconds: int | None) -> str | None:
     return None
 
 
+def refusal_reason(exc: BaseException) -> str:
+    """One word for a ZeroGPU refusal, for ``/metrics`` (``quota_message`` says it in full)."""
+    seen = f"{getattr(exc, 'title', '') or ''} {_text(exc)}".lower()
+    for words, reason in (
+        (("illegal duration", "larger than the maximum"), "zerogpu_duration"),
+        (("gpu limit",), "zerogpu_space_limit"),
+        (("no gpu was available",), "zerogpu_no_gpu"),
+        (("quota", "runs limit", "credits"), "zerogpu_quota"),
+    ):
+        if any(w in seen for w in words):
+            return reason
+    return "zerogpu_aborted"
+
+
 def readable(fn: F) -> F:
     """``fn`` whose exceptions other than ``gr.Error`` become one carrying their message (the ``spaces``
     package sends only ``gr.Error``\\s back whole; any other exception reaches the page as its class name)."""
@@ -139,7 +153,11 @@ def gpu(fn: F, duration: int | Callable[..., int] = GPU_SECONDS) -> F:
 
     def refused(exc: Exception, args, kwargs) -> Exception:
         message = quota_message(exc, asked(args, kwargs))
-        return exc if message is None else UserError(message)
+        if message is None:
+            return exc
+        error = UserError(message)
+        error.reason = refusal_reason(exc)  # type: ignore[attr-defined]  # counted by the caller (/metrics)
+        return error
 
     if inspect.isgeneratorfunction(fn):
 

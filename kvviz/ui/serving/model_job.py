@@ -33,6 +33,7 @@ from kvviz.limits import GPU_LEASE_CEILING_S, check_prompt_length, job_cost, lea
 from kvviz.safety import clean_prompt
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.gpu import gpu, spaces_available
+from kvviz.ui.serving.jobs import UserError
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.ui.serving.streaming import Background
 
@@ -95,8 +96,7 @@ class Job(Generic[R]):
         yield from self.ctx.jobs.turns(self.admit())  # type: ignore[arg-type]  # a Lease never waits
 
     def waited(self) -> Ticket:
-        """Admitted and waited for in the main process (ZeroGPU: before the GPU call, so waiting costs the
-        visitor no GPU seconds), with "Queued" on the progress bar meanwhile."""
+        """Admitted and waited for, "Queued" on the progress bar meanwhile (ZeroGPU: before the GPU call)."""
         ticket = self.admit()
         assert isinstance(ticket, Ticket)
         while not ticket.wait(0.5):
@@ -259,15 +259,13 @@ class ModelJob(Generic[R]):
 
     # ---- ZeroGPU: admitted here, the model in the GPU call ------------------------------------------
     def leased(self, ctx: AppContext, check: Callable[..., R]) -> Callable:
-        """``call(request, progress, *inputs)`` for a ZeroGPU Space: the inputs checked and the job admitted and
-        waited for in the main process, whose gates see every job; then one ``spaces.GPU`` call, asking for this
-        job's duration, rebuilds the job from the same inputs in the process that holds the GPU and runs it
-        there under a :class:`~kvviz.admission.Lease` of the main process's ticket. Only the model holds the GPU."""
+        """``call(request, progress, *inputs)`` on ZeroGPU: checked, admitted and waited for in the main process (whose
+        gates see every job), then one ``spaces.GPU`` call with this job's duration rebuilds the job from the same
+        inputs in the worker and runs it under a :class:`~kvviz.admission.Lease` of the main ticket."""
         what = self.failed or self.what.capitalize()
 
         def main_job(request, progress, inputs) -> Job[R]:
-            req = check(ctx, *inputs)
-            return Job(ctx, self, req, request, None if progress is None else _bar(progress))
+            return Job(ctx, self, check(ctx, *inputs), request, None if progress is None else _bar(progress))
 
         def gpu_job(lease: Lease, request, progress, inputs) -> Job[R]:
             return Job(ctx, self, check(ctx, *inputs), request, None if progress is None else _bar(progress), lease)
@@ -291,6 +289,9 @@ class ModelJob(Generic[R]):
                             yield self.waiting("Stopped before it started: the run left the queue.")
                         return
                     yield from stream(Lease.of(job.waited()), request, *inputs)
+                except UserError as exc:
+                    _count(ctx, exc)
+                    raise
                 finally:
                     job.close()
 
@@ -307,6 +308,9 @@ class ModelJob(Generic[R]):
                 with user_errors(what):
                     ticket = job.waited()
                 return call(Lease.of(ticket), request, progress, *inputs)
+            except UserError as exc:
+                _count(ctx, exc)
+                raise
             finally:
                 job.close()
 
@@ -384,6 +388,12 @@ def endpoint(ctx: AppContext, fn: Callable, job: ModelJob | None = None, returns
     if job is not None:
         setattr(call, MARK, job)
     return call
+
+
+def _count(ctx: AppContext, exc: UserError) -> None:
+    """A ZeroGPU refusal (its ``reason`` set by :func:`~kvviz.ui.serving.gpu.gpu`) counted for /metrics."""
+    if (reason := getattr(exc, "reason", None)) is not None:
+        ctx.jobs.refusals.count(reason)
 
 
 def _bar(progress: gr.Progress) -> Callable[[float, str], None]:
