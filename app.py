@@ -72,7 +72,7 @@ def build(ctx, stop: threading.Event):
     precompute.restore(ctx)  # show-me results an earlier start stored: answered at once
     precompute.warm(ctx)  # the chat template's prefix blocks cached before the first request
     precompute.start(ctx, stop)  # the show-me examples, in the background while the server starts
-    return demo, {**serve(demo, settings), "mcp_server": settings.mcp}
+    return demo, {**serve(demo, settings, ctx), "mcp_server": settings.mcp}
 
 
 def _interrupt(signum, frame) -> None:

@@ -32,7 +32,27 @@ WAIT_POLL_S = 1.0  # a waiting job looks for slots to free this often
 
 
 class Refused(ValueError):
-    """A job the gate will not take; the message says why and what to do."""
+    """A job the gate will not take; the message says why and what to do, ``reason`` in one word (metrics)."""
+
+    def __init__(self, message: str, reason: str = "other"):
+        super().__init__(message)
+        self.reason = reason
+
+
+class Refusals:
+    """Refused requests by reason, since the server started (``/metrics``); thread-safe."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def count(self, reason: str) -> None:
+        with self._lock:
+            self._counts[reason] = self._counts.get(reason, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
 
 
 def current_rss() -> int | None:
@@ -121,6 +141,39 @@ class Ticket:
         self.release()
 
 
+@dataclass
+class Lease:
+    """A running ticket as the process that holds the GPU sees it (ZeroGPU's worker, forked or reused): admitted,
+    waited for and started by the main process's gate, which also releases it; the time budget counts from the
+    same start (``time.monotonic`` is one clock for every process of the machine). Pickled into the GPU call."""
+
+    what: str
+    started: float
+    max_seconds: float
+    timed_out: bool = False
+
+    @classmethod
+    def of(cls, ticket: Ticket) -> Lease:
+        return cls(ticket.what, ticket.started if ticket.started is not None else time.monotonic(), ticket.max_seconds)
+
+    def position(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+    def expired(self) -> bool:
+        if not self.timed_out and time.monotonic() - self.started > self.max_seconds:
+            self.timed_out = True
+        return self.timed_out
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def release(self) -> None:
+        """Nothing here: the main process releases its ticket when the GPU call returns."""
+
+
 class Gate:
     """FIFO admission to ``slots`` concurrent model jobs, one per session, with memory and time limits."""
 
@@ -169,13 +222,15 @@ class Gate:
                 raise Refused(
                     f"Your network address already has {held} model jobs queued or running, the most one address "
                     f"may hold on this public server (KVVIZ_JOBS_PER_ADDRESS = {self.per_address}); wait for "
-                    "one to finish before starting another."
+                    "one to finish before starting another.",
+                    "per_address",
                 )
             self._refuse_costly(cost_s, elsewhere_s)
             if len(self._waiting) >= self.max_waiting:
                 raise Refused(
                     f"The server is busy: {len(self._waiting)} jobs are waiting, the most it queues. "
-                    "Try again in a minute."
+                    "Try again in a minute.",
+                    "queue_full",
                 )
             self.check_memory()
             ticket = Ticket(self, session, what, next(self._numbers), self.max_seconds, address, cost_s)
@@ -199,7 +254,8 @@ class Gate:
         raise Refused(
             f"The server is busy with long jobs: those queued or running need about {ahead:,.0f} s of the model, "
             f"and this one about {cost_s:,.0f} s more, beyond the {limit:,.0f} s a job is promised "
-            "(KVVIZ_MAX_JOB_SECONDS). Try again in a minute, or use a shorter prompt."
+            "(KVVIZ_MAX_JOB_SECONDS). Try again in a minute, or use a shorter prompt.",
+            "busy_time",
         )
 
     def held_by(self, address: str | None) -> int:
@@ -226,7 +282,8 @@ class Gate:
                 else f"still queued, position {self._waiting.index(mine) + 1} of {len(self._waiting)}"
             )
             raise Refused(
-                f"Your previous {mine.what} is {where}; wait for it to finish (or press Stop) before starting another."
+                f"Your previous {mine.what} is {where}; wait for it to finish (or press Stop) before starting another.",
+                "second_job",
             )
 
     def check_memory(self) -> None:
@@ -237,7 +294,8 @@ class Gate:
             raise Refused(
                 f"The server is short of memory ({rss / 2**30:.1f} GiB in use, ceiling "
                 f"{limit / 2**30:.1f} GiB, KVVIZ_MAX_RSS_GB); new model jobs are "
-                "refused until running ones finish. Try again shortly."
+                "refused until running ones finish. Try again shortly.",
+                "memory",
             )
 
     def spare_bytes(self) -> int | None:
@@ -266,7 +324,7 @@ class Gate:
         with self._cond:
             while ticket not in self._running:
                 if ticket.released:
-                    raise Refused("This job was cancelled before it started.")
+                    raise Refused("This job was cancelled before it started.", "cancelled")
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     return False

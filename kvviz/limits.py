@@ -302,3 +302,7 @@ def lease_seconds(cost: JobCost, ceiling: float = GPU_LEASE_CEILING_S, floor: fl
     prefill = (cost.runs * cost.prompt_tokens + cost.repeat_tokens) * cost.layers * GPU_LAYER_TOKEN_S
     estimate = floor + 1.25 * (decode + prefill + cost.key_reads * GPU_KEY_READ_S)
     return int(math.ceil(min(max(estimate, floor), max(ceiling, floor))))
+
+
+MAX_KV_EVENTS = 50_000  # events the prefix store's KV event log keeps before it folds them into its current blocks
+MAX_EVENT_LOG_BYTES = 64 * 2**20  # a KV event log imported into the Blocks view (a JSON Lines file)

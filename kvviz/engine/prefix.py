@@ -54,9 +54,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from kvviz.blocks.hashing import BlockHasher
-from kvviz.blocks.prefix_cache import CachedBlock, PrefixCache
+from kvviz.blocks.prefix_cache import CachedBlock
 from kvviz.capture.generation import Generation
 from kvviz.engine.disk_tier import DiskTier, block_layers, spill
+from kvviz.engine.kv_events import LoggedCache, to_jsonl
 
 BLOCK_SIZE = 8  # tokens per cached block (see the module docstring)
 SERVER = None  # the owner of the server's own runs (warm-up, examples): their blocks are anyone's to read
@@ -146,7 +147,7 @@ class PrefixStore:
         session_salt: bool = False,
     ):
         self._spill: list[CachedBlock] = []  # evicted under the lock, written to disk after it
-        self.cache = PrefixCache(capacity_bytes, on_evict=None if disk is None else self._spill.append)
+        self.cache = LoggedCache(capacity_bytes, on_evict=None if disk is None else self._spill.append)
         self.salt, self.hasher = salt, BlockHasher(block_size, salt)
         self.block_size, self.max_tokens = block_size, max_tokens
         self.disk, self.session_salt = disk, session_salt
@@ -155,6 +156,7 @@ class PrefixStore:
         self.disk_hit_blocks = 0
         self._requests: deque[RequestSources] = deque(maxlen=RECENT)
         self._n_requests = 0
+        self.source_tokens = {COMPUTED: 0, MEMORY: 0, DISK: 0}  # prompt tokens of every request, by source
 
     def _hasher(self, g: Generation, owner: str | None) -> BlockHasher:
         """The hasher of this run's blocks: keys-and-values-only blocks and a salted session's apart."""
@@ -220,6 +222,7 @@ class PrefixStore:
         counts = g.trace.source_counts()
         with self.lock:
             self._n_requests += 1
+            self.source_tokens = {k: v + counts[k] for k, v in self.source_tokens.items()}
             seen = RequestSources(self._n_requests, counts[COMPUTED], counts[MEMORY], counts[DISK], frozenset(owners))
             self._requests.append(seen)
         return Claim(held, hashes)
@@ -327,6 +330,11 @@ class PrefixStore:
             requests = [replace(r, owners=frozenset()) for r in mine]
         return StoreView(blocks, stats, requests)
 
+    def kv_events(self, viewer: str | None = None, private: bool = False) -> str:
+        """The memory tier's changes in vLLM's KV event schema (kv_events.py); ``private``: as :meth:`blocks`."""
+        seen = (lambda e: BlockInfo("", None, 0, (), 0, 0, 0, e.owners).readable_by(viewer)) if private else None
+        return to_jsonl(self.cache.log.events(), self.block_size, self._keyed if private else None, seen)
+
     def _as_seen(self, block: BlockInfo, viewer: str | None) -> BlockInfo:
         keyed = None if block.parent is None else self._keyed(block.parent)
         if block.readable_by(viewer):
@@ -364,7 +372,9 @@ class PrefixStore:
         }
 
     def close(self) -> None:
-        """Drop the disk tier's files (the server is stopping)."""
+        """Drop the disk tier's files and every cached block (the server is stopping)."""
+        with self.lock:
+            self.cache.clear()
         if self.disk is not None:
             self.disk.close()
 

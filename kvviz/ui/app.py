@@ -85,8 +85,9 @@ body.kvviz-present .learn-note, body.kvviz-present .learn-note p {font-size: 30p
 """
 
 
-def serve(demo: gr.Blocks, settings) -> dict:
-    """Turn on the queue and return the ``launch`` options the app needs.
+def serve(demo: gr.Blocks, settings, ctx: AppContext | None = None) -> dict:
+    """Turn on the queue and return the ``launch`` options the app needs (with ``ctx``, ``/metrics`` and
+    ``/kv-events`` beside Gradio's routes: :func:`routes`).
 
     Model handlers carry no Gradio concurrency limit (the gate in ``kvviz/ui/serving/jobs.py`` is the model's
     queue), so each job that waits at the gate holds a worker: there must be one for every job the
@@ -94,7 +95,33 @@ def serve(demo: gr.Blocks, settings) -> dict:
     """
     jobs = settings.queue_size + settings.concurrency + settings.room_size
     demo.queue(max_size=jobs + 16, default_concurrency_limit=settings.concurrency)
-    return {"max_threads": jobs + 32}
+    extra = {} if ctx is None else {"app_kwargs": {"routes": routes(ctx)}}
+    return {"max_threads": jobs + 32, **extra}
+
+
+def routes(ctx: AppContext) -> list:
+    """``GET /metrics`` (Prometheus' text format, :mod:`kvviz.engine.metrics`) and ``GET /kv-events`` (the prefix
+    cache's KV events in vLLM's schema, JSON Lines; a public deployment's show only shared blocks' tokens), added
+    to Gradio's FastAPI app when it is created (``launch(app_kwargs=…)``)."""
+    from starlette.responses import PlainTextResponse, Response
+    from starlette.routing import Route
+
+    from kvviz.engine.metrics import CONTENT_TYPE, exposition, read_numbers
+
+    def engine():  # on ZeroGPU the engine runs in the GPU worker: the main process reports its gates only
+        return ctx._engine
+
+    async def metrics(_request) -> Response:
+        store = None if engine() is None else engine().prefix
+        numbers = read_numbers(ctx.lm.name, store, [ctx.jobs.gate, ctx.jobs.room], ctx.jobs.refusals.snapshot())
+        return Response(exposition(numbers), media_type=CONTENT_TYPE)
+
+    async def kv_events(_request) -> Response:
+        store = None if engine() is None else engine().prefix
+        text = "" if store is None else store.kv_events(None, private=ctx.settings.public)
+        return PlainTextResponse(text, media_type="application/jsonl")
+
+    return [Route("/metrics", metrics), Route("/kv-events", kv_events)]
 
 
 def build_app(ctx: AppContext) -> gr.Blocks:

@@ -19,6 +19,7 @@ from kvviz.engine.disk_demo import MEMORY_BLOCKS, ORDER, PROMPT_TOKENS, SpillDem
 from kvviz.engine.prefix import StoreView
 from kvviz.figures import blocks_room as fig
 from kvviz.figures import prefix_tiers
+from kvviz.ui.blocks import events
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob, Size
@@ -98,6 +99,7 @@ def _live(ctx: AppContext) -> None:
     sources = captioned_plot("Where each request's prompt came from", "room-sources", prefix_tiers.CAPTIONS["sources"])
     shown = gr.State(None)  # the signature on the page
     decode = decoder(ctx)
+    events.build(ctx, decode)
 
     def tick(last, request: gr.Request):
         # no session (a bare API call): it reads only the server's and shared blocks

@@ -311,7 +311,7 @@ def _size(a: Ask) -> Size:
     return Size(len(a.ids), a.n_new, runs=2)  # the run and its check against a full recompute
 
 
-generation = ModelJob("generation", check=ask, run=run, size=_size, room=True, stop=True)
+generation = ModelJob("generation", check=ask, run=run, size=_size, room=True, stop=True, waiting=_status)
 # the ``/generate`` endpoint (and ``api_generate_job(ctx, prompt_text, …)`` in tests)
 api_generate_job = generation.with_(check=api_generate, run=summary, stop=False)
 api_chat_job = generation.with_(check=api_chat, run=summary, stop=False)  # the ``/chat`` endpoint

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 
-from kvviz.admission import Gate, Refused, Ticket
+from kvviz.admission import Gate, Refusals, Refused, Ticket
 from kvviz.capture.trace import ModelInfo
 from kvviz.limits import check_cost, job_cost, model_seconds
 from kvviz.settings import Settings
@@ -90,6 +90,7 @@ class Jobs:
             settings.max_prompt_tokens, settings.max_new_tokens, info.layers, info.kv_bytes_per_token, runs=4
         )
         self.max_key_reads = settings.max_key_reads or ceiling.key_reads
+        self.refusals = Refusals()  # by reason, for /metrics
 
     def admit(
         self,
@@ -118,6 +119,7 @@ class Jobs:
                 elsewhere_s=other.outstanding_s(),
             )
         except Refused as exc:
+            self.refusals.count(exc.reason)
             raise UserError(str(exc)) from None
 
     def precheck(
@@ -135,12 +137,14 @@ class Jobs:
         gate = self._refusals(request, prompt_tokens, new_tokens, runs, window, room, repeat_passes)
         snap = gate.snapshot()
         if snap["running"] >= gate.slots and snap["waiting"] >= gate.max_waiting:
+            self.refusals.count("queue_full")
             raise UserError(
                 f"The server is busy: {snap['waiting']} jobs are waiting, the most it queues. Try again in a minute."
             )
         try:
             gate.refuse_second(session_of(request))
         except Refused as exc:
+            self.refusals.count(exc.reason)
             raise UserError(str(exc)) from None
 
     def _cost(self, prompt_tokens, new_tokens, runs, window, repeat_passes):
@@ -156,6 +160,7 @@ class Jobs:
             check_cost(cost, self.max_key_reads, gate.spare_bytes())
             other.refuse_second(session_of(request))
         except (Refused, ValueError) as exc:
+            self.refusals.count(getattr(exc, "reason", "cost"))
             raise UserError(str(exc)) from None
         return gate
 

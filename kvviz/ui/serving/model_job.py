@@ -27,12 +27,13 @@ from typing import Any, Generic, TypeVar
 
 import gradio as gr
 
-from kvviz.admission import Ticket
+from kvviz.admission import Lease, Ticket
 from kvviz.capture.model_io import encode_prompt
 from kvviz.limits import GPU_LEASE_CEILING_S, check_prompt_length, job_cost, lease_seconds, prompt_limit
 from kvviz.safety import clean_prompt
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.gpu import gpu
+from kvviz.ui.serving.gpu import gpu, spaces_available
+from kvviz.ui.serving.jobs import UserError
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.ui.serving.streaming import Background
 
@@ -58,17 +59,17 @@ class Size:
 class Job(Generic[R]):
     """One call of a model job: its checked request, its place at the gate once taken, its Stop and progress."""
 
-    def __init__(self, ctx: AppContext, spec: ModelJob[R], req: R, request, progress):
+    def __init__(self, ctx: AppContext, spec: ModelJob[R], req: R, request, progress, ticket: Lease | None = None):
         self.ctx, self.spec, self.req, self.request = ctx, spec, req, request
         self._progress = progress
-        self.ticket: Ticket | None = None
+        self.ticket: Ticket | Lease | None = ticket  # a Lease: admitted by the main process (ZeroGPU's worker)
         self._worker: Background | None = None
         self.flag: threading.Event | None = ctx.stop_flag(request) if spec.stop else None
         if self.flag is not None:
             self.flag.clear()
 
     # ---- the gate -----------------------------------------------------------------------------------
-    def admit(self, size: Size | None = None) -> Ticket:
+    def admit(self, size: Size | None = None) -> Ticket | Lease:
         """This call's place in line (refused at once with the reason); ``size`` overrides the declared one."""
         if self.ticket is None:
             s = size or self.spec.size(self.req)
@@ -84,7 +85,7 @@ class Job(Generic[R]):
             )
         return self.ticket
 
-    def slot(self, size: Size | None = None) -> Ticket:
+    def slot(self, size: Size | None = None) -> Ticket | Lease:
         """Admitted, then waited for: the job may run now."""
         ticket = self.admit(size)
         ticket.wait()
@@ -92,7 +93,15 @@ class Job(Generic[R]):
 
     def turns(self) -> Iterator[str]:
         """Admitted, then "Queued: position 3 of 7" lines while it waits (a streaming job yields them)."""
-        yield from self.ctx.jobs.turns(self.admit())
+        yield from self.ctx.jobs.turns(self.admit())  # type: ignore[arg-type]  # a Lease never waits
+
+    def waited(self) -> Ticket:
+        """Admitted and waited for, "Queued" on the progress bar meanwhile (ZeroGPU: before the GPU call)."""
+        ticket = self.admit()
+        assert isinstance(ticket, Ticket)
+        while not ticket.wait(0.5):
+            self.progress(0.0, f"Queued: position {max(ticket.position(), 1)}, waiting for the model")
+        return ticket
 
     def release(self) -> None:
         if self.ticket is not None:
@@ -122,7 +131,7 @@ class Job(Generic[R]):
         return self.ticket is not None and self.ticket.timed_out
 
     def timeout_note(self) -> str:
-        return self.ctx.jobs.timeout_note(self.ticket) if self.ticket is not None else ""
+        return self.ctx.jobs.timeout_note(self.ticket) if self.ticket is not None else ""  # type: ignore[arg-type]
 
     def background(
         self, work: Callable[[Callable[[Any], None]], Iterable], mark: Callable | None = None, name: str = "kvviz-job"
@@ -161,6 +170,7 @@ class ModelJob(Generic[R]):
     failed: str | None = None
     stop: bool = False
     progress: bool = False
+    waiting: Callable[[str], Any] | None = None  # a streaming job's output while it waits for its turn (ZeroGPU)
 
     def __call__(self, ctx: AppContext, *inputs, request=None, progress=None, check: Callable[..., R] | None = None):
         """Check the inputs, then run through the gate: every wiring below calls this."""
@@ -171,6 +181,9 @@ class ModelJob(Generic[R]):
         job = Job(ctx, self, req, request, progress)
         if inspect.isgeneratorfunction(self.run):
             return self._stream(job)
+        return self._call(job)
+
+    def _call(self, job: Job[R]):
         try:
             with user_errors(self.failed or self.what.capitalize()):
                 if not self.store:
@@ -209,7 +222,23 @@ class ModelJob(Generic[R]):
     def handler(self, ctx: AppContext, check: Callable[..., R] | None = None, name: str | None = None) -> Callable:
         """The run step as Gradio calls it, ``fn(request, [progress,] *inputs)``, inside its GPU lease."""
         check = check or self.check
-        if inspect.isgeneratorfunction(self.run):
+        zero = self.leased(ctx, check) if spaces_available() else None
+        if zero is not None and inspect.isgeneratorfunction(self.run):
+
+            def fn(request: gr.Request, *inputs):
+                yield from zero(request, None, *inputs)
+
+        elif zero is not None and self.progress:
+
+            def fn(request: gr.Request, progress=gr.Progress(), *inputs):  # noqa: B008 — Gradio injects it
+                return zero(request, progress, *inputs)
+
+        elif zero is not None:
+
+            def fn(request: gr.Request, *inputs):
+                return zero(request, None, *inputs)
+
+        elif inspect.isgeneratorfunction(self.run):
 
             def fn(request: gr.Request, *inputs):
                 yield from self(ctx, *inputs, request=request, check=check)
@@ -225,10 +254,67 @@ class ModelJob(Generic[R]):
                 return self(ctx, *inputs, request=request, check=check)
 
         fn.__name__ = fn.__qualname__ = name or getattr(self.run, "__name__", "run")
-        skip = 2 if self.progress and not inspect.isgeneratorfunction(self.run) else 1
-        wrapped = gpu(fn, duration=lambda *args, **kwargs: self.lease(ctx, check, args[skip:]))
-        setattr(wrapped, MARK, self)
-        return wrapped
+        setattr(fn, MARK, self)
+        return fn
+
+    # ---- ZeroGPU: admitted here, the model in the GPU call ------------------------------------------
+    def leased(self, ctx: AppContext, check: Callable[..., R]) -> Callable:
+        """``call(request, progress, *inputs)`` on ZeroGPU: checked, admitted and waited for in the main process (whose
+        gates see every job), then one ``spaces.GPU`` call with this job's duration rebuilds the job from the same
+        inputs in the worker and runs it under a :class:`~kvviz.admission.Lease` of the main ticket."""
+        what = self.failed or self.what.capitalize()
+
+        def main_job(request, progress, inputs) -> Job[R]:
+            return Job(ctx, self, check(ctx, *inputs), request, None if progress is None else _bar(progress))
+
+        def gpu_job(lease: Lease, request, progress, inputs) -> Job[R]:
+            return Job(ctx, self, check(ctx, *inputs), request, None if progress is None else _bar(progress), lease)
+
+        if inspect.isgeneratorfunction(self.run):
+
+            def in_gpu_stream(lease: Lease, request, *inputs):
+                yield from self._stream(gpu_job(lease, request, None, inputs))
+
+            stream = gpu(in_gpu_stream, duration=lambda _lease, _request, *inputs: self.lease(ctx, check, inputs))
+
+            def main_stream(request, _progress, *inputs):
+                job = main_job(request, None, inputs)
+                try:
+                    with user_errors(what):
+                        for line in job.turns():
+                            if self.waiting is not None:
+                                yield self.waiting(line)
+                    if job.stopped:
+                        if self.waiting is not None:
+                            yield self.waiting("Stopped before it started: the run left the queue.")
+                        return
+                    yield from stream(Lease.of(job.waited()), request, *inputs)
+                except UserError as exc:
+                    _count(ctx, exc)
+                    raise
+                finally:
+                    job.close()
+
+            return main_stream
+
+        def in_gpu(lease: Lease, request, progress, *inputs):
+            return self._call(gpu_job(lease, request, progress, inputs))
+
+        call = gpu(in_gpu, duration=lambda _lease, _request, _progress, *inputs: self.lease(ctx, check, inputs))
+
+        def main_call(request, progress, *inputs):
+            job = main_job(request, progress, inputs)
+            try:
+                with user_errors(what):
+                    ticket = job.waited()
+                return call(Lease.of(ticket), request, progress, *inputs)
+            except UserError as exc:
+                _count(ctx, exc)
+                raise
+            finally:
+                job.close()
+
+        return main_call
 
     def checker(self, ctx: AppContext, check: Callable[..., R] | None = None) -> Callable:
         """A button's check step: the inputs checked and the gates asked, nothing taken (see :meth:`Jobs.precheck`)."""
@@ -282,6 +368,8 @@ def endpoint(ctx: AppContext, fn: Callable, job: ModelJob | None = None, returns
         params.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None))
     shown = signature.replace(parameters=params, return_annotation=returns)
 
+    zero = job.leased(ctx, fn) if job is not None and spaces_available() else None
+
     def call(*args, **kwargs):
         bound = shown.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -289,23 +377,23 @@ def endpoint(ctx: AppContext, fn: Callable, job: ModelJob | None = None, returns
         if job is None:
             return fn(ctx, *values.values())
         request = values.pop("request")
+        if zero is not None:
+            return zero(request, None, *values.values())
         return job(ctx, *values.values(), request=request, check=fn)
 
     functools.update_wrapper(call, fn)
     call.__signature__ = shown  # type: ignore[attr-defined]
     hints = {k: v for k, v in fn.__annotations__.items() if k not in ("ctx", "return")}
     call.__annotations__ = {**hints, **({"request": gr.Request} if job is not None else {}), "return": returns}
-    if job is None:
-        return call
-    leased = gpu(call, duration=lambda *args, **kwargs: job.lease(ctx, fn, _inputs(shown, args, kwargs)))
-    setattr(leased, MARK, job)
-    return leased
+    if job is not None:
+        setattr(call, MARK, job)
+    return call
 
 
-def _inputs(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple:
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return tuple(v for k, v in bound.arguments.items() if k != "request")
+def _count(ctx: AppContext, exc: UserError) -> None:
+    """A ZeroGPU refusal (its ``reason`` set by :func:`~kvviz.ui.serving.gpu.gpu`) counted for /metrics."""
+    if (reason := getattr(exc, "reason", None)) is not None:
+        ctx.jobs.refusals.count(reason)
 
 
 def _bar(progress: gr.Progress) -> Callable[[float, str], None]:

@@ -38,7 +38,9 @@ def streamer(prompt: str):
     yield from prompt
 
 
-def test_without_spaces_the_handler_is_returned_unchanged():
+def test_off_zerogpu_the_handler_is_returned_unchanged(monkeypatch):
+    """``spaces`` is installed for the tests (tests/zerogpu), but only a ZeroGPU Space sets SPACES_ZERO_GPU."""
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     assert not gpu_module.spaces_available()  # the CPU path is the tested default
     assert gpu_module.gpu(handler) is handler
     assert gpu_module.gpu(streamer) is streamer
@@ -50,6 +52,7 @@ def fake_spaces(tmp_path, monkeypatch):
     (tmp_path / "spaces.py").write_text(FAKE_SPACES)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     yield
     sys.modules.pop("spaces", None)
 

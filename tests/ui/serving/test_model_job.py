@@ -108,11 +108,14 @@ def test_a_short_chat_asks_the_gpu_for_far_less_than_a_long_prompt(ctx):
 FAKE_SPACES = """
 calls = []
 refuse = []
+probe = []  # functions called as a GPU call starts, before the job runs; what they return goes to ``entered``
+entered = []
 
 def GPU(duration=60):
     def wrap(fn):
         def call(*a, **k):
             calls.append(duration(*a, **k) if callable(duration) else duration)
+            entered.extend(p() for p in probe)
             if refuse:
                 raise RuntimeError("You have exceeded your GPU quota (15s requested vs. 9s left).")
             return fn(*a, **k)
@@ -126,6 +129,7 @@ def fake_spaces(tmp_path, monkeypatch):
     (tmp_path / "spaces.py").write_text(FAKE_SPACES)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     import spaces
 
     yield spaces
@@ -139,8 +143,20 @@ def test_on_zerogpu_each_call_asks_its_own_duration_and_a_quota_refusal_is_a_mes
     assert trace.n_generated >= 1 and fake_spaces.calls == [asked]
     assert ctx.jobs.gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
     fake_spaces.refuse.append(True)
-    with pytest.raises(gr.Error, match=f"ZeroGPU refused this job: it asks the GPU for {asked} s"):
+    with pytest.raises(gr.Error, match=f"ZeroGPU refused this job before it started: it asks the GPU for {asked} s"):
         handler(None, "Hello!", True, 2)
+
+
+def test_on_zerogpu_a_job_is_admitted_in_the_main_process_before_its_gpu_call(ctx, fake_spaces):
+    """The GPU call starts only once the main process's gate runs the job: waiting in line spends no GPU
+    seconds, and the gate sees every job (a forked worker's copy of it would see only its own)."""
+    fake_spaces.probe.append(lambda: ctx.jobs.gate.snapshot()["running"])
+    blocks_tab.block_view.handler(ctx)(None, "Hello!", True, 2)
+    endpoint = model_job.endpoint(ctx, generate_run.api_generate, generate_run.api_generate_job)  # /generate
+    fake_spaces.probe[:] = [lambda: ctx.jobs.room.snapshot()["running"]]
+    assert "Paris" in endpoint("What is the capital of France?", 8, True, 0.0, 1.0, 0)["text"]
+    assert fake_spaces.entered == [1, 1]
+    assert ctx.jobs.gate.snapshot()["running"] == 0 and ctx.jobs.room.snapshot()["running"] == 0
 
 
 def test_a_check_takes_no_place_and_a_run_gives_its_place_back(ctx):
