@@ -14,6 +14,7 @@ from kvviz.limits import MAX_HISTORY_CHARS, MAX_HISTORY_MESSAGES
 from kvviz.settings import Settings
 from kvviz.ui.generate import chat
 from kvviz.ui.generate import run as generate_run
+from kvviz.ui.generate.views import Form
 from kvviz.ui.serving.context import AppContext
 
 PAIR = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
@@ -62,7 +63,7 @@ def test_chat_needs_the_template_and_a_known_one(ctx):
 
 
 def test_a_single_prompt_is_asked_as_before(ctx):
-    before = generate_run.ask(ctx, "What is a cache?", True, 8, 0.0, 1.0, 0)
+    before = generate_run.ask(ctx, Form("What is a cache?", True, 8, budget="none", fresh=True))
     assert generate_run.api_generate(ctx, "What is a cache?", 8, True, 0.0, 1.0, 0) == before
     assert not before.keep_turn and before.history == ()
 
@@ -72,7 +73,10 @@ def test_two_turns_through_the_tabs_steps(ctx):
     conversation: list = []
     traces = []
     for text in ("What is the capital of France?", "And of Italy?"):
-        a = generate_run.ask(ctx, text, True, 16, 0.0, 1.0, 0, "none", True, True, "model", conversation)
+        a = generate_run.ask(
+            ctx,
+            Form(text, True, 16, budget="none", fresh=True, multi=True, template="model", conversation=conversation),
+        )
         assert a.keep_turn and len(a.history) == 2 * len(conversation)
         trace = generate_run.submit(ctx, a, lambda: False).result()
         traces.append(trace)
