@@ -52,8 +52,16 @@ def fill(base: Path, results: Path, browser_context) -> None:
         page = browser_context.new_page()
         page.goto(first.url, wait_until="load")
         status = page.locator("#gen-status")
-        status.get_by_text("Example", exact=False).wait_for(timeout=120_000)  # progress, never an empty frame
-        status.get_by_text("stored:", exact=False).wait_for(timeout=COMPUTE_MS)
+        status.get_by_text("Example", exact=False).wait_for(timeout=120_000)  # says what it is, never empty
+        deadline = time.monotonic() + COMPUTE_MS / 1000
+        while "stored:" not in status.inner_text():  # progress while it runs; a page opened later finds it
+            assert time.monotonic() < deadline, status.inner_text()
+            if "press Generate to run it" in status.inner_text():
+                time.sleep(2)
+                page.reload(wait_until="load")
+                status.get_by_text("Example", exact=False).wait_for(timeout=120_000)
+            else:
+                time.sleep(0.5)
         page.close()
     finally:
         stop_app(first.proc)

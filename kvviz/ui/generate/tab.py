@@ -116,10 +116,16 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
     )
     clear_on_refusal(checked, views.shown())  # only the check's refusal: a run ended by Stop keeps its results
 
+    chat_views = chat_ui["views"]
+
+    def after_turn(trace, conversation, multi) -> dict:
+        turn = generate_chat.after_turn(ctx, trace, conversation, multi)
+        return {} if turn is None else {c: getattr(turn, name) for name, c in chat_views.items()}
+
     event.success(
-        lambda trace, conversation, multi: generate_chat.after_turn(ctx, trace, conversation, multi),
+        after_turn,
         [ctx.trace_state, chat_ui["state"], chat_ui["multi"]],
-        chat_ui["views"],
+        list(chat_views.values()),
         queue=False,
         api_name=False,
         show_progress="hidden",
@@ -138,7 +144,9 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
         api_name=False,
         show_progress="hidden",
     )
-    opening(ctx, views)
+    opened = opening(ctx, views)
+    if opened is not None:  # the session's own run takes the page: the opening example stops waiting or drawing
+        go_btn.click(None, None, None, cancels=[opened], queue=False, api_name=False)
 
     generate_run.api_generate_job.api(ctx, api_name="generate")
     generate_run.api_chat_job.api(ctx, api_name="chat")
@@ -152,42 +160,48 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
     return event
 
 
-def opening(ctx: AppContext, views: Views) -> None:
+def opening(ctx: AppContext, views: Views):
     """The page opens on the stored chat example (the show-me "Generate and check cached = recomputed"): its
     token stream, cache growth and memory gauge drawn at once, the form set to it, and one line saying what it
-    is and how to try your own; while the server still prepares it, how far it got."""
+    is and how to try your own; while the server still prepares it, how far it got. Returns the page-load event
+    (None when there is no page or the deployment's limits refuse the example)."""
     root = Context.root_block
     if root is None:
-        return
+        return None
     values = EQUIVALENCE.values
     try:
         key = generate_run.plan(ctx, values)  # computed first at start-up (or read back from disk)
         a = generate_run.ask(ctx, generate_run.form_of(values))
     except gr.Error:  # a deployment whose limits refuse the example: the page opens on its form
-        return
+        return None
     f = generate_run.form_of(values)
     what = f"Example “{GENERATE_EXAMPLE}” ({plural(a.n_new, 'new token')}, greedy)"
     yours = "change the prompt (or pick another example) and press **Generate** to try your own"
     form = {views.inputs[k]: getattr(f, k) for k in ("prompt", "chat", "max_new")}
 
+    def computing() -> bool:
+        """The start-up is computing examples now (it pauses while users' jobs run)."""
+        return ctx.settings.precompute and any(e.state == "running" for e in ctx.store.entries())
+
     def show(request: gr.Request):
         entry, deadline = ctx.store.entry(key), time.monotonic() + OPENING_WAIT_S
-        while (
-            entry is not None and entry.state == "pending" and ctx.settings.precompute and time.monotonic() < deadline
-        ):
+        at_once = entry is not None and entry.state == "done"
+        while entry is not None and entry.state == "pending" and computing() and time.monotonic() < deadline:
             yield {views.status: f"{what}: waiting to be prepared at start-up ({readiness(ctx)})"}
             time.sleep(0.5)
-        if entry is None or entry.state != "running" and entry.state != "done":
-            yield {views.status: f"{what}: press **Generate** to run it, or {yours}."}
+        if entry is None or entry.state not in ("running", "done"):
+            ready = f" ({readiness(ctx)})" if ctx.settings.precompute else ""
+            yield {views.status: f"{what}: press **Generate** to run it, or {yours}.{ready}"}
             return
         for out in generate_run.stored(ctx, views, a, entry, request):
             if views.trace in out:  # the finished example: what it is, and how to try your own
                 out[views.status] = f"{what}, stored: {yours}. ({out[views.status]})"
-                out.update(form)
+                if at_once:  # the form set to it only as the page opens, never under what the user types
+                    out.update(form)
             yield out
 
     outputs = views.outputs() + list(form)
-    root.load(show, None, outputs, api_name=False, concurrency_limit=None, show_progress="hidden")
+    return root.load(show, None, outputs, api_name=False, concurrency_limit=None, show_progress="hidden")
 
 
 def replay(views: Views, trace, step) -> dict:

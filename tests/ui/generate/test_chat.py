@@ -80,7 +80,8 @@ def test_two_turns_through_the_tabs_steps(ctx):
         assert a.keep_turn and len(a.history) == 2 * len(conversation)
         trace = generate_run.submit(ctx, a, lambda: False).result()
         traces.append(trace)
-        conversation, log, figure, diff = chat.after_turn(ctx, trace, conversation, True)
+        turn = chat.after_turn(ctx, trace, conversation, True)
+        conversation, log, figure, diff = turn.state, turn.log, turn.turns, turn.diff
     one, two = traces
     assert [m["role"] for m in log] == ["user", "assistant", "user", "assistant"]
     assert log[1]["content"] == one.text and log[3]["content"] == two.text
@@ -92,4 +93,4 @@ def test_two_turns_through_the_tabs_steps(ctx):
     api = chat.api_turn(ctx, two, chat.history_of(conversation[:1]), "model")
     assert api["reused"] == report.reused and api["diverged"] is None and api["previous_cached"] == report.reused
     # the same run again (a failed next turn leaves it in the trace state) adds nothing
-    assert chat.after_turn(ctx, two, conversation, True)[0] == gr.skip()
+    assert chat.after_turn(ctx, two, conversation, True) is None

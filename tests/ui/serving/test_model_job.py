@@ -157,3 +157,25 @@ def test_a_check_takes_no_place_and_a_run_gives_its_place_back(ctx):
     with pytest.raises(gr.Error, match="Block view run failed"):
         blocks_tab.block_view.with_(run=lambda job: 1 / 0)(ctx, "Hello!", True, 2)
     assert ctx.jobs.gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
+
+
+def test_a_click_checks_its_inputs_once_and_hands_the_request_to_the_run(ctx):
+    """The check step builds the request; the run step reads only the state it wrote, never the widgets."""
+    calls = []
+
+    def check(ctx, text):
+        calls.append(text)
+        return str(text)
+
+    echo = model_job.ModelJob("echo", check=check, run=lambda job: job.req.upper(), size=lambda r: model_job.Size(1, 1))
+    with gr.Blocks() as demo:
+        box, out, button = gr.Textbox("hi"), gr.Textbox(), gr.Button()
+        echo.button(ctx, button, [box], [out])
+    (first,) = [f for f in demo.fns.values() if (button._id, "click") in [tuple(t) for t in f.targets]]
+    (then,) = [f for f in demo.fns.values() if f.trigger_after == first._id]
+    assert [c._id for c in then.inputs] == [c._id for c in first.outputs]  # the run reads the handed request
+    assert then.inputs[0].stateful and box not in then.inputs
+    request = first.fn(None, "hi")
+    assert then.fn(None, request) == "HI" and calls == ["hi"]
+    with pytest.raises(gr.Error, match="not checked"):
+        then.fn(None, None)
