@@ -75,8 +75,9 @@ def _list() -> int:
 
 def run(args: argparse.Namespace) -> int:
     from kvviz.memory.capacity import find_gpu
+    from kvviz.memory.estimate import resolve_kv_dtype
     from kvviz.memory.layout import cache_layout, load_preset
-    from kvviz.memory.report import report, summary
+    from kvviz.memory.report import MemoryRequest, report, summary
 
     if args.list:
         return _list()
@@ -89,18 +90,19 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--gpus/--weights-gb need --gpu-mem-gb (or --gpu) and/or --bandwidth-tbps.")
     layout = cache_layout(load_preset(args.preset) if args.preset else _config_path(args.config))
     r = report(
-        layout,
-        context=args.context,
-        batch=args.batch,
-        kv_dtype=args.kv_dtype,
-        tp=args.tp,
-        group_size=args.group_size,
-        gpus=args.gpus,
-        gpu_mem_gb=mem,
-        reserve=args.reserve,
-        weights_gb=args.weights_gb,
-        weight_dtype=args.weight_dtype,
-        bandwidth_tbps=bw,
+        MemoryRequest(
+            layout,
+            context=args.context,
+            batch=args.batch,
+            kv_dtype=resolve_kv_dtype(args.kv_dtype, args.group_size),
+            tp=args.tp,
+            gpus=args.gpus,
+            gpu_mem_gb=mem,
+            reserve=args.reserve,
+            weights_gb=args.weights_gb,
+            weight_dtype=args.weight_dtype,
+            bandwidth_tbps=bw,
+        )
     )
     out = r.to_json()
     if args.block_size is not None or args.max_model_len is not None:

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvviz.memory.capacity import decode_step, max_sequences
-from kvviz.memory.estimate import KV_DTYPES, Estimate, attention_variants, estimate, layer_groups
+from kvviz.memory.estimate import Estimate, KVDtype, attention_variants, estimate, layer_groups, resolve_kv_dtype
 from kvviz.memory.layout import CacheLayout, cache_layout
 from kvviz.memory.report import copies_phrase, heads_phrase
 from kvviz.memory.sharing import unshared
@@ -52,10 +52,10 @@ def _num(n: int) -> str:
 
 def formula_markdown(layout: CacheLayout, est: Estimate) -> str:
     """The formula with this model's numbers substituted, group by group, with units."""
-    b = KV_DTYPES[est.kv_dtype] / 8
+    b = est.kv_dtype.bits / 8
     groups = layer_groups(layout, est)
     header = (
-        f"**{layout.name}** — {layout.attention}, {layout.num_layers} layers, {heads_phrase(layout)}; KV stored as **{est.kv_dtype}** ({b:g} B per element"
+        f"**{layout.name}** — {layout.attention}, {layout.num_layers} layers, {heads_phrase(layout)}; KV stored as **{est.kv_dtype.name}** ({b:g} B per element"
         + (f", plus an fp16 scale and zero point per {est.group_size} elements" if est.group_size else "")
         + ")"
     )
@@ -104,13 +104,14 @@ def formula_markdown(layout: CacheLayout, est: Estimate) -> str:
 
 
 # ---- the chapter's table ---------------------------------------------------------------------------
-def comparison_table(layout: CacheLayout, context: int = 131_072, kv_dtype: str = "bf16") -> pd.DataFrame:
+def comparison_table(layout: CacheLayout, context: int = 131_072, kv_dtype: str | KVDtype = "bf16") -> pd.DataFrame:
     """MHA / GQA / MQA / MLA over this model's layers: per token and per sequence at ``context``.
 
     With cross-layer KV sharing the designs come twice: as the model shares (only its producing layers
     store K/V) and with every layer storing its own, the comparison rasbt's LLMs-from-scratch ch04/10
     prints (MHA 37.58 GB vs GQA + sharing 2.01 GB for its Gemma 4 E2B-like shape at 131,072 tokens).
     """
+    kv_dtype = resolve_kv_dtype(kv_dtype)  # with its scale/zero group, so every row counts the scales too
     rows = [(v, "") for v in attention_variants(layout, context, kv_dtype)]
     if any(spec.kind == "shared" for spec in layout.layers):
         producing = sum(1 for spec in layout.layers if spec.vectors)
@@ -146,7 +147,7 @@ def _hypothetical(layout: CacheLayout, v) -> str:
     return f" (hypothetical: a latent on these {layers} layers)" if v.attention == "MLA" else " (hypothetical)"
 
 
-def _real_mla(layout: CacheLayout, v, kv_dtype: str) -> str:
+def _real_mla(layout: CacheLayout, v, kv_dtype: KVDtype) -> str:
     """Beside a made-up MLA row, the real one (DeepSeek-V3's 68.6 KiB), so the two are never confused."""
     if v.attention != "MLA" or layout.mla:
         return ""
@@ -159,9 +160,12 @@ def _all_full(layout: CacheLayout) -> CacheLayout:
     return replace(layout, layers=tuple(replace(spec, window=None) for spec in layout.layers))
 
 
-def size_vs_context(layouts: list[CacheLayout], contexts: list[int] | None = None, kv_dtype: str = "bf16") -> go.Figure:
+def size_vs_context(
+    layouts: list[CacheLayout], contexts: list[int] | None = None, kv_dtype: str | KVDtype = "bf16"
+) -> go.Figure:
     """One sequence's cache (GiB) vs context for each model; dashed: the same model with no windows."""
     contexts = contexts or DEFAULT_CONTEXTS
+    kv_dtype = resolve_kv_dtype(kv_dtype)
     fig = go.Figure()
     for layout in layouts:
         y = [estimate(layout, t, kv_dtype=kv_dtype).bytes_per_sequence / GiB for t in contexts]
@@ -188,7 +192,7 @@ def size_vs_context(layouts: list[CacheLayout], contexts: list[int] | None = Non
                 )
             )
     fig.update_layout(
-        title=f"KV cache of one sequence vs context ({kv_dtype})",
+        title=f"KV cache of one sequence vs context ({kv_dtype.label})",
         height=420,
         xaxis_title="context (tokens, log scale)",
         yaxis_title="KV cache (GiB, log scale)",
@@ -204,12 +208,13 @@ def capacity_vs_context(
     layout: CacheLayout,
     kv_budget_bytes: int,
     contexts: list[int] | None = None,
-    kv_dtype: str = "bf16",
+    kv_dtype: str | KVDtype = "bf16",
     tp: int = 1,
     mark: int | None = None,
 ) -> go.Figure:
     """Most sequences that fit in the KV budget at each context (bars, log y)."""
     contexts = contexts or DEFAULT_CONTEXTS
+    kv_dtype = resolve_kv_dtype(kv_dtype)
     counts = [max_sequences(layout, kv_budget_bytes, t, kv_dtype, tp) for t in contexts]
     colors = ["#d62728" if t == mark else "#1f77b4" for t in contexts]
     fig = go.Figure(
@@ -225,7 +230,7 @@ def capacity_vs_context(
     )
     fig.update_layout(
         title=f"{layout.name}: sequences that fit in {format_gb(kv_budget_bytes)} "
-        f"({format_bytes(kv_budget_bytes)}) of KV budget, {kv_dtype}",
+        f"({format_bytes(kv_budget_bytes)}) of KV budget, {kv_dtype.label}",
         xaxis_title="context (tokens)",
         yaxis_title="sequences (log scale)",
         height=380,
@@ -240,7 +245,7 @@ def decode_batches(
     batch: int,
     contexts: list[int],
     kv_budget_bytes: int | None,
-    kv_dtype: str = "bf16",
+    kv_dtype: str | KVDtype = "bf16",
     tp: int = 1,
 ) -> list[int]:
     """The batch each context can really run: the requested one, capped by what fits in the KV budget."""
@@ -266,7 +271,7 @@ def decode_time_vs_context(
     bandwidth_tbps: float,
     gpus: int = 1,
     contexts: list[int] | None = None,
-    kv_dtype: str = "bf16",
+    kv_dtype: str | KVDtype = "bf16",
     tp: int = 1,
     kv_budget_bytes: int | None = None,
     mark: int | None = None,
@@ -277,6 +282,7 @@ def decode_time_vs_context(
     that cannot exist; ``mark`` (the requested context) is highlighted and its numbers lead the title.
     """
     contexts = contexts or DEFAULT_CONTEXTS
+    kv_dtype = resolve_kv_dtype(kv_dtype)
     batches = decode_batches(layout, batch, contexts, kv_budget_bytes, kv_dtype, tp)
     steps = [
         decode_step(weight_bytes, estimate(layout, t, b, kv_dtype, tp).total_bytes if b else 0, bandwidth_tbps, gpus)

@@ -163,8 +163,7 @@ class Estimate:
 
     name: str
     attention: str
-    kv_dtype: str  # "bf16", "int4", ...
-    group_size: int | None  # scale/zero group of a low-bit cache, if counted
+    kv_dtype: KVDtype  # how an element is stored, with its scale/zero group: every view of the estimate reads it
     context: int
     batch: int
     tp: int
@@ -175,12 +174,17 @@ class Estimate:
     replication: float  # total_bytes / (batch × bytes_per_sequence)
     layers: tuple[LayerBytes, ...]
 
+    @property
+    def group_size(self) -> int | None:
+        """Scale/zero group of a low-bit cache, if counted."""
+        return self.kv_dtype.group_size
+
     def layers_json(self) -> list[dict]:
         return [{"kind": lb.kind, "tokens_held": lb.tokens_held, "bytes": lb.bytes} for lb in self.layers]
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["layers"] = self.layers_json()
+        out.update(kv_dtype=self.kv_dtype.name, group_size=self.group_size, layers=self.layers_json())
         return out
 
 
@@ -232,8 +236,7 @@ def estimate(
     return Estimate(
         name=layout.name,
         attention=layout.attention,
-        kv_dtype=dtype.name,
-        group_size=dtype.group_size,
+        kv_dtype=dtype,
         context=context,
         batch=batch,
         tp=tp,
@@ -354,7 +357,7 @@ class LayerGroup:
 
 def layer_groups(layout: CacheLayout, est: Estimate) -> list[LayerGroup]:
     """Group layers by what they store, in order of first appearance (full, sliding, MLA, state...)."""
-    b = f"{KV_DTYPES[est.kv_dtype] / 8:g} B"
+    b = f"{est.kv_dtype.bits / 8:g} B"
     groups: dict[tuple, list] = {}
     for spec, lb in zip(layout.layers, est.layers):
         groups.setdefault((spec.kind, spec.window, spec.vectors, spec.state_elements), []).append((spec, lb))

@@ -5,9 +5,9 @@ The chapter's serving arithmetic (8 × H100 80 GB, 10% reserve, 140 GB of Llama-
 16 ms to read the KV at 162 × 8K)::
 
     from kvviz.memory.layout import cache_layout
-    from kvviz.memory.report import report, summary
-    r = report(cache_layout("Llama-3-70B"), context=8192, batch=162, gpus=8, gpu_mem_gb=80,
-               reserve=0.1, weights_gb=140, bandwidth_tbps=3.35)
+    from kvviz.memory.report import MemoryRequest, report, summary
+    r = report(MemoryRequest(cache_layout("Llama-3-70B"), context=8192, batch=162, gpus=8, gpu_mem_gb=80,
+                             reserve=0.1, weights_gb=140, bandwidth_tbps=3.35))
     r.capacity.max_sequences, r.decode.ms_kv   # 162, 16.2
     print(summary(r))                          # what `python -m kvviz memory` prints
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kvviz.memory.capacity import Budget, DecodeStep, decode_step, kv_budget, max_context, max_sequences, weight_bytes
-from kvviz.memory.estimate import Estimate, KVDtype, estimate, layer_groups, resolve_kv_dtype
+from kvviz.memory.estimate import Estimate, KVDtype, estimate, layer_groups
 from kvviz.memory.layout import CacheLayout
 from kvviz.units import format_bytes, format_gb
 
@@ -89,48 +89,63 @@ class CapacityReport:
         return out
 
 
-def report(
-    layout: CacheLayout,
-    context: int,
-    batch: int = 1,
-    kv_dtype: str = "bf16",
-    tp: int | None = None,
-    group_size: int | None = None,
-    gpus: int | None = None,
-    gpu_mem_gb: float | None = None,
-    reserve: float = 0.1,
-    weights_gb: float | None = None,
-    weight_dtype: str = "bf16",
-    bandwidth_tbps: float | None = None,
-) -> CapacityReport:
-    """Sizes for ``batch`` × ``context``; capacity with ``gpu_mem_gb``, decode time with ``bandwidth_tbps``.
+BF16 = KVDtype("bf16", 16)
 
-    Both need the weights: ``weights_gb``, or the config's parameter count × ``weight_dtype``.
-    """
-    gpus_n = 1 if gpus is None else gpus
-    tp = gpus_n if tp is None else tp
-    dtype = resolve_kv_dtype(kv_dtype, group_size)
+
+@dataclass(frozen=True)
+class MemoryRequest:
+    """One memory question, every part by name: the cache (layout, context, batch, storage with its scale
+    group, TP), then the GPUs it must fit on (capacity with ``gpu_mem_gb``, decode time with
+    ``bandwidth_tbps``; both need the weights: ``weights_gb``, or the parameter count × ``weight_dtype``).
+    The tab, the CLI and ``/memory`` build one, and every number and chart of the answer reads it."""
+
+    layout: CacheLayout
+    context: int
+    batch: int = 1
+    kv_dtype: KVDtype = BF16
+    tp: int | None = None  # None: all the GPUs
+    gpus: int | None = None  # None: one
+    gpu_mem_gb: float | None = None
+    reserve: float = 0.1
+    weights_gb: float | None = None
+    weight_dtype: str = "bf16"
+    bandwidth_tbps: float | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return 1 if self.gpus is None else self.gpus
+
+    @property
+    def tp_degree(self) -> int:
+        return self.gpu_count if self.tp is None else self.tp
+
+
+def report(req: MemoryRequest) -> CapacityReport:
+    """Sizes for ``batch`` × ``context``; capacity with ``gpu_mem_gb``, decode time with ``bandwidth_tbps``."""
+    layout, context, batch, dtype, tp = req.layout, req.context, req.batch, req.kv_dtype, req.tp_degree
+    gpus_n = req.gpu_count
     est = estimate(layout, context, batch, dtype, tp)
-    if gpu_mem_gb is None and bandwidth_tbps is None:
+    if req.gpu_mem_gb is None and req.bandwidth_tbps is None:
         return CapacityReport(layout, dtype, est)
-    if weights_gb is not None:
-        if not (weights_gb >= 0):
-            raise ValueError(f"weights must be ≥ 0 GB, got {weights_gb!r}.")
-        w = round(weights_gb * 1e9)
+    if req.weights_gb is not None:
+        if not (req.weights_gb >= 0):
+            raise ValueError(f"weights must be ≥ 0 GB, got {req.weights_gb!r}.")
+        w = round(req.weights_gb * 1e9)
     elif layout.num_parameters:
-        w = weight_bytes(layout.num_parameters, weight_dtype)
+        w = weight_bytes(layout.num_parameters, req.weight_dtype)
     else:
         raise ValueError("The config has no parameter count: give the weights in GB (--weights-gb).")
     capacity = None
-    if gpu_mem_gb is not None:
-        b = kv_budget(gpus_n, gpu_mem_gb, w, reserve)
+    if req.gpu_mem_gb is not None:
+        b = kv_budget(gpus_n, req.gpu_mem_gb, w, req.reserve)
         capacity = Capacity(
             b,
             max_sequences(layout, b.kv_budget_bytes, context, dtype, tp),
             max_context(layout, b.kv_budget_bytes, batch, dtype, tp),
             est.total_bytes <= b.kv_budget_bytes,
         )
-    step = decode_step(w, est.total_bytes, bandwidth_tbps, gpus_n) if bandwidth_tbps is not None else None
+    bw = req.bandwidth_tbps
+    step = decode_step(w, est.total_bytes, bw, gpus_n) if bw is not None else None
     return CapacityReport(layout, dtype, est, w, capacity, step)
 
 

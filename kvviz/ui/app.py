@@ -76,8 +76,7 @@ body.kvviz-present [data-testid="block-label"].float {position: static !importan
 @keyframes kvviz-spot {50% {outline-color: rgba(249, 115, 22, 0.25)}}
 body.kvviz-present .caption, body.kvviz-present footer {display: none !important}
 /* the link box takes no room on the first screen until Copy link fills it; the toggle keeps one line */
-body.kvviz-present #link-url:has(textarea:placeholder-shown), body.kvviz-present #link-url:has(input:placeholder-shown) {
-  display: none !important}
+#link-url:has(textarea:placeholder-shown), #link-url:has(input:placeholder-shown) {display: none !important}
 body.kvviz-present #present-toggle {white-space: nowrap; flex-wrap: nowrap; min-width: max-content !important}
 /* what to look for after a show-me: the point of the view, in large type where the room can read it */
 body.kvviz-present .learn-note, body.kvviz-present .learn-note p {font-size: 30px !important; line-height: 1.35;

@@ -17,7 +17,7 @@ import gradio as gr
 from kvviz.capture.loop import capture
 from kvviz.demo_store import Compute, Progress
 from kvviz.lessons.guesses import judge
-from kvviz.lessons.objectives import OBJECTIVES, PITFALLS, ShowMe, decode_step_view
+from kvviz.lessons.objectives import EQUIVALENCE, OBJECTIVES, PITFALLS, ShowMe, decode_step_view
 from kvviz.lessons.questions import QUESTIONS, Answer, Question
 from kvviz.ui.page.present import STEP_CLASS
 from kvviz.ui.serving import precompute
@@ -171,7 +171,8 @@ def show_me_button(
 def plan_show_mes(ctx: AppContext) -> None:
     """Plan every show-me's result (and the answers that run the model) in the order a lecture reaches them."""
     keys = []
-    for sm in [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
+    # the Generate tab's opening example (the first screen) before the lecture's
+    for sm in [EQUIVALENCE] + [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
         planner = ctx.planners.get(sm.press or "")
         if planner is not None:
             keys.append(planner(sm.values))

@@ -12,7 +12,7 @@ from kvviz.lessons.waste import forward_passes
 from kvviz.memory.capacity import decode_step, find_gpu, gpu_presets, kv_budget, max_context, max_sequences
 from kvviz.memory.estimate import KV_DTYPES, attention_variants, estimate, layer_groups, resolve_kv_dtype, tokens_held
 from kvviz.memory.layout import PRESET_DIR, cache_layout, load_config, preset_names
-from kvviz.memory.report import report
+from kvviz.memory.report import MemoryRequest, report
 from kvviz.units import format_bytes, format_gb
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -121,14 +121,16 @@ def test_sequences_that_fit_on_8x_h100(context, sequences):
 
 def test_decode_step_weights_vs_kv_and_fp8_halves_it():
     r = report(
-        cache_layout("Llama-3-70B"),
-        context=8192,
-        batch=162,
-        gpus=8,
-        gpu_mem_gb=80,
-        reserve=0.1,
-        weights_gb=140,
-        bandwidth_tbps=3.35,
+        MemoryRequest(
+            cache_layout("Llama-3-70B"),
+            context=8192,
+            batch=162,
+            gpus=8,
+            gpu_mem_gb=80,
+            reserve=0.1,
+            weights_gb=140,
+            bandwidth_tbps=3.35,
+        )
     ).decode
     assert r.bandwidth_bytes_per_s == pytest.approx(26.8e12)
     assert round(r.ms_weights, 1) == 5.2
@@ -136,14 +138,16 @@ def test_decode_step_weights_vs_kv_and_fp8_halves_it():
     assert r.kv_bytes == pytest.approx(436e9, rel=0.01)  # "KV ≈ 436 GB"
     assert r.ms_kv > 3 * r.ms_weights
     fp8 = report(
-        cache_layout("Llama-3-70B"),
-        context=8192,
-        batch=162,
-        kv_dtype="fp8",
-        gpus=8,
-        gpu_mem_gb=80,
-        weights_gb=140,
-        bandwidth_tbps=3.35,
+        MemoryRequest(
+            cache_layout("Llama-3-70B"),
+            context=8192,
+            batch=162,
+            kv_dtype=resolve_kv_dtype("fp8"),
+            gpus=8,
+            gpu_mem_gb=80,
+            weights_gb=140,
+            bandwidth_tbps=3.35,
+        )
     ).decode
     assert fp8.ms_kv == pytest.approx(r.ms_kv / 2)
     assert fp8.ms_weights == r.ms_weights
@@ -158,7 +162,7 @@ def test_doubling_batch_doubles_kv_reads_not_weights():
 
 
 def test_preset_weights_are_the_chapters_140_gb():
-    r = report(cache_layout("Llama-3-70B"), context=8192, gpus=8, gpu_mem_gb=80)
+    r = report(MemoryRequest(cache_layout("Llama-3-70B"), context=8192, gpus=8, gpu_mem_gb=80))
     assert round(r.weight_bytes / 1e9) == 141  # 70.55 B parameters × 2 bytes
     assert r.capacity.max_sequences == 162 and r.decode is None
 

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from kvviz.memory.layout import cache_layout
-from kvviz.memory.report import report, summary
+from kvviz.memory.report import MemoryRequest, report, summary
 
 CHAPTER = dict(context=8192, batch=162, gpus=8, gpu_mem_gb=80, reserve=0.1, weights_gb=140, bandwidth_tbps=3.35)
 
 
 def test_capacity_and_decode_are_there_only_when_their_inputs_are():
     layout = cache_layout("Llama-3-70B")
-    sizes = report(layout, 8192)
+    sizes = report(MemoryRequest(layout, 8192))
     assert sizes.capacity is None and sizes.decode is None and sizes.weight_bytes is None
     assert "kv_budget_bytes" not in sizes.to_json() and "decode_ms_kv" not in sizes.to_json()
-    timed = report(layout, 8192, bandwidth_tbps=3.35, weights_gb=140)
+    timed = report(MemoryRequest(layout, 8192, bandwidth_tbps=3.35, weights_gb=140))
     assert timed.capacity is None and timed.decode.ms_weights == timed.to_json()["decode_ms_weights"]
-    full = report(layout, **CHAPTER)
+    full = report(MemoryRequest(layout, **CHAPTER))
     out = full.to_json()
     assert full.capacity.budget.kv_budget_bytes == out["kv_budget_bytes"] == 436 * 10**9
     assert (full.capacity.max_sequences, full.capacity.fits) == (out["max_sequences"], out["fits"]) == (162, True)
@@ -23,7 +23,7 @@ def test_capacity_and_decode_are_there_only_when_their_inputs_are():
 
 
 def test_the_cli_and_the_tab_print_the_same_sentences():
-    r = report(cache_layout("Llama-3-70B"), **CHAPTER)
+    r = report(MemoryRequest(cache_layout("Llama-3-70B"), **CHAPTER))
     plain = summary(r).splitlines()
     markdown = summary(r, markdown=True).replace("**", "").split("\n\n")
     assert plain[-len(markdown) :] == markdown  # the CLI adds the model line and the layer groups before them
@@ -32,7 +32,7 @@ def test_the_cli_and_the_tab_print_the_same_sentences():
 
 
 def test_mla_has_no_kv_heads_in_either_text():
-    r = report(cache_layout("DeepSeek-V3"), 131_072, tp=8)
+    r = report(MemoryRequest(cache_layout("DeepSeek-V3"), 131_072, tp=8))
     for text in (summary(r), summary(r, markdown=True)):
         assert "KV head" not in text.replace("no KV heads in the cache", "")
         assert "one latent per layer, copied on each of the 8 TP ranks, so × 8" in text
@@ -41,7 +41,7 @@ def test_mla_has_no_kv_heads_in_either_text():
 
 def test_a_context_beyond_the_config_shows_the_configured_case():
     """At 128K the summary names the 8,192 Llama-3-70B's config is set for, with one sequence's 2.5 GiB there."""
-    r = report(cache_layout("Llama-3-70B"), **{**CHAPTER, "context": 131_072, "batch": 1})
+    r = report(MemoryRequest(cache_layout("Llama-3-70B"), **{**CHAPTER, "context": 131_072, "batch": 1}))
     assert "**10 sequences** at 131,072 tokens" in summary(r, markdown=True)
     assert "(the config is set for 8,192 tokens, where one sequence holds 2.5 GiB)" in summary(r)
-    assert "configured for" not in summary(report(cache_layout("Llama-3-70B"), **CHAPTER))
+    assert "configured for" not in summary(report(MemoryRequest(cache_layout("Llama-3-70B"), **CHAPTER)))

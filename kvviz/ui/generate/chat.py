@@ -10,7 +10,10 @@ answer as generated) and how many of them the store kept, and its report.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
+import plotly.graph_objects as go
 
 from kvviz.chat.history import MODEL, TEMPLATES, available, messages, parse_history, previous_turn, render
 from kvviz.chat.turns import TurnReport, turn_report
@@ -81,19 +84,32 @@ def build(ctx: AppContext) -> dict:
             with gr.Column(scale=2):
                 gr.Markdown(fig.CAPTIONS["diff"])
     state = gr.State([])
-    views = [state, log, turns, diff]
-    new.click(lambda: ([], [], None, ""), None, views, queue=False, api_name=False)
+    views = {"state": state, "log": log, "turns": turns, "diff": diff}  # by the names of Turn's fields
+    new.click(
+        lambda: dict(zip(views.values(), ([], [], None, ""))), None, list(views.values()), queue=False, api_name=False
+    )
     return {"multi": multi, "template": template, "state": state, "views": views}
 
 
-def after_turn(ctx: AppContext, trace, conversation, multi: bool):
-    """Add the finished run to the conversation (a chat turn the conversation does not have yet) and redraw."""
+@dataclass(frozen=True)
+class Turn:
+    """What the chat section shows after a turn, by name (its components carry the same names)."""
+
+    state: list  # the conversation: every turn's text, ids and report
+    log: list  # the messages, as the chatbot shows them
+    turns: go.Figure
+    diff: str
+
+
+def after_turn(ctx: AppContext, trace, conversation, multi: bool) -> Turn | None:
+    """Add the finished run to the conversation (a chat turn the conversation does not have yet) and redraw
+    (None: not a new turn, nothing changes)."""
     conversation = list(conversation or [])
     if not multi or trace is None or trace.turn_cached_tokens is None:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return None
     ids = list(trace.token_ids)
     if conversation and conversation[-1]["ids"] == ids:  # the same run again (a failed turn keeps the last)
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return None
     last = conversation[-1] if conversation else None
     report = turn_report(
         ctx.lm.tokenizer,
@@ -105,4 +121,4 @@ def after_turn(ctx: AppContext, trace, conversation, multi: bool):
     turn = {"user": trace.prompt, "answer": trace.text, "ids": ids, "cached": trace.turn_cached_tokens}
     conversation.append({**turn, "report": report.as_dict()})
     reports = [TurnReport(**t["report"]) for t in conversation]
-    return conversation, history_of(conversation), fig.turns_figure(reports), fig.divergence_text(report)
+    return Turn(conversation, history_of(conversation), fig.turns_figure(reports), fig.divergence_text(report))

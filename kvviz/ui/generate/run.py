@@ -11,7 +11,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import gradio as gr
@@ -26,6 +26,7 @@ from kvviz.safety import real_number, whole_number
 from kvviz.safety import temperature as checked_temperature
 from kvviz.ui.generate.chat import api_turn, chat_ids, history_of
 from kvviz.ui.generate.stream import STATUS_S, LiveRun, mark, replay_range
+from kvviz.ui.generate.views import Form, Frame, Views
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.jobs import session_of
 from kvviz.ui.serving.model_job import Job, ModelJob, Size, prompt_ids
@@ -43,7 +44,6 @@ GPU_BUDGETS = {
     "H100 (80 GB)": 80e9,
     "H200 (141 GB)": 141e9,
 }
-N_OUTPUTS = 11  # trace state, status, chips, text, growth, gauge, check, waste, npz, csv, replay slider
 
 
 @dataclass(frozen=True)
@@ -77,25 +77,13 @@ def validate_request(
     return prompt_ids(ctx, prompt, chat, n_new)[1], n_new, sampling
 
 
-def ask(
-    ctx: AppContext,
-    prompt,
-    chat,
-    max_new,
-    temperature,
-    top_p,
-    seed,
-    budget_name="none",
-    fresh=True,
-    multi=False,
-    template=MODEL,
-    conversation=None,
-) -> Ask:
+def ask(ctx: AppContext, form: Form) -> Ask:
     """The tab's inputs, checked; ``multi``: the next turn of the session's ``conversation`` through ``template``."""
-    ids, n_new, sampling = validate_request(ctx, prompt, chat, max_new, temperature, top_p, seed)
-    if not multi:
-        return Ask(str(prompt), bool(chat), ids, n_new, sampling, str(budget_name), bool(fresh))
-    return chat_turn(ctx, prompt, chat, n_new, sampling, history_of(conversation), template, str(budget_name))
+    f = form
+    ids, n_new, sampling = validate_request(ctx, f.prompt, f.chat, f.max_new, f.temperature, f.top_p, f.seed)
+    if not f.multi:
+        return Ask(str(f.prompt), bool(f.chat), ids, n_new, sampling, str(f.budget), bool(f.fresh))
+    return chat_turn(ctx, f.prompt, f.chat, n_new, sampling, history_of(f.conversation), f.template, str(f.budget))
 
 
 def chat_turn(ctx: AppContext, prompt, chat, n_new, sampling, history, template, budget_name="none") -> Ask:
@@ -130,7 +118,7 @@ def api_generate(
     Returns:
         The trace summary: text, tokens, per-step cache bytes, stop reason and the max |Δ logit| check.
     """
-    return ask(ctx, prompt_text, chat, max_new_tokens, temperature, top_p, seed)
+    return ask(ctx, Form(prompt_text, chat, max_new_tokens, temperature, top_p, seed, budget="none", fresh=True))
 
 
 def api_chat(
@@ -189,9 +177,15 @@ def gen_key(ctx: AppContext, a: Ask) -> tuple:
     return ctx.lm.name, "generate", tuple(a.ids), a.n_new, s.temperature, s.top_p, s.seed
 
 
-def plan(ctx: AppContext, values: dict, defaults: dict) -> tuple:
+def form_of(values: dict) -> Form:
+    """A show-me's values (``"generate.<field>"``) over the tab's opening ones."""
+    names = {f"generate.{f.name}": f.name for f in fields(Form)}
+    return Form(**{names[k]: v for k, v in values.items() if k in names})
+
+
+def plan(ctx: AppContext, values: dict) -> tuple:
     """A show-me's generation, planned so it is ready before the click (greedy, as the tab opens)."""
-    a = ask(ctx, *[values.get(k, v) for k, v in defaults.items()])
+    a = ask(ctx, form_of(values))
 
     def compute(report, should_stop):
         handle = submit(ctx, a, should_stop)
@@ -221,56 +215,66 @@ def room_for_tokens(lm, budget_bytes: float | None, weight_bytes: int) -> int | 
     return max_context(layout, int(max(budget_bytes - weight_bytes, 0)), kv_dtype=bytes_per_element)
 
 
-def _status(line: str) -> tuple:
-    """Only the status line changes."""
-    return (gr.skip(), line, *[gr.skip()] * (N_OUTPUTS - 2))
-
-
-def _live(ctx: AppContext, a: Ask, prompt_ids_: list[int], export) -> LiveRun:
+def _live(ctx: AppContext, views: Views, a: Ask, prompt_ids_: list[int], export) -> LiveRun:
     budget = GPU_BUDGETS.get(a.budget_name)
-    return LiveRun(
-        ctx.info,
-        a.budget_name,
-        budget,
-        room_for_tokens(ctx.lm, budget, ctx.info.weight_bytes),
-        token_texts(ctx.lm.tokenizer, prompt_ids_),
-        export=export,
-    )
+    room = room_for_tokens(ctx.lm, budget, ctx.info.weight_bytes)
+    frame = Frame(ctx.info, a.budget_name.split(" (")[0], budget, room)
+    return LiveRun(views, frame, token_texts(ctx.lm.tokenizer, prompt_ids_), export=export)
 
 
-def stored_run(job: Job[Ask], entry):
-    """Serve a stored generation: wait while it is being prepared, then the final outputs at once."""
+def _shown(live: LiveRun, snap: Snapshot, note: str) -> dict:
+    """A snapshot's updates, with the replay slider's range once the run is done."""
+    out = live.outputs(snap, note=note)
+    slider = replay_range(snap)
+    if slider is not None:
+        out[live.views.step] = slider
+    return out
+
+
+def stored(ctx: AppContext, views: Views, a: Ask, entry, request):
+    """Serve a stored generation: wait while it is being prepared (saying how far it got), then every view
+    of it at once."""
     while entry.state == "running":
         entry.wait(0.5)
-        yield _status(f"Being prepared at start-up: {100 * entry.fraction:.0f} % ({entry.desc})")
+        yield {views.status: f"Being prepared at start-up: {100 * entry.fraction:.0f} % ({entry.desc})"}
     if entry.state == "done":
         trace, files = entry.value
-        live = _live(
-            job.ctx,
-            job.req,
-            trace.token_ids[: trace.n_prompt],
-            lambda _t: write_files(files, job.ctx.session_dir(job.request)),
-        )
+        folder = ctx.session_dir(request)
+        live = _live(ctx, views, a, trace.token_ids[: trace.n_prompt], lambda _t: write_files(files, folder))
         snap = Snapshot(item=trace, mark=None, progress=None, items=1, done=True)
-        yield (*live.outputs(snap, note=f" · {origin(entry)}"), replay_range(snap))
+        yield _shown(live, snap, f" · {origin(entry)}")
 
 
-def run(job: Job[Ask]):
+def tab_job(views: Views) -> ModelJob[Ask]:
+    """The tab's Generate button: the request read by name from ``views`` (once, by the check step), the run
+    shown there."""
+
+    def check(ctx: AppContext, values: dict) -> Ask:
+        return ask(ctx, views.form(values))
+
+    def run(job: Job[Ask]):
+        yield from streamed(job, views)
+
+    # on ZeroGPU the job waits its turn in the main process: only the status line changes meanwhile
+    return generation.with_(check=check, run=run, waiting=lambda line: {views.status: line})
+
+
+def streamed(job: Job[Ask], views: Views):
     """The tab's run: a stored result if there is one, else its place in the room, then the run streamed."""
     ctx, a = job.ctx, job.req
     entry = None if a.fresh or a.keep_turn else ctx.store.entry(gen_key(ctx, a))
     if entry is not None and entry.state != "pending":
-        yield from stored_run(job, entry)
+        yield from stored(ctx, views, a, entry, job.request)
         if entry.state == "done":
             return
     mine = False
     try:  # a fault, Stop, the time budget or a disconnect ends this job only; the cache goes with it
         for line in job.turns():
             if job.stopped:
-                yield _status("Stopped before it started: the run left the queue.")
+                yield {views.status: "Stopped before it started: the run left the queue."}
                 return
-            yield _status(line)
-        live = _live(ctx, a, a.ids, lambda trace: export(trace, ctx.session_dir(job.request)))
+            yield {views.status: line}
+        live = _live(ctx, views, a, a.ids, lambda trace: export(trace, ctx.session_dir(job.request)))
         if entry is not None:  # a planned generation nobody started yet: this run computes it for all
             entry, mine = ctx.store.claim(entry.key)
 
@@ -289,7 +293,7 @@ def run(job: Job[Ask]):
         # the model runs in its own thread and releases the slot there when it has stopped; this generator
         # only renders the latest state at the page's pace
         for snap in job.background(work, mark=mark, name="kvviz-generate").snapshots(STATUS_S):
-            yield (*live.outputs(snap, note=job.timeout_note()), replay_range(snap))
+            yield _shown(live, snap, job.timeout_note())
     finally:
         if mine and entry is not None and entry.state == "running":
             ctx.store.fail(entry)
@@ -311,10 +315,11 @@ def _size(a: Ask) -> Size:
     return Size(len(a.ids), a.n_new, runs=2)  # the run and its check against a full recompute
 
 
-generation = ModelJob("generation", check=ask, run=run, size=_size, room=True, stop=True, waiting=_status)
+# a Generate run: the tab's (:func:`tab_job`, streamed into its views) and the endpoints' (answered once)
+generation = ModelJob("generation", check=ask, run=summary, size=_size, room=True, stop=True)
 # the ``/generate`` endpoint (and ``api_generate_job(ctx, prompt_text, …)`` in tests)
-api_generate_job = generation.with_(check=api_generate, run=summary, stop=False)
-api_chat_job = generation.with_(check=api_chat, run=summary, stop=False)  # the ``/chat`` endpoint
+api_generate_job = generation.with_(check=api_generate, stop=False)
+api_chat_job = generation.with_(check=api_chat, stop=False)  # the ``/chat`` endpoint
 
 
 def export(trace, folder: Path) -> tuple[str, str]:

@@ -1,8 +1,8 @@
 """What the Generate tab shows while a run streams, and how often.
 
 The model runs in a worker (:class:`kvviz.ui.serving.streaming.Background`); :class:`LiveRun` turns the
-snapshots it hands the handler into the tab's outputs. The status line, the chips and the text go
-out every :data:`STATUS_S` seconds; the two plotly charts, the costliest to build, send and redraw,
+snapshots it hands the handler into updates of the tab's views. The status line, the chips and the text go
+out every :data:`STATUS_S` seconds; the plotly charts, the costliest to build, send and redraw,
 every :data:`FIGURES_S`; everything once at the end. Gradio sends a streamed output as a diff of its
 previous value, so the chips cost one new entry per token on the wire, and the charts draw at most
 :data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update never costs more as the run grows.
@@ -13,13 +13,16 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from typing import Any
 
 import gradio as gr
+from gradio.components import Component
 
 from kvviz.capture.model_io import Progress
-from kvviz.capture.trace import ModelInfo, Trace
+from kvviz.capture.trace import Trace
 from kvviz.figures import generate as fig
 from kvviz.lessons.waste import forward_passes
+from kvviz.ui.generate.views import Frame, Views
 from kvviz.ui.serving.streaming import Snapshot
 from kvviz.units import format_bytes, plural
 
@@ -89,53 +92,44 @@ def waste_text(trace: Trace) -> str:
     )
 
 
-def replay_range(snap: Snapshot[Trace]):
-    """The replay slider's update for a snapshot: the finished run's steps, at its last one (else left alone)."""
+def replay_range(snap: Snapshot[Trace]) -> gr.Slider | None:
+    """The replay slider's update for a snapshot: the finished run's steps, at its last one (else None: left alone)."""
     trace = snap.item
     if not snap.done or trace is None or trace.colsum is None:
-        return gr.skip()
+        return None
     return gr.Slider(maximum=max(1, len(trace.steps) - 1), value=len(trace.steps) - 1)
 
 
 class LiveRun:
-    """One run's rendering. Per-run constants (the gauge's budget and room for tokens) are fixed here,
-    once; :meth:`outputs` renders a snapshot as the tab's ten outputs, skipping what is not due."""
+    """One run's rendering. Per-run constants (the gauge's budget and room for tokens) are fixed here, once;
+    :meth:`outputs` renders a snapshot as ``{component: value}`` of the tab's views, leaving out what is not
+    due or did not change."""
 
     def __init__(
-        self,
-        info: ModelInfo,
-        budget_name: str,
-        budget_bytes: float | None,
-        room_tokens: int | None,
-        prompt_tokens: list[str],
-        export: Callable[[Trace], tuple[str, str]],
+        self, views: Views, frame: Frame, prompt_tokens: list[str], export: Callable[[Trace], tuple[str, str]]
     ):
-        self.info, self.budget_bytes, self.room_tokens = info, budget_bytes, room_tokens
+        self.views, self.frame = views, frame
         self.prompt_spans = [(fig.chip_text(t), "prompt") for t in prompt_tokens]
-        self.budget_label = budget_name.split(" (")[0]
         self.export = export
         self._figures_at = float("-inf")
         self._figures_steps = -1
 
-    def outputs(self, snap: Snapshot[Trace], note: str = "") -> tuple:
-        """(trace state, status, chips, text, growth, gauge, check, waste, npz, csv) for one snapshot."""
+    def outputs(self, snap: Snapshot[Trace], note: str = "") -> dict[Component, Any]:
+        """What one snapshot changes on the page."""
+        v = self.views
         trace = view(snap)
         final = snap.done and trace is not None and trace.colsum is not None
         generated = trace.n_generated if trace is not None else 0
         status = progress_line(snap.progress, generated) if not snap.done else None
         if trace is None:  # still in the prefill: the prompt's chips, the previous run's text and check gone
-            return (
-                gr.skip(),
-                status or "Starting…",
-                self.prompt_spans,
-                "",
-                gr.skip(),
-                gr.skip(),
-                PENDING_CHECK,
-                gr.skip(),
-                None,
-                None,
-            )
+            return {
+                v.status: status or "Starting…",
+                v.tokens: self.prompt_spans,
+                v.answer: "",
+                v.check: PENDING_CHECK,
+                v.npz: None,
+                v.csv: None,
+            }
         if status is None:
             status = (
                 f"{'Done' if final else 'Generating'}: {plural(generated, 'token')}, cache "
@@ -145,24 +139,20 @@ class LiveRun:
                 status += (
                     f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"
                 )
-        growth = gauge = gr.skip()
+        out: dict[Component, Any] = {
+            v.status: status,
+            v.tokens: fig.token_spans(trace),
+            v.answer: trace.text,
+            v.check: fig.equivalence_text(trace) if final else PENDING_CHECK,
+            v.waste: waste_text(trace),
+        }
         now = time.monotonic()
         if final or (now - self._figures_at >= FIGURES_S and len(trace.steps) != self._figures_steps):
             self._figures_at, self._figures_steps = now, len(trace.steps)
-            growth = fig.cache_growth(trace)
-            gauge = fig.memory_gauge(
-                trace.cache_bytes, self.info.weight_bytes, self.budget_bytes, self.budget_label, self.room_tokens
-            )
-        files = self.export(trace) if final else (None, None)
-        check = fig.equivalence_text(trace) if final else PENDING_CHECK
-        return (
-            trace if final else gr.skip(),
-            status,
-            fig.token_spans(trace),
-            trace.text,
-            growth,
-            gauge,
-            check,
-            waste_text(trace),
-            *files,
-        )
+            out.update({plot: draw(trace, self.frame) for plot, draw in v.charts().items()})
+        if final:
+            out[v.trace] = trace
+            out[v.npz], out[v.csv] = self.export(trace)
+        else:
+            out[v.npz] = out[v.csv] = None
+        return out

@@ -6,10 +6,15 @@ jobs in :mod:`kvviz.ui.generate.run`, what a streamed step shows is :mod:`kvviz.
 
 from __future__ import annotations
 
+import time
+
 import gradio as gr
+from gradio.components import Component
+from gradio.context import Context
 
 from kvviz.examples import GENERATE_EXAMPLE, examples
 from kvviz.figures import generate as fig
+from kvviz.lessons.objectives import EQUIVALENCE
 from kvviz.limits import MAX_STEP
 from kvviz.safety import whole_number
 from kvviz.ui.generate import chat as generate_chat
@@ -19,109 +24,108 @@ from kvviz.ui.generate.run import (  # noqa: F401  (re-exported: where tests and
     room_for_tokens,
     validate_request,
 )
+from kvviz.ui.generate.views import Form, Views, chart_plots
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import clear_on_refusal, typed_slider
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.precompute import live_box
+from kvviz.ui.serving.precompute import live_box, readiness
 from kvviz.ui.serving.sessions import user_errors
+from kvviz.units import plural
+
+# the first screen waits this long for the start-up to reach its example (users' jobs go first), then says
+# how to run it instead
+OPENING_WAIT_S = 300.0
 
 
 def build(ctx: AppContext):
-    """Build the tab; returns the Generate event so the app can chain other tabs' refreshes after it."""
-    ex = examples()
+    """Build the tab (its layout, then :func:`wire`); returns the Generate event so the app can chain other
+    tabs' refreshes after it."""
+    ex, f = examples(), Form()
     gr.Markdown(
         "Type a prompt and press **Generate**. The model is "
         f"**{ctx.info.name}**; every layer's keys and values are captured as it writes."
     )
+    w: dict[str, Component] = {}
     with gr.Row():
         with gr.Column(scale=3):
-            prompt = gr.Textbox(label="Prompt", lines=4, value=ex[GENERATE_EXAMPLE][0], elem_id="prompt")
+            w["prompt"] = gr.Textbox(label="Prompt", lines=4, value=f.prompt, elem_id="prompt")
             example = gr.Dropdown(list(ex), label="Examples", value=GENERATE_EXAMPLE)
         with gr.Column(scale=2):
-            chat = gr.Checkbox(value=True, label="Use the chat template")
-            max_new = typed_slider(
-                1, ctx.settings.max_new_tokens, value=48, step=1, label="Max new tokens", elem_id="gen-max-new"
+            w["chat"] = gr.Checkbox(value=f.chat, label="Use the chat template")
+            w["max_new"] = typed_slider(
+                1, ctx.settings.max_new_tokens, value=f.max_new, step=1, label="Max new tokens", elem_id="gen-max-new"
             )
             with gr.Accordion("Sampling", open=False):
-                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
-                seed = gr.Number(value=0, precision=0, label="Seed")
-            budget = gr.Dropdown(list(GPU_BUDGETS), value="T4 (16 GB)", label="GPU budget for the gauge")
+                w["temperature"] = gr.Slider(0.0, 2.0, value=f.temperature, step=0.05, label="Temperature (0 = greedy)")
+                w["top_p"] = gr.Slider(0.05, 1.0, value=f.top_p, step=0.05, label="Top-p")
+                w["seed"] = gr.Number(value=f.seed, precision=0, label="Seed")
+            w["budget"] = gr.Dropdown(list(GPU_BUDGETS), value=f.budget, label="GPU budget for the gauge")
             with gr.Row():
                 go_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
-            fresh = live_box("generate-live")
+            w["fresh"] = live_box("generate-live")
     status = gr.Markdown(elem_id="gen-status")
-    tokens = gr.HighlightedText(
-        label="Tokens (prompt / generated)",
-        elem_id="token-stream",
-        color_map={"prompt": "#cfe2ff", "generated": "#ffd8a8"},
-        combine_adjacent=False,
-        show_legend=True,
-        show_inline_category=False,
-    )
-    answer = gr.Textbox(label="Generated text", lines=3, elem_id="answer")
-    with gr.Row(equal_height=True):
-        step = gr.Slider(0, 1, value=0, step=1, label="Replay: decode step (0 = prefill)", elem_id="gen-step")
-        play_button(step, "gen-play")
-    with gr.Row():
-        with gr.Column():
-            growth = gr.Plot(label="Cache growth", elem_id="cache-growth")
-            gr.Markdown(fig.CAPTIONS["growth"])
-        with gr.Column():
-            gauge = gr.Plot(label="Memory gauge", elem_id="memory-gauge")
-            gr.Markdown(fig.CAPTIONS["gauge"])
+    with gr.Row():  # the run's tokens beside its charts: all on the first screen
+        with gr.Column(scale=2):
+            tokens = gr.HighlightedText(
+                label="Tokens (prompt / generated)",
+                elem_id="token-stream",
+                color_map={"prompt": "#cfe2ff", "generated": "#ffd8a8"},
+                combine_adjacent=False,
+                show_legend=True,
+                show_inline_category=False,
+            )
+            answer = gr.Textbox(label="Generated text", lines=3, elem_id="answer")
+            with gr.Row(equal_height=True):
+                step = gr.Slider(0, 1, value=0, step=1, label="Replay: decode step (0 = prefill)", elem_id="gen-step")
+                play_button(step, "gen-play")
+        charts = chart_plots()
     chat_ui = generate_chat.build(ctx)
+    w.update(multi=chat_ui["multi"], template=chat_ui["template"], conversation=chat_ui["state"])
     gr.Markdown(fig.model_card(ctx.info), elem_id="model-card")
     check = gr.Markdown(elem_id="equivalence")
     waste = gr.Markdown(elem_id="waste")
     with gr.Row():
-        download_npz = gr.File(label="Trace (.npz)", interactive=False)
-        download_csv = gr.File(label="Steps (.csv)", interactive=False)
-
-    ctx.components.update(
-        {
-            "generate.prompt": prompt,
-            "generate.chat": chat,
-            "generate.max_new": max_new,
-            "generate.example": example,
-            "generate.button": go_btn,
-            "generate.step": step,
-        }
+        npz = gr.File(label="Trace (.npz)", interactive=False)
+        csv = gr.File(label="Steps (.csv)", interactive=False)
+    views = Views(w, ctx.trace_state, status, tokens, answer, check, waste, npz, csv, step, **charts)
+    example.change(
+        lambda name: (ex[name][0], ex[name][1]), example, [w["prompt"], w["chat"]], queue=False, api_name=False
     )
-    example.change(lambda name: (ex[name][0], ex[name][1]), example, [prompt, chat], queue=False, api_name=False)
+    ctx.components.update({f"generate.{name}": w[name] for name in ("prompt", "chat", "max_new")})
+    ctx.components.update({"generate.example": example, "generate.button": go_btn, "generate.step": step})
+    return wire(ctx, views, go_btn, stop_btn, chat_ui)
 
-    defaults = {
-        "generate.prompt": prompt.value,
-        "generate.chat": chat.value,
-        "generate.max_new": max_new.value,
-        "temperature": temperature.value,
-        "top_p": top_p.value,
-        "seed": seed.value,
-    }
-    ctx.planners["generate.button"] = lambda values: generate_run.plan(ctx, values, defaults)
-    outputs = [ctx.trace_state, status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv, step]
+
+def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
+    """The tab's events: Generate (checked once, then streamed into ``views``), Stop, replay, the chat
+    section after a turn, the opening example, and the endpoints."""
+    ctx.planners["generate.button"] = lambda values: generate_run.plan(ctx, values)
     # bad input (and a refusal) is answered by a quick step with no outputs, so its message is a toast; the
     # previous run's results are then cleared (the session's trace stays for the other tabs), so they never sit
     # under the refused settings. The run step takes its place in the room when it starts. Its progress
     # shows on the status line only: Gradio's full progress pulses every output while a run streams, and on a
     # small machine those animations take CPU from the model
-    checked, event = generate_run.generation.button(
+    checked, event = generate_run.tab_job(views).button(
         ctx,
         go_btn,
-        [prompt, chat, max_new, temperature, top_p, seed, budget, fresh, chat_ui["multi"], chat_ui["template"]]
-        + [chat_ui["state"]],
-        outputs,
+        set(views.inputs.values()),
+        views.outputs(),
         show_progress="minimal",
-        show_progress_on=[status],
+        show_progress_on=[views.status],
     )
-    shown = [status, tokens, answer, growth, gauge, check, waste, download_npz, download_csv]
-    clear_on_refusal(checked, shown)  # only the check's refusal: a run ended by Stop keeps its results
+    clear_on_refusal(checked, views.shown())  # only the check's refusal: a run ended by Stop keeps its results
+
+    chat_views = chat_ui["views"]
+
+    def after_turn(trace, conversation, multi) -> dict:
+        turn = generate_chat.after_turn(ctx, trace, conversation, multi)
+        return {} if turn is None else {c: getattr(turn, name) for name, c in chat_views.items()}
 
     event.success(
-        lambda trace, conversation, multi: generate_chat.after_turn(ctx, trace, conversation, multi),
+        after_turn,
         [ctx.trace_state, chat_ui["state"], chat_ui["multi"]],
-        chat_ui["views"],
+        list(chat_views.values()),
         queue=False,
         api_name=False,
         show_progress="hidden",
@@ -133,7 +137,16 @@ def build(ctx: AppContext):
     # on ZeroGPU the run is in a forked worker that never sees the flag: Stop cancels the call, which ends it
     cancels = [event] if ctx.settings.zero_gpu else None
     stop_btn.click(stop, None, None, queue=False, api_name=False, cancels=cancels)
-    step.change(replay, [ctx.trace_state, step], [tokens, growth], api_name=False, show_progress="hidden")
+    views.step.change(
+        lambda trace, step: replay(views, trace, step),
+        [ctx.trace_state, views.step],
+        [views.tokens, views.growth],
+        api_name=False,
+        show_progress="hidden",
+    )
+    opened = opening(ctx, views)
+    if opened is not None:  # the session's own run takes the page: the opening example stops waiting or drawing
+        go_btn.click(None, None, None, cancels=[opened], queue=False, api_name=False)
 
     generate_run.api_generate_job.api(ctx, api_name="generate")
     generate_run.api_chat_job.api(ctx, api_name="chat")
@@ -147,10 +160,54 @@ def build(ctx: AppContext):
     return event
 
 
-def replay(trace, step):
+def opening(ctx: AppContext, views: Views):
+    """The page opens on the stored chat example (the show-me "Generate and check cached = recomputed"): its
+    token stream, cache growth and memory gauge drawn at once, the form set to it, and one line saying what it
+    is and how to try your own; while the server still prepares it, how far it got. Returns the page-load event
+    (None when there is no page or the deployment's limits refuse the example)."""
+    root = Context.root_block
+    if root is None:
+        return None
+    values = EQUIVALENCE.values
+    try:
+        key = generate_run.plan(ctx, values)  # computed first at start-up (or read back from disk)
+        a = generate_run.ask(ctx, generate_run.form_of(values))
+    except gr.Error:  # a deployment whose limits refuse the example: the page opens on its form
+        return None
+    f = generate_run.form_of(values)
+    what = f"Example “{GENERATE_EXAMPLE}” ({plural(a.n_new, 'new token')}, greedy)"
+    yours = "change the prompt (or pick another example) and press **Generate** to try your own"
+    form = {views.inputs[k]: getattr(f, k) for k in ("prompt", "chat", "max_new")}
+
+    def computing() -> bool:
+        """The start-up is computing examples now (it pauses while users' jobs run)."""
+        return ctx.settings.precompute and any(e.state == "running" for e in ctx.store.entries())
+
+    def show(request: gr.Request):
+        entry, deadline = ctx.store.entry(key), time.monotonic() + OPENING_WAIT_S
+        at_once = entry is not None and entry.state == "done"
+        while entry is not None and entry.state == "pending" and computing() and time.monotonic() < deadline:
+            yield {views.status: f"{what}: waiting to be prepared at start-up ({readiness(ctx)})"}
+            time.sleep(0.5)
+        if entry is None or entry.state not in ("running", "done"):
+            ready = f" ({readiness(ctx)})" if ctx.settings.precompute else ""
+            yield {views.status: f"{what}: press **Generate** to run it, or {yours}.{ready}"}
+            return
+        for out in generate_run.stored(ctx, views, a, entry, request):
+            if views.trace in out:  # the finished example: what it is, and how to try your own
+                out[views.status] = f"{what}, stored: {yours}. ({out[views.status]})"
+                if at_once:  # the form set to it only as the page opens, never under what the user types
+                    out.update(form)
+            yield out
+
+    outputs = views.outputs() + list(form)
+    return root.load(show, None, outputs, api_name=False, concurrency_limit=None, show_progress="hidden")
+
+
+def replay(views: Views, trace, step) -> dict:
     """The token strip and cache growth as they were after decode step ``step`` of the session's run."""
     if trace is None:
-        return gr.skip(), gr.skip()
+        return {}
     with user_errors():
         upto = whole_number(step or 0, "Step", 0, MAX_STEP)
-    return fig.token_spans(trace, upto), fig.cache_growth(trace, upto=upto)
+    return {views.tokens: fig.token_spans(trace, upto), views.growth: fig.cache_growth(trace, upto=upto)}

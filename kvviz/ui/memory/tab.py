@@ -7,17 +7,19 @@ The named endpoint ``/memory`` returns the same dict as ``python -m kvviz memory
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import gradio as gr
+from gradio.components import Component
 
 from kvviz.figures import memory as fig
-from kvviz.limits import calculator_number
-from kvviz.memory.capacity import gpu_presets
-from kvviz.memory.estimate import KV_DTYPES, estimate, live_cache_bytes_formula
-from kvviz.memory.layout import cache_layout, head_dim_note, load_preset, preset_names, stated_weights_gb
-from kvviz.memory.report import report, summary
-from kvviz.memory.sharing import share_kv
+from kvviz.memory.estimate import KV_DTYPES, live_cache_bytes_formula, resolve_kv_dtype
+from kvviz.memory.layout import preset_names
+from kvviz.memory.report import MemoryRequest, report
 from kvviz.ui.memory import architectures as memory_architectures
 from kvviz.ui.memory import startup as memory_engine
+from kvviz.ui.memory.calculator import GPUS, Drawn, Form, _number, calculate
 from kvviz.ui.memory.sources import SOURCES, resolve_layout
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
@@ -27,108 +29,10 @@ from kvviz.ui.serving.sessions import user_errors
 from kvviz.units import format_bytes
 
 CUSTOM_GPU = "custom"
-COMPARE_DEFAULT = ["Llama-3-8B", "Mistral-7B-v0.1", "gemma-2-9b", "gpt-oss-20b", "DeepSeek-V3"]
-
-
-# ---- validation -----------------------------------------------------------------------------------
-
-
-def _number(name: str, value, label: str | None = None, blank=None):
-    """A calculator input checked against its bound in :mod:`kvviz.limits` (``blank`` when left empty)."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return blank
-    with user_errors():  # refuses NaN, infinities, fractions of counts, text and out-of-range values
-        return calculator_number(name, value, label)
-
-
-# ---- what the page shows --------------------------------------------------------------------------
-def _contexts(context: int, lo: int = 128) -> list[int]:
-    top = max(131_072, 1 << max(context - 1, 1).bit_length())
-    return sorted({2**k for k in range(lo.bit_length() - 1, top.bit_length())} | {context} - {0})
-
-
-def calculate(
-    ctx: AppContext,
-    source,
-    preset,
-    pasted,
-    upload,
-    context,
-    batch,
-    kv_dtype,
-    group_size,
-    tp,
-    gpu_name,
-    gpus,
-    gpu_mem_gb,
-    bandwidth_tbps,
-    reserve,
-    weights_gb,
-    compare,
-    kv_producing=0,
-):
-    """Every output of the tab for one set of inputs: summary, formula, table and four figures."""
-    layout = resolve_layout(ctx, source, preset, pasted, upload)
-    if kv_producing not in (0, 0.0, None, ""):  # 0: who stores K/V as the config says
-        producing = _number("kv_producing", kv_producing, "KV-producing layers")
-        with user_errors():
-            layout = share_kv(layout, producing)
-    context = _number("context", context, "Context", blank=8192)
-    batch = _number("batch", batch, "Batch", blank=1)
-    gpus = _number("gpus", gpus, "Number of GPUs", blank=1)
-    tp = gpus if tp in (0, 0.0, None, "") else _number("tp", tp, "Tensor parallelism")  # 0 = all the GPUs
-    group = 0 if group_size in (0, 0.0, None, "") else _number("group_size", group_size, "Group size")
-    mem = _number("gpu_mem_gb", gpu_mem_gb, "GPU memory (GB)")
-    bw = _number("bandwidth_tbps", bandwidth_tbps, "Bandwidth (TB/s)")
-    weights = None if weights_gb in (0, 0.0) else _number("weights_gb", weights_gb, "Weights (GB)")
-    notes = [n for n in [head_dim_note(layout)] if n]
-    if source == "Loaded model" and weights is None:
-        weights = ctx.info.weight_bytes / 1e9
-    elif source == "Preset" and weights is None and stated_weights_gb(preset) is not None:
-        weights = stated_weights_gb(preset)
-        counted = (
-            f" (parameters × 2 B would give {layout.num_parameters * 2 / 1e9:.1f} GB)" if layout.num_parameters else ""
-        )
-        notes.append(f"Weights: {weights:g} GB, the figure the source uses{counted}; type a number to override.")
-    with user_errors():  # sizes first: bad input here is the user's to fix
-        r = report(layout, context, batch, kv_dtype, tp, group or None)
-        est = estimate(layout, context, batch, kv_dtype, tp, group or None)
-        formula = fig.formula_markdown(layout, est)
-        table = fig.comparison_table(layout, context, kv_dtype).drop(columns=["bytes_per_token", "bytes_per_sequence"])
-        others = [cache_layout(load_preset(n)) for n in (compare or []) if n != layout.name]
-        size = fig.size_vs_context([layout, *others], _contexts(context), kv_dtype)
-    note = ""
-    if layout.num_parameters is None and weights is None:
-        note = "Give the weights in GB to see capacity and decode time (this config has no parameter count)."
-    elif mem is not None or bw is not None:
-        try:  # capacity may legitimately not exist (weights larger than the GPUs): say so, keep the sizes
-            r = report(
-                layout,
-                context,
-                batch,
-                kv_dtype,
-                tp,
-                group or None,
-                gpus,
-                mem,
-                _number("reserve", reserve, "Reserve", blank=0.1),
-                weights,
-                "bf16",
-                bw,
-            )
-        except ValueError as exc:
-            note = str(exc)
-    cap = dec = gauge = kv_budget = None
-    if r.capacity is not None:
-        kv_budget = r.capacity.budget.kv_budget_bytes
-        cap = fig.capacity_vs_context(layout, kv_budget, _contexts(context, 1024), kv_dtype, tp, context)
-        gauge = fig.budget_gauge(r.estimate.total_bytes, kv_budget)
-    if r.decode is not None:
-        dec = fig.decode_time_vs_context(
-            layout, r.decode.weight_bytes, batch, bw, gpus, _contexts(context, 1024), kv_dtype, tp, kv_budget, context
-        )
-    text = summary(r, markdown=True) + "".join(f"\n\nℹ {n}" for n in notes) + (f"\n\n⚠ {note}" if note else "")
-    return text, formula, table, size, cap, dec, gauge
+PASTE_HINT = '{"model_type": "llama", "num_hidden_layers": 32, ...}'
+NUMBER_FIELDS = ("context", "batch", "tp", "gpus", "kv_producing")  # recalculated on Enter
+# the widgets other views set by name (the Learn tab's show-mes, deep links): "memory.<field>"
+DEEP_LINKED = ("source", "preset", "context", "batch", "kv_dtype", "tp", "gpu", "gpus")
 
 
 def live_comparison(ctx: AppContext, trace) -> str:
@@ -195,181 +99,142 @@ def api_memory(
     if weights_gb is None and text.lower() == "loaded":
         weights_gb = ctx.info.weight_bytes / 1e9
     with user_errors():
-        return report(
+        group = None if group_size in (0, None) else _number("group_size", group_size)
+        request = MemoryRequest(
             layout,
-            _number("context", context, blank=8192),
-            _number("batch", batch, blank=1),
-            kv_dtype,
-            _number("tp", tp),
-            None if group_size in (0, None) else _number("group_size", group_size),
-            _number("gpus", gpus, blank=1),
-            _number("gpu_mem_gb", gpu_mem_gb),
-            _number("reserve", reserve, blank=0.1),
-            _number("weights_gb", weights_gb),
-            "bf16",
-            _number("bandwidth_tbps", bandwidth_tbps),
-        ).to_json()
+            context=_number("context", context, blank=8192),
+            batch=_number("batch", batch, blank=1),
+            kv_dtype=resolve_kv_dtype(kv_dtype, group),
+            tp=_number("tp", tp),
+            gpus=_number("gpus", gpus, blank=1),
+            gpu_mem_gb=_number("gpu_mem_gb", gpu_mem_gb),
+            reserve=_number("reserve", reserve, blank=0.1),
+            weights_gb=_number("weights_gb", weights_gb),
+            bandwidth_tbps=_number("bandwidth_tbps", bandwidth_tbps),
+        )
+        return report(request).to_json()
 
 
 # ---- the page ----------------------------------------------------------------------------------------
-def build(ctx: AppContext) -> None:
-    """Build the Memory tab inside the caller's ``gr.Tab``.
+@dataclass(frozen=True)
+class Views:
+    """The tab's components by name: ``inputs`` under :class:`Form`'s field names, ``outputs`` under
+    :class:`Drawn`'s, so a handler reads and answers by name and a new field is declared once."""
 
-    Length: long because it lays the calculator's widgets out in page order and wires each once; the arithmetic is
-    :func:`calculate` and :mod:`kvviz.memory`."""
-    gpus_by_name = gpu_presets()
+    inputs: dict[str, Component]
+    outputs: dict[str, Component]
+    button: gr.Button
+    live: gr.Markdown
+
+    def form(self, values: dict[Component, Any]) -> Form:
+        """The widgets' values (Gradio's dict of a set of inputs) as the form."""
+        return Form(**{name: values[c] for name, c in self.inputs.items()})
+
+    def shown(self, drawn: Drawn) -> dict[Component, Any]:
+        return {c: getattr(drawn, name) for name, c in self.outputs.items()}
+
+
+def build(ctx: AppContext) -> None:
+    """Build the Memory tab inside the caller's ``gr.Tab``: its layout, drawn with the opening example, then
+    :func:`wire`. The arithmetic is :func:`check`, :func:`draw` and :mod:`kvviz.memory`."""
+    f = Form()
     gr.Markdown(
         "Size the KV cache of any model from its config: per token, per sequence and per batch, how many "
         "sequences fit on your GPUs, and how long each decode step must take to read it all."
     )
+    w: dict[str, Component] = {}
     with gr.Row():
         with gr.Column(scale=2):
-            source = gr.Radio(SOURCES, value="Preset", label="Model")
-            preset = gr.Dropdown(preset_names(), value="Llama-3-70B", label="Preset")
-            pasted = gr.Textbox(
-                label="config.json (JSON only)",
-                lines=8,
-                visible=False,
-                placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}',
+            w["source"] = gr.Radio(SOURCES, value=f.source, label="Model")
+            w["preset"] = gr.Dropdown(preset_names(), value=f.preset, label="Preset")
+            w["pasted"] = gr.Textbox(
+                label="config.json (JSON only)", lines=8, visible=False, placeholder=PASTE_HINT, value=f.pasted
             )
-            upload = gr.File(label="config.json", file_types=[".json"], type="filepath", visible=False)
+            w["upload"] = gr.File(label="config.json", file_types=[".json"], type="filepath", visible=False)
         with gr.Column(scale=2):
-            context = gr.Number(value=8192, precision=0, label="Context (tokens per sequence)")
-            batch = gr.Number(value=1, precision=0, label="Batch (sequences)")
-            kv_dtype = gr.Dropdown(list(KV_DTYPES), value="bf16", label="KV dtype")
-            group_size = gr.Number(value=0, precision=0, label="Scale/zero group size (0 = none; low-bit only)")
-            tp = gr.Number(value=0, precision=0, label="Tensor parallelism (0 = all the GPUs)")
-            kv_producing = gr.Number(
-                value=0, precision=0, label="KV-producing layers (0 = as the config says; the rest share)"
+            w["context"] = gr.Number(value=f.context, precision=0, label="Context (tokens per sequence)")
+            w["batch"] = gr.Number(value=f.batch, precision=0, label="Batch (sequences)")
+            w["kv_dtype"] = gr.Dropdown(list(KV_DTYPES), value=f.kv_dtype, label="KV dtype")
+            w["group_size"] = gr.Number(
+                value=f.group_size, precision=0, label="Scale/zero group size (0 = none; low-bit only)"
+            )
+            w["tp"] = gr.Number(value=f.tp, precision=0, label="Tensor parallelism (0 = all the GPUs)")
+            w["kv_producing"] = gr.Number(
+                value=f.kv_producing, precision=0, label="KV-producing layers (0 = as the config says; the rest share)"
             )
         with gr.Column(scale=2):
-            first = next(iter(gpus_by_name))
-            gpu = gr.Dropdown([*gpus_by_name, CUSTOM_GPU], value=first, label="GPU")
-            gpus = gr.Number(value=8, precision=0, label="Number of GPUs")
-            gpu_mem = gr.Number(value=gpus_by_name[first].memory_gb, label="Memory per GPU (GB, decimal)")
-            bandwidth = gr.Number(value=gpus_by_name[first].bandwidth_tbps, label="Bandwidth per GPU (TB/s)")
-            reserve = gr.Slider(0.0, 0.5, value=0.1, step=0.01, label="Reserve for activations/workspace")
-            weights = gr.Number(value=0, label="Weights (GB; 0 = the preset's stated figure, else parameters × 2 B)")
-    compare = gr.CheckboxGroup(preset_names(), value=COMPARE_DEFAULT, label="Compare with (size vs context chart)")
+            w["gpu"] = gr.Dropdown([*GPUS, CUSTOM_GPU], value=f.gpu, label="GPU")
+            w["gpus"] = gr.Number(value=f.gpus, precision=0, label="Number of GPUs")
+            w["gpu_mem_gb"] = gr.Number(value=f.gpu_mem_gb, label="Memory per GPU (GB, decimal)")
+            w["bandwidth_tbps"] = gr.Number(value=f.bandwidth_tbps, label="Bandwidth per GPU (TB/s)")
+            w["reserve"] = gr.Slider(0.0, 0.5, value=f.reserve, step=0.01, label="Reserve for activations/workspace")
+            w["weights_gb"] = gr.Number(
+                value=f.weights_gb, label="Weights (GB; 0 = the preset's stated figure, else parameters × 2 B)"
+            )
+    w["compare"] = gr.CheckboxGroup(preset_names(), value=list(f.compare), label="Compare with (size vs context chart)")
     button = gr.Button("Calculate", variant="primary", elem_id="memory-calc")
-    first_values = calculate(
-        ctx,
-        "Preset",
-        "Llama-3-70B",
-        "",
-        None,
-        8192,
-        1,
-        "bf16",
-        0,
-        0,
-        first,
-        8,
-        gpus_by_name[first].memory_gb,
-        gpus_by_name[first].bandwidth_tbps,
-        0.1,
-        None,
-        COMPARE_DEFAULT,
-    )  # the chapter's 8 × H100 example
-    summary_box = gr.Markdown(first_values[0], elem_id="memory-summary")
+    first = calculate(ctx, f)  # the tab opens drawn: the chapter's 8 × H100 example
+    o: dict[str, Component] = {"summary": gr.Markdown(first.summary, elem_id="memory-summary")}
     live = gr.Markdown(live_comparison(ctx, None), elem_id="memory-live")
-    formula = gr.Markdown(first_values[1], elem_id="memory-formula")
+    o["formula"] = gr.Markdown(first.formula, elem_id="memory-formula")
     gr.Markdown(fig.CAPTIONS["formula"], elem_classes="caption")
-    table = gr.Dataframe(
-        first_values[2],
-        label="MHA / GQA / MQA / MLA for this model's layers",
-        interactive=False,
-        elem_id="memory-table",
+    o["table"] = gr.Dataframe(
+        first.table, label="MHA / GQA / MQA / MLA for this model's layers", interactive=False, elem_id="memory-table"
     )
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
-    size = gr.Plot(first_values[3], label="KV cache vs context", elem_id="memory-size")
+    o["size"] = gr.Plot(first.size, label="KV cache vs context", elem_id="memory-size")
     gr.Markdown(fig.CAPTIONS["size"], elem_classes="caption")
     with gr.Row():
-        capacity = captioned_plot("Batch capacity", "memory-capacity", fig.CAPTIONS["capacity"], first_values[4])
-        decode = captioned_plot("Decode step", "memory-decode", fig.CAPTIONS["decode"], first_values[5])
-    gauge = gr.Plot(first_values[6], label="KV budget", elem_id="memory-gauge-budget")
+        o["capacity"] = captioned_plot("Batch capacity", "memory-capacity", fig.CAPTIONS["capacity"], first.capacity)
+        o["decode"] = captioned_plot("Decode step", "memory-decode", fig.CAPTIONS["decode"], first.decode)
+    o["gauge"] = gr.Plot(first.gauge, label="KV budget", elem_id="memory-gauge-budget")
     gr.Markdown(fig.CAPTIONS["gauge"], elem_classes="caption")
-
-    ctx.components.update(
-        {
-            "memory.source": source,
-            "memory.preset": preset,
-            "memory.context": context,
-            "memory.batch": batch,
-            "memory.kv_dtype": kv_dtype,
-            "memory.tp": tp,
-            "memory.gpu": gpu,
-            "memory.gpus": gpus,
-            "memory.button": button,
-        }
-    )
-
-    def show_source(choice):
-        return (
-            gr.update(visible=choice == "Preset"),
-            gr.update(visible=choice == "Paste JSON"),
-            gr.update(visible=choice == "Upload config.json"),
-        )
-
-    def pick_gpu(name):
-        if name in gpus_by_name:
-            return gpus_by_name[name].memory_gb, gpus_by_name[name].bandwidth_tbps
-        return gr.skip(), gr.skip()
-
-    source.change(show_source, source, [preset, pasted, upload], queue=False, api_name=False)
-    gpu.change(pick_gpu, gpu, [gpu_mem, bandwidth], queue=False, api_name=False)
-
-    inputs = [
-        source,
-        preset,
-        pasted,
-        upload,
-        context,
-        batch,
-        kv_dtype,
-        group_size,
-        tp,
-        gpu,
-        gpus,
-        gpu_mem,
-        bandwidth,
-        reserve,
-        weights,
-        compare,
-        kv_producing,
-    ]
-    outputs = [summary_box, formula, table, size, capacity, decode, gauge]
-
-    def recalculate(*values):
-        return calculate(ctx, *values)
-
-    # arithmetic on bounded inputs (kvviz.limits): quick, so it never waits in a queue
-    calculated = gr.on(
-        [
-            button.click,
-            source.change,
-            preset.change,
-            kv_dtype.change,
-            gpu.change,
-            compare.change,
-            context.submit,
-            batch.submit,
-            tp.submit,
-            gpus.submit,
-            kv_producing.submit,
-        ],
-        recalculate,
-        inputs,
-        outputs,
-        api_name=False,
-        concurrency_limit=None,
-    )
-    clear_on_refusal(calculated, outputs)
-    # arithmetic: a show-me gets the calculator's outputs in its own event
-    ctx.answers["memory.button"] = ShowMeAnswer(inputs, outputs, lambda request, *values: calculate(ctx, *values))
-    if ctx.trace_state is not None:
-        ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [live])
-
-    gr.api(endpoint(ctx, api_memory), api_name="memory", concurrency_limit=None)
+    wire(ctx, Views(w, o, button, live))
     memory_architectures.build(ctx)
     memory_engine.build(ctx)
+
+
+# recalculated at once on these widgets' events (the numbers on Enter, the choices on change)
+RECALCULATE_ON = {"change": ("source", "preset", "kv_dtype", "gpu", "compare"), "submit": NUMBER_FIELDS}
+
+
+def wire(ctx: AppContext, views: Views) -> None:
+    """The tab's events: the source shows its input, a GPU fills its numbers, the calculator recalculates."""
+    w = views.inputs
+    ctx.components.update({f"memory.{name}": w[name] for name in DEEP_LINKED} | {"memory.button": views.button})
+
+    def show_source(choice):
+        return {
+            w["preset"]: gr.update(visible=choice == "Preset"),
+            w["pasted"]: gr.update(visible=choice == "Paste JSON"),
+            w["upload"]: gr.update(visible=choice == "Upload config.json"),
+        }
+
+    def pick_gpu(name):
+        if name in GPUS:
+            return {w["gpu_mem_gb"]: GPUS[name].memory_gb, w["bandwidth_tbps"]: GPUS[name].bandwidth_tbps}
+        return {}
+
+    w["source"].change(show_source, w["source"], [w["preset"], w["pasted"], w["upload"]], queue=False, api_name=False)
+    w["gpu"].change(pick_gpu, w["gpu"], [w["gpu_mem_gb"], w["bandwidth_tbps"]], queue=False, api_name=False)
+
+    def recalculate(values: dict):
+        return views.shown(calculate(ctx, views.form(values)))
+
+    outputs = list(views.outputs.values())
+    triggers = [views.button.click] + [getattr(w[n], kind) for kind, names in RECALCULATE_ON.items() for n in names]
+    # arithmetic on bounded inputs (kvviz.limits): quick, so it never waits in a queue
+    calculated = gr.on(triggers, recalculate, set(w.values()), outputs, api_name=False, concurrency_limit=None)
+    clear_on_refusal(calculated, outputs)
+    names = list(w)
+
+    def answer(request, *values):
+        """A show-me's calculator outputs in its own event (positional: the show-me's wiring lists them)."""
+        shown = views.shown(calculate(ctx, Form(**dict(zip(names, values)))))
+        return [shown[c] for c in outputs]
+
+    ctx.answers["memory.button"] = ShowMeAnswer(list(w.values()), outputs, answer)
+    if ctx.trace_state is not None:
+        ctx.on_trace(lambda trace: live_comparison(ctx, trace), [ctx.trace_state], [views.live])
+
+    gr.api(endpoint(ctx, api_memory), api_name="memory", concurrency_limit=None)

@@ -317,24 +317,30 @@ class ModelJob(Generic[R]):
         return main_call
 
     def checker(self, ctx: AppContext, check: Callable[..., R] | None = None) -> Callable:
-        """A button's check step: the inputs checked and the gates asked, nothing taken (see :meth:`Jobs.precheck`)."""
+        """A button's check step: the inputs checked and the gates asked, nothing taken (see :meth:`Jobs.precheck`);
+        returns the checked request, which :meth:`button` hands to the run step."""
         check = check or self.check
 
-        def fn(request: gr.Request, *inputs) -> None:
-            s = self.size(check(ctx, *inputs))
+        def fn(request: gr.Request, *inputs) -> R:
+            req = check(ctx, *inputs)
+            s = self.size(req)
             ctx.jobs.precheck(
                 request, s.prompt_tokens, s.new_tokens, s.runs, s.window, room=self.room, repeat_passes=s.repeat_passes
             )
+            return req
 
         fn.__name__ = fn.__qualname__ = f"check_{getattr(self.run, '__name__', 'run')}"
         setattr(fn, MARK, self)
         return fn
 
-    def button(self, ctx: AppContext, trigger, inputs: list, outputs: list, **run_options):
+    def button(self, ctx: AppContext, trigger, inputs, outputs: list, **run_options):
         """``trigger.click(check).success(run)``: bad input (or a refusal) is answered by a quick step with no
-        outputs, so its message is a toast and the previous results stay. Returns (check event, run event)."""
-        checked = trigger.click(self.checker(ctx), inputs, None, show_progress="hidden", **STEP)
-        ran = checked.success(self.handler(ctx), inputs, outputs, **STEP, **run_options)
+        visible outputs, so its message is a toast and the previous results stay. The check builds the request
+        once per click and the run step is handed it (a per-session ``gr.State`` only the check writes), so
+        the inputs are never read or checked twice. Returns (check event, run event)."""
+        request = gr.State(None)
+        checked = trigger.click(self.checker(ctx), inputs, request, show_progress="hidden", **STEP)
+        ran = checked.success(self.handler(ctx, check=handed), request, outputs, **STEP, **run_options)
         return checked, ran
 
     def event(self, ctx: AppContext, triggers, inputs: list | None, outputs: list, **run_options):
@@ -345,6 +351,13 @@ class ModelJob(Generic[R]):
     def api(self, ctx: AppContext, api_name: str, returns: type = dict) -> None:
         """A named endpoint: its parameters, name and docstring are the check function's own (less ``ctx``)."""
         gr.api(endpoint(ctx, self.check, self, returns), api_name=api_name, concurrency_limit=None)
+
+
+def handed(ctx: AppContext, req):
+    """The run step's "check": the request its check step built (None only for a step called on its own)."""
+    if req is None:
+        raise gr.Error("Press the button again: this request was not checked.")
+    return req
 
 
 def prompt_ids(ctx: AppContext, prompt, chat, new_tokens: int = 0, which: str = "The prompt") -> tuple[str, list[int]]:

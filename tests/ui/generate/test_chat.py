@@ -14,6 +14,7 @@ from kvviz.limits import MAX_HISTORY_CHARS, MAX_HISTORY_MESSAGES
 from kvviz.settings import Settings
 from kvviz.ui.generate import chat
 from kvviz.ui.generate import run as generate_run
+from kvviz.ui.generate.views import Form
 from kvviz.ui.serving.context import AppContext
 
 PAIR = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
@@ -62,7 +63,7 @@ def test_chat_needs_the_template_and_a_known_one(ctx):
 
 
 def test_a_single_prompt_is_asked_as_before(ctx):
-    before = generate_run.ask(ctx, "What is a cache?", True, 8, 0.0, 1.0, 0)
+    before = generate_run.ask(ctx, Form("What is a cache?", True, 8, budget="none", fresh=True))
     assert generate_run.api_generate(ctx, "What is a cache?", 8, True, 0.0, 1.0, 0) == before
     assert not before.keep_turn and before.history == ()
 
@@ -72,11 +73,15 @@ def test_two_turns_through_the_tabs_steps(ctx):
     conversation: list = []
     traces = []
     for text in ("What is the capital of France?", "And of Italy?"):
-        a = generate_run.ask(ctx, text, True, 16, 0.0, 1.0, 0, "none", True, True, "model", conversation)
+        a = generate_run.ask(
+            ctx,
+            Form(text, True, 16, budget="none", fresh=True, multi=True, template="model", conversation=conversation),
+        )
         assert a.keep_turn and len(a.history) == 2 * len(conversation)
         trace = generate_run.submit(ctx, a, lambda: False).result()
         traces.append(trace)
-        conversation, log, figure, diff = chat.after_turn(ctx, trace, conversation, True)
+        turn = chat.after_turn(ctx, trace, conversation, True)
+        conversation, log, figure, diff = turn.state, turn.log, turn.turns, turn.diff
     one, two = traces
     assert [m["role"] for m in log] == ["user", "assistant", "user", "assistant"]
     assert log[1]["content"] == one.text and log[3]["content"] == two.text
@@ -88,4 +93,4 @@ def test_two_turns_through_the_tabs_steps(ctx):
     api = chat.api_turn(ctx, two, chat.history_of(conversation[:1]), "model")
     assert api["reused"] == report.reused and api["diverged"] is None and api["previous_cached"] == report.reused
     # the same run again (a failed next turn leaves it in the trace state) adds nothing
-    assert chat.after_turn(ctx, two, conversation, True)[0] == gr.skip()
+    assert chat.after_turn(ctx, two, conversation, True) is None

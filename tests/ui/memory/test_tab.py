@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 
 import gradio as gr
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from kvviz.settings import Settings
 from kvviz.ui.memory import tab
 from kvviz.ui.serving.context import AppContext
+from kvviz.units import format_bytes
 
 H100 = "H100 80GB (SXM)"
 
@@ -19,50 +22,26 @@ def ctx(lm):
     return AppContext(lm=lm, settings=Settings())
 
 
-def calc(
-    ctx,
-    source="Preset",
-    preset="Llama-3-70B",
-    pasted="",
-    upload=None,
-    context=8192,
-    batch=1,
-    kv_dtype="bf16",
-    group_size=0,
-    tp=0,
-    gpu=H100,
-    gpus=8,
-    mem=80,
-    bw=3.35,
-    reserve=0.1,
-    weights=None,
-    compare=("Llama-3-8B",),
-    kv_producing=0,
-):
-    return tab.calculate(
-        ctx,
-        source,
-        preset,
-        pasted,
-        upload,
-        context,
-        batch,
-        kv_dtype,
-        group_size,
-        tp,
-        gpu,
-        gpus,
-        mem,
-        bw,
-        reserve,
-        weights,
-        list(compare),
-        kv_producing,
-    )
+# the tab's opening example, with one model to compare
+BASE = tab.Form(gpu=H100, gpus=8, gpu_mem_gb=80, bandwidth_tbps=3.35, weights_gb=None, compare=("Llama-3-8B",))
+
+
+def calc(ctx, **changes) -> tab.Drawn:
+    """The tab's outputs, by name, for its example with ``changes`` (the Form's field names)."""
+    return tab.calculate(ctx, replace(BASE, **changes))
 
 
 def test_chapter_example_is_the_default_view(ctx):
-    summary, formula, table, size, cap, dec, gauge = calc(ctx, batch=162, weights=0)  # the box's default
+    out = calc(ctx, batch=162, weights_gb=0)  # the box's default
+    summary, formula, table, size, cap, dec, gauge = (
+        out.summary,
+        out.formula,
+        out.table,
+        out.size,
+        out.capacity,
+        out.decode,
+        out.gauge,
+    )
     assert "**320 KiB/token**" in summary and "Weights: 140 GB, the figure the source uses" in summary
     assert "141.1 GB" in summary and "KV budget 436 GB = 406.1 GiB" in summary and "**162 sequences**" in summary
     assert "weights 5.22 ms + KV 16.23 ms" in summary
@@ -77,33 +56,35 @@ def test_chapter_example_is_the_default_view(ctx):
 
 def test_kv_sharing_preset_and_the_producing_field(ctx):
     """The Gemma-4-E2B-like preset shows the published 37.58 GB vs 2.01 GB; the field shares any model."""
-    summary, formula, table, *_ = calc(ctx, preset="Gemma-4-E2B-like", context=131_072)
+    out = calc(ctx, preset="Gemma-4-E2B-like", context=131_072)
+    table, formula = out.table, out.formula
     shown = dict(zip(table["Attention"], table["decimal GB"]))
     assert shown["MHA, every layer (hypothetical)"] == "37.58 GB"
     assert shown["MQA + KV sharing (15 of 35 layers store) (this model)"] == "2.01 GB"
     assert "| 20 × shared | reuses an earlier layer's K/V: nothing of its own |" in formula
-    *_, table8 = calc(ctx, preset="Llama-3-8B", context=8192, kv_producing=16)[:3]
+    table8 = calc(ctx, preset="Llama-3-8B", context=8192, kv_producing=16).table
     assert "MHA, every layer (hypothetical)" in set(table8["Attention"])
-    assert "**512 MiB/sequence**" in calc(ctx, preset="Llama-3-8B", context=8192, kv_producing=16)[0]
+    assert "**512 MiB/sequence**" in calc(ctx, preset="Llama-3-8B", context=8192, kv_producing=16).summary
     with pytest.raises(gr.Error, match="KV-producing layers"):
         calc(ctx, preset="Llama-3-8B", kv_producing=33)
 
 
 def test_typed_weights_override_the_stated_figure(ctx):
-    summary, *_ = calc(ctx, batch=162, weights=141.1)
+    summary = calc(ctx, batch=162, weights_gb=141.1).summary
     assert "weights 5.26 ms" in summary and "the figure the source uses" not in summary
 
 
 def test_a_stated_head_dim_is_a_lesson(ctx):
     """Qwen3-0.6B states head_dim 128 where 1024 / 16 = 64: the page says why it doubles the article's 1.75 GB."""
-    summary, *_ = calc(ctx, preset="Qwen3-0.6B", context=32_768)
+    summary = calc(ctx, preset="Qwen3-0.6B", context=32_768).summary
     assert "**3.5 GiB/sequence**" in summary
     assert "states head_dim = 128, not hidden_size / heads = 1,024 / 16 = 64" in summary and "2×" in summary
-    assert "head_dim" not in calc(ctx, preset="Llama-3-8B")[0]
+    assert "head_dim" not in calc(ctx, preset="Llama-3-8B").summary
 
 
 def test_weights_that_do_not_fit_keep_the_sizes(ctx):
-    summary, formula, *_, cap, dec, gauge = calc(ctx, preset="DeepSeek-V3", context=131_072)
+    out = calc(ctx, preset="DeepSeek-V3", context=131_072)
+    summary, formula, cap, dec, gauge = out.summary, out.formula, out.capacity, out.decode, out.gauge
     assert "**8.6 GiB/sequence**" in summary and "do not fit" in summary
     assert "**68.6 KiB/token**" in summary
     assert (
@@ -121,16 +102,17 @@ def test_pasted_config_and_upload(ctx, tmp_path):
         "head_dim": 64,
         "hidden_size": 1024,
     }
-    summary, *_ = calc(ctx, source="Paste JSON", pasted=json.dumps(cfg), context=32_768)
+    summary = calc(ctx, source="Paste JSON", pasted=json.dumps(cfg), context=32_768).summary
     assert "1,879,048,192 B = **1.8 GiB/sequence**" in summary and "Give the weights" in summary
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    summary2, *_ = calc(ctx, source="Upload config.json", upload=str(path), context=32_768, weights=1.2)
+    summary2 = calc(ctx, source="Upload config.json", upload=str(path), context=32_768, weights_gb=1.2).summary
     assert "1,879,048,192 B" in summary2 and "sequences" in summary2
 
 
 def test_loaded_model_uses_its_real_weights(ctx):
-    summary, formula, *_ = calc(ctx, source="Loaded model", context=1000, gpus=1, gpu="L4 24GB", mem=24, bw=0.3)
+    out = calc(ctx, source="Loaded model", context=1000, gpus=1, gpu="L4 24GB", gpu_mem_gb=24, bandwidth_tbps=0.3)
+    summary, formula = out.summary, out.formula
     assert ctx.info.name in formula
     assert "2 × 30 layers × 3 KV heads × 64 × 2 B = **23,040 B = 22.5 KiB**" in formula
     assert f"minus weights {ctx.info.weight_bytes / 1e9:.2f} GB" in summary
@@ -150,7 +132,7 @@ def test_loaded_model_uses_its_real_weights(ctx):
         ({"tp": 3}, "cannot split"),
         ({"kv_dtype": "fp6"}, "Unknown KV dtype"),
         ({"kv_dtype": "bf16", "group_size": 32}, "no per-group scales"),
-        ({"mem": -1}, "GPU memory (GB) = -1 is outside the allowed range 0.001 …"),
+        ({"gpu_mem_gb": -1}, "GPU memory (GB) = -1 is outside the allowed range 0.001 …"),
     ],
 )
 def test_bad_input_is_a_readable_error(ctx, kwargs, message):
@@ -179,12 +161,16 @@ def test_live_comparison_agrees_after_generate(ctx, lm):
 
 def test_api_memory_matches_the_cli_json(ctx):
     from kvviz.memory.layout import cache_layout
-    from kvviz.memory.report import report
+    from kvviz.memory.report import MemoryRequest, report
 
     out = tab.api_memory(ctx, "llama-3-70b", 8192, 162, "bf16", None, 8, 80, 0.1, 140, 3.35)
     assert (
         out
-        == report(cache_layout("Llama-3-70B"), 8192, 162, "bf16", None, None, 8, 80, 0.1, 140, "bf16", 3.35).to_json()
+        == report(
+            MemoryRequest(
+                cache_layout("Llama-3-70B"), 8192, 162, gpus=8, gpu_mem_gb=80, weights_gb=140, bandwidth_tbps=3.35
+            )
+        ).to_json()
     )
     assert out["max_sequences"] == 162
     with pytest.raises(gr.Error, match="config must be a preset"):
@@ -236,3 +222,30 @@ def test_live_architecture_bad_input_is_a_readable_error(kind, prompt, message):
 
     with pytest.raises(gr.Error, match=message):
         show_architecture(kind, prompt)
+
+
+@pytest.mark.parametrize("kv_dtype, group", [("int4", 32), ("int2", 64), ("int4", 128)])
+def test_table_and_every_chart_count_the_scales_the_summary_counts(ctx, kv_dtype, group):
+    """A low-bit cache with a scale/zero group: the table and the size, capacity, decode and budget charts
+    show the summary's bytes (each read from its own figure), not the dtype's bytes without the scales."""
+    out = calc(ctx, kv_dtype=kv_dtype, group_size=group, context=8192, batch=162, compare=())
+    text = out.summary.replace("**", "")
+    per_token = int(re.search(r"Per token \(every layer\): ([\d,]+) B", text)[1].replace(",", ""))
+    per_seq = int(re.search(r"Per sequence at 8,192 tokens: ([\d,]+) B", text)[1].replace(",", ""))
+    total = int(re.search(r"All GPUs together for a batch of 162 at TP 8[^:]*: ([\d,]+) B", text)[1].replace(",", ""))
+    sequences = int(re.search(r"→ ([\d,]+) sequences at 8,192 tokens", text)[1].replace(",", ""))
+    kv_ms = float(re.search(r"KV ([\d.]+) ms = ", text)[1])
+    bare = calc(ctx, kv_dtype=kv_dtype, group_size=0, context=8192, batch=162, compare=()).summary
+    assert f"{per_token:,} B" not in bare  # the scales change the bytes: the checks below can tell
+    mine = out.table[out.table["Attention"].str.endswith("(this model)")].iloc[0]
+    assert (mine["KV per token"], mine["8,192-token sequence"]) == (format_bytes(per_token), format_bytes(per_seq))
+    assert f"per {group}" in mine["per-token arithmetic"]
+    size = out.size.data[0]
+    assert size.y[list(size.x).index(8192)] * 2**30 == pytest.approx(per_seq)
+    assert f"+fp16 scale/zero per {group}" in out.size.layout.title.text
+    at = [str(x) for x in out.capacity.data[0].x].index("8,192")
+    assert int(out.capacity.data[0].text[at]) == sequences
+    dec = out.decode.data[1]
+    i = [x.split("<br>")[0] for x in dec.x].index("8,192")
+    assert f"{dec.y[i]:.2f}" == f"{kv_ms:.2f}" and dec.customdata[i] == format_bytes(total)
+    assert f">{format_bytes(total)} of " in out.gauge.data[0].title.text

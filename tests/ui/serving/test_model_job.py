@@ -14,6 +14,7 @@ from kvviz.limits import GPU_LEASE_FLOOR_S
 from kvviz.settings import Settings
 from kvviz.ui.blocks import tab as blocks_tab
 from kvviz.ui.generate import run as generate_run
+from kvviz.ui.generate.views import Form
 from kvviz.ui.serving import model_job
 from kvviz.ui.serving.context import AppContext
 
@@ -93,8 +94,8 @@ def test_no_handler_reaches_the_gate_or_the_gpu_but_through_the_wrapper():
 
 
 def test_a_short_chat_asks_the_gpu_for_far_less_than_a_long_prompt(ctx):
-    short = ("Hi there, how are you?", True, 16, 0.0, 1.0, 0)
-    long = ("word " * 4096, False, 512, 0.0, 1.0, 0)
+    short = (Form("Hi there, how are you?", True, 16),)
+    long = (Form("word " * 4096, False, 512),)
     n_long = len(generate_run.ask(ctx, *long).ids)
     assert 4000 <= n_long <= 4200
     seconds_short = generate_run.generation.lease(ctx, generate_run.ask, short)
@@ -102,7 +103,7 @@ def test_a_short_chat_asks_the_gpu_for_far_less_than_a_long_prompt(ctx):
     assert GPU_LEASE_FLOOR_S <= seconds_short <= seconds_long / 4
     assert seconds_long <= min(ctx.settings.max_job_seconds, model_job.GPU_LEASE_CEILING_S)
     # a request that will be refused asks for the floor: it ends before any model work
-    assert generate_run.generation.lease(ctx, generate_run.ask, ("", True, 16, 0.0, 1.0, 0)) == GPU_LEASE_FLOOR_S
+    assert generate_run.generation.lease(ctx, generate_run.ask, (Form("", True, 16),)) == GPU_LEASE_FLOOR_S
 
 
 FAKE_SPACES = """
@@ -161,7 +162,7 @@ def test_on_zerogpu_a_job_is_admitted_in_the_main_process_before_its_gpu_call(ct
 
 def test_a_check_takes_no_place_and_a_run_gives_its_place_back(ctx):
     check = blocks_tab.block_view.checker(ctx)
-    assert check(None, "Hello!", True, 2) is None
+    assert check(None, "Hello!", True, 2) == blocks_tab.block_view.check(ctx, "Hello!", True, 2)  # handed to the run
     assert ctx.jobs.gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
     with pytest.raises(gr.Error, match="Tokens to generate"):
         check(None, "Hello!", True, 10_000)
@@ -174,3 +175,25 @@ def test_a_check_takes_no_place_and_a_run_gives_its_place_back(ctx):
     with pytest.raises(gr.Error, match="Block view run failed"):
         blocks_tab.block_view.with_(run=lambda job: 1 / 0)(ctx, "Hello!", True, 2)
     assert ctx.jobs.gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
+
+
+def test_a_click_checks_its_inputs_once_and_hands_the_request_to_the_run(ctx):
+    """The check step builds the request; the run step reads only the state it wrote, never the widgets."""
+    calls = []
+
+    def check(ctx, text):
+        calls.append(text)
+        return str(text)
+
+    echo = model_job.ModelJob("echo", check=check, run=lambda job: job.req.upper(), size=lambda r: model_job.Size(1, 1))
+    with gr.Blocks() as demo:
+        box, out, button = gr.Textbox("hi"), gr.Textbox(), gr.Button()
+        echo.button(ctx, button, [box], [out])
+    (first,) = [f for f in demo.fns.values() if (button._id, "click") in [tuple(t) for t in f.targets]]
+    (then,) = [f for f in demo.fns.values() if f.trigger_after == first._id]
+    assert [c._id for c in then.inputs] == [c._id for c in first.outputs]  # the run reads the handed request
+    assert then.inputs[0].stateful and box not in then.inputs
+    request = first.fn(None, "hi")
+    assert then.fn(None, request) == "HI" and calls == ["hi"]
+    with pytest.raises(gr.Error, match="not checked"):
+        then.fn(None, None)
