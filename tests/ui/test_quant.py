@@ -24,9 +24,9 @@ def ctx(lm):
 
 
 def test_analyze_shows_maps_table_and_the_direction(ctx):
-    kmap, vmap, maps_md, headline, table, errors, sizes, layers, rmap, rbars, rot_md = tab.analyze(
-        ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress
-    )
+    a = tab.analyze(ctx, needle_prompt(), True, 15, 0, "int2", "channel", "token", 32, 32, progress=no_progress)
+    kmap, vmap, maps_md, headline, table = a.kmap, a.vmap, a.maps_text, a.headline, a.table
+    errors, sizes, layers, rmap, rbars, rot_md = a.errors, a.sizes, a.layers, a.rmap, a.rbars, a.rotation_text
     assert "keys per channel lose" in headline and "× worse" in headline
     assert (
         "Every row scores the same first" in headline
@@ -48,10 +48,8 @@ def test_analyze_shows_maps_table_and_the_direction(ctx):
 
 
 def test_short_prompt_says_groups_have_not_filled(ctx):
-    _, _, _, headline, table, *_ = tab.analyze(
-        ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0, progress=no_progress
-    )
-    assert "too short for per-channel groups" in headline
+    a = tab.analyze(ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0, progress=no_progress)
+    assert "too short for per-channel groups" in a.headline
 
 
 def test_values_text_names_the_column_that_supports_kivi():
@@ -91,9 +89,8 @@ def test_generate_side_by_side_and_agreement_history(ctx):
         [],
         progress=no_progress,
     )
-    full, quant, summary, tokens, agreement, history = out
-    assert full == quant and "agreement **100 %**" in summary
-    assert list(tokens.columns) == ["step", "full precision", "quantized", "same"]
-    assert [c.scheme.name for c in history] == ["INT8 per token"]
+    assert out.full_text == out.quant_text and "agreement **100 %**" in out.summary
+    assert list(out.tokens.columns) == ["step", "full precision", "quantized", "same"]
+    assert [c.scheme.name for c in out.history] == ["INT8 per token"]
     with pytest.raises(gr.Error, match="Max new tokens"):
         tab.generate(ctx, "Hi", True, tab.CUSTOM, "int2", "channel", "token", 32, 0, 0, [], progress=no_progress)

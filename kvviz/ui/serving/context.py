@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
@@ -58,6 +59,9 @@ class AppContext:
     planners: dict[str, Callable[[dict], Hashable]] = field(default_factory=dict)
     # per demo button ("memory.button"), how a show-me shows its result in one event (see ShowMeAnswer)
     answers: dict[str, ShowMeAnswer] = field(default_factory=dict)
+    # per tab id ("tab_quant"), its ready example and the line that names it: drawn on the tab's first open
+    # (kvviz/ui/page/first_sight.py; typed loosely so serving does not import the page layer)
+    examples: dict[str, tuple[Any, gr.Markdown]] = field(default_factory=dict)
     # every file written for a user lives in that session's temp folder
     files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None
