@@ -281,6 +281,12 @@ def _wire(ctx: AppContext, v: QuantViews) -> None:
         live, key, compute = job.req
         return v.analysis(shared(job, key, compute, live=live)[0])
 
+    def run_maps(job) -> dict:
+        return v.maps(maps(ctx, *job.req[0]))
+
+    def run_generate(job) -> dict:
+        return v.generated(generate(ctx, *job.req[0], progress=job.progress))
+
     def gen_request(_ctx, *values):
         n_new = _max_new(ctx, values[8])
         return values, len(prompt_ids(ctx, values[0], values[1], n_new)[1]), n_new
@@ -296,13 +302,13 @@ def _wire(ctx: AppContext, v: QuantViews) -> None:
     maps_run = ModelJob(
         "key/value maps",
         check=lambda _ctx, *values: (values, len(prompt_ids(ctx, values[0], values[1])[1])),
-        run=lambda job: v.maps(maps(ctx, *job.req[0])),
+        run=run_maps,
         size=lambda r: Size(r[1], 0),
     )
     generate_run = ModelJob(
         "quantized generation",
         check=gen_request,
-        run=lambda job: v.generated(generate(ctx, *job.req[0], progress=job.progress)),
+        run=run_generate,
         size=lambda r: Size(r[1], r[2], runs=2),
         progress=True,
     )
@@ -310,7 +316,10 @@ def _wire(ctx: AppContext, v: QuantViews) -> None:
     def stored_analysis(request: gr.Request, live, *settings):
         """The analysis's outputs when its result is stored (for a show-me), else None."""
         entry = ctx.store.entry(analysis_job(settings)[0])
-        return list(v.analysis(entry.value).values()) if entry is not None and entry.state == "done" else None
+        if entry is None or entry.state != "done":
+            return None
+        shown = v.analysis(entry.value)
+        return [shown[c] for c in v.analysis_outputs()]
 
     inputs = [v.live, *controls.values()]
     ctx.answers["quant.button"] = ShowMeAnswer(inputs, v.analysis_outputs(), stored_analysis)

@@ -226,8 +226,13 @@ def _wire(ctx: AppContext, v: _Views) -> list:
         {"blocks.prompt": v.prompt, "blocks.block_size": v.block_size, "blocks.run": v.run_btn, "blocks.step": v.step}
     )
     live_outputs = v.live_outputs()
-    run = block_view.with_(run=lambda job: v.shown(capture_prompt(job), "this prompt", job.req[4]))
-    checked, ran = run.button(ctx, v.run_btn, [v.prompt, v.chat, v.max_new, v.block_size], live_outputs)
+
+    def run(job) -> dict:
+        return v.shown(capture_prompt(job), "this prompt", job.req[4])
+
+    checked, ran = block_view.with_(run=run).button(
+        ctx, v.run_btn, [v.prompt, v.chat, v.max_new, v.block_size], live_outputs
+    )
     for event in (checked, ran):  # a refused run empties the earlier one's views instead of leaving them unlabelled
         clear_on_refusal(event, [v.source, v.state, *v.view_outputs()])
     pickers = [v.state, v.block_size, v.step, v.layer]

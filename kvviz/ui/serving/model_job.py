@@ -206,23 +206,32 @@ class ModelJob(Generic[R]):
         return lease_seconds(cost, ceiling)
 
     # ---- Gradio steps -------------------------------------------------------------------------------
-    def handler(self, ctx: AppContext, check: Callable[..., R] | None = None, name: str | None = None) -> Callable:
-        """The run step as Gradio calls it, ``fn(request, [progress,] *inputs)``, inside its GPU lease."""
+    def handler(
+        self,
+        ctx: AppContext,
+        check: Callable[..., R] | None = None,
+        name: str | None = None,
+        outputs: list | None = None,
+    ) -> Callable:
+        """The run step as Gradio calls it, ``fn(request, [progress,] *inputs)``, inside its GPU lease. A run that
+        returns (or yields) ``{component: value}`` is handed back as plain values in ``outputs``' order: components
+        do not cross ZeroGPU's process boundary (a result is pickled back), their values do."""
         check = check or self.check
         if inspect.isgeneratorfunction(self.run):
 
             def fn(request: gr.Request, *inputs):
-                yield from self(ctx, *inputs, request=request, check=check)
+                for item in self(ctx, *inputs, request=request, check=check):
+                    yield _plain(item, outputs)
 
         elif self.progress:
 
             def fn(request: gr.Request, progress=gr.Progress(), *inputs):  # noqa: B008 — Gradio injects it
-                return self(ctx, *inputs, request=request, progress=_bar(progress), check=check)
+                return _plain(self(ctx, *inputs, request=request, progress=_bar(progress), check=check), outputs)
 
         else:
 
             def fn(request: gr.Request, *inputs):
-                return self(ctx, *inputs, request=request, check=check)
+                return _plain(self(ctx, *inputs, request=request, check=check), outputs)
 
         fn.__name__ = fn.__qualname__ = name or getattr(self.run, "__name__", "run")
         skip = 2 if self.progress and not inspect.isgeneratorfunction(self.run) else 1
@@ -248,13 +257,13 @@ class ModelJob(Generic[R]):
         """``trigger.click(check).success(run)``: bad input (or a refusal) is answered by a quick step with no
         outputs, so its message is a toast and the previous results stay. Returns (check event, run event)."""
         checked = trigger.click(self.checker(ctx), inputs, None, show_progress="hidden", **STEP)
-        ran = checked.success(self.handler(ctx), inputs, outputs, **STEP, **run_options)
+        ran = checked.success(self.handler(ctx, outputs=outputs), inputs, outputs, **STEP, **run_options)
         return checked, ran
 
     def event(self, ctx: AppContext, triggers, inputs: list | None, outputs: list, **run_options):
         """One step on ``triggers`` (an event listener such as ``button.click``, or a list of them)."""
         listeners = triggers if isinstance(triggers, list) else [triggers]
-        return gr.on(listeners, self.handler(ctx), inputs, outputs, **STEP, **run_options)
+        return gr.on(listeners, self.handler(ctx, outputs=outputs), inputs, outputs, **STEP, **run_options)
 
     def api(self, ctx: AppContext, api_name: str, returns: type = dict) -> None:
         """A named endpoint: its parameters, name and docstring are the check function's own (less ``ctx``)."""
@@ -306,6 +315,16 @@ def _inputs(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple:
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     return tuple(v for k, v in bound.arguments.items() if k != "request")
+
+
+def _plain(result, outputs: list | None):
+    """``{component: value}`` as a list of values in ``outputs``' order (unnamed ones left as they are)."""
+    if outputs is None or not isinstance(result, dict) or not result:
+        return result
+    if not all(isinstance(c, gr.components.Component) for c in result):
+        return result
+    values = [result.get(c, gr.skip()) for c in outputs]
+    return values if len(outputs) > 1 else values[0]
 
 
 def _bar(progress: gr.Progress) -> Callable[[float, str], None]:
