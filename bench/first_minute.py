@@ -8,7 +8,8 @@ for both pages against the 1.5 s target.
 
 ``--no-store`` skips the first server: the second computes its examples at start-up and each tab waits for its own
 (no target applies; writes ``bench/results/first_minute_no_store.json``). ``--tabs Leaderboard,Learn`` clicks only
-those tabs (a smoke check: ``--no-store --tabs Leaderboard`` takes a minute).
+those tabs (a smoke check: ``--no-store --tabs Leaderboard`` takes a minute). ``--results <folder>`` keeps the stored
+examples there: filled on the first run, reused by the next (while the code is unchanged).
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--no-store", action="store_true", help="no stored examples: each tab waits for its own")
     p.add_argument("--tabs", default="", help="comma-separated tab titles to click (default: every tab)")
+    p.add_argument("--results", default="", help="where to keep the stored examples (reused when filled)")
     args = p.parse_args(argv)
     env = {**os.environ, "KVVIZ_FIRST_MINUTE_NO_STORE": "1" if args.no_store else "0"}
     if args.tabs:
         env["KVVIZ_FIRST_MINUTE_TABS"] = args.tabs
+    if args.results:
+        env["KVVIZ_FIRST_MINUTE_RESULTS"] = args.results
     TIMES.unlink(missing_ok=True)
     test = "tests/browser/test_first_minute.py"
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", test], cwd=ROOT, env=env)

@@ -7,7 +7,8 @@ tests/browser/test_showme_restart.py); a second starts on that folder. A fresh p
 anywhere. Then a second fresh page does the same on the now warm server. The seconds per tab go to
 tests/browser/artifacts/first_minute_times.json, which ``bench/first_minute.py`` reports.
 
-With ``KVVIZ_FIRST_MINUTE_NO_STORE=1`` (the bench's fresh start) there is no first server: the second computes its
+``KVVIZ_FIRST_MINUTE_RESULTS=<folder>`` keeps the stored examples there: a folder an earlier start of the same code
+filled is used as it is (no first server), an empty one is filled first. With ``KVVIZ_FIRST_MINUTE_NO_STORE=1`` (the bench's fresh start) there is no first server: the second computes its
 examples at start-up, each tab shows the progress of its own until it lands, and the time limit is not applied.
 """
 
@@ -27,6 +28,8 @@ from tests.server import start_app, stop_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 NO_STORE = os.environ.get("KVVIZ_FIRST_MINUTE_NO_STORE") == "1"
+# where the stored examples are kept (the bench may pass a folder an earlier run filled, to skip the first server)
+STORED = os.environ.get("KVVIZ_FIRST_MINUTE_RESULTS", "")
 FIRST_CHART_S = 1.5
 WAIT_MS = 1_800_000 if NO_STORE else 30_000  # without a store a tab waits for its example's computation
 
@@ -62,12 +65,14 @@ EMPTY_FRAMES = (
 def stored_server(browser_context, tmp_path_factory):
     """A server started on the examples an earlier server stored (or, NO_STORE, computing its own)."""
     base = tmp_path_factory.mktemp("first-minute")
-    results = base / "results"
-    if not NO_STORE:
+    results = Path(STORED) if STORED else base / "results"
+    if not NO_STORE and not (STORED and any(results.rglob("*.json"))):
         fill(base, results, browser_context)
         assert list(results.rglob("*.json")), "the first server stored no results"
     env = {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": "0" if NO_STORE else str(results)}
     second = start_app(base / "second", env, timeout_s=START_S)
+    if not NO_STORE:
+        assert re.search(r"(\d+) of \1 show-me results read back from", second.log()), second.log()[-2000:]
     yield second
     stop_app(second.proc)
 
@@ -105,8 +110,6 @@ def open_each_tab(browser_context, url: str) -> dict[str, float | None]:
             page.wait_for_timeout(300)  # what the first open sends has landed
             empty = page.evaluate(EMPTY_FRAMES)
             assert empty == [], f"{title}: empty chart frames on screen: {empty}"
-            if chart is not None and not NO_STORE:
-                assert times[title] <= FIRST_CHART_S, f"{title}: first chart after {times[title]:.2f} s"
         if "Quantization" in times:  # the example's own numbers, not only a chart
             assert re.search(r"At 2 bits on this prompt", page.locator("#quant-headline").inner_text())
         assert not errors, errors
@@ -127,3 +130,11 @@ def test_every_tab_opens_drawn_from_the_stored_examples(browser_context, stored_
     out.write_text(json.dumps(report, indent=2))
     report["warm_server"] = open_each_tab(browser_context, stored_server.url)
     out.write_text(json.dumps(report, indent=2))
+    if not NO_STORE:  # every tab's time is recorded first, then judged
+        late = {
+            f"{page} {tab}": round(seconds, 2)
+            for page in ("fresh_server", "warm_server")
+            for tab, seconds in report[page].items()
+            if seconds is not None and seconds > FIRST_CHART_S
+        }
+        assert not late, f"first chart later than {FIRST_CHART_S} s after the click: {late}"
