@@ -71,10 +71,12 @@ def stored_server(browser_context, tmp_path_factory):
         assert list(results.rglob("*.json")), "the first server stored no results"
     env = {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": "0" if NO_STORE else str(results)}
     second = start_app(base / "second", env, timeout_s=START_S)
-    if not NO_STORE:
-        assert re.search(r"(\d+) of \1 show-me results read back from", second.log()), second.log()[-2000:]
-    yield second
-    stop_app(second.proc)
+    try:
+        if not NO_STORE:
+            assert re.search(r"(\d+) of \1 show-me results read back from", second.log()), second.log()[-2000:]
+        yield second
+    finally:
+        stop_app(second.proc)
 
 
 def open_each_tab(browser_context, url: str) -> dict[str, float | None]:
