@@ -9,7 +9,7 @@ from kvviz.ui.blocks import tab as blocks
 from kvviz.ui.eviction import tab as eviction
 from kvviz.ui.generate import tab as generate
 from kvviz.ui.memory import tab as memory
-from kvviz.ui.page import deeplinks, plotly_preload, present, toasts
+from kvviz.ui.page import deeplinks, first_sight, plotly_preload, present, toasts
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
 
@@ -76,7 +76,11 @@ body.kvviz-present [data-testid="block-label"].float {position: static !importan
 @keyframes kvviz-spot {50% {outline-color: rgba(249, 115, 22, 0.25)}}
 body.kvviz-present .caption, body.kvviz-present footer {display: none !important}
 /* the link box takes no room on the first screen until Copy link fills it; the toggle keeps one line */
-#link-url:has(textarea:placeholder-shown), #link-url:has(input:placeholder-shown) {display: none !important}
+#link-url:has(textarea:placeholder-shown), #link-url:has(input:placeholder-shown),
+.form:has(> #link-url textarea:placeholder-shown), .form:has(> #link-url input:placeholder-shown) {
+  display: none !important}
+/* a chart with nothing to show yet takes no room: no empty frame on any tab (it appears once drawn) */
+.block:has(> [aria-label="Empty value"]), .block:has(> div > [aria-label="Empty value"]) {display: none !important}
 body.kvviz-present #present-toggle {white-space: nowrap; flex-wrap: nowrap; min-width: max-content !important}
 /* what to look for after a show-me: the point of the view, in large type where the room can read it */
 body.kvviz-present .learn-note, body.kvviz-present .learn-note p {font-size: 30px !important; line-height: 1.35;
@@ -143,6 +147,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                     if module is generate:
                         generate_event = result
         ctx.tabs.children[:] = [built[tab_id] for _, tab_id, _ in TABS]
+        for tab_id, (example, line) in ctx.examples.items():  # each tab's first open draws its ready example
+            first_sight.install(ctx, built[tab_id], example, line)
         # views of a stored (show-me) trace are drawn once and reused by every session
         ctx.listeners[:] = [(precompute.memo_listener(ctx, fn), i, o) for fn, i, o in ctx.listeners]
         if generate_event is not None:

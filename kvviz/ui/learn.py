@@ -121,6 +121,8 @@ def show_me_button(
         for fn, inputs, outputs in ctx.listeners:
             if any(outputs is o for o in views):
                 values = fn(trace, *[getattr(c, "value", None) for c in inputs[1:]])
+                if isinstance(values, dict) and all(isinstance(c, gr.components.Component) for c in values):
+                    values = [values.get(c, gr.skip()) for c in outputs]  # a view returned by name
                 out.extend(values if len(outputs) > 1 else [values])
         return out
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
+import pandas as pd
 
 from kvviz.capture.model_io import encode_prompt
 from kvviz.demo_store import Compute
 from kvviz.figures import nocache as fig
 from kvviz.lessons.nocache import DRAMATIC, compare_cache, table_for_prompt
+from kvviz.lessons.objectives import NOCACHE
 from kvviz.safety import whole_number
+from kvviz.ui.page.first_sight import Example, once
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.jobs import UserError
@@ -61,7 +66,7 @@ def table(ctx: AppContext, prompt, chat, steps):
         return table_for_prompt(ctx.lm, str(prompt), n, bool(chat))
 
 
-def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
+def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()) -> Timing:
     """Generate N tokens both ways; plots of time and passes vs N, and whether the tokens are identical."""
     ids = _ids(ctx, prompt, chat)
     n = _whole(new_tokens, "N", 1, min(MAX_N, ctx.settings.max_new_tokens))
@@ -70,7 +75,17 @@ def measure(ctx: AppContext, prompt, chat, new_tokens, progress=gr.Progress()):
     return present(cmp, "measured now on this machine")
 
 
-def present(cmp, when: str):
+@dataclass
+class Timing:
+    """What a finished comparison shows: both charts, the summary and the per-N numbers."""
+
+    time_fig: object
+    passes_fig: object
+    text: str
+    numbers: pd.DataFrame
+
+
+def present(cmp, when: str) -> Timing:
     """Plots, summary and numbers of a finished comparison; ``when`` says where and when it was timed."""
     n = cmp.new_tokens
     df = cmp.frame()
@@ -88,11 +103,49 @@ def present(cmp, when: str):
         f"**{last['time with cache (s)']:.2f} s** vs **{last['time without cache (s)']:.2f} s** ({cmp.speedup:.1f}×), "
         f"{when}. {REGIME}"
     )
-    return fig.time_vs_n(cmp), fig.passes_vs_n(cmp), text, df.round(4)
+    return Timing(fig.time_vs_n(cmp), fig.passes_vs_n(cmp), text, df.round(4))
+
+
+def shown(cmp, entry) -> Timing:
+    """A comparison from the store (``entry``) or computed now (None), saying which."""
+    when = "measured now on this machine" if entry is None else f"measured on this machine, {origin(entry)}"
+    return present(cmp, when.replace("computed ", ""))
+
+
+@dataclass
+class _Views:
+    """Every component of the tab, by name."""
+
+    prompt: gr.Textbox
+    chat: gr.Checkbox
+    steps: gr.Slider
+    table_btn: gr.Button
+    table: gr.Dataframe
+    new_tokens: gr.Slider
+    run_btn: gr.Button
+    dramatic: gr.Button
+    live: gr.Checkbox
+    example: gr.Markdown
+    summary: gr.Markdown
+    time_plot: gr.Plot
+    passes_plot: gr.Plot
+    numbers: gr.Dataframe
+
+    def timing(self, t: Timing) -> dict:
+        return {
+            self.time_plot: t.time_fig,
+            self.passes_plot: t.passes_fig,
+            self.summary: t.text,
+            self.numbers: t.numbers,
+        }
 
 
 def build(ctx: AppContext) -> None:
-    """Build the tab inside the caller's ``gr.Tab``."""
+    """Build the tab inside the caller's ``gr.Tab``: its layout, then its wiring."""
+    _wire(ctx, _layout(ctx))
+
+
+def _layout(ctx: AppContext) -> _Views:
     gr.Markdown(
         "Why the cache exists. Without it, every step re-runs the whole sequence and recomputes keys and "
         "values that cannot have changed (position *i* attends only to positions ≤ *i*)."
@@ -126,6 +179,7 @@ def build(ctx: AppContext) -> None:
             dramatic = gr.Button(DRAMATIC.label, elem_id="nocache-dramatic")
             live = live_box("nocache-live")
     gr.Markdown(REGIME, elem_classes="caption")
+    example = gr.Markdown(elem_id="nocache-example")
     summary = gr.Markdown(elem_id="nocache-summary")
     with gr.Row():
         time_plot = captioned_plot("Time vs N", "nocache-time", fig.CAPTIONS["time"])
@@ -136,21 +190,28 @@ def build(ctx: AppContext) -> None:
             interactive=False,
             elem_id="nocache-numbers",
         )
+    return _Views(
+        prompt, chat, steps, table_btn, tbl, new_tokens, run_btn, dramatic, live, example, summary, time_plot,
+        passes_plot, numbers,
+    )  # fmt: skip
 
+
+def _wire(ctx: AppContext, v: _Views) -> None:
+    """Register the tab's inputs and show-me plans, and wire its buttons and its first open."""
     ctx.components.update(
         {
-            "nocache.prompt": prompt,
-            "nocache.chat": chat,
-            "nocache.steps": steps,
-            "nocache.table_button": table_btn,
-            "nocache.new_tokens": new_tokens,
-            "nocache.button": run_btn,
+            "nocache.prompt": v.prompt,
+            "nocache.chat": v.chat,
+            "nocache.steps": v.steps,
+            "nocache.table_button": v.table_btn,
+            "nocache.new_tokens": v.new_tokens,
+            "nocache.button": v.run_btn,
         }
     )
 
     def run_table(job):
         p, c, n, _ = job.req
-        return table(ctx, p, c, n)
+        return {v.table: table(ctx, p, c, n)}
 
     def table_request(_ctx, p, c, s):
         n = _whole(s, "Table steps", 1, 16)
@@ -168,13 +229,10 @@ def build(ctx: AppContext) -> None:
 
         return (ctx.lm.name, "nocache", tuple(ids), bool(c), n), compute
 
+    controls = {"nocache.prompt": v.prompt, "nocache.chat": v.chat, "nocache.new_tokens": v.new_tokens}
+
     def plan(values: dict) -> tuple:
-        key, compute = job(
-            *[
-                values.get(k, c.value)
-                for k, c in (("nocache.prompt", prompt), ("nocache.chat", chat), ("nocache.new_tokens", new_tokens))
-            ]
-        )
+        key, compute = job(*[values.get(k, c.value) for k, c in controls.items()])
         ctx.store.plan(key, "cache vs no-cache timing", compute)
         return key
 
@@ -182,9 +240,7 @@ def build(ctx: AppContext) -> None:
 
     def run_measure(job):
         fresh, key, compute = job.req
-        cmp, entry = shared(job, key, compute, live=fresh)
-        when = "measured now on this machine" if entry is None else f"measured on this machine, {origin(entry)}"
-        return present(cmp, when.replace("computed ", ""))
+        return v.timing(shown(*shared(job, key, compute, live=fresh)))
 
     measure_run = ModelJob(
         "cache vs no-cache timing",
@@ -194,15 +250,22 @@ def build(ctx: AppContext) -> None:
         store=True,
         progress=True,
     )
-    table_run.event(ctx, table_btn.click, [prompt, chat, steps], tbl)
-    measured = measure_run.event(
-        ctx, run_btn.click, [prompt, chat, new_tokens, live], [time_plot, passes_plot, summary, numbers]
+    timing = [v.time_plot, v.passes_plot, v.summary, v.numbers]
+    table_run.event(ctx, v.table_btn.click, [v.prompt, v.chat, v.steps], [v.table])
+    measured = measure_run.event(ctx, v.run_btn.click, [v.prompt, v.chat, v.new_tokens, v.live], timing)
+    clear_on_refusal(measured, [v.summary, v.time_plot, v.passes_plot])
+    dramatic = {v.prompt: DRAMATIC.prompt, v.chat: DRAMATIC.chat, v.new_tokens: DRAMATIC.new_tokens}
+    v.dramatic.click(lambda: dramatic, None, list(dramatic), api_name=False, queue=False).then(
+        None, None, None, js=RUN_JS
     )
-    clear_on_refusal(measured, [summary, time_plot, passes_plot])
-    dramatic.click(
-        lambda: (DRAMATIC.prompt, DRAMATIC.chat, DRAMATIC.new_tokens),
-        None,
-        [prompt, chat, new_tokens],
-        api_name=False,
-        queue=False,
-    ).then(None, None, None, js=RUN_JS)
+    ctx.examples["tab_nocache"] = (
+        Example(
+            what=f"both loops timed on a ~300-token chapter passage, N = {DRAMATIC.new_tokens}",
+            change="change the prompt or N and press **Generate with and without the cache**",
+            key=once(lambda: plan(NOCACHE.values)),
+            draw=lambda cmp, entry, request: v.timing(shown(cmp, entry)),
+            outputs=timing,
+            values=dramatic,
+        ),
+        v.example,
+    )

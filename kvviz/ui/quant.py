@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import gradio as gr
+import pandas as pd
 
 from kvviz.capture.model_io import encode_prompt
-from kvviz.examples import needle_prompt
 from kvviz.figures import quant as fig
+from kvviz.lessons.objectives import KIVI
 from kvviz.quant.cache import compare_generation
 from kvviz.quant.model import (
     QKV,
@@ -19,25 +21,64 @@ from kvviz.quant.model import (
     magnitude_map,
     median_outlier_ratio,
 )
-from kvviz.quant.schemes import AXES, FORMATS, QuantSpec, Scheme, preset_schemes, rotation_schemes
+from kvviz.quant.schemes import QuantSpec, Scheme, preset_schemes, rotation_schemes
 from kvviz.safety import whole_number
-from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
+from kvviz.ui.page.first_sight import Example, once
+from kvviz.ui.page.widgets import clear_on_refusal
+from kvviz.ui.quant_layout import CUSTOM, QuantViews, layout
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.jobs import UserError
 from kvviz.ui.serving.model_job import ModelJob, Size, prompt_ids
-from kvviz.ui.serving.precompute import live_box, shared
+from kvviz.ui.serving.precompute import shared
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.units import format_bytes
 
-GROUPS = [16, 32, 64]
 MAX_PROMPT = 1024  # tokens analysed (Q, K, V of every layer are held in memory for the view)
-CUSTOM = "Your scheme (the controls above)"
 WHY = (
     "**Why this decides the grouping.** A scale must stretch to cover the largest value in its group. Per token, "
     "an outlier channel sits in every token's group and leaves the ordinary channels only a level or two at 2 bits; "
     "per channel, the outlier gets its own scale and the others keep theirs (KIVI). Values have no such channels, "
     "and each attention output mixes value *rows*, so values are grouped per token."
 )
+
+
+@dataclass
+class Analysis:
+    """One prompt's analysis: the key/value maps, every scheme's error and bytes, and the rotation beside KIVI."""
+
+    kmap: object
+    vmap: object
+    maps_text: str
+    headline: str
+    table: pd.DataFrame
+    errors: object
+    sizes: object
+    layers: object
+    rmap: object
+    rbars: object
+    rotation_text: str
+
+
+@dataclass
+class Maps:
+    """The magnitude maps of one layer and KV head (the layer or head changed)."""
+
+    kmap: object
+    vmap: object
+    text: str
+    rmap: object
+
+
+@dataclass
+class Generated:
+    """Full vs quantized generation: both texts, the summary, token by token, and the session's agreement."""
+
+    full_text: str
+    quant_text: str
+    summary: str
+    tokens: pd.DataFrame
+    agreement: object
+    history: list
 
 
 def custom_scheme(fmt: str, key_axis: str, value_axis: str, group: int, window: int) -> Scheme:
@@ -84,7 +125,7 @@ def values_text(tok, ch, both_ch) -> str:
 
 def analyze(
     ctx: AppContext, prompt, chat, layer, head, fmt, key_axis, value_axis, group, window, progress=gr.Progress()
-):
+) -> Analysis:
     """Maps for the chosen layer/head, then every scheme scored on this prompt's real Q/K/V."""
     progress(0.0, desc="Prefill: collecting queries, keys and values")
     qkv = _qkv(ctx, prompt, chat)
@@ -130,7 +171,7 @@ def analyze(
         f"{100 * mine.output_error:.2f} %, {format_bytes(mine.total_bytes)} ({mine.compression:.2f}× smaller "
         "than 16-bit)."
     )
-    return (
+    return Analysis(
         fig.magnitude_map(kmap, qkv.tokens, "keys", layer, head),
         fig.magnitude_map(vmap, qkv.tokens, "values", layer, head),
         maps_text(qkv, layer, head),
@@ -145,14 +186,14 @@ def analyze(
     )
 
 
-def maps(ctx: AppContext, prompt, chat, layer, head):
+def maps(ctx: AppContext, prompt, chat, layer, head) -> Maps:
     """Only the two magnitude maps (layer or head changed)."""
     qkv = _qkv(ctx, prompt, chat)
     layer, head = int(layer), int(head)
     with user_errors():
         kmap, vmap = magnitude_map(qkv, layer, head, "k"), magnitude_map(qkv, layer, head, "v")
         rmap = magnitude_map(qkv, layer, head, "k", rotate=True)
-    return (
+    return Maps(
         fig.magnitude_map(kmap, qkv.tokens, "keys", layer, head),
         fig.magnitude_map(vmap, qkv.tokens, "values", layer, head),
         maps_text(qkv, layer, head),
@@ -178,7 +219,7 @@ def generate(
     max_new,
     history,
     progress=gr.Progress(),
-):
+) -> Generated:
     """Generate with the full and the quantized cache; texts side by side, agreement accumulated per session."""
     if prompt is None or not str(prompt).strip():
         raise UserError("The prompt is empty: type some text.")
@@ -205,123 +246,22 @@ def generate(
         f"{format_bytes(cmp.packed_bytes)} packed vs {format_bytes(cmp.full_cache_bytes)} in 16-bit "
         "(simulated: the values are stored dequantized)."
     )
-    return (cmp.full_text, cmp.quant_text, summary, fig.side_by_side_frame(cmp), fig.agreement_bars(history), history)
+    return Generated(
+        cmp.full_text, cmp.quant_text, summary, fig.side_by_side_frame(cmp), fig.agreement_bars(history), history
+    )
 
 
 def build(ctx: AppContext) -> None:
-    """Build the Quantization tab inside the caller's ``gr.Tab``.
+    """Build the Quantization tab inside the caller's ``gr.Tab``: its layout, then its wiring."""
+    _wire(ctx, layout(ctx, [s.name for s in preset_schemes() + rotation_schemes()] + [CUSTOM]))
 
-    Length: long because it lays the tab's widgets out in page order and wires each once; its model work is declared
-    as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
-    info = ctx.info
-    gr.Markdown(
-        "Quantize the cache of the real model and see what breaks. Keys have a few **outlier channels** "
-        "that are large for every token; that is why KIVI gives keys a scale per channel and values a scale "
-        "per token. Errors are measured on this prompt's own queries, keys and values (simulated "
-        "quantization: each entry is quantized and dequantized; bytes count a packed store)."
-    )
-    with gr.Row():
-        with gr.Column(scale=3):
-            prompt = gr.Textbox(label="Prompt", lines=4, value=needle_prompt(), elem_id="quant-prompt")
-            chat = gr.Checkbox(value=True, label="Use the chat template")
-        with gr.Column(scale=2):
-            layer = gr.Slider(
-                0, info.layers - 1, value=min(info.layers - 1, 15), step=1, label="Layer", elem_id="quant-layer"
-            )
-            head = gr.Slider(0, info.kv_heads - 1, value=0, step=1, label="KV head", elem_id="quant-head")
-    with gr.Row():
-        fmt = gr.Dropdown(list(FORMATS), value="int2", label="Format", elem_id="quant-format")
-        key_axis = gr.Dropdown(list(AXES), value="channel", label="Keys grouped per", elem_id="quant-key-axis")
-        value_axis = gr.Dropdown(list(AXES), value="token", label="Values grouped per", elem_id="quant-value-axis")
-        group = gr.Dropdown(GROUPS, value=32, label="Group size (channels or tokens)", elem_id="quant-group")
-        window = gr.Slider(
-            0, 128, value=32, step=1, label="Recent tokens kept in full precision", elem_id="quant-window"
-        )
-    with gr.Row():
-        analyze_btn = gr.Button("Analyze this prompt", variant="primary", elem_id="quant-analyze", scale=3)
-        live = live_box("quant-live")
-    with gr.Row():
-        kplot = captioned_plot("|keys|", "quant-keys", fig.CAPTIONS["keys"])
-        vplot = captioned_plot("|values|", "quant-values", fig.CAPTIONS["values"])
-    maps_md = gr.Markdown(elem_id="quant-maps-text")
-    headline = gr.Markdown(elem_id="quant-headline")
-    table = gr.Dataframe(
-        waiting_table("Press Analyze this prompt to see every scheme's error and size"),
-        label="Every scheme on this prompt",
-        interactive=False,
-        wrap=True,  # with widths that add up to the box: every column on screen, long groupings on two lines
-        column_widths=["19%", "8%", "8%", "9%", "7%", "10%", "11%", "14%", "14%"],
-        elem_id="quant-table",
-    )
-    errors = gr.Plot(label="Error per scheme", elem_id="quant-errors")
-    gr.Markdown(fig.CAPTIONS["errors"], elem_classes="caption")
-    with gr.Row():
-        sizes = captioned_plot("Bytes per scheme", "quant-bytes", fig.CAPTIONS["bytes"])
-        layers_plot = captioned_plot("Error per layer", "quant-layers", fig.CAPTIONS["layers"])
-    gr.Markdown("### Rotation beside KIVI: a Hadamard turn per head before per-token groups")
-    with gr.Row():
-        rplot = captioned_plot("|keys| after the rotation", "quant-rotated", fig.CAPTIONS["rotated"])
-        rbars = captioned_plot("Rotation vs KIVI vs per token", "quant-rotation", fig.CAPTIONS["rotation"])
-    rot_md = gr.Markdown(elem_id="quant-rotation-text")
 
-    gr.Markdown(
-        "### Generate with a cache that quantizes as it stores (the Hadamard schemes store rotated keys, turned back on read)"
-    )
-    names = [s.name for s in preset_schemes() + rotation_schemes()] + [CUSTOM]
-    with gr.Row():
-        scheme = gr.Dropdown(names, value=CUSTOM, label="Scheme", elem_id="quant-scheme")
-        max_new = gr.Slider(
-            1,
-            min(64, ctx.settings.max_new_tokens),
-            value=min(24, ctx.settings.max_new_tokens),
-            step=1,
-            label="Max new tokens",
-            elem_id="quant-max-new",
-        )
-        gen_btn = gr.Button("Generate: full vs quantized", variant="primary", elem_id="quant-generate")
-    gen_md = gr.Markdown(elem_id="quant-gen-summary")
-    with gr.Row():
-        full_text = gr.Textbox(label="Full-precision cache", lines=4, elem_id="quant-full-text")
-        quant_text = gr.Textbox(label="Quantized cache", lines=4, elem_id="quant-quant-text")
-    tokens = gr.Dataframe(
-        waiting_table("Press Generate: full vs quantized to compare the tokens"),
-        label="Token by token",
-        interactive=False,
-        elem_id="quant-tokens",
-    )
-    agreement = gr.Plot(label="Agreement", elem_id="quant-agreement")
-    gr.Markdown(fig.CAPTIONS["agreement"], elem_classes="caption")
-    history = gr.State([])
-
-    ctx.components.update(
-        {
-            "quant.prompt": prompt,
-            "quant.chat": chat,
-            "quant.layer": layer,
-            "quant.head": head,
-            "quant.format": fmt,
-            "quant.key_axis": key_axis,
-            "quant.value_axis": value_axis,
-            "quant.group": group,
-            "quant.window": window,
-            "quant.button": analyze_btn,
-            "quant.scheme": scheme,
-            "quant.max_new": max_new,
-            "quant.generate": gen_btn,
-        }
-    )
-    controls = [prompt, chat, layer, head, fmt, key_axis, value_axis, group, window]
-    control_keys = [
-        "quant.prompt",
-        "quant.chat",
-        "quant.layer",
-        "quant.head",
-        "quant.format",
-        "quant.key_axis",
-        "quant.value_axis",
-        "quant.group",
-        "quant.window",
-    ]
+def _wire(ctx: AppContext, v: QuantViews) -> None:
+    """Register the tab's inputs, its show-me plan and answer and its first-open example; wire its three runs
+    (each a :class:`~kvviz.ui.serving.model_job.ModelJob`: validate → call kvviz → format by name)."""
+    controls = v.controls()
+    ctx.components.update({**controls, "quant.button": v.analyze_btn, "quant.scheme": v.scheme})
+    ctx.components.update({"quant.max_new": v.max_new, "quant.generate": v.gen_btn})
 
     def analysis_job(values) -> tuple[tuple, Callable]:
         """The store key and computation of one analysis (the prompt checked and tokenized first)."""
@@ -333,7 +273,7 @@ def build(ctx: AppContext) -> None:
         return (ctx.lm.name, "quant", n, *[_same(v) for v in values]), compute
 
     def plan(values: dict) -> tuple:
-        key, compute = analysis_job([values.get(k, c.value) for k, c in zip(control_keys, controls)])
+        key, compute = analysis_job([values.get(k, c.value) for k, c in controls.items()])
         ctx.store.plan(key, "quantization analysis", compute)
         return key
 
@@ -341,13 +281,13 @@ def build(ctx: AppContext) -> None:
 
     def run_analyze(job):
         live, key, compute = job.req
-        return shared(job, key, compute, live=live)[0]
+        return v.analysis(shared(job, key, compute, live=live)[0])
 
-    def run_maps(job):
-        return maps(ctx, *job.req[0])
+    def run_maps(job) -> dict:
+        return v.maps(maps(ctx, *job.req[0]))
 
-    def run_generate(job):
-        return generate(ctx, *job.req[0], progress=job.progress)
+    def run_generate(job) -> dict:
+        return v.generated(generate(ctx, *job.req[0], progress=job.progress))
 
     def gen_request(_ctx, *values):
         n_new = _max_new(ctx, values[8])
@@ -375,21 +315,29 @@ def build(ctx: AppContext) -> None:
         progress=True,
     )
 
-    analysis = [headline, kplot, vplot, maps_md, table, errors, sizes, layers_plot, rplot, rbars, rot_md]
-    analysis_outputs = [kplot, vplot, maps_md, headline, table, errors, sizes, layers_plot, rplot, rbars, rot_md]
-
     def stored_analysis(request: gr.Request, live, *settings):
         """The analysis's outputs when its result is stored (for a show-me), else None."""
         entry = ctx.store.entry(analysis_job(settings)[0])
-        return entry.value if entry is not None and entry.state == "done" else None
+        if entry is None or entry.state != "done":
+            return None
+        shown = v.analysis(entry.value)
+        return [shown[c] for c in v.analysis_outputs()]
 
-    ctx.answers["quant.button"] = ShowMeAnswer([live, *controls], analysis_outputs, stored_analysis)
-    clear_on_refusal(analysis_run.event(ctx, analyze_btn.click, [live, *controls], analysis_outputs), analysis)
-    maps_run.event(ctx, [layer.release, head.release], [prompt, chat, layer, head], [kplot, vplot, maps_md, rplot])
-    generated = generate_run.event(
-        ctx,
-        gen_btn.click,
-        [prompt, chat, scheme, fmt, key_axis, value_axis, group, window, max_new, history],
-        [full_text, quant_text, gen_md, tokens, agreement, history],
+    inputs = [v.live, *controls.values()]
+    ctx.answers["quant.button"] = ShowMeAnswer(inputs, v.analysis_outputs(), stored_analysis)
+    clear_on_refusal(analysis_run.event(ctx, v.analyze_btn.click, inputs, v.analysis_outputs()), v.analysis_outputs())
+    maps_run.event(ctx, [v.layer.release, v.head.release], [v.prompt, v.chat, v.layer, v.head], v.maps_outputs())
+    gen_inputs = [v.prompt, v.chat, v.scheme, v.fmt, v.key_axis, v.value_axis, v.group, v.window, v.max_new]
+    generated = generate_run.event(ctx, v.gen_btn.click, [*gen_inputs, v.history], v.generated_outputs())
+    clear_on_refusal(generated, [v.gen_summary, v.full_text, v.quant_text, v.tokens])  # the agreement history stays
+    ctx.examples["tab_quant"] = (
+        Example(
+            what="the needle passage's real keys and values, KIVI's 2-bit scheme beside every other",
+            change="paste your own prompt or change the scheme and press **Analyze this prompt**",
+            key=once(lambda: plan(KIVI.values)),
+            draw=lambda value, entry, request: v.analysis(value),
+            outputs=v.analysis_outputs(),
+            values={c: KIVI.values[k] for k, c in controls.items() if k in KIVI.values},
+        ),
+        v.example,
     )
-    clear_on_refusal(generated, [gen_md, full_text, quant_text, tokens])  # the session's agreement history stays

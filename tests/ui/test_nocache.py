@@ -19,11 +19,12 @@ def ctx(lm):
 def test_table_and_measurement(ctx):
     df = tab.table(ctx, "Once upon a time", False, 3)
     assert list(df["Keys and Values computed"]) == ["K/V for tokens 1–4", "K/V for tokens 1–5", "K/V for tokens 1–6"]
-    time_fig, passes_fig, text, numbers = tab.measure(ctx, "Once upon a time", False, 5, progress=lambda *a, **k: None)
-    assert tab.REGIME in text
-    assert "**Same tokens:** yes" in text and "**8** token-forward passes with the cache vs **30** without" in text
-    assert list(numbers["passes without cache"]) == [4, 9, 15, 22, 30]
-    assert len(passes_fig.data) == 8 and len(time_fig.data) == 2
+    shown = tab.measure(ctx, "Once upon a time", False, 5, progress=lambda *a, **k: None)
+    assert tab.REGIME in shown.text
+    assert "**Same tokens:** yes" in shown.text
+    assert "**8** token-forward passes with the cache vs **30** without" in shown.text
+    assert list(shown.numbers["passes without cache"]) == [4, 9, 15, 22, 30]
+    assert len(shown.passes_fig.data) == 8 and len(shown.time_fig.data) == 2
 
 
 @pytest.mark.parametrize("prompt,n,match", [("", 4, "empty"), ("Hi", 0, "N must"), ("Hi", 2.5, "N must")])
@@ -57,7 +58,11 @@ def test_one_click_fills_the_dramatic_case_and_runs_it(ctx):
         ctx.components["nocache.chat"]._id,
         by_id["nocache-n"]._id,
     ]
-    assert click.fn() == (DRAMATIC.prompt, DRAMATIC.chat, DRAMATIC.new_tokens)
+    assert click.fn() == {
+        ctx.components["nocache.prompt"]: DRAMATIC.prompt,
+        ctx.components["nocache.chat"]: DRAMATIC.chat,
+        ctx.components["nocache.new_tokens"]: DRAMATIC.new_tokens,
+    }
     assert any("nocache-run" in (f.js or "") for f in demo.fns.values())  # then it presses the run button
     assert NOCACHE.values == {
         "nocache.prompt": DRAMATIC.prompt,

@@ -32,7 +32,7 @@ def analyzed(ctx):
 
 
 def test_one_outlier_ratio_named_and_the_same_everywhere(analyzed):
-    kmap, vmap, maps_md, *_, rmap, rbars, rot_md = analyzed
+    kmap, maps_md, rot_md = analyzed.kmap, analyzed.maps_text, analyzed.rotation_text
     head = re.search(r"outlier ratio (\d+\.\d)×", kmap.layout.title.text).group(1)
     assert f"outlier ratio (the largest channel's mean |x| ÷ the median channel's) **{head}×** for keys" in maps_md
     median = re.search(r"the median outlier ratio is (\d+\.\d)× for keys", maps_md).group(1)
@@ -49,7 +49,9 @@ def test_one_outlier_ratio_named_and_the_same_everywhere(analyzed):
 
 
 def test_analyze_shows_maps_table_and_the_direction(ctx, analyzed):
-    kmap, vmap, maps_md, headline, table, errors, sizes, layers, rmap, rbars, rot_md = analyzed
+    a = analyzed
+    kmap, vmap, maps_md, headline, table = a.kmap, a.vmap, a.maps_text, a.headline, a.table
+    errors, sizes, layers, rmap, rbars, rot_md = a.errors, a.sizes, a.layers, a.rmap, a.rbars, a.rotation_text
     assert "keys per channel lose" in headline and "× worse" in headline
     assert (
         "Every row scores the same first" in headline
@@ -71,10 +73,8 @@ def test_analyze_shows_maps_table_and_the_direction(ctx, analyzed):
 
 
 def test_short_prompt_says_groups_have_not_filled(ctx):
-    _, _, _, headline, table, *_ = tab.analyze(
-        ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0, progress=no_progress
-    )
-    assert "too short for per-channel groups" in headline
+    a = tab.analyze(ctx, "Hello there", False, 0, 0, "int2", "channel", "token", 32, 0, progress=no_progress)
+    assert "too short for per-channel groups" in a.headline
 
 
 def test_values_text_names_the_column_that_supports_kivi():
@@ -114,9 +114,8 @@ def test_generate_side_by_side_and_agreement_history(ctx):
         [],
         progress=no_progress,
     )
-    full, quant, summary, tokens, agreement, history = out
-    assert full == quant and "agreement **100 %**" in summary
-    assert list(tokens.columns) == ["step", "full precision", "quantized", "same"]
-    assert [c.scheme.name for c in history] == ["INT8 per token"]
+    assert out.full_text == out.quant_text and "agreement **100 %**" in out.summary
+    assert list(out.tokens.columns) == ["step", "full precision", "quantized", "same"]
+    assert [c.scheme.name for c in out.history] == ["INT8 per token"]
     with pytest.raises(gr.Error, match="Max new tokens"):
         tab.generate(ctx, "Hi", True, tab.CUSTOM, "int2", "channel", "token", 32, 0, 0, [], progress=no_progress)

@@ -8,6 +8,8 @@ when the tab is built; the side channel runs the model through :class:`ModelJob`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gradio as gr
 
 from kvviz.blocks.page_size import replay
@@ -17,6 +19,7 @@ from kvviz.engine.side_channel import Leak, measure
 from kvviz.examples import chapter_text
 from kvviz.examples.room import room_requests
 from kvviz.figures import prefix_tiers as fig
+from kvviz.lessons.objectives import SIDE_CHANNEL
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
@@ -56,8 +59,9 @@ def leak_summary(leak: Leak) -> str:
     return "\n\n".join(lines)
 
 
-def build(ctx: AppContext) -> None:
-    """Both sections, inside the Blocks tab."""
+def build(ctx: AppContext) -> tuple[Callable[[], dict], list]:
+    """Both sections, inside the Blocks tab; returns how to show the stored timing and its outputs (the tab's
+    first open draws it)."""
     gr.Markdown(PAGES)
     frame = replay([encode_prompt(ctx.lm, p, True) for p in room_requests()])
     captioned_plot("Reuse per block size", "pages-chart", fig.CAPTIONS["pages"], fig.page_size_chart(frame))
@@ -91,11 +95,13 @@ def build(ctx: AppContext) -> None:
     # the show-me's timing is measured once and stored like the others, so a restarted server answers it at once
     ctx.planners["blocks.leak_run"] = plan
 
-    def run(job):
-        fresh, key, _, compute = job.req
-        leak, entry = shared(job, key, compute, live=fresh)
+    def shown(leak, entry) -> tuple:
         when = "measured now on this machine" if entry is None else f"measured on this machine, {origin(entry)}"
         return f"{leak_summary(leak)} · *{when.replace('computed ', '')}*", fig.leak_chart(leak)
+
+    def run(job):
+        fresh, key, _, compute = job.req
+        return shown(*shared(job, key, compute, live=fresh))
 
     side_channel = ModelJob(
         "side-channel timing",
@@ -106,3 +112,10 @@ def build(ctx: AppContext) -> None:
         progress=True,
     )
     side_channel.button(ctx, button, [tries, live], [summary, chart])
+
+    def stored() -> dict:
+        """The show-me's timing as stored, for the tab's first open (empty while it is not stored)."""
+        entry = ctx.store.entry(plan(SIDE_CHANNEL.values))
+        return dict(zip([summary, chart], shown(entry.value, entry))) if entry and entry.state == "done" else {}
+
+    return stored, [summary, chart]

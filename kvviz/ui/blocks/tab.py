@@ -10,12 +10,15 @@ The engine's real prefix cache, live, is the section in ``blocks_room.py``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from kvviz.blocks.live import blocks_report
 from kvviz.blocks.table import allocations, from_trace
 from kvviz.capture.loop import capture
 from kvviz.figures import blocks as fig
+from kvviz.lessons.objectives import SINKS
 from kvviz.limits import MAX_STEP
 from kvviz.safety import whole_number
 from kvviz.ui.blocks import eviction as blocks_eviction
@@ -23,6 +26,7 @@ from kvviz.ui.blocks import reuse as blocks_reuse
 from kvviz.ui.blocks import room as blocks_room
 from kvviz.ui.blocks import sharing as blocks_sharing
 from kvviz.ui.blocks.checks import BLOCK_SIZES, block_size_of, check_prompt
+from kvviz.ui.page.first_sight import Example, once, trace_views
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
@@ -33,10 +37,22 @@ DEFAULT_PROMPT = "In two sentences: why does a serving engine store the KV cache
 EMPTY = "Press **Run** (or generate on the **Generate** tab) to lay the live cache out in blocks."
 
 
-def views(trace, block_size, step, layer):
+@dataclass
+class BlockViews:
+    """What the live view shows after one step: the summary, the block grid, one layer's slots, paged vs
+    contiguous, and the per-layer table (all None before any run)."""
+
+    summary: str
+    grid: object = None
+    slots: object = None
+    alloc: object = None
+    table: object = None
+
+
+def views(trace, block_size, step, layer) -> BlockViews:
     """Summary, block grid, one layer's slots, paged vs contiguous and the per-layer table after ``step``."""
     if trace is None or not trace.steps:
-        return EMPTY, None, None, None, None
+        return BlockViews(EMPTY)
     b = block_size_of(block_size)
     with user_errors():
         s = whole_number(0 if step is None else step, "Step", 0, MAX_STEP)
@@ -49,7 +65,7 @@ def views(trace, block_size, step, layer):
         table, trace.n_prompt + int(trace.settings.get("max_new_tokens", 0)), m.context_length, windows
     )
     what = "after the prefill" if s == 0 else f"after decode step {s}"
-    return (
+    return BlockViews(
         fig.table_summary(table, allocs, f"{m.name}, {what}"),
         fig.block_grid(table),
         fig.block_slots(table, trace.tokens, trace.n_prompt, lyr),
@@ -89,8 +105,77 @@ def status(trace, source: str) -> str:
     )
 
 
+@dataclass
+class _Views:
+    """Every component of the live view, by name."""
+
+    prompt: gr.Textbox
+    chat: gr.Checkbox
+    block_size: gr.Radio
+    max_new: gr.Slider
+    run_btn: gr.Button
+    state: gr.State
+    example: gr.Markdown
+    source: gr.Markdown
+    step: gr.Slider
+    layer: gr.Slider
+    summary: gr.Markdown
+    grid: gr.Plot
+    slots: gr.Plot
+    alloc: gr.Plot
+    table: gr.Dataframe
+
+    def views(self, b: BlockViews) -> dict:
+        shown = {self.summary: b.summary, self.grid: b.grid, self.slots: b.slots, self.alloc: b.alloc}
+        return {**shown, self.table: b.table}
+
+    def view_outputs(self) -> list:
+        return [self.summary, self.grid, self.slots, self.alloc, self.table]
+
+    def shown(self, trace, src: str, b) -> dict:
+        """A finished trace in the live view, the step slider at its last step."""
+        last = len(trace.steps) - 1
+        fitted = {self.state: trace, self.source: status(trace, src)}
+        return {
+            **fitted,
+            self.step: gr.Slider(minimum=0, maximum=max(1, last), value=last),
+            **self.views(views(trace, b, last, 0)),
+        }
+
+    def live_outputs(self) -> list:
+        return [self.state, self.source, self.step, *self.view_outputs()]
+
+
 def build(ctx: AppContext) -> None:
-    """Build the tab inside the caller's ``gr.Tab``."""
+    """Build the tab inside the caller's ``gr.Tab``: the live view's layout, its wiring, then the sections."""
+    v = _layout(ctx)
+    live_outputs = _wire(ctx, v)
+    blocks_sharing.build(ctx, v.block_size)
+    blocks_room.build(ctx)
+    leak, leak_outputs = blocks_reuse.build(ctx)
+    blocks_eviction.build(ctx, v.block_size)
+    planner = ctx.planners.get("generate.button")
+    if ctx.trace_state is not None and planner is not None:
+
+        def example(value, entry, request) -> dict:
+            trace = value[0]
+            return {**trace_views(ctx, trace, live_outputs), v.source: status(trace, "the example run"), **leak()}
+
+        ctx.examples["tab_blocks"] = (
+            Example(
+                what="the needle passage's cache (16 tokens generated) in blocks, and the side-channel timing below",
+                change="type a prompt and press **Run**, or generate on the **Generate** tab",
+                key=once(lambda: planner(SINKS.values)),
+                draw=example,
+                outputs=[*live_outputs, *leak_outputs],
+                values={v.state: None},
+            ),
+            v.example,
+        )
+    api_blocks.api(ctx, api_name="blocks")
+
+
+def _layout(ctx: AppContext) -> _Views:
     info = ctx.info
     gr.Markdown(
         f"A paged engine (vLLM, SGLang) stores the KV cache in **fixed-size blocks** and gives a sequence a new "
@@ -98,41 +183,33 @@ def build(ctx: AppContext) -> None:
         f'{info.layers} layers × {info.kv_heads} KV heads, {info.dtype}. The chapter: engines "carve [GPU memory] '
         'into blocks" and "prefix caching … avoid[s] recomputing the same prefill".'
     )
+    c: dict = {}
     with gr.Row():
         with gr.Column(scale=3):
-            prompt = gr.Textbox(
+            c["prompt"] = gr.Textbox(
                 DEFAULT_PROMPT, label="Prompt (or generate on the Generate tab)", lines=2, elem_id="blocks-prompt"
             )
-            chat = gr.Checkbox(True, label="Use the chat template", elem_id="blocks-chat")
+            c["chat"] = gr.Checkbox(True, label="Use the chat template", elem_id="blocks-chat")
         with gr.Column(scale=2):
-            block_size = gr.Radio(BLOCK_SIZES, value=16, label="Block size (tokens per block)", elem_id="blocks-size")
-            max_new = gr.Slider(
-                1,
-                min(64, ctx.settings.max_new_tokens),
-                value=24,
-                step=1,
-                label="Tokens to generate",
-                elem_id="blocks-max-new",
-            )
-            run_btn = gr.Button("Run", variant="primary", elem_id="blocks-run")
-    state = gr.State(None)
-    source = gr.Markdown(EMPTY, elem_id="blocks-status")
+            size_label = "Block size (tokens per block)"
+            c["block_size"] = gr.Radio(BLOCK_SIZES, value=16, label=size_label, elem_id="blocks-size")
+            top = min(64, ctx.settings.max_new_tokens)
+            c["max_new"] = gr.Slider(1, top, value=24, step=1, label="Tokens to generate", elem_id="blocks-max-new")
+            c["run_btn"] = gr.Button("Run", variant="primary", elem_id="blocks-run")
+    c["state"] = gr.State(None)
+    c["example"] = gr.Markdown(elem_id="blocks-example")
+    c["source"] = gr.Markdown(EMPTY, elem_id="blocks-status")
     with gr.Row():
-        step = gr.Slider(
-            0,
-            1,
-            value=0,
-            step=1,
-            label="Step (0 = after the prefill, then one per generated token)",
-            elem_id="blocks-step",
-        )
-        play_button(step, "blocks-play")
-        layer = gr.Slider(0, info.layers - 1, value=0, step=1, label="Layer (slot view)", elem_id="blocks-layer")
-    summary = gr.Markdown(elem_id="blocks-summary")
-    grid = captioned_plot("Blocks per layer and KV head", "blocks-grid", fig.CAPTIONS["grid"])
-    slots = captioned_plot("One layer, slot by slot", "blocks-slots", fig.CAPTIONS["slots"])
-    alloc = captioned_plot("Paged vs contiguous", "blocks-alloc", fig.CAPTIONS["alloc"])
-    table = gr.Dataframe(
+        step_label = "Step (0 = after the prefill, then one per generated token)"
+        c["step"] = gr.Slider(0, 1, value=0, step=1, label=step_label, elem_id="blocks-step")
+        play_button(c["step"], "blocks-play")
+        layer_label = "Layer (slot view)"
+        c["layer"] = gr.Slider(0, info.layers - 1, value=0, step=1, label=layer_label, elem_id="blocks-layer")
+    c["summary"] = gr.Markdown(elem_id="blocks-summary")
+    c["grid"] = captioned_plot("Blocks per layer and KV head", "blocks-grid", fig.CAPTIONS["grid"])
+    c["slots"] = captioned_plot("One layer, slot by slot", "blocks-slots", fig.CAPTIONS["slots"])
+    c["alloc"] = captioned_plot("Paged vs contiguous", "blocks-alloc", fig.CAPTIONS["alloc"])
+    c["table"] = gr.Dataframe(
         waiting_table("Press Run to see the blocks of every layer"),
         label="Per layer",
         interactive=False,
@@ -140,46 +217,36 @@ def build(ctx: AppContext) -> None:
         max_height=300,
     )
     gr.Markdown(fig.CAPTIONS["layers"], elem_classes="caption")
+    return _Views(**c)
 
+
+def _wire(ctx: AppContext, v: _Views) -> list:
+    """Register the inputs, wire Run, the pickers and each new Generate run; returns the live view's outputs."""
     ctx.components.update(
-        {"blocks.prompt": prompt, "blocks.block_size": block_size, "blocks.run": run_btn, "blocks.step": step}
+        {"blocks.prompt": v.prompt, "blocks.block_size": v.block_size, "blocks.run": v.run_btn, "blocks.step": v.step}
     )
-    view_outputs = [summary, grid, slots, alloc, table]
+    live_outputs = v.live_outputs()
 
-    def shown(trace, src, b):
-        last = len(trace.steps) - 1
-        return (
-            trace,
-            status(trace, src),
-            gr.Slider(minimum=0, maximum=max(1, last), value=last),
-            *views(trace, b, last, 0),
-        )
-
-    def run(job):
-        return shown(capture_prompt(job), "this prompt", job.req[4])
+    def run(job) -> dict:
+        return v.shown(capture_prompt(job), "this prompt", job.req[4])
 
     checked, ran = block_view.with_(run=run).button(
-        ctx, run_btn, [prompt, chat, max_new, block_size], [state, source, step, *view_outputs]
+        ctx, v.run_btn, [v.prompt, v.chat, v.max_new, v.block_size], live_outputs
     )
     for event in (checked, ran):  # a refused run empties the earlier one's views instead of leaving them unlabelled
-        clear_on_refusal(event, [source, state, *view_outputs])
-    for control in (block_size, step, layer):
-        control.change(views, [state, block_size, step, layer], view_outputs, api_name=False, show_progress="hidden")
+        clear_on_refusal(event, [v.source, v.state, *v.view_outputs()])
+    pickers = [v.state, v.block_size, v.step, v.layer]
+    for control in (v.block_size, v.step, v.layer):
+        control.change(lambda *a: v.views(views(*a)), pickers, v.view_outputs(), api_name=False, show_progress="hidden")
 
-    def from_generate(trace, b):
+    def from_generate(trace, b) -> dict:
         if trace is None or not trace.steps:
-            return (gr.skip(),) * (3 + len(view_outputs))
-        return shown(trace, "the latest Generate run", b)
+            return {v.source: gr.skip()}
+        return v.shown(trace, "the latest Generate run", b)
 
     if ctx.trace_state is not None:
-        ctx.on_trace(from_generate, [ctx.trace_state, block_size], [state, source, step, *view_outputs])
-
-    blocks_sharing.build(ctx, block_size)
-    blocks_room.build(ctx)
-    blocks_reuse.build(ctx)
-    blocks_eviction.build(ctx, block_size)
-
-    api_blocks.api(ctx, api_name="blocks")
+        ctx.on_trace(from_generate, [ctx.trace_state, v.block_size], live_outputs)
+    return live_outputs
 
 
 def blocks(

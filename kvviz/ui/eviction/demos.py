@@ -23,8 +23,10 @@ from kvviz.eviction.demos import (
 from kvviz.examples import NEEDLE_ANSWER, NEEDLE_QUESTION, needle_passage
 from kvviz.figures import eviction as eviction_fig
 from kvviz.figures import eviction_compare as fig
+from kvviz.lessons.objectives import NEEDLE
 from kvviz.ui.eviction import compare as eviction_compare
 from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call, status_text, views
+from kvviz.ui.page.first_sight import Example, once
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.precompute import live_box, origin, shared
@@ -68,10 +70,12 @@ def wire(
     compress: gr.Radio,
     form_outputs: list,
     comparison: eviction_compare.CompareSection,
+    line: gr.Markdown,
 ) -> None:
-    """Plan both demos, register them for the Learn tab, and wire their buttons. ``form_outputs``: the tab's
-    prompt, question, chat, policy, budget mode and budget boxes, then its run state, status, answer, step
-    slider and five views — what the needle demo fills in, before the comparison section's outputs."""
+    """Plan both demos, register them for the Learn tab and as the tab's first-open example (named in ``line``),
+    and wire their buttons. ``form_outputs``: the tab's prompt, question, chat, policy, budget mode and budget
+    boxes, then its run state, status, answer, step slider and five views — what the needle demo fills in,
+    before the comparison section's outputs."""
     last_layer = ctx.info.layers - 1
 
     def needle_key(comp) -> tuple:
@@ -140,13 +144,35 @@ def wire(
     ctx.store.plan((ctx.lm.name, "sinks"), "sinks demo", sinks_job)
     ctx.planners["eviction.sinks"] = lambda values: (ctx.lm.name, "sinks")
 
-    def run_sinks(job):
-        res, entry = shared(job, (ctx.lm.name, "sinks"), sinks_job, live=job.req)
+    def sinks_shown(res, entry) -> tuple:
         ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
         return (
             f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} · *{origin(entry)}*",
             fig.sinks_figure(res),
         )
+
+    def run_sinks(job):
+        return sinks_shown(*shared(job, (ctx.lm.name, "sinks"), sinks_job, live=job.req))
+
+    def example(_value, _entry, request: gr.Request | None) -> dict:
+        """The stored needle demo in the tab's views, and the sinks demo beside it once it is stored too."""
+        shown = dict(zip(needle_outputs, needle(ctx, NEEDLE.values["eviction.compress"], False, request=request)))
+        sinks_entry = ctx.store.entry((ctx.lm.name, "sinks"))
+        if sinks_entry is not None and sinks_entry.state == "done":
+            shown.update(zip([section.sinks_text, section.sinks_plot], sinks_shown(sinks_entry.value, sinks_entry)))
+        return shown
+
+    ctx.examples["tab_eviction"] = (
+        Example(
+            what=f"the needle demo: SnapKV keeps the code {NEEDLE_ANSWER} at {NEEDLE_BUDGET} tokens, StreamingLLM loses it",
+            change="change the context, question, policy or budget and press **Run policy**",
+            key=once(lambda: plan_needle(NEEDLE.values)),
+            draw=example,
+            outputs=[*needle_outputs, section.sinks_text, section.sinks_plot],
+            values={compress: NEEDLE.values["eviction.compress"]},
+        ),
+        line,
+    )
 
     sinks = ModelJob(
         "sinks demo",

@@ -42,11 +42,43 @@ from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.model_job import ModelJob
 
 
-def build(ctx: AppContext) -> None:
-    """Build the tab inside the caller's ``gr.Tab``.
+@dataclass
+class _Form:
+    """The run's form and its result lines, by name."""
 
-    Length: long because it lays the tab's widgets out in page order and wires each once; its model work is declared
-    as :class:`~kvviz.ui.serving.model_job.ModelJob` declarations (validate → call kvviz → format)."""
+    prompt: gr.Textbox
+    question: gr.Textbox
+    chat: gr.Checkbox
+    compress: gr.Radio
+    policy: gr.Dropdown
+    mode: gr.Radio
+    budget: gr.Number
+    ratio: gr.Number
+    max_new: gr.Number
+    about: gr.Markdown
+    params: dict  # "<policy>.<field>" → its control
+    groups: dict  # policy → its group of controls (only the chosen policy's is visible)
+    run_btn: gr.Button
+    example: gr.Markdown
+    status: gr.Markdown
+    answer: gr.Textbox
+    run_state: gr.State
+
+    def inputs(self) -> list:
+        """What a run, a comparison and Compose read, in the order ``check_request`` takes them."""
+        fixed = [self.prompt, self.question, self.chat, self.policy, self.mode, self.budget, self.ratio]
+        return [*fixed, self.max_new, self.compress, *self.params.values()]
+
+
+def build(ctx: AppContext) -> None:
+    """Build the tab inside the caller's ``gr.Tab``: the layout of its form, views and sections, then the wiring."""
+    form = _form(ctx)
+    shown = _views(ctx.info)
+    comparison, composition, demos = eviction_compare.layout(), eviction_compose.layout(), eviction_demos.layout()
+    _wire(ctx, form, shown, comparison, composition, demos)
+
+
+def _form(ctx: AppContext) -> _Form:
     info = ctx.info
     gr.Markdown(
         "Which cache entries each policy keeps, per layer and KV head, and what dropping the rest does to the "
@@ -54,136 +86,113 @@ def build(ctx: AppContext) -> None:
         f"{info.group_size} query heads), so score-based policies **average their scores over the query heads of "
         "each KV group**. The generation below really drops the entries: the cache tensors shrink."
     )
+    c: dict = {}
     with gr.Row():
         with gr.Column(scale=3):
-            prompt = gr.Textbox(
+            c["prompt"] = gr.Textbox(
                 label="Context (compressed)", lines=6, elem_id="evict-prompt", value=needle_passage(*NEEDLE_FILLER)
             )
-            question = gr.Textbox(
+            c["question"] = gr.Textbox(
                 label="Question (appended after a blank line; optional)",
                 lines=1,
                 elem_id="evict-question",
                 value=f"Question: {NEEDLE_QUESTION}",
             )
-            chat = gr.Checkbox(True, label="Use the chat template", elem_id="evict-chat")
-            compress = gr.Radio(
+            c["chat"] = gr.Checkbox(True, label="Use the chat template", elem_id="evict-chat")
+            c["compress"] = gr.Radio(
                 COMPRESS,
                 value=COMPRESS_QUESTION,
                 label="What is compressed after the prefill",
                 elem_id="evict-compress",
             )
         with gr.Column(scale=2):
-            policy = gr.Dropdown(
+            c["policy"] = gr.Dropdown(
                 [(cls.title, name) for name, cls in POLICIES.items()],
                 value="snapkv",
                 label="Policy",
                 elem_id="evict-policy",
             )
-            mode = gr.Radio(BUDGET_MODES, value="tokens", label="Budget as", elem_id="evict-mode")
-            budget = gr.Number(
+            c["mode"] = gr.Radio(BUDGET_MODES, value="tokens", label="Budget as", elem_id="evict-mode")
+            c["budget"] = gr.Number(
                 NEEDLE_BUDGET, precision=0, label="Budget: tokens kept per layer and KV head", elem_id="evict-budget"
             )
             # plain number boxes: a slider would clamp −0.2 to 0 silently; the handler refuses it by name
-            ratio = gr.Number(
+            c["ratio"] = gr.Number(
                 0.5, label="Compression ratio r (fraction evicted, 0 to 0.99)", elem_id="evict-ratio", visible=False
             )
-            max_new = gr.Number(
+            c["max_new"] = gr.Number(
                 16,
                 precision=0,
                 label=f"Max new tokens (1 to {min(128, ctx.settings.max_new_tokens)})",
                 elem_id="evict-max-new",
             )
-            about = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
-            param_boxes, groups = _policy_params()
-            run_btn = gr.Button("Run policy", variant="primary", elem_id="evict-run")
-    status = gr.Markdown(EMPTY, elem_id="evict-status")
-    answer = gr.Textbox(label="Answer under the policy", lines=2, elem_id="evict-answer")
-    shown = _views(info)
-    layer, head, step, slots = shown.layer, shown.head, shown.step, shown.slots
-    strip, kept_plot, time_plot, score_plot = shown.strip, shown.kept_plot, shown.time_plot, shown.score_plot
-    budget_plot, budget_table = shown.budget_plot, shown.budget_table
+            c["about"] = gr.Markdown(policy_text("snapkv"), elem_id="evict-policy-about")
+            c["params"], c["groups"] = _policy_params()
+            c["run_btn"] = gr.Button("Run policy", variant="primary", elem_id="evict-run")
+    c["example"] = gr.Markdown(elem_id="evict-example")
+    c["status"] = gr.Markdown(EMPTY, elem_id="evict-status")
+    c["answer"] = gr.Textbox(label="Answer under the policy", lines=2, elem_id="evict-answer")
+    c["run_state"] = gr.State(None)
+    return _Form(**c)
 
-    comparison = eviction_compare.layout()
 
-    composition = eviction_compose.layout()
-
-    demos = eviction_demos.layout()
-
-    run_state = gr.State(None)
-    ctx.components.update(
-        {
-            "eviction.prompt": prompt,
-            "eviction.question": question,
-            "eviction.chat": chat,
-            "eviction.policy": policy,
-            "eviction.mode": mode,
-            "eviction.budget": budget,
-            "eviction.ratio": ratio,
-            "eviction.compress": compress,
-            "eviction.max_new": max_new,
-            "eviction.run": run_btn,
-            "eviction.needle": demos.needle,
-            "eviction.sinks": demos.sinks,
-            "eviction.compare": comparison.button,
-            "eviction.compare_policies": comparison.chosen,
-            "eviction.layer": layer,
-            "eviction.head": head,
-            "eviction.step": step,
-        }
-    )
-    keys = list(param_boxes)
-    main_inputs = [prompt, question, chat, policy, mode, budget, ratio, max_new, compress, *param_boxes.values()]
-    view_outputs = [strip, kept_plot, time_plot, score_plot, slots]
+def _wire(ctx: AppContext, f: _Form, v: _Views, comparison, composition, demos) -> None:
+    """Register the inputs other tabs set; wire the run, the pickers, the policy and budget switches and the sections."""
+    names = ["prompt", "question", "chat", "policy", "mode", "budget", "ratio", "compress", "max_new"]
+    ctx.components.update({f"eviction.{n}": getattr(f, n) for n in names})
+    ctx.components.update({"eviction.run": f.run_btn, "eviction.layer": v.layer, "eviction.head": v.head})
+    ctx.components.update({"eviction.step": v.step, "eviction.needle": demos.needle, "eviction.sinks": demos.sinks})
+    ctx.components.update({"eviction.compare": comparison.button, "eviction.compare_policies": comparison.chosen})
+    keys = list(f.params)
 
     def gather(context, q, use_chat, name, md, b, r, n_new, comp, *pvals):
-        values = {k.split(".", 1)[1]: v for k, v in zip(keys, pvals) if k.startswith(f"{name}.")}
+        values = {k.split(".", 1)[1]: val for k, val in zip(keys, pvals) if k.startswith(f"{name}.")}
         return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
 
-    def run(job):
+    def run(job) -> dict:
         req = job.req
         result = req.run(ctx.lm, should_stop=job.should_stop)
-        return (
-            result,
-            status_text(result, req.policy),
-            result.text,
-            gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0),
-            *views(result, info.layers - 1, 0, 0, req.policy.score_label),
-            fig.budget_map(result),
-            fig.budget_bytes(result),
-        )
+        slider = gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0)
+        shown = v.run_views(views(result, ctx.info.layers - 1, 0, 0, req.policy.score_label))
+        told = {f.run_state: result, f.status: status_text(result, req.policy), f.answer: result.text}
+        budgets = {v.budget_plot: fig.budget_map(result), v.budget_table: fig.budget_bytes(result)}
+        return {**told, v.step: slider, **shown, **budgets}
 
     policy_run = ModelJob("eviction run", check=lambda _ctx, *args: gather(*args), run=run, size=request_size)
-    run_outputs = [run_state, status, answer, step, *view_outputs, budget_plot, budget_table]
-    checked, ran = policy_run.button(ctx, run_btn, main_inputs, run_outputs)
-    clear_on_refusal(checked, [status, run_state, answer, *view_outputs])
-    clear_on_refusal(ran, [status, run_state, answer, *view_outputs])
+    run_outputs = [f.run_state, f.status, f.answer, v.step, *v.view_outputs(), v.budget_plot, v.budget_table]
+    checked, ran = policy_run.button(ctx, f.run_btn, f.inputs(), run_outputs)
+    for event in (checked, ran):
+        clear_on_refusal(event, [f.status, f.run_state, f.answer, *v.view_outputs()])
 
-    def redraw(result, lyr, hd, st):
+    def redraw(result, lyr, hd, st) -> dict:
         label = POLICIES[result.policy].score_label if result is not None else ""
-        return views(result, lyr, hd, st, label)
+        return v.run_views(views(result, lyr, hd, st, label))
 
-    for control in (layer, head, step):
-        control.change(redraw, [run_state, layer, head, step], view_outputs, api_name=False, show_progress="hidden")
-    policy.change(
-        lambda n: [gr.Group(visible=n == name) for name in groups] + [policy_text(n), gr.Radio(compress_choices(n))],
-        policy,
-        [*groups.values(), about, compress],
+    for control in (v.layer, v.head, v.step):
+        pickers = [f.run_state, v.layer, v.head, v.step]
+        control.change(redraw, pickers, v.view_outputs(), api_name=False, show_progress="hidden")
+    f.policy.change(
+        lambda n: {
+            **{g: gr.Group(visible=n == name) for name, g in f.groups.items()},
+            f.about: policy_text(n),
+            f.compress: gr.Radio(compress_choices(n)),
+        },
+        f.policy,
+        [*f.groups.values(), f.about, f.compress],
         api_name=False,
         queue=False,
     )
-    mode.change(
-        lambda m: (gr.Number(visible=m == "tokens"), gr.Number(visible=m == "ratio")),
-        mode,
-        [budget, ratio],
+    f.mode.change(
+        lambda m: {f.budget: gr.Number(visible=m == "tokens"), f.ratio: gr.Number(visible=m == "ratio")},
+        f.mode,
+        [f.budget, f.ratio],
         api_name=False,
         queue=False,
     )
-
-    eviction_compare.wire(ctx, comparison, main_inputs, gather)
-    eviction_compose.wire(ctx, composition, main_inputs, gather)
-    form = [prompt, question, chat, policy, mode, budget]
-    eviction_demos.wire(ctx, demos, compress, [*form, run_state, status, answer, step, *view_outputs], comparison)
-
+    eviction_compare.wire(ctx, comparison, f.inputs(), gather)
+    eviction_compose.wire(ctx, composition, f.inputs(), gather)
+    form = [f.prompt, f.question, f.chat, f.policy, f.mode, f.budget, f.run_state, f.status, f.answer, v.step]
+    eviction_demos.wire(ctx, demos, f.compress, [*form, *v.view_outputs()], comparison, f.example)
     api_evict.api(ctx, api_name="evict")
 
 
@@ -226,6 +235,14 @@ class _Views:
     budget_plot: gr.Plot
     budget_table: gr.Dataframe
     slots: gr.Dataframe
+
+    def view_outputs(self) -> list:
+        """What ``views`` draws (the strip, three charts and the slot table)."""
+        return [self.strip, self.kept_plot, self.time_plot, self.score_plot, self.slots]
+
+    def run_views(self, drawn: tuple) -> dict:
+        """``views``' five results by name."""
+        return dict(zip(self.view_outputs(), drawn))
 
 
 def _views(info) -> _Views:

@@ -154,7 +154,7 @@ def bar() -> LinkBar:
             elem_id="link-url",
             interactive=False,
             scale=4,
-            placeholder="Copy link puts a link that reopens this view here",  # presentation mode hides it empty
+            placeholder="Copy link puts a link that reopens this view here",  # hidden while empty (app.CSS)
         )
         copy = gr.Button("🔗 Copy link", elem_id="copy-link", size="sm", scale=0, min_width=140)
     return LinkBar(url, copy, gr.Textbox(visible=False), note)

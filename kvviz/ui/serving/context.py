@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
@@ -60,6 +61,9 @@ class AppContext:
     answers: dict[str, ShowMeAnswer] = field(default_factory=dict)
     # per demo button, a show-me's "Look for" line read from its stored result (None until it is computed)
     look_fors: dict[str, Callable[[dict], str | None]] = field(default_factory=dict)
+    # per tab id ("tab_quant"), its ready example and the line that names it: drawn on the tab's first open
+    # (kvviz/ui/page/first_sight.py; typed loosely so serving does not import the page layer)
+    examples: dict[str, tuple[Any, gr.Markdown]] = field(default_factory=dict)
     # every file written for a user lives in that session's temp folder
     files: SessionFiles = field(default_factory=SessionFiles)
     _info: ModelInfo | None = None

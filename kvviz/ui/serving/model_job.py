@@ -219,10 +219,18 @@ class ModelJob(Generic[R]):
         return lease_seconds(cost, ceiling)
 
     # ---- Gradio steps -------------------------------------------------------------------------------
-    def handler(self, ctx: AppContext, check: Callable[..., R] | None = None, name: str | None = None) -> Callable:
-        """The run step as Gradio calls it, ``fn(request, [progress,] *inputs)``, inside its GPU lease."""
+    def handler(
+        self,
+        ctx: AppContext,
+        check: Callable[..., R] | None = None,
+        name: str | None = None,
+        outputs: list | None = None,
+    ) -> Callable:
+        """The run step as Gradio calls it, ``fn(request, [progress,] *inputs)``, inside its GPU lease. A run that
+        returns (or yields) ``{component: value}`` is handed back as plain values in ``outputs``' order: components
+        do not cross ZeroGPU's process boundary (a result is pickled back), their values do."""
         check = check or self.check
-        zero = self.leased(ctx, check) if spaces_available() else None
+        zero = self.leased(ctx, check, outputs) if spaces_available() else None
         if zero is not None and inspect.isgeneratorfunction(self.run):
 
             def fn(request: gr.Request, *inputs):
@@ -241,24 +249,25 @@ class ModelJob(Generic[R]):
         elif inspect.isgeneratorfunction(self.run):
 
             def fn(request: gr.Request, *inputs):
-                yield from self(ctx, *inputs, request=request, check=check)
+                for item in self(ctx, *inputs, request=request, check=check):
+                    yield _plain(item, outputs)
 
         elif self.progress:
 
             def fn(request: gr.Request, progress=gr.Progress(), *inputs):  # noqa: B008 — Gradio injects it
-                return self(ctx, *inputs, request=request, progress=_bar(progress), check=check)
+                return _plain(self(ctx, *inputs, request=request, progress=_bar(progress), check=check), outputs)
 
         else:
 
             def fn(request: gr.Request, *inputs):
-                return self(ctx, *inputs, request=request, check=check)
+                return _plain(self(ctx, *inputs, request=request, check=check), outputs)
 
         fn.__name__ = fn.__qualname__ = name or getattr(self.run, "__name__", "run")
         setattr(fn, MARK, self)
         return fn
 
     # ---- ZeroGPU: admitted here, the model in the GPU call ------------------------------------------
-    def leased(self, ctx: AppContext, check: Callable[..., R]) -> Callable:
+    def leased(self, ctx: AppContext, check: Callable[..., R], outputs: list | None = None) -> Callable:
         """``call(request, progress, *inputs)`` on ZeroGPU: checked, admitted and waited for in the main process (whose
         gates see every job), then one ``spaces.GPU`` call with this job's duration rebuilds the job from the same
         inputs in the worker and runs it under a :class:`~kvviz.admission.Lease` of the main ticket."""
@@ -273,7 +282,8 @@ class ModelJob(Generic[R]):
         if inspect.isgeneratorfunction(self.run):
 
             def in_gpu_stream(lease: Lease, request, *inputs):
-                yield from self._stream(gpu_job(lease, request, None, inputs))
+                for item in self._stream(gpu_job(lease, request, None, inputs)):
+                    yield _plain(item, outputs)  # values, not components, cross back from the worker
 
             stream = gpu(in_gpu_stream, duration=lambda _lease, _request, *inputs: self.lease(ctx, check, inputs))
 
@@ -298,7 +308,7 @@ class ModelJob(Generic[R]):
             return main_stream
 
         def in_gpu(lease: Lease, request, progress, *inputs):
-            return self._call(gpu_job(lease, request, progress, inputs))
+            return _plain(self._call(gpu_job(lease, request, progress, inputs)), outputs)
 
         call = gpu(in_gpu, duration=lambda _lease, _request, _progress, *inputs: self.lease(ctx, check, inputs))
 
@@ -340,13 +350,13 @@ class ModelJob(Generic[R]):
         the inputs are never read or checked twice. Returns (check event, run event)."""
         request = gr.State(None)
         checked = trigger.click(self.checker(ctx), inputs, request, show_progress="hidden", **STEP)
-        ran = checked.success(self.handler(ctx, check=handed), request, outputs, **STEP, **run_options)
+        ran = checked.success(self.handler(ctx, check=handed, outputs=outputs), request, outputs, **STEP, **run_options)
         return checked, ran
 
     def event(self, ctx: AppContext, triggers, inputs: list | None, outputs: list, **run_options):
         """One step on ``triggers`` (an event listener such as ``button.click``, or a list of them)."""
         listeners = triggers if isinstance(triggers, list) else [triggers]
-        return gr.on(listeners, self.handler(ctx), inputs, outputs, **STEP, **run_options)
+        return gr.on(listeners, self.handler(ctx, outputs=outputs), inputs, outputs, **STEP, **run_options)
 
     def api(self, ctx: AppContext, api_name: str, returns: type = dict) -> None:
         """A named endpoint: its parameters, name and docstring are the check function's own (less ``ctx``)."""
@@ -407,6 +417,16 @@ def _count(ctx: AppContext, exc: UserError) -> None:
     """A ZeroGPU refusal (its ``reason`` set by :func:`~kvviz.ui.serving.gpu.gpu`) counted for /metrics."""
     if (reason := getattr(exc, "reason", None)) is not None:
         ctx.jobs.refusals.count(reason)
+
+
+def _plain(result, outputs: list | None):
+    """``{component: value}`` as a list of values in ``outputs``' order (unnamed ones left as they are)."""
+    if outputs is None or not isinstance(result, dict) or not result:
+        return result
+    if not all(isinstance(c, gr.components.Component) for c in result):
+        return result
+    values = [result.get(c, gr.skip()) for c in outputs]
+    return values if len(outputs) > 1 else values[0]
 
 
 def _bar(progress: gr.Progress) -> Callable[[float, str], None]:

@@ -27,7 +27,8 @@ def trace(lm):
 
 
 def test_views_of_a_generate_run(trace):
-    summary, grid, slots, alloc, table = tab.views(trace, 16, 0, 3)
+    shown = tab.views(trace, 16, 0, 3)
+    summary, grid, slots, alloc, table = shown.summary, shown.grid, shown.slots, shown.alloc, shown.table
     n = trace.n_prompt
     blocks = -(-n // 16)
     assert f"**{n} tokens** in blocks of **16** → **{blocks} blocks** per layer and KV head" in summary
@@ -39,9 +40,9 @@ def test_views_of_a_generate_run(trace):
     assert grid.data[0].text[4][blocks - 1].startswith(f"layer 1, KV head 1: block {blocks - 1} holds")
     assert slots.layout.title.text.startswith(f"Layer 3: {n} entries in {blocks} blocks of 16 slots")
     assert alloc.layout.title.text.startswith("Paging wastes")
-    later = tab.views(trace, 8, 99, 0)[0]  # clamped to the last step: every fed token
+    later = tab.views(trace, 8, 99, 0).summary  # clamped to the last step: every fed token
     assert f"**{trace.n_fed} tokens** in blocks of **8**" in later
-    assert tab.views(None, 16, 0, 0) == (tab.EMPTY, None, None, None, None)
+    assert tab.views(None, 16, 0, 0) == tab.BlockViews(tab.EMPTY, None, None, None, None)
 
 
 @pytest.mark.parametrize(
