@@ -20,6 +20,7 @@ from kvviz.figures import blocks_room as fig
 from kvviz.figures import prefix_tiers
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.identity import session_of
 
 REFRESH_S = 2.0
 EXPLAIN = (
@@ -90,8 +91,8 @@ def build(ctx: AppContext) -> None:
     decode = decoder(ctx)
 
     def tick(last, request: gr.Request):
-        # no session (a bare API call): it reads only the server's and shared blocks
-        return refresh(ctx, decode, last, getattr(request, "session_hash", None))
+        # no session (a bare API call) is a session of its own: it reads only the server's and shared blocks
+        return refresh(ctx, decode, last, session_of(request))
 
     outputs = [summary, tree, table, sources, shown]
     tab = _enclosing_tab()
