@@ -90,12 +90,29 @@ def release_memory() -> None:
         _TRIM(0)
 
 
+# a container's memory limit: cgroup v2, then v1 ("max", or a huge number, where there is none)
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def machine_memory() -> int | None:
-    """Physical memory of the machine in bytes, where the OS says."""
+    """The memory this process may have in bytes: the machine's, or its container's limit where that is smaller.
+
+    A Space's container (16 GB on the free CPU tier) runs on a host with far more; the OS reports the host's, and
+    a ceiling set from it would never refuse before the container is killed for memory."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return None
+        total = None
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and (total is None or int(raw) < total):
+            total = int(raw)
+        break
+    return total
 
 
 @dataclass(eq=False)

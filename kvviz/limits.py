@@ -97,6 +97,10 @@ MAX_TEMPERATURE = 5.0
 # NaN, and sampling raises), and already at 1e-4 a runner-up 0.01 below the top logit has probability
 # e^-100: the draw is the argmax but for exact ties.
 MIN_TEMPERATURE = 1e-4
+# Below this a top-p keeps only the most likely token, as greedy decoding does: the first token's share alone
+# passes it (a vocabulary of 10⁶ tokens gives the top one at least that). float32 holds no value below ~1.4e-45
+# (1e-300 and 5e-324 become 0 there, and a nucleus of mass 0 keeps no token), so smaller ones are raised to it.
+MIN_TOP_P = 1e-6
 
 
 # ---- the engine ----------------------------------------------------------------------------------

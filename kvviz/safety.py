@@ -19,7 +19,7 @@ import threading
 import unicodedata
 from pathlib import Path
 
-from kvviz.limits import MAX_CONFIG_BYTES, MAX_TEMPERATURE, MIN_TEMPERATURE
+from kvviz.limits import MAX_CONFIG_BYTES, MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _KEEP_CONTROLS = {"\n", "\t", "\r"}
@@ -46,6 +46,34 @@ def clean_prompt(text, max_chars: int) -> str:
     if not cleaned.strip():
         raise ValueError("The prompt is empty: type some text or pick an example.")
     return cleaned
+
+
+def json_chars(value, limit: int) -> int:
+    """About how many characters ``value`` takes as JSON (strings and keys by their length, numbers by their
+    text, a container's brackets and separators), counted only until it passes ``limit``: the size check of
+    a value that may come as text, a list, an object, a number or nested any deep, that costs at most
+    ``limit`` steps whatever arrived. Returns ``limit + 1`` once passed."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item) + 2
+        elif isinstance(item, dict):
+            total += 2 + len(item)
+            for key, val in item.items():
+                total += len(key) + 3 if isinstance(key, str) else 24
+                stack.append(val)
+                if total > limit:
+                    break
+        elif isinstance(item, (list, tuple)):
+            total += 2 + len(item)
+            if total <= limit:
+                stack.extend(item)
+        else:
+            total += 4 if item is None or isinstance(item, bool) else 24  # a number at most 24 characters
+        if total > limit:
+            return limit + 1
+    return total
 
 
 def whole_number(value, name: str, lo: int, hi: int) -> int:
@@ -97,6 +125,13 @@ def temperature(value, hi: float = MAX_TEMPERATURE) -> float:
     since dividing logits by it overflows or leaves only the argmax anyway."""
     t = real_number(0.0 if value is None else value, "Temperature", 0.0, hi)
     return 0.0 if t < MIN_TEMPERATURE else t
+
+
+def top_p(value) -> float:
+    """A nucleus mass in (0, 1]; one below :data:`~kvviz.limits.MIN_TOP_P` is raised to it, which keeps only the
+    most likely token (greedy), as any mass that small does: float32 would round it to 0, a nucleus of nothing."""
+    p = real_number(1.0 if value is None else value, "Top-p", 0.0, 1.0, lo_open=True)
+    return max(p, MIN_TOP_P)
 
 
 def looks_like_path(spec: str) -> bool:

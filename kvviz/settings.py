@@ -20,7 +20,8 @@ KVVIZ_CACHE_SALT            1 = each session's prefix blocks hashed with its own
 KVVIZ_MAX_CONFIG_BYTES      largest uploaded or pasted config.json (262144)
 KVVIZ_MAX_JOB_SECONDS       a model job running longer ends with what it has (180)
 KVVIZ_MAX_RSS_GB            no new model jobs while the server's resident memory is above this
-                            (75% of the machine's memory, or 12 where that is unknown)
+                            (75% of the machine's memory or the container's limit if smaller, or 12 where
+                            that is unknown)
 KVVIZ_MAX_KEY_READS         largest job, in attention key reads over all layers and runs
                             (four runs of the longest allowed prompt and generation: ~4e9 for SmolLM2)
 KVVIZ_SESSION_GRACE_S       seconds a closed session's traces are kept for a reconnect (60)
@@ -129,7 +130,8 @@ def _at_most(name: str, value: int, limit: int = MAX_PREFIX_DISK_MB) -> int:
 
 
 def default_max_rss_gb() -> float:
-    """Three quarters of the machine: room for the OS and a job's peak above the ceiling."""
+    """Three quarters of the memory this process may have (the container's limit where there is one): room for
+    the OS and for the jobs admitted just before the ceiling to reach their peaks (docs/deploy.md)."""
     total = machine_memory()
     return round(0.75 * total / 2**30, 1) if total else 12.0
 

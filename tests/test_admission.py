@@ -183,3 +183,22 @@ def test_release_memory_returns_a_fragmented_heap_to_the_os():
     assert before is not None and after is not None
     assert before - after > 150 * 2**20, f"only {(before - after) / 2**20:.0f} MiB went back to the OS"
     assert len(keep) == 100
+
+
+@pytest.mark.parametrize(
+    "limit, expected_gb",
+    [("17179869184\n", 16.0), ("max\n", None), (None, None)],  # a 16 GB Space's container; none; no cgroup
+)
+def test_the_memory_ceiling_is_set_from_the_container_s_limit_not_the_host_s(monkeypatch, tmp_path, limit, expected_gb):
+    from kvviz import admission
+    from kvviz.settings import default_max_rss_gb
+
+    paths = []
+    if limit is not None:
+        (tmp_path / "memory.max").write_text(limit)
+        paths.append(str(tmp_path / "memory.max"))
+    monkeypatch.setattr(admission, "CGROUP_LIMITS", (*paths, str(tmp_path / "absent")))
+    monkeypatch.setattr(admission.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096}.get(name, 2**25))  # 128 GiB
+    total = admission.machine_memory()
+    assert total == (128 if expected_gb is None else expected_gb) * 2**30
+    assert default_max_rss_gb() == 0.75 * total / 2**30  # 12 GiB on the 16 GB Space, 96 on the bare host

@@ -10,17 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from kvviz.limits import MAX_TEMPERATURE, MIN_TEMPERATURE
+from kvviz.limits import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
 from kvviz.models import BUNDLED, ModelLoadError, load_model, resolve_spec
 from kvviz.safety import (
     SessionFiles,
     check_model_spec,
     clean_prompt,
+    json_chars,
     looks_like_path,
     parse_config_json,
     real_number,
     remove_stale,
     temperature,
+    top_p,
     whole_number,
 )
 from kvviz.settings import HUB_DEFAULT
@@ -97,6 +99,59 @@ def test_temperature_keeps_its_range():
     for bad in (-1e-38, MAX_TEMPERATURE * 1.01, "nan", "inf", "hot", True):
         with pytest.raises(ValueError, match="Temperature"):
             temperature(bad)
+
+
+@pytest.mark.parametrize("value", [1e-300, 5e-324, "1e-300", 1e-7])
+def test_a_top_p_float32_cannot_hold_keeps_the_top_token(value):
+    assert top_p(value) == MIN_TOP_P
+
+
+def test_top_p_keeps_its_range():
+    assert top_p(None) == 1.0 and top_p("0.9") == 0.9 and top_p(MIN_TOP_P) == MIN_TOP_P
+    for bad in (0, -1e-300, 1.01, "nan", True, "-0"):
+        with pytest.raises(ValueError, match="Top-p"):
+            top_p(bad)
+
+
+def test_sampling_with_the_smallest_top_p_is_greedy():
+    import torch
+
+    from kvviz.capture.model_io import Sampling, sample
+
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    for p in (MIN_TOP_P, 5e-324):  # a raw 5e-324 (the library's own callers) too: float32 makes it 0
+        picks = {sample(logits, Sampling(0.7, p, seed), torch.Generator().manual_seed(seed)) for seed in range(20)}
+        assert picks == {1}
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "x" * 5000,
+        ["x" * 200_000] * 64,
+        [1] * 10**6,
+        {"k" * 5000: 1},
+        {"a": ["y" * 5000]},
+        _nested(10**5),
+        [{"role": "user", "content": "z" * 3000}, {"role": "assistant", "content": "z" * 3000}],
+    ],
+    ids=["text", "list of long texts", "many items", "long key", "nested text", "deep", "messages"],
+)
+def test_json_chars_bounds_every_shape_in_work_it_stops(value):
+    assert json_chars(value, 4096) == 4097
+    assert json_chars(value, 10**9) >= 4096
+
+
+def test_json_chars_counts_small_values_about_as_json_does():
+    for value in ([], {}, "", 12, None, True, [{"role": "user", "content": "Hi"}], {"a": [1, 2, {"b": "c"}]}):
+        assert json_chars(value, 10**6) >= len(json.dumps(value, separators=(",", ":")))
 
 
 @pytest.mark.parametrize("value", ["-0", "-0.0", -0.0, " -0 "])

@@ -145,6 +145,7 @@ def sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> in
     if sampling.top_p < 1.0:
         sorted_p, idx = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_p, 0) - sorted_p < sampling.top_p
+        keep[0] = True  # the most likely token always (a top_p that rounds to 0 in float32 would keep none)
         probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))
 

@@ -9,9 +9,10 @@ which left mlx-lm reusing nothing from one turn to the next), so reuse stops at 
 drops the whole answer message, not only its text: a small model shown earlier answers that were empty
 answers the new question the same way, with its end-of-turn token first and no text.
 
-A history comes from strangers (``/chat``'s ``history``): its size is checked before it is parsed,
-its shape and roles after (:func:`parse_history`), each message's text as a prompt is
-(:func:`kvviz.safety.clean_prompt`), and the rendered prompt against the deployment's token limit.
+A history comes from strangers (``/chat``'s ``history``): its size is checked before it is parsed — as JSON
+text or as the list (or any other value) a client sent, the same bound — its shape and roles after
+(:func:`parse_history`), each message's text as a prompt is (:func:`kvviz.safety.clean_prompt`), all of them
+together against the longest prompt, and only then is it rendered and counted against the token limit.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 from collections.abc import Sequence
 
 from kvviz.limits import MAX_HISTORY_CHARS, MAX_HISTORY_MESSAGES
-from kvviz.safety import clean_prompt
+from kvviz.safety import clean_prompt, json_chars
 
 MODEL = "model"  # the model's own chat template
 DROP_ANSWERS = "drop-answers"  # the model's template with earlier answers left out
@@ -54,8 +55,14 @@ def available(tokenizer) -> list[str]:
 def parse_history(raw, max_chars: int) -> list[dict[str, str]]:
     """``raw`` (JSON text, or the list it parses to) as checked messages: a list of at most
     :data:`MAX_HISTORY_MESSAGES` ``{"role", "content"}`` objects, user and assistant taking turns from a
-    user message to an answer (the new user message comes separately), each content a prompt of at most
-    ``max_chars`` characters. A ValueError says what is wrong, before anything is tokenized."""
+    user message to an answer (the new user message comes separately), their contents a prompt of at most
+    ``max_chars`` characters together. A ValueError says what is wrong, before anything is tokenized."""
+    if not isinstance(raw, str):  # a list (or anything else) as the client sent it: the JSON text's bound
+        size = json_chars(raw, MAX_HISTORY_CHARS)
+        if size > MAX_HISTORY_CHARS:
+            raise ValueError(
+                f"The history is over {MAX_HISTORY_CHARS:,} characters of JSON; the limit is {MAX_HISTORY_CHARS:,}."
+            )
     if isinstance(raw, str):
         if len(raw) > MAX_HISTORY_CHARS:
             raise ValueError(f"The history is {len(raw):,} characters of JSON; the limit is {MAX_HISTORY_CHARS:,}.")
@@ -73,7 +80,11 @@ def parse_history(raw, max_chars: int) -> list[dict[str, str]]:
         raise ValueError(f"The history has {len(raw):,} messages; the limit is {MAX_HISTORY_MESSAGES}.")
     if len(raw) % 2:
         raise ValueError("The history must end with an answer: pairs of a user message and the assistant's reply.")
-    return [_message(m, i, max_chars) for i, m in enumerate(raw)]
+    out = [_message(m, i, max_chars) for i, m in enumerate(raw)]
+    total = sum(len(m["content"]) for m in out)
+    if total > max_chars:
+        raise ValueError(f"The history's messages are {total:,} characters together; the limit is {max_chars:,}.")
+    return out
 
 
 def _message(m, i: int, max_chars: int) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from kvviz.ui import attention, breakcache, leaderboard, learn, nocache, quant
 from kvviz.ui.blocks import tab as blocks
@@ -12,6 +13,7 @@ from kvviz.ui.memory import tab as memory
 from kvviz.ui.page import deeplinks, first_sight, plotly_preload, present, toasts
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.identity import McpCallers
 
 # (tab title, tab id, module with ``build(ctx)``); the Learn tab and ``?tab=`` links name a tab by its id
 TABS = [
@@ -95,11 +97,16 @@ def serve(demo: gr.Blocks, settings, ctx: AppContext | None = None) -> dict:
     Model handlers carry no Gradio concurrency limit (the gate in ``kvviz/ui/serving/jobs.py`` is the model's
     queue), so each job that waits at the gate holds a worker: there must be one for every job the
     gate may queue or the engine may follow, plus some for the quick events (checks, redraws) that must never wait behind them.
+
+    Uploads stop at the largest file the app reads (a config.json, ``KVVIZ_MAX_CONFIG_BYTES``): Gradio refuses a
+    bigger one while it streams in, instead of keeping it an hour. Each MCP request carries a signed note of its
+    caller, so MCP clients are sessions of their own (``kvviz/ui/serving/identity.py``).
     """
     jobs = settings.queue_size + settings.concurrency + settings.room_size
     demo.queue(max_size=jobs + 16, default_concurrency_limit=settings.concurrency)
-    extra = {} if ctx is None else {"app_kwargs": {"routes": routes(ctx)}}
-    return {"max_threads": jobs + 32, **extra}
+    callers = Middleware(McpCallers, proxy_hops=settings.proxy_hops)
+    app_kwargs: dict = {"middleware": [callers], **({} if ctx is None else {"routes": routes(ctx)})}
+    return {"max_threads": jobs + 32, "max_file_size": settings.max_config_bytes, "app_kwargs": app_kwargs}
 
 
 def routes(ctx: AppContext) -> list:

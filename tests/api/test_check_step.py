@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from types import SimpleNamespace
 
 import httpx
 from gradio_client import Client
+
+from kvviz.ui.serving.identity import session_of
 
 
 def _check_step(demo, button):
@@ -71,7 +74,7 @@ def test_a_refusal_still_comes_from_the_check(inprocess_app):
     ctx, demo, url = inprocess_app.ctx, inprocess_app.demo, inprocess_app.url
     index, inputs = _check_step(demo, ctx.components["eviction.run"])
     session = uuid.uuid4().hex[:11]
-    holder = ctx.jobs.gate.admit(session, "a job already running")
+    holder = ctx.jobs.gate.admit(session_of(SimpleNamespace(session_hash=session)), "a job already running")
     try:
         body = {"data": [c.value for c in inputs], "fn_index": index, "session_hash": session, "event_data": None}
         httpx.post(url + "gradio_api/queue/join", json=body, timeout=30).raise_for_status()

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import httpx
@@ -162,3 +163,107 @@ def test_long_prompts_are_admitted_by_the_model_time_already_outstanding(public_
     assert any(event == "complete" for event, _ in results)
     short = call(url, "generate", ["Name a large animal.", 4, True, 0.0, 1.0, 0], "198.51.100.201")
     assert short[0] == "complete", short
+
+
+def _peak_rss(app, during) -> tuple[int, int, object]:
+    """(RSS before, the highest RSS seen while ``during()`` runs, what it returned), sampled every 10 ms."""
+    before, peak, done = app.rss(), [app.rss()], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], app.rss())
+            done.wait(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        result = during()
+    finally:
+        done.set()
+        sampler.join()
+    return before, max(peak[0], app.rss()), result
+
+
+@pytest.mark.parametrize("shape", ["list", "object"])
+def test_a_chat_history_sent_as_json_is_size_checked_before_it_is_tokenized(public_app, shape):
+    """64 messages of 200,000 characters (12.8 MB) sent as a list — or one message's worth as an object —
+    are refused by the history's size before any tokenizing: quickly, with no memory to speak of."""
+    big = "y" * 200_000
+    history = [{"role": ("user", "assistant")[i % 2], "content": big} for i in range(64)]
+    if shape == "object":
+        history = {"role": "user", "content": big * 8}
+    body = json.dumps({"data": ["And then?", 8, True, 0.0, 1.0, 0, history, "model"]})
+    call(public_app.url, "chat", ["Hi", 2, True, 0.0, 1.0, 0, "[]", "model"], "198.51.100.90")  # warm
+
+    def refused() -> tuple[float, float, str]:
+        with httpx.Client(base_url=public_app.url, timeout=300, headers={"x-forwarded-for": "203.0.113.91"}) as http:
+            t0 = time.perf_counter()
+            posted = http.post("gradio_api/call/chat", content=body, headers={"content-type": "application/json"})
+            t1 = time.perf_counter()
+            with http.stream("GET", f"gradio_api/call/chat/{posted.json()['event_id']}") as stream:
+                text = "\n".join(stream.iter_lines())
+            return t1 - t0, time.perf_counter() - t1, text
+
+    before, peak, (received, answered, text) = _peak_rss(public_app, refused)
+    assert "event: error" in text and "characters of JSON" in text, text[-300:]
+    # the server's own part, once the 12.8 MB body is in: the transfer and Gradio's parse come before any of ours
+    assert answered <= 0.5, f"refused {answered:.2f} s after the request was received"
+    assert received + answered <= 2.0, f"the whole request took {received + answered:.2f} s"
+    assert peak - before <= 50 * 2**20, f"RSS grew {(peak - before) / 2**20:.0f} MiB while refusing it"
+
+
+def test_a_request_without_a_session_is_its_own_nobody_reads_it_by_naming_anonymous(public_app):
+    url, secret = public_app.url, "hunter2-zebra-9931 is my bank PIN, remember it."
+    reply = httpx.post(
+        f"{url}gradio_api/run/generate",
+        json={"data": [secret, 2, True, 0.0, 1.0, 0]},
+        headers={"x-forwarded-for": "198.51.100.78"},
+        timeout=300,
+    )
+    assert reply.status_code == 200 and "data" in reply.json(), reply.text[:300]
+    for fn_index in _room_refreshes(url):
+        for named in ("anonymous", "default", "in-process", "anon:"):
+            seen = _read_room(url, fn_index, named)
+            assert "zebra-9931" not in seen and "bank PIN" not in seen, f"session {named!r} reads the prompt"
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 5e-324, "1e-300"])
+def test_a_top_p_below_float32_s_smallest_runs_greedy(public_app, lm, top_p):
+    event, out = call(public_app.url, "generate", ["Hello!", 4, True, 0.7, top_p, 3], f"203.0.113.{len(str(top_p))}")
+    assert event == "complete", out
+    assert out[0]["text"] == capture(lm, "Hello!", chat=True, max_new_tokens=4).text
+    assert "invalid multinomial" not in public_app.log()
+
+
+def _streamed_upload(size: int, boundary: str = "kvvizboundary"):
+    """A multipart body of one ``size``-byte file, made 1 MiB at a time (never held whole)."""
+    yield (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="config.json"\r\n'
+        "Content-Type: application/json\r\n\r\n"
+    ).encode()
+    chunk = b" " * 2**20
+    for _ in range(size // len(chunk)):
+        yield chunk
+    yield f"\r\n--{boundary}--\r\n".encode()
+
+
+def test_an_upload_past_the_largest_config_is_refused(public_app):
+    size = 200 * 2**20
+    headers = {"content-type": "multipart/form-data; boundary=kvvizboundary", "x-forwarded-for": "203.0.113.92"}
+    try:
+        reply = httpx.post(
+            f"{public_app.url}gradio_api/upload", content=_streamed_upload(size), headers=headers, timeout=120
+        )
+        status, text = reply.status_code, reply.text
+    except httpx.TransportError as exc:  # the server may close the connection once it refused the body
+        status, text = 413, str(exc)
+    assert status == 413, (status, text[:300])
+    kept = [p for p in public_app.temp_dir.rglob("*") if p.is_file() and p.stat().st_size > 1 << 20]
+    assert not kept, f"the server kept {kept}"
+    small = httpx.post(
+        f"{public_app.url}gradio_api/upload",
+        files={"files": ("config.json", b'{"model_type": "llama"}', "application/json")},
+        headers={"x-forwarded-for": "203.0.113.92"},
+        timeout=60,
+    )
+    assert small.status_code == 200, small.text[:300]  # a config.json's size still goes through

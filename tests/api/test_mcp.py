@@ -85,3 +85,45 @@ def test_memory_answers_through_the_mcp_protocol(mcp_app):
     direct = Client(mcp_app.url, verbose=False).predict(*args.values(), api_name="/memory")
     assert out["bytes_per_token"] == direct["bytes_per_token"] == 2 * 80 * 8 * 128 * 2  # Llama-3-70B, bf16
     assert out["total_bytes"] == direct["total_bytes"] == 4 * 8192 * out["bytes_per_token"]
+
+
+@pytest.mark.slow
+def test_two_mcp_sessions_each_run_a_model_tool_at_once(mcp_app):
+    """Gradio's MCP bridge sends every queued tool call through one client with one session hash: without a
+    session per MCP caller, the second caller's run was refused as "your previous generation"."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    name = schema(mcp_app)["generate"]["name"]
+    args = {"prompt_text": "Tell me a long story about the sea.", "max_new_tokens": 64, "chat": True}
+    results: dict[str, object] = {}
+
+    async def one(session_id: str):
+        async with (
+            streamablehttp_client(mcp_app.url + "gradio_api/mcp/", headers={"mcp-session-id": session_id}) as (
+                read,
+                write,
+                _,
+            ),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            results[session_id] = await session.call_tool(name, args)
+
+    async def both():
+        async with (  # a first call makes the bridge's one client (two first calls at once may make two)
+            streamablehttp_client(mcp_app.url + "gradio_api/mcp/") as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            memory = await session.call_tool(schema(mcp_app)["memory"]["name"], {"config": "Llama-3-8B"})
+            assert not memory.isError
+        async with anyio.create_task_group() as tasks:
+            for session_id in ("mcp-one", "mcp-two"):
+                tasks.start_soon(one, session_id)
+
+    anyio.run(both)
+    for session_id, result in results.items():
+        text = result.content[0].text
+        assert not result.isError and "still running" not in text, (session_id, text[:300])
+        assert ast.literal_eval(text)["generated_tokens"] >= 1

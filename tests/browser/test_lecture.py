@@ -59,6 +59,39 @@ def test_a_deep_link_opens_the_view_and_copy_link_gives_it_back(browser_context,
         tab.close()
 
 
+def test_a_link_s_text_is_echoed_as_plain_text_never_as_a_link_image_or_style(browser_context, app_server):
+    from urllib.parse import quote, urlsplit
+
+    pixel = app_server + "px.png"  # a tracking pixel would be fetched from the server itself: no request may reach it
+    hostile = [  # (name, value, what the note must show as text)
+        ("tab", "[log in again](http://127.0.0.1:9/login)", "[log in again](http"),
+        ("tab", f"![a]({pixel})", "![a](http"),
+        ("tab", f"<img src={pixel}>", "<img src=http"),
+        ("<b style=color:red;font-size:99px>X</b>", "1", "<b style=color:red"),
+    ]
+    for name, value, text in hostile:
+        tab = browser_context.new_page()
+        asked: list[str] = []
+        tab.on(
+            "request", lambda r, asked=asked: asked.append(r.url) if urlsplit(r.url).path.endswith("px.png") else None
+        )
+        tab.set_default_timeout(30_000)
+        try:
+            tab.goto(f"{app_server}?{quote(name)}={quote(value)}", wait_until="load")
+            note = tab.locator("#link-note")
+            note.get_by_text("ignored", exact=False).wait_for()
+            inside = note.evaluate(
+                "n => ({links: n.querySelectorAll('a').length, images: n.querySelectorAll('img').length,"
+                " styled: n.querySelectorAll('p [style]').length, bold: n.querySelectorAll('b').length})"
+            )
+            assert inside == {"links": 0, "images": 0, "styled": 0, "bold": 0}, (name, value, inside)
+            assert text in note.inner_text(), (text, note.inner_text())
+            tab.wait_for_timeout(300)
+            assert not asked, f"the note made the browser fetch {asked}"
+        finally:
+            tab.close()
+
+
 @pytest.mark.parametrize("width,height", [(1280, 720), (1920, 1080)])
 def test_presentation_mode_enlarges_chart_text_without_covering_titles(browser_context, app_server, width, height):
     plain = open_page(browser_context, app_server + "?tab=memory", width, height)

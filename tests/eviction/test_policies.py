@@ -400,3 +400,15 @@ def test_kvzip_evicts_the_lowest_scores_over_every_layer_and_head():
     assert ((layerwise.keep >= 0).sum((-1, -2)) == HKV * n // 2).all()  # the same count in every layer
     with pytest.raises(ValueError, match="reconstruction"):
         make_policy("kvzip").select(dataclasses.replace(fake_state(40, 20), reconstruction=None))
+
+
+def test_params_with_a_million_unknown_names_are_refused_in_one_step():
+    import time
+
+    from kvviz.eviction.policies import check_params
+
+    values = {f"k{i:07d}": 1 for i in range(10**6, 0, -1)}
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="does not apply to policy 'h2o'"):
+        check_params("h2o", values)
+    assert time.perf_counter() - t0 < 0.05  # sorting the unknown names first took ~1 s

@@ -18,6 +18,7 @@ from kvviz.figures import blocks_room as fig
 from kvviz.limits import MAX_EVENT_LOG_BYTES
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.identity import session_of
 from kvviz.ui.serving.jobs import UserError
 from kvviz.ui.serving.sessions import user_errors
 
@@ -54,7 +55,7 @@ def build(ctx: AppContext, decode) -> None:
     def exported(request: gr.Request):
         if ctx.engine.prefix is None:
             raise UserError(NO_STORE)
-        text = export_text(ctx, getattr(request, "session_hash", None))
+        text = export_text(ctx, session_of(request))
         path = ctx.session_dir(request) / "kvviz-kv-events.jsonl"
         path.write_text(text)
         return str(path)

@@ -22,6 +22,7 @@ from kvviz.figures import prefix_tiers
 from kvviz.ui.blocks import events
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.identity import session_of
 from kvviz.ui.serving.model_job import ModelJob, Size
 from kvviz.ui.serving.precompute import live_box, origin, shared
 from kvviz.units import format_bytes
@@ -102,8 +103,8 @@ def _live(ctx: AppContext) -> None:
     events.build(ctx, decode)
 
     def tick(last, request: gr.Request):
-        # no session (a bare API call): it reads only the server's and shared blocks
-        return refresh(ctx, decode, last, getattr(request, "session_hash", None))
+        # no session (a bare API call) is a session of its own: it reads only the server's and shared blocks
+        return refresh(ctx, decode, last, session_of(request))
 
     outputs = [summary, tree, table, sources, shown]
     tab = _enclosing_tab()

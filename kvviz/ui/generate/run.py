@@ -22,13 +22,14 @@ from kvviz.chat.history import MODEL
 from kvviz.limits import MAX_SEED
 from kvviz.memory.capacity import max_context
 from kvviz.memory.layout import cache_layout
-from kvviz.safety import real_number, whole_number
 from kvviz.safety import temperature as checked_temperature
+from kvviz.safety import top_p as checked_top_p
+from kvviz.safety import whole_number
 from kvviz.ui.generate.chat import api_turn, chat_ids, history_of
 from kvviz.ui.generate.stream import STATUS_S, LiveRun, mark, replay_range
 from kvviz.ui.generate.views import Form, Frame, Views
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.jobs import session_of
+from kvviz.ui.serving.identity import session_of
 from kvviz.ui.serving.model_job import Job, ModelJob, Size, prompt_ids
 from kvviz.ui.serving.precompute import origin, share_trace
 from kvviz.ui.serving.sessions import user_errors
@@ -70,7 +71,7 @@ def validate_request(
         n_new = whole_number(max_new_tokens, "Max new tokens", 1, ctx.settings.max_new_tokens)
         sampling = Sampling(
             checked_temperature(temperature),
-            real_number(1.0 if top_p is None else top_p, "Top-p", 0.0, 1.0, lo_open=True),
+            checked_top_p(top_p),
             whole_number(0 if seed is None else seed, "Seed", 0, MAX_SEED),
         )
         sampling.validate()

@@ -8,6 +8,7 @@ unknown, out of range or malformed is left out with a note on the page — a lin
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -121,10 +122,13 @@ def make_link(base: str, tab: str | None, values: Mapping[str, Any]) -> str:
 
 
 def note_text(notes: list[str]) -> str:
-    """The note shown under the title when a link had values that were left out."""
+    """The note shown under the title when a link had values that were left out, as HTML whose every character
+    of the link is plain text: a link is written by whoever sends it, and the page must not lend it its voice
+    (no link, image, markup or style made of ``?tab=[log in](http://…)`` or ``<img src=…>``)."""
     if not notes:
         return ""
-    return "⚠ **Parts of this link were ignored:** " + " ".join(notes[:8]) + (" …" if len(notes) > 8 else "")
+    text = " ".join(notes[:8]) + (" …" if len(notes) > 8 else "")
+    return f"<p>⚠ <strong>Parts of this link were ignored:</strong> {html.escape(text)}</p>"
 
 
 # the open tab (its button's text) and the page's address, read in the browser for "Copy link"
@@ -147,7 +151,7 @@ class LinkBar:
 
 def bar() -> LinkBar:
     """The note about a link's ignored parts, and "Copy link" with the link it made."""
-    note = gr.Markdown(elem_id="link-note")
+    note = gr.HTML(elem_id="link-note")  # the note's text escaped: nothing in a link renders as markup
     with gr.Row(equal_height=True):
         url = gr.Textbox(
             label="Link to this view",

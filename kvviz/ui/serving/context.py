@@ -19,6 +19,7 @@ from kvviz.engine.engine import Engine
 from kvviz.models import LoadedModel, cache_root
 from kvviz.safety import SessionFiles
 from kvviz.settings import Settings
+from kvviz.ui.serving.identity import ANONYMOUS, session_of
 from kvviz.ui.serving.jobs import Jobs
 
 
@@ -124,20 +125,22 @@ class AppContext:
         self.listeners.insert(0 if first else len(self.listeners), (fn, inputs, outputs))
 
     def stop_flag(self, request: gr.Request | None) -> threading.Event:
-        """The session's Stop flag (keyed by session, never shared between users)."""
-        key = getattr(request, "session_hash", None) or "default"
+        """The session's Stop flag (keyed by session, never shared between users); a request without a session
+        gets one of its own, not kept (no other request can name its session to press Stop)."""
+        key = session_of(request)
+        if key.startswith(ANONYMOUS):
+            return threading.Event()
         return self.stop_flags.setdefault(key, threading.Event())
 
     def forget_session(self, request: gr.Request | None) -> None:
-        key = getattr(request, "session_hash", None) or "default"
-        self.stop_flags.pop(key, None)
+        self.stop_flags.pop(session_of(request), None)
 
     # per-session exports and the end of a session
     def session_dir(self, request: gr.Request | None) -> Path:
         """A fresh folder for one export, inside the session's own temp folder (deleted when it ends)."""
-        return self.files.run_folder(getattr(request, "session_hash", None))
+        return self.files.run_folder(session_of(request))
 
     def end_session(self, request: gr.Request | None) -> None:
         """The user closed the page: drop their Stop flag and delete their files."""
         self.forget_session(request)
-        self.files.forget(getattr(request, "session_hash", None))
+        self.files.forget(session_of(request))

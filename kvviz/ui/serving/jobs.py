@@ -29,6 +29,7 @@ from kvviz.admission import Gate, Refusals, Refused, Ticket
 from kvviz.capture.trace import ModelInfo
 from kvviz.limits import check_cost, job_cost, model_seconds
 from kvviz.settings import Settings
+from kvviz.ui.serving.identity import client_of, session_of
 
 log = logging.getLogger("kvviz")
 
@@ -40,27 +41,6 @@ class UserError(gr.Error):
         kwargs.setdefault("print_exception", False)
         super().__init__(message, **kwargs)
         log.info("refused: %s", message.replace("\n", " ")[:300])
-
-
-def session_of(request: gr.Request | None) -> str:
-    """The caller's session (one per browser tab or API client)."""
-    return getattr(request, "session_hash", None) or "anonymous"
-
-
-def client_of(request: gr.Request | None, proxy_hops: int = 0) -> str | None:
-    """The caller's network address. Gradio gives the connection's peer (``request.client.host``; uvicorn
-    already puts there the X-Forwarded-For address a proxy on the loopback sends). Behind ``proxy_hops``
-    proxies that each append the address they saw to X-Forwarded-For (a Space's), it is the entry that
-    many from the end: the ones before it are the caller's own to forge."""
-    if request is None:
-        return None
-    if proxy_hops > 0:
-        headers = getattr(request, "headers", None) or {}
-        forwarded = [a.strip() for a in (headers.get("x-forwarded-for") or "").split(",") if a.strip()]
-        if len(forwarded) >= proxy_hops:
-            return forwarded[-proxy_hops]
-    client = getattr(request, "client", None)
-    return getattr(client, "host", None) or None
 
 
 class Jobs:
@@ -169,7 +149,8 @@ class Jobs:
         while not ticket.wait(poll):
             pos = ticket.position()
             if pos > 0:
-                yield f"Queued: position {pos} of {self.gate.snapshot()['waiting']} — your run starts when the ones before it finish."
+                waiting = ticket.gate.snapshot()["waiting"]  # the line of the gate this ticket waits at
+                yield f"Queued: position {pos} of {waiting} — your run starts when the ones before it finish."
 
     def timeout_note(self, ticket: Ticket) -> str:
         """What to tell the user when a run ended on its time budget (else "")."""

@@ -18,6 +18,16 @@ from kvviz.ui.generate.views import Form
 from kvviz.ui.serving.context import AppContext
 
 PAIR = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+
+
+def _nested(depth: int) -> list:
+    """[[[…]]] ``depth`` lists deep, built without recursion (as a JSON parser would hand it over)."""
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 HOSTILE = {
     "huge": ("x" * (MAX_HISTORY_CHARS + 1), r"characters of JSON; the limit"),
     "huge list": (json.dumps(PAIR * (MAX_HISTORY_MESSAGES // 2 + 1)), r"messages; the limit is 64"),
@@ -36,7 +46,18 @@ HOSTILE = {
     "content not text": (json.dumps([{"role": "user", "content": {"a": 1}}, PAIR[1]]), r"must be text"),
     "content empty": (json.dumps([{"role": "user", "content": " \x00 "}, PAIR[1]]), r"content is empty"),
     "content too long": (json.dumps([{"role": "user", "content": "y" * 3000}, PAIR[1]]), r"3,000 characters"),
-    "past the token limit": (json.dumps([{"role": "user", "content": "word " * 399}, PAIR[1]] * 3), r"exceeds"),
+    "past the token limit": (json.dumps([{"role": "user", "content": "🙂" * 1000}, PAIR[1]]), r"exceeds"),
+    "long together": (json.dumps([{"role": "user", "content": "y" * 1500}, PAIR[1]] * 2), r"3,012 characters together"),
+    # the same bounds for a history sent as a JSON list (or any other value) rather than as JSON text
+    "a list of long messages": ([{"role": "user", "content": "y" * 200_000}, PAIR[1]] * 32, r"of JSON; the limit"),
+    "a list of many items": ([1] * 1_000_000, r"characters of JSON; the limit"),
+    "a list nested deep": (_nested(100_000), r"characters of JSON; the limit"),
+    "a list nested less deep": (_nested(1000), r"must end with an answer"),
+    "an object": ({"role": "user", "content": "x" * 1_000_000}, r"characters of JSON; the limit"),
+    "a small object": (PAIR[0], r"must be a JSON list"),
+    "a number given as one": (12, r"must be a JSON list"),
+    "a list past the token limit": ([{"role": "user", "content": "🙂" * 1000}, PAIR[1]], r"exceeds"),
+    "a list long together": ([{"role": "user", "content": "y" * 1500}, PAIR[1]] * 2, r"characters together"),
 }
 
 

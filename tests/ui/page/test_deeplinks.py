@@ -59,7 +59,7 @@ def test_hostile_values_are_left_out_with_a_note(components, query, fragment):
     link = parse_link(query, components, TAB_IDS)
     assert not link.values
     assert any(fragment in n for n in link.notes), link.notes
-    assert note_text(link.notes).startswith("⚠")
+    assert note_text(link.notes).startswith("<p>⚠")
 
 
 def test_valid_parts_of_a_half_bad_link_still_apply(components):
@@ -77,3 +77,34 @@ def test_make_link_round_trips_through_parse(components):
     query = dict(p.split("=") for p in url.split("?")[1].split("&"))
     assert parse_link(query, components, TAB_IDS).values["memory.context"] == 131072
     assert make_link("http://host/", None, {}) == "http://host/"
+
+
+@pytest.mark.parametrize(
+    "query, shown",
+    [
+        ({"tab": "[log in again](http://evil.example/login)"}, "[log in again](http://evil"),
+        ({"tab": "![a](http://evil.example/px.png)"}, "![a](http://evil.example/px.png)"),
+        ({"tab": "<img src=http://evil.example/px.png>"}, "<img src=http://evil.example"),
+        ({"tab": "memory", "<b style=color:red;font-size:99px>X</b>": "1"}, "<b style=color:red;font-size"),
+        ({"tab": "memory", "config": "<script>alert(1)</script>"}, "<script>alert(1)</script>"),
+    ],
+)
+def test_a_link_s_text_is_plain_text_in_the_note(components, query, shown):
+    """The note is HTML in which only its own lead-in is markup: every character of the link is text."""
+    from html.parser import HTMLParser
+
+    class Tags(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.text = [], ""
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append((tag, attrs))
+
+        def handle_data(self, data):
+            self.text += data
+
+    parsed = Tags()
+    parsed.feed(note_text(parse_link(query, components, TAB_IDS).notes))
+    assert parsed.tags == [("p", []), ("strong", [])]
+    assert shown in parsed.text, parsed.text

@@ -17,6 +17,7 @@ from kvviz.ui.generate import run as generate_run
 from kvviz.ui.generate.views import Form
 from kvviz.ui.serving import model_job
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.identity import session_of
 
 UI = Path(model_job.__file__).resolve().parents[1]
 
@@ -166,7 +167,7 @@ def test_a_check_takes_no_place_and_a_run_gives_its_place_back(ctx):
     assert ctx.jobs.gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
     with pytest.raises(gr.Error, match="Tokens to generate"):
         check(None, "Hello!", True, 10_000)
-    holder = ctx.jobs.room.admit(None, "generation")  # the same session's Generate run
+    holder = ctx.jobs.room.admit(session_of(None), "generation")  # the same (in-process) session's Generate run
     try:
         with pytest.raises(gr.Error, match="still running"):
             check(None, "Hello!", True, 2)
