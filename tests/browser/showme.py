@@ -9,7 +9,7 @@ import re
 import time
 
 from kvviz.lessons.objectives import LIVE_MLA, LIVE_NOTE, LIVE_SHARING, LIVE_STATE, OBJECTIVES, PITFALLS
-from tests.browser.test_learn_journey import READY, TAB_TITLES, text_of
+from tests.browser.test_learn_journey import TAB_TITLES, ready_for, text_of
 
 READY_TIMEOUT_MS = 1_800_000  # the examples on a busy 2-core machine (a few minutes when it is quiet)
 IDLE = (
@@ -53,7 +53,7 @@ def show_mes() -> list[tuple[str, object]]:
 
 def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
     """Seconds from the click until the view shows its result, idle, with the named view in the viewport."""
-    ready = READY.get(sm.tab)
+    ready = ready_for(sm)
     old = text_of(page, ready[0]) if ready else None
     change = sm.tab not in ("tab_attention", "tab_memory")  # these may show the same text again
     page.evaluate(WATCH_SPOT, sm.anchor)

@@ -17,6 +17,14 @@ READY = {
     "tab_attention": ("#attn-status", r"\S"),
     "tab_eviction": ("#evict-verdict", r"\S"),
 }
+# a show-me whose view has its own result line (beside its tab's): what it shows once loaded
+READY_BY_ANCHOR = {"arch-summary": ("#arch-summary", r"Cache measured from its tensors")}
+
+
+def ready_for(sm) -> tuple[str, str] | None:
+    return READY_BY_ANCHOR.get(sm.anchor or "") or READY.get(sm.tab)
+
+
 TAB_TITLES = {
     "tab_generate": "Generate",
     "tab_attention": "Attention",
@@ -86,7 +94,7 @@ def open_learn(page, inner: str) -> None:
 
 def show_me(page, button_id: str, sm, must_change: bool = True) -> None:
     """Click a show-me button and wait until its view has loaded the example."""
-    ready = READY.get(sm.tab)
+    ready = ready_for(sm)
     old = text_of(page, ready[0]) if ready else None
     missing = "not in this build yet" in page.locator(f"#{button_id}-note").inner_text()
     page.locator(f"#{button_id}").click()
