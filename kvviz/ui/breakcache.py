@@ -19,7 +19,8 @@ from kvviz.limits import MAX_DEBUG_NEW_TOKENS
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.model_job import ModelJob, Size, prompt_ids
+from kvviz.ui.serving.job import Size
+from kvviz.ui.serving.model_job import ModelJob, prompt_ids
 from kvviz.ui.serving.precompute import live_box, origin, shared
 from kvviz.ui.serving.sessions import user_errors
 

@@ -24,8 +24,9 @@ from kvviz.leaderboard.tasks import TASKS, make_samples
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.jobs import UserError
-from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.sessions import user_errors
 
 MAX_OWN_SAMPLES = 4  # a sweep run from the page: samples per task, at 512 tokens

@@ -22,7 +22,8 @@ from kvviz.lessons.questions import QUESTIONS, Answer, Question
 from kvviz.ui.page.present import STEP_CLASS
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.model_job import ModelJob, Size, prompt_ids
+from kvviz.ui.serving.job import Size
+from kvviz.ui.serving.model_job import ModelJob, prompt_ids
 from kvviz.ui.serving.sessions import user_errors
 
 EXAMPLE_PROMPT = "Once upon a time"

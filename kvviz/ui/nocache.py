@@ -16,8 +16,9 @@ from kvviz.safety import whole_number
 from kvviz.ui.page.first_sight import Example, once
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.jobs import UserError
-from kvviz.ui.serving.model_job import ModelJob, Size, prompt_ids
+from kvviz.ui.serving.model_job import ModelJob, prompt_ids
 from kvviz.ui.serving.precompute import live_box, origin, shared
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.units import plural

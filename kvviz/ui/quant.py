@@ -27,8 +27,9 @@ from kvviz.ui.page.first_sight import Example, once
 from kvviz.ui.page.widgets import clear_on_refusal
 from kvviz.ui.quant_layout import CUSTOM, QuantViews, layout
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
+from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.jobs import UserError
-from kvviz.ui.serving.model_job import ModelJob, Size, prompt_ids
+from kvviz.ui.serving.model_job import ModelJob, prompt_ids
 from kvviz.ui.serving.precompute import shared
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.units import format_bytes

@@ -23,7 +23,8 @@ from kvviz.lessons.objectives import SIDE_CHANNEL
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.job import Size
+from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.precompute import live_box, origin, shared
 from kvviz.ui.serving.sessions import user_errors
 

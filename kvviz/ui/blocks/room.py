@@ -23,7 +23,8 @@ from kvviz.ui.blocks import events
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.identity import session_of
-from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.job import Size
+from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.precompute import live_box, origin, shared
 from kvviz.units import format_bytes
 

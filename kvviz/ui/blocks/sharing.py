@@ -16,7 +16,8 @@ from kvviz.safety import clean_prompt
 from kvviz.ui.blocks.checks import block_size_of
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.job import Size
+from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.sessions import user_errors
 
 MAX_PROMPTS = 4

@@ -30,7 +30,8 @@ from kvviz.ui.page.first_sight import Example, once, trace_views
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.job import Size
+from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.sessions import user_errors
 
 DEFAULT_PROMPT = "In two sentences: why does a serving engine store the KV cache in fixed-size blocks?"

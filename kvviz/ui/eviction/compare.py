@@ -22,8 +22,9 @@ from kvviz.figures import eviction_compare as fig
 from kvviz.ui.eviction.request import library_call, policy_passes
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.jobs import UserError
-from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.precompute import live_box, origin, shared
 
 

@@ -18,8 +18,9 @@ from kvviz.eviction.run import EvictionRequest
 from kvviz.figures import eviction_compare as fig
 from kvviz.ui.page.widgets import waiting_table
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.jobs import UserError
-from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.model_job import ModelJob
 
 RUNS = 7  # the full cache, then the policy, the quantization and both, each teacher-forced and free
 POLICY_RUNS = 4  # of those, the runs that make the policy's own passes (KVzip's repeat of the context)

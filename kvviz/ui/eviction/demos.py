@@ -28,7 +28,8 @@ from kvviz.ui.eviction import compare as eviction_compare
 from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call, status_text, views
 from kvviz.ui.page.first_sight import Example, once
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
-from kvviz.ui.serving.model_job import ModelJob, Size
+from kvviz.ui.serving.job import Size
+from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.precompute import live_box, origin, shared
 
 

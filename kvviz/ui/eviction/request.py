@@ -16,8 +16,9 @@ from kvviz.figures import eviction as fig
 from kvviz.limits import MAX_BUDGET_TOKENS, MAX_QUESTION_CHARS, check_prompt_length, prompt_limit
 from kvviz.safety import clean_prompt, real_number, whole_number
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.job import Job, Size
 from kvviz.ui.serving.jobs import UserError
-from kvviz.ui.serving.model_job import Job, ModelJob, Size
+from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.sessions import user_errors
 
 # what is compressed after the prefill: (what the page says, the value handlers compare)

@@ -30,7 +30,8 @@ from kvviz.ui.generate.stream import STATUS_S, LiveRun, mark, replay_range
 from kvviz.ui.generate.views import Form, Frame, Views
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.identity import session_of
-from kvviz.ui.serving.model_job import Job, ModelJob, Size, prompt_ids
+from kvviz.ui.serving.job import Job, Size
+from kvviz.ui.serving.model_job import ModelJob, prompt_ids
 from kvviz.ui.serving.precompute import origin, share_trace
 from kvviz.ui.serving.sessions import user_errors
 from kvviz.ui.serving.streaming import Snapshot

@@ -32,7 +32,7 @@ from kvviz.demo_files import DemoFiles, NotStorable, Unreadable, code_version
 from kvviz.demo_store import Compute, Entry
 from kvviz.examples import GENERATE_EXAMPLE, examples
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.model_job import Job
+from kvviz.ui.serving.job import Job
 
 log = logging.getLogger("kvviz")
 SESSION = "kvviz-precompute"

@@ -10,7 +10,7 @@ from kvviz.settings import Settings
 from kvviz.ui.eviction import tab
 from kvviz.ui.eviction.request import api_evict, request_size
 from kvviz.ui.serving.context import AppContext
-from kvviz.ui.serving.model_job import Job
+from kvviz.ui.serving.job import Job
 
 CONTEXT = " ".join(f"Room {i} holds the {i}th box of the archive." for i in range(12))
 QUESTION = "Question: Which room holds the 5th box?"
