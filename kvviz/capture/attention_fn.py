@@ -9,8 +9,10 @@ returns them. One call is computed by kvviz instead: plain causal SDPA in fp32 (
 softmax(QKᵀ·scale + causal mask)·V), whose probabilities the recorder has to compute anyway — it
 multiplies them by the values itself rather than have SDPA compute them a second time, and checks
 that output against SDPA's own on the call's last queries (every prefill forward, the first decode
-step); the equivalence check compares the whole run with the model as loaded. Models whose attention
-never calls transformers' AttentionInterface (Falcon, Bloom, MPT: "legacy" attention) run their own
+step); the equivalence check compares the whole run with the model as loaded. Models whose layers do not hand
+a forward's extra arguments down to the interface (Falcon since transformers 5.25, whose ALiBi arrives in the
+mask) get the run's recorder from the model call itself (:func:`_keep_given`). Models whose attention
+never calls transformers' AttentionInterface (Bloom, MPT, Falcon before 5.25: "legacy" attention) run their own
 eager path with ``output_attentions`` instead, and a forward hook per attention layer hands those
 probabilities to the recorder. :func:`kvviz.models.check_capturable` refuses,
 in one line naming the feature, what cannot be captured; ``unpatched`` holds the model without
@@ -85,8 +87,9 @@ def capture_attention(module, query, key, value, attention_mask, *args, **kwargs
 
     query: [B, Hq, q, Dk]; key: [B, Hkv, k, Dk]; value: [B, Hkv, k, Dv] (the layer's whole cache).
     """
-    recorder = kwargs.pop(RECORDER_KWARG, None)
-    override = kwargs.pop(OVERRIDE_KWARG, None)
+    given = _given()  # what the model's caller passed, for models whose layers drop extra arguments
+    recorder = kwargs.pop(RECORDER_KWARG, given.get(RECORDER_KWARG))
+    override = kwargs.pop(OVERRIDE_KWARG, given.get(OVERRIDE_KWARG))
     impl = _wraps.get(attn_implementation(getattr(module, "config", None)))
     if impl is None:
         raise CaptureError(f"{type(module).__name__} has no config naming its attention implementation.")
@@ -160,6 +163,34 @@ def record_call(
 
 
 # ---- installing ----------------------------------------------------------------------------------
+def _given() -> dict:
+    """kvviz's arguments to the innermost model call running in this thread (see :func:`_keep_given`)."""
+    stack = getattr(_tls, "given", None)
+    return stack[-1] if stack else {}
+
+
+def _keep_given(module, args, kwargs) -> None:
+    """Keep kvviz's arguments of a model call for the attention calls inside it. Most models hand a forward's
+    extra keyword arguments down to their attention; some (Falcon since transformers 5.25) call the
+    attention interface without them, and the wrapper then reads them here."""
+    mine = {k: kwargs[k] for k in (RECORDER_KWARG, OVERRIDE_KWARG) if k in kwargs}
+    _tls.given = [*getattr(_tls, "given", []), {**_given(), **mine}]  # an inner call the outer one dropped them for
+
+
+def _drop_given(module, args, kwargs, output) -> None:
+    _tls.given = getattr(_tls, "given", [None])[:-1]
+
+
+def _given_hooks(model) -> list:
+    """Hooks on the model and its base model that keep each call's kvviz arguments (``always_call``: popped
+    when a forward raises too)."""
+    hooks = []
+    for m in dict.fromkeys((model, getattr(model, "base_model", model))):
+        hooks.append(m.register_forward_pre_hook(_keep_given, with_kwargs=True))
+        hooks.append(m.register_forward_hook(_drop_given, with_kwargs=True, always_call=True))
+    return hooks
+
+
 def _legacy_hook(module, args, kwargs, output):
     """Hand the probabilities a legacy attention layer returned to this thread's recorder, then drop
     them from the output (so the model does not keep every layer's T × T matrix)."""
@@ -206,6 +237,7 @@ def _install(model) -> dict:
         entry["hooks"] = [m.register_forward_hook(_legacy_hook, with_kwargs=True) for m in attention_modules(model)]
     else:
         model.set_attn_implementation(_name_for(previous))
+        entry["hooks"] = _given_hooks(model)
     return entry
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvviz.capture.tolerance import output_tolerance
 from kvviz.models import CaptureError
 
 
@@ -108,7 +109,7 @@ def agree(layer: int, mine: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
     ``ref`` (same shape) within the tolerance of ``dtype``; ``what`` says what kvviz computed."""
     ref = ref.float()
     err, size = (mine.float() - ref).abs().max().item(), ref.abs().max().item()
-    tol = (1e-3 if dtype == torch.float32 else 3e-2) * max(size, 1e-3)
+    tol = output_tolerance(dtype) * max(size, 1e-3)
     if not err <= tol:
         raise CaptureError(
             f"kvviz cannot capture layer {layer} faithfully: {what} the layer's own attention output "

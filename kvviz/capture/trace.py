@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-EQUIVALENCE_TOLERANCE = 1e-3  # largest |Δ logit| between cached decoding and full recomputation that is fp rounding
+# largest |Δ logit| between cached decoding and full recomputation that is fp32 rounding; the floor of every dtype's
+# tolerance (kvviz.capture.tolerance derives the others from their precision)
+EQUIVALENCE_TOLERANCE = 1e-3
 
 FORMAT_VERSION = 1
 _ARRAYS = (
@@ -272,7 +274,27 @@ class Trace:
             out["max_abs_logit_diff_vs_recompute"] = self.equivalence.get("max_abs_logit_diff")
             out["max_abs_attn_output_diff_vs_recompute"] = self.equivalence.get("max_abs_attn_output_diff")
             out["max_abs_logit_diff_vs_unpatched"] = self.equivalence.get("max_abs_logit_diff_vs_unpatched")
+            out["equivalence"] = self.verdict()
         return out
+
+    def verdict(self) -> dict:
+        """The equivalence check in a few fields: whether the cache changed nothing, judged by the tolerance of
+        the dtype the run computed in (runs recorded before it was stored: fp32's), and the greedy tokens'
+        and top-k ranking's agreement. Empty when the run was not checked."""
+        eq = self.equivalence
+        if not eq:
+            return {}
+        tol = eq.get("tolerance", EQUIVALENCE_TOLERANCE)
+        return {
+            "cache_changes_nothing": bool(eq["max_abs_logit_diff"] < tol),
+            "dtype": eq.get("dtype", self.model.dtype),
+            "tolerance": tol,
+            "positions_checked": eq.get("positions_checked"),
+            "greedy_tokens_agree": eq.get("top1_agree"),
+            "top_k": eq.get("top_k"),
+            "top_k_ranking_agrees": eq.get("topk_agree"),
+            "near_ties": eq.get("near_ties"),
+        }
 
     def nbytes(self) -> int:
         """Bytes the trace's arrays hold (the capture-memory benchmark's measure)."""

@@ -32,7 +32,7 @@ from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import cache_kwarg, forward
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.recorder import Recorder, RecorderConfig
-from kvviz.capture.trace import EQUIVALENCE_TOLERANCE as TOLERANCE
+from kvviz.capture.tolerance import agreement
 from kvviz.models import LoadedModel, attention_modules
 
 BATCH_TOKENS = 4096  # tokens per recomputation forward (padded: B × longest sequence)
@@ -74,17 +74,23 @@ def _recompute(lm: LoadedModel, gens: Sequence[Generation]) -> list[dict]:
     else:
         segments = [Segment(f, 0, DynamicCache(config=lm.config), r) for f, r in zip(feeds, recs)]
         fulls = packed_forward(lm, segments, keep)
-    return [_compare(g, full, rec) for g, full, rec in zip(gens, fulls, recs)]
+    return [_compare(lm, g, full, rec) for g, full, rec in zip(gens, fulls, recs)]
 
 
-def _compare(g: Generation, full: torch.Tensor, rec: Recorder) -> dict:
+def _compare(lm: LoadedModel, g: Generation, full: torch.Tensor, rec: Recorder) -> dict:
     if g.rec is None:
         raise ValueError("The check needs a recorded run.")
     n = len(g.logits_seen)
-    logit_diff = (full - torch.stack(g.logits_seen)).abs().max().item()
+    cached = torch.stack(g.logits_seen)
+    logit_diff = (full - cached).abs().max().item()
     full_out = rec.outputs[0]
     out_diff = _output_diff(_cached_outputs(g), full_out[:, -n:] if full_out is not None else None)
-    return {"max_abs_logit_diff": logit_diff, "max_abs_attn_output_diff": out_diff, "positions_checked": n}
+    return {
+        "max_abs_logit_diff": logit_diff,
+        "max_abs_attn_output_diff": out_diff,
+        "positions_checked": n,
+        **agreement(full, cached, lm.dtype, g.trace.model.layers),
+    }
 
 
 def _cached_outputs(g: Generation) -> torch.Tensor | None:
@@ -117,7 +123,7 @@ def check(lm: LoadedModel, gens: Sequence[Generation], timeout: float = 10.0) ->
     with torch.inference_mode():
         out = _unpatched(lm, gens, timeout)
         unread = [res.pop("_outputs_unread") for res in out]
-        again = [(g, res) for g, res, u in zip(gens, out, unread) if u or res["max_abs_logit_diff"] >= TOLERANCE]
+        again = [(g, res) for g, res, u in zip(gens, out, unread) if u or res["max_abs_logit_diff"] >= res["tolerance"]]
         if again:
             with installed(lm.model, state_layers=gens[0].trace.model.attention_layers is not None):
                 for (_, res), through in zip(again, recompute(lm, [g for g, _ in again])):
@@ -236,7 +242,8 @@ def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -
             h.remove()
     results = []
     for b, (g, full) in enumerate(zip(gens, fulls)):
-        diff = (full - torch.stack(g.logits_seen)).abs().max().item()
+        cached = torch.stack(g.logits_seen)
+        diff = (full - cached).abs().max().item()
         layers = [seen[i][b] for i in sorted(seen)] if len(seen) == g.trace.model.layers else None
         same = layers is not None and len({tuple(x.shape) for x in layers}) == 1
         mine = _cached_outputs(g)
@@ -252,6 +259,7 @@ def _unpatched_batch(lm: LoadedModel, gens: Sequence[Generation], alone: bool) -
                 "unpatched_reference": alone,
                 "recomputations": 1,
                 "shared_prefix_tokens": shared,
+                **agreement(full, cached, lm.dtype, g.trace.model.layers),
             }
         )
     return results

@@ -183,11 +183,15 @@ def model_card(info: ModelInfo) -> str:
 
 
 def equivalence_text(trace: Trace) -> str:
-    """Markdown verdict of the cached-vs-recompute check."""
+    """Markdown verdict of the cached-vs-recompute check, judged by the tolerance of the dtype the run computed
+    in (:mod:`kvviz.capture.tolerance`; runs stored before it was recorded: fp32's 1e-3), with the greedy
+    tokens' and the top-k ranking's agreement where the check counted them."""
     eq = trace.equivalence
     if not eq:
         return "Cached vs full recompute: not checked for this run."
-    ok = eq["max_abs_logit_diff"] < TOLERANCE
+    tol = eq.get("tolerance", TOLERANCE)
+    dtype = eq.get("dtype", "float32")
+    ok = eq["max_abs_logit_diff"] < tol
     out_diff = eq.get("max_abs_attn_output_diff")
     model_diff = eq.get("max_abs_logit_diff_vs_unpatched")
     installed = "" if eq.get("unpatched_reference", True) else " (another run kept the capture installed)"
@@ -200,21 +204,56 @@ def equivalence_text(trace: Trace) -> str:
         if shared
         else ""
     )
+    bound = f"{dtype} rounding only; threshold {tol:.1e}" + (" for " + dtype if dtype != "float32" else "")
+    tail = _ranking(eq) + _reading(eq, dtype)
     if eq.get("recomputations") == 1 and ok:
         return (
             f"**Cached decoding equals full recomputation** over {eq['positions_checked']} generated positions: "
             f"the whole sequence run again from scratch{once} by the model as loaded — no cache, no kvviz capture"
-            f"{installed} — gives {measured} (fp rounding only; threshold {TOLERANCE:.0e}). So the cache "
-            "changes nothing, and neither does the capture."
+            f"{installed} — gives {measured} ({bound}). So the cache changes nothing, and neither does the "
+            f"capture.{tail}"
         )
     text = (
         f"**Cached decoding {'equals' if ok else 'DIFFERS FROM'} full recomputation** over "
-        f"{eq['positions_checked']} generated positions: {measured} (fp rounding only; threshold {TOLERANCE:.0e})."
+        f"{eq['positions_checked']} generated positions: {measured} ({bound})."
     )
     if model_diff is not None:
-        same = model_diff < TOLERANCE
+        same = model_diff < tol
         text += (
             f" Against the model without kvviz's capture: max |Δ logit| = {model_diff:.2e} — the capture "
             f"{'changes nothing' if same else '**CHANGED THE OUTPUT**'}{installed}."
         )
-    return text
+    return text + tail
+
+
+def _ranking(eq: dict) -> str:
+    """Whether the two computations pick the same tokens: the greedy one and the top-k in order."""
+    if "top1_agree" not in eq:
+        return ""
+    n, k = eq["positions_checked"], eq["top_k"]
+    ties = eq.get("near_ties", 0)
+    tie = (
+        f" ({plural(ties, 'position')} where two candidates are closer than the threshold, which rounding may swap)"
+        if ties
+        else ""
+    )
+    return (
+        f" The greedy token agrees at {eq['top1_agree']} of {n} positions and the top-{k} ranking at "
+        f"{eq['topk_agree']} of {n}{tie}."
+    )
+
+
+def _reading(eq: dict, dtype: str) -> str:
+    """For a run in a 16-bit dtype: how a student should read a logit difference of half a unit."""
+    if dtype == "float32" or "logit_scale" not in eq:
+        return ""
+    scale = eq["logit_scale"]
+    step = _EPS.get(dtype, 0.0) * 2.0 ** np.floor(np.log2(max(scale, 1.0)))  # the spacing of numbers near scale
+    return (
+        f" In {dtype} a logit near {scale:.0f} is stored in steps of {step:g}, so a difference of 0.5 is a few "
+        "rounding steps of the same model, not a different one: the check that matters is that the same tokens "
+        "win, in the same order."
+    )
+
+
+_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10}  # machine epsilon: a number z is stored in steps of eps·2^⌊log2 z⌋

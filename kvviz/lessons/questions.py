@@ -59,12 +59,21 @@ def why_no_query_cache(lm: LoadedModel | None) -> Answer:
 
     trace = capture(lm, "Once upon a time", chat=False, max_new_tokens=8, verify=True)
     eq = trace.equivalence or {}
+    tol, dtype = eq.get("tolerance", EQUIVALENCE_TOLERANCE), eq.get("dtype", "float32")
+    same = eq["max_abs_logit_diff"] < tol
     return Answer(
         f"kvviz just generated {trace.n_generated} tokens keeping only keys and values — no query was "
-        f"ever stored — and a full recomputation agrees: largest logit difference "
-        f"**{eq['max_abs_logit_diff']:.1e}** over {eq['positions_checked']} positions. Each step computes "
+        f"ever stored — and a full recomputation {'agrees' if same else 'DISAGREES'}: largest logit difference "
+        f"**{eq['max_abs_logit_diff']:.1e}** over {eq['positions_checked']} positions ({dtype} rounding "
+        f"allows {tol:.1e}), the same greedy token at {eq.get('top1_agree', '?')} of them. Each step computes "
         "one query per head for the new token and uses it once.",
-        {"max_abs_logit_diff": eq["max_abs_logit_diff"], "positions": eq["positions_checked"]},
+        {
+            "max_abs_logit_diff": eq["max_abs_logit_diff"],
+            "positions": eq["positions_checked"],
+            "tolerance": tol,
+            "dtype": dtype,
+            "top1_agree": eq.get("top1_agree"),
+        },
     )
 
 
@@ -161,7 +170,7 @@ QUESTIONS = (
         True,
         Guess(
             "Your guess: does a loop that never stores a query give the same logits as recomputing everything?",
-            lambda v: _SAME if v["max_abs_logit_diff"] < EQUIVALENCE_TOLERANCE else _DIFFERENT,
+            lambda v: _SAME if v["max_abs_logit_diff"] < v["tolerance"] else _DIFFERENT,
             choices=(_SAME, _DIFFERENT),
         ),
     ),

@@ -8,7 +8,7 @@ behind it. A request for a result still being prepared waits for that computatio
 progress; "Recompute live" skips the store and runs through the gate like any job.
 
 Every result computed is also written to disk (:class:`~kvviz.demo_files.DemoFiles`, under
-``settings.results_dir``, keyed by model, kvviz version and machine), and :func:`restore` reads them back
+``settings.results_dir``, keyed by model, its dtype and device, kvviz version and machine), and :func:`restore` reads them back
 before the server answers, so a restarted server (a Space waking up) answers every show-me at once. The
 results read back are computed again in the background once the room has had the server to itself for
 :data:`REFRESH_AFTER_S`; until then the stored ones are served. ZeroGPU reads them too but computes none.
@@ -56,10 +56,12 @@ def _gate_idle(ctx: AppContext) -> bool:
 
 
 def disk(ctx: AppContext) -> DemoFiles | None:
-    """The folder of stored results for this model, code and machine (None when the settings keep none)."""
+    """The folder of stored results for this model in its dtype on its device, code and machine (None when the
+    settings keep none): a bf16 server never reads back an fp32 server's results."""
     if not ctx.settings.results_dir:
         return None
-    return DemoFiles(Path(ctx.settings.results_dir), ctx.lm.name, code_version())
+    runs_as = f"{str(ctx.lm.dtype).removeprefix('torch.')} on {ctx.lm.device.type}"
+    return DemoFiles(Path(ctx.settings.results_dir), ctx.lm.name, code_version(), runs_as=runs_as)
 
 
 def restore(ctx: AppContext) -> int:
