@@ -1,5 +1,6 @@
-"""The page's main journeys on the app served as on ZeroGPU (the stand-in ``spaces`` from tests/zerogpu): Generate,
-Eviction and a Learn show-me each finish, every model job in a GPU call of its own, none outside one."""
+"""The page's main journeys on the app served as on ZeroGPU (the real ``spaces`` package against the fake device API
+of tests/zerogpu, with its CPU shim): Generate, Eviction and a Learn show-me each finish, every model job in a GPU
+call of its own, no model forward outside one."""
 
 from __future__ import annotations
 
@@ -9,26 +10,31 @@ import pytest
 
 from kvviz.lessons.objectives import OBJECTIVES
 from tests.browser.test_learn_journey import open_learn, show_me
-from tests.server import stop_app
-from tests.zerogpu.test_served import calls, start_zero_app
+from tests.server import start_app, stop_app
+from tests.zerogpu.conftest import zero_env
+from tests.zerogpu.device_api import DeviceAPI
 
 
 @pytest.fixture(scope="module")
 def zero_page(browser_context, tmp_path_factory):
-    app, log = start_zero_app(tmp_path_factory.mktemp("zerogpu-page"))
+    api = DeviceAPI().start()
+    base = tmp_path_factory.mktemp("zerogpu-page")
+    log = base / "outside.jsonl"  # the CPU shim logs every model forward outside a GPU call here
+    app = start_app(base, extra_env=zero_env(api, FAKE_ZEROGPU_LOG=str(log)))
     tab = browser_context.new_page()
     tab.set_default_timeout(30_000)
     try:
         tab.goto(app.url, wait_until="load")
         tab.wait_for_selector("#generate-btn")
-        yield tab, log
+        yield tab, api, log
     finally:
         tab.close()
         stop_app(app.proc)
+        api.stop()
 
 
 def test_generate_then_eviction_then_a_show_me_under_zerogpu(zero_page):
-    page, log = zero_page
+    page, api, log = zero_page
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
 
@@ -40,7 +46,7 @@ def test_generate_then_eviction_then_a_show_me_under_zerogpu(zero_page):
     page.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=120_000)
     assert "Paris" in page.locator("#answer textarea").input_value()
     page.locator("#cache-growth .js-plotly-plot").wait_for(timeout=30_000)
-    generated = len([c for c in calls(log) if "duration" in c])
+    generated = len(api.of("/schedule"))
     assert generated >= 1
 
     page.get_by_role("tab", name="Eviction").click()
@@ -58,7 +64,7 @@ def test_generate_then_eviction_then_a_show_me_under_zerogpu(zero_page):
     open_learn(page, f"{obj.number} {obj.title}")
     show_me(page, f"showme-{obj.number}-1", obj.show_me[0])
 
-    assert len([c for c in calls(log) if "duration" in c]) > generated  # the later jobs asked for leases too
-    assert not [c for c in calls(log) if "outside" in c], "a model forward ran outside a GPU call"
+    assert len(api.of("/schedule")) > generated  # the later jobs asked for GPU calls too
+    assert not (log.exists() and log.read_text().strip()), "a model forward ran outside a GPU call"
     assert page.locator(".toast-body.error").count() == 0, "an error toast is shown"
     assert not errors, f"JavaScript errors in the page: {errors}"
