@@ -112,7 +112,7 @@ class Evictor:
                 self._role_map = role_map(sel, self.n_prompt)
             elif track:
                 now = cache.positions()
-                self._roles = sel.roles.to(torch.int8).gather(-1, torch.searchsorted(sel.keep, now).cpu())
+                self._roles = sel.roles.to("cpu", torch.int8).gather(-1, torch.searchsorted(sel.keep, now).cpu())
             if step == 0 and sel.scores is not None:
                 self.prefill_scores = sel.scores.float().cpu().numpy()
         if track and cache.ragged:
