@@ -150,7 +150,12 @@ def build_disk_demo(ctx: AppContext) -> None:
         button = gr.Button("Show the disk tier (a small store)", variant="primary", elem_id="disk-demo-run")
         live = live_box("disk-demo-live")
     summary = gr.Markdown(elem_id="disk-demo-summary")
-    table = gr.Dataframe(label="Each request of the demo", interactive=False, elem_id="disk-demo-table")
+    table = gr.Dataframe(
+        waiting_table("Press Show the disk tier (a small store) to fill this table"),
+        label="Each request of the demo",
+        interactive=False,
+        elem_id="disk-demo-table",
+    )
     chart = captioned_plot("Where each request's prompt came from", "disk-demo-chart", fig.CAPTIONS["disk"])
     ctx.components["blocks.disk_demo"] = button
 
