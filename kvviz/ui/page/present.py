@@ -134,10 +134,17 @@ HEAD = f"<script>{SCALE_JS}</script>"
 TOGGLE_JS = f"() => {{ document.body.classList.toggle('{PRESENT_CLASS}'); window.kvvizPresent.redraw(); return []; }}"
 # Generate while presenting: the run's status line and token stream (below the prompt's inputs) come to the top
 # of the screen, so the room watches the tokens arrive instead of the inputs. The scroll is measured from the
-# stream, not the status line: the browser keeps the stream where it is while the status line above it fills
+# stream, not the status line: the browser keeps the stream where it is while the status line above it fills.
+# A stream longer than the screen is then followed: each new token scrolls the page just enough to be seen.
 FOLLOW_JS = (
-    "() => { const t = document.getElementById('token-stream'); if (t && document.body.classList.contains('__CLS__')) "
-    "window.scrollTo({top: Math.max(0, t.getBoundingClientRect().top + window.scrollY - 90)}); return []; }"
+    "() => { const t = document.getElementById('token-stream'); if (!t || !document.body.classList.contains('__CLS__')) "
+    "return []; window.scrollTo({top: Math.max(0, t.getBoundingClientRect().top + window.scrollY - 90)}); "
+    "if (!window.kvvizFollow) { window.kvvizFollow = new MutationObserver(() => { "
+    "if (!document.body.classList.contains('__CLS__')) return; "
+    "const s = document.getElementById('token-stream'); const c = s && s.querySelectorAll('.token-container'); "
+    "const last = c && c[c.length - 1]; if (!last) return; const b = last.getBoundingClientRect().bottom; "
+    "if (b > innerHeight - 8) window.scrollBy({top: b - innerHeight + 24}); }); "
+    "window.kvvizFollow.observe(t, {childList: true, subtree: true}); } return []; }"
 ).replace("__CLS__", PRESENT_CLASS)
 # moving a Gradio slider from a script: set its value, then the events Gradio listens to (shared with play)
 STEP_HELPER_JS = """
