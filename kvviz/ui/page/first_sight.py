@@ -55,9 +55,11 @@ def waiting(example: Example, entry: Entry) -> str:
     return f"**Example queued:** {example.what} is computed after the examples before it. Or {example.change}."
 
 
-def untouched(example: Example, current: list) -> bool:
-    """Every control the example sets still holds its opening value (no link or user changed it)."""
-    return all(_same(v, c.value) for c, v in zip(example.values, current))
+def untouched(example: Example, current: list, shared: Callable[[Any], bool] = lambda _: False) -> bool:
+    """Every control the example sets still holds its opening value (no link or user changed it). A value the
+    show-me store ``shared`` counts too: the page opens on the stored chat example's trace, which is not a run
+    of the user's own, so a tab that follows the session's trace still shows its own example."""
+    return all(_same(v, c.value) or (v is not None and shared(v)) for c, v in zip(example.values, current))
 
 
 def _same(a, b) -> bool:
@@ -77,7 +79,7 @@ def first_open(ctx: AppContext, example: Example, opened: gr.State, line: gr.Mar
             return {timer: gr.Timer(active=False)}
         key = example.key()
         entry = ctx.store.entry(key) if key is not None else None
-        if entry is None or not untouched(example, list(current)):
+        if entry is None or not untouched(example, list(current), ctx.store.is_shared):
             return {opened: True, timer: gr.Timer(active=False), line: f"**Try your own:** {example.change}."}
         if entry.state != "done":
             if entry.state == "pending" and not ctx.settings.precompute:

@@ -3,6 +3,7 @@ its /64, and the signed note that makes each MCP caller a session of its own."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import anyio
@@ -61,7 +62,9 @@ def _through_middleware(headers: list[tuple[bytes, bytes]], peer: str, path: str
         seen.update({k.decode(): v.decode() for k, v in scope["headers"]})
 
     scope = {"type": "http", "path": path, "headers": headers, "client": (peer, 5000), "query_string": b""}
-    anyio.run(McpCallers(app), scope, None, None)
+    # a thread of its own: the browser tests' Playwright may leave an event loop running in this one
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(anyio.run, McpCallers(app), scope, None, None).result()
     return seen
 
 
