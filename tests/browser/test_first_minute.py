@@ -30,7 +30,9 @@ ARTIFACTS = Path(__file__).parent / "artifacts"
 NO_STORE = os.environ.get("KVVIZ_FIRST_MINUTE_NO_STORE") == "1"
 # where the stored examples are kept (the bench may pass a folder an earlier run filled, to skip the first server)
 STORED = os.environ.get("KVVIZ_FIRST_MINUTE_RESULTS", "")
-FIRST_CHART_S = 1.5
+# drawn from the store, not computed on the click (a computation takes tens of seconds); how fast is the bench's
+# to measure (bench/first_minute.py reports every tab against the 1.5 s target), not a timed test's
+FIRST_CHART_S = 15.0
 WAIT_MS = 1_800_000 if NO_STORE else 30_000  # without a store a tab waits for its example's computation
 
 # tab title → (its first chart's element id or None for a tab without charts, its example line's id or None,

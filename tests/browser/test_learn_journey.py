@@ -16,6 +16,7 @@ READY = {
     "tab_blocks": ("#leak-summary", r"Shared store"),
     "tab_attention": ("#attn-status", r"\S"),
     "tab_eviction": ("#evict-verdict", r"\S"),
+    "tab_breakcache": ("#breakcache-verdict", r"divergence|Divergence|diverge"),
 }
 # a show-me whose view has its own result line (beside its tab's): what it shows once loaded
 READY_BY_ANCHOR = {"arch-summary": ("#arch-summary", r"Cache measured from its tensors")}
@@ -33,6 +34,7 @@ TAB_TITLES = {
     "tab_quant": "Quantization",
     "tab_nocache": "Cache vs no cache",
     "tab_blocks": "Blocks",
+    "tab_breakcache": "Break the cache",
 }
 LONG = 180_000  # ms: a show-me may start a generation on a busy CPU
 
