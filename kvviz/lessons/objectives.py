@@ -234,7 +234,7 @@ OBJECTIVES = (
         "it. kvviz runs this loop on a real model and re-runs the whole sequence at the end to prove the "
         "logits match. Break the cache on purpose to see what a wrong decode step looks like, and where the "
         "debugger finds it first.",
-        (EQUIVALENCE, CAUSAL_DECODE, FORGET_APPEND),
+        (EQUIVALENCE,),
     ),
     Objective(
         3,

@@ -54,8 +54,6 @@ SHOWS = {
     "MLA live: a latent instead of per-head K/V": ("#arch-summary", r"1,280 B per token"),
     "Gemma-4's cross-layer KV sharing, live": ("#arch-summary", r"only layer 1 of the 6 grows"),
     "Qwen3-Next's linear-attention state, live": ("#arch-summary", r"11,008 B"),
-    "Decode with a causal mask": ("#breakcache-verdict", r"First divergence: step 2, layer 0"),
-    "Forget to append": ("#breakcache-verdict", r"First divergence: step 2, layer 0"),
 }
 # any text a view shows while its result is still being computed (kvviz/ui/serving/precompute.py)
 WATCH_WAITING = r"""() => {
