@@ -72,6 +72,8 @@ def test_leaderboard_bench_smoke(bench, lm, tmp_path):
             "0,0.5",
             "--max-new-tokens",
             "2",
+            "--workers",
+            "1",
             "--out",
             str(out),
         ],
@@ -82,6 +84,21 @@ def test_leaderboard_bench_smoke(bench, lm, tmp_path):
     assert [s["depth"] for s in saved["samples"]] == [0.0, 0.5, 1.0]
     assert saved["bench"]["cells"] == 2 * 2 * 2 and saved["bench"]["wall_s"] > 0
     assert len(saved["records"]) == 3 * 8 and saved["table"]
+    assert saved["bench"]["cells_changed_from_stored"] is None  # nothing stored there before
+
+
+def test_leaderboard_bench_in_two_processes_records_what_one_does(bench, lm, tmp_path):
+    lb = bench("leaderboard")
+    out = tmp_path / "lb.json"
+    argv = ["--samples", "3", "--length", "96", "--policies", "snapkv,kvzip", "--ratios", "0,0.5"]
+    argv += ["--max-new-tokens", "2", "--out", str(out)]
+    one = lb.main([*argv, "--workers", "1"], lm=lm)
+    two = lb.main([*argv, "--workers", "2"])  # two spawned processes, each loading the model
+    assert two["bench"]["workers"] == 2 and two["config"]["processes"] == 2
+    assert [s["key"] for s in two["samples"]] == [s["key"] for s in one["samples"]]
+    assert two["bench"]["cells_changed_from_stored"] == 0, "a sample's cells changed when swept in another process"
+    assert len(two["records"]) == len(one["records"]) > 3 * 2 * 2  # SnapKV refuses a few cells of so short a prompt
+    assert two["skipped"] == one["skipped"]
 
 
 def test_debugger_bench_smoke(bench, lm, tmp_path):

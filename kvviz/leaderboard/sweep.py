@@ -282,6 +282,30 @@ def run_sweep(
     return out
 
 
+def merged(parts: list[SweepResult], order: list[str]) -> SweepResult:
+    """One result from sweeps run over disjoint shares of the samples (e.g. in processes of their own):
+    records, samples and skipped cells in ``order`` (sample keys), phase seconds summed over the parts.
+
+    Each sample's cells depend on that sample only, so a sweep split this way records exactly what one
+    sweep over all samples would (the bench checks it cell by cell).
+    """
+    if not parts:
+        raise ValueError("Nothing to merge.")
+    rank = {key: i for i, key in enumerate(order)}
+    samples = sorted((s for p in parts for s in p.samples), key=lambda s: rank[s.key])
+    records = sorted((r for p in parts for r in p.records), key=lambda r: rank[r["sample"]])  # stable: cell order kept
+    timings = {k: sum(p.timings.get(k, 0) for p in parts) for k in ("prefill_s", "decide_s", "decode_s", "samples")}
+    timings["total_s"] = max(p.timings.get("total_s", 0.0) for p in parts)
+    return SweepResult(
+        records,
+        samples,
+        {**parts[0].config, "processes": len(parts)},
+        timings,
+        stopped=any(p.stopped for p in parts),
+        skipped=sorted((x for p in parts for x in p.skipped), key=lambda x: rank[x["sample"]]),
+    )
+
+
 def _records(
     lm: LoadedModel, pre: Prefill, keys, cells, full: list[int], per_cell: list[dict], pols, ratios, modes
 ) -> list[dict]:
