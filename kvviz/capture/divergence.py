@@ -31,6 +31,7 @@ from kvviz.capture.drive import forwards
 from kvviz.capture.faults import Fault
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import cache_kwarg
+from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.capture.verify import output_projections
 from kvviz.models import LoadedModel
 
@@ -364,12 +365,10 @@ def debug(
         return Generation(
             lm,
             prompt,
-            chat=chat,
-            max_new_tokens=max_new_tokens,
-            prompt_ids=prompt_ids,
-            record=False,
-            stop_on_eos=False,
-            fault=f,
+            feed=Feed(chat=chat, prompt_ids=prompt_ids),
+            decode=Decode(max_new_tokens=max_new_tokens, stop_on_eos=False),
+            recording=Recording(on=False),
+            cache=CacheSetup(fault=f),
         )
 
     report = find(lm, generation(fault))

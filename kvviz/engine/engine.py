@@ -47,6 +47,7 @@ from kvviz.admission import release_memory
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress, forward
+from kvviz.capture.options import options
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
@@ -129,14 +130,14 @@ class Engine:
         keep_turn: bool = False,
         **kwargs,
     ) -> Handle:
-        """Queue a run (``Generation``'s arguments; bad ones raise here, in the caller's thread) and
+        """Queue a run (``Generation``'s options by their flat names, :func:`~kvviz.capture.options.options`; bad ones raise here, in the caller's thread) and
         return its handle; an identical run already queued, running or just finished is shared.
         ``owner`` names who sent it (a session; None: the server itself, whose prompts anyone may read):
         the prefix store remembers who used each block, so a public blocks view shows a prompt's text
         only to a session that sent it (:meth:`~kvviz.engine.prefix.PrefixStore.blocks`). ``keep_turn``:
         a chat turn — once it ends, the prefix store keeps the blocks of its prompt and answer, so the
         next turn, whose prompt repeats them, starts from them (``Trace.turn_cached_tokens`` says how many)."""
-        gen = Generation(self.lm, prompt, **kwargs)
+        gen = Generation(self.lm, prompt, **options(**kwargs))
         key = (*self._key(gen, owner), bool(keep_turn))
         with self._cond:
             if self._closed:

@@ -12,6 +12,7 @@ import torch
 from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Sampling
+from kvviz.capture.options import options
 from kvviz.capture.packed import packable
 from kvviz.engine.engine import Engine
 from kvviz.engine.handle import wait_all
@@ -39,7 +40,7 @@ HALF = ["prefill_map", "decode_rows"]  # stored in fp16: equal to fp16 rounding
 
 def solo(lm, prompt, **kwargs) -> Generation:
     """One run alone, through the same Generation the engine drives (its logits kept)."""
-    g = drive(lm, Generation(lm, prompt, verify=True, **kwargs))
+    g = drive(lm, Generation(lm, prompt, **options(verify=True, **kwargs)))
     g.finish()
     return g
 
