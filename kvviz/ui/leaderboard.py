@@ -234,9 +234,7 @@ def _wire(ctx: AppContext, v: _Views, data: dict | None) -> None:
     def run_own(job) -> dict:
         (pols, tasks, n), m, md, x = job.req
         samples_ = make_samples(ctx.lm, tasks, [OWN_LENGTH], n)
-        res = run_sweep(
-            ctx.lm, samples_, pols, list(RATIOS), MODES, 10, progress=job.progress, should_stop=job.should_stop
-        )
+        res = run_sweep(ctx.lm, samples_, pols, list(RATIOS), MODES, 10, progress=job.progress, should_stop=job.cancel)
         d = json.loads(json.dumps(res.to_json()))
         if not d["records"]:
             raise UserError("Stopped before the first sample finished.")

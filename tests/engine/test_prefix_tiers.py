@@ -24,7 +24,7 @@ ALPHA, OTHERS = "Alpha " * 20, ["Beta " * 20, "Gamma " * 20, "Delta " * 20]
 def _run(engine: Engine, prompt: str, new: int, **kw):
     h = engine.submit(prompt, chat=kw.pop("chat", False), max_new_tokens=new, **kw)
     assert wait_all([h], 600)
-    assert h.job.error is None, h.job.error
+    assert h.run.error is None, h.run.error
     return h.trace
 
 

@@ -98,7 +98,7 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
     def run(job):
         text, _, kept, policies, size, use_chat, shown = job.req
         ids = encode_prompt(ctx.lm, text, use_chat)
-        runs = evict_and_page(ctx.lm, ids, policies, kept, size, should_stop=job.should_stop)
+        runs = evict_and_page(ctx.lm, ids, policies, kept, size, should_stop=job.cancel)
         return (runs, fig.eviction_note(runs), fig.freed_bars(runs), fig.eviction_table(runs), survivors(runs, shown))
 
     def survivors(runs, name):

@@ -97,7 +97,7 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
     def run(job):
         size, _, ids = job.req
         names = [f"prompt {i + 1}" for i in range(len(ids))]
-        s = share_prompts(ctx.lm, ids, size, names, should_stop=job.should_stop)
+        s = share_prompts(ctx.lm, ids, size, names, should_stop=job.cancel)
         return fig.sharing_summary(s), fig.sharing_figure(s), fig.sharing_table(s)
 
     sharing = ModelJob(

@@ -84,7 +84,7 @@ def prompt_request(ctx: AppContext, prompt, chat, max_new, block_size=None) -> t
 def capture_prompt(job) -> object:
     """Generate greedily (the cache is what is shown) and return the finished trace."""
     text, chat, _, n_new, _ = job.req
-    return capture(job.ctx.lm, text, chat=chat, max_new_tokens=n_new, should_stop=job.should_stop)
+    return capture(job.ctx.lm, text, chat=chat, max_new_tokens=n_new, should_stop=job.cancel)
 
 
 block_view = ModelJob(

@@ -75,7 +75,7 @@ def wire(ctx: AppContext, section: ComposeSection, main_inputs: list, gather: Ca
             ratio=req.ratio,
             n_compress=req.n_compress,
             max_new_tokens=req.max_new_tokens,
-            should_stop=job.should_stop,
+            should_stop=job.cancel,
             progress=job.progress,
         )
         return fig.composition_table(comp)

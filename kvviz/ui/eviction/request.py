@@ -136,7 +136,7 @@ def evict(
 
 def evict_summary(job: Job[EvictionRequest]) -> dict:
     """The JSON of ``python -m kvviz evict --json`` for a checked request."""
-    out = job.req.run(job.ctx.lm, record_history=False, should_stop=job.should_stop).summary()
+    out = job.req.run(job.ctx.lm, record_history=False, should_stop=job.cancel).summary()
     if job.timed_out:
         out["note"] = job.timeout_note().lstrip(" ·")
     return out

@@ -151,7 +151,7 @@ def _wire(ctx: AppContext, f: _Form, v: _Views, comparison, composition, demos) 
 
     def run(job) -> dict:
         req = job.req
-        result = req.run(ctx.lm, should_stop=job.should_stop)
+        result = req.run(ctx.lm, should_stop=job.cancel)
         slider = gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0)
         shown = v.run_views(views(result, ctx.info.layers - 1, 0, 0, req.policy.score_label))
         told = {f.run_state: result, f.status: status_text(result, req.policy), f.answer: result.text}
