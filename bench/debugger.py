@@ -22,6 +22,7 @@ from _common import RESULTS, chapter_prompt_ids, never_stopping
 from kvviz.capture.divergence import find, recompute
 from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
+from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.models import load_model
 
 TARGET = 1.2  # the finder's added time ≤ 1.2 × one recomputation
@@ -44,7 +45,13 @@ def main(argv: list[str] | None = None, lm=None) -> dict:
     ids = chapter_prompt_ids(lm.tokenizer, args.prompt_tokens)
 
     def generation() -> Generation:
-        return Generation(lm, "", prompt_ids=ids, max_new_tokens=args.new_tokens, record=False, stop_on_eos=False)
+        return Generation(
+            lm,
+            "",
+            feed=Feed(prompt_ids=ids),
+            decode=Decode(max_new_tokens=args.new_tokens, stop_on_eos=False),
+            recording=Recording(on=False),
+        )
 
     rows = {"run": [], "recompute": [], "finder": []}
     for _ in range(args.repeats):  # interleaved, so a busy spell slows all three alike

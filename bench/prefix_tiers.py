@@ -33,7 +33,7 @@ def ttft(engine: Engine, ids: list[int]) -> tuple[float, dict]:
     """Seconds from submit until the run's first token is in its Trace, and where its prompt came from."""
     t0 = time.perf_counter()
     h = engine.submit("", prompt_ids=ids, chat=False, max_new_tokens=1, record=False)
-    while not h.trace.steps and not h.job.finished:
+    while not h.trace.steps and not h.run.finished:
         time.sleep(0.0005)
     seconds = time.perf_counter() - t0
     h.result()

@@ -80,3 +80,29 @@ def test_the_check_finds_a_long_file_and_function_and_accepts_a_reason(tmp_path)
     assert problems(found, {**found, "kvviz/long.py": MAX_FILE_LINES}) == [
         f"kvviz/long.py: grew to {MAX_FILE_LINES + 1} lines (listed at {MAX_FILE_LINES})"
     ]
+
+
+MAX_BUILD_LINES = 80  # a tab's or section's build: its layout plus the wiring, no handler bodies
+
+
+def long_builds(root: Path) -> dict[str, int]:
+    """``path::build`` → lines for every module-level ``build`` under ``kvviz/ui`` over :data:`MAX_BUILD_LINES`."""
+    out = {}
+    for path in sorted((root / "kvviz" / "ui").rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            n = node.end_lineno - node.lineno + 1 if isinstance(node, ast.FunctionDef) else 0
+            if getattr(node, "name", "") == "build" and n > MAX_BUILD_LINES:
+                out[f"{path.relative_to(root).as_posix()}::build"] = n
+    return out
+
+
+def test_every_tab_build_is_its_layout_and_one_wiring():
+    assert long_builds(ROOT) == {}
+
+
+def test_the_build_check_finds_a_long_build(tmp_path):
+    ui = tmp_path / "kvviz" / "ui"
+    ui.mkdir(parents=True)
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_BUILD_LINES))
+    (ui / "tab.py").write_text(f"def build(ctx):\n{body}\n")
+    assert long_builds(tmp_path) == {"kvviz/ui/tab.py::build": MAX_BUILD_LINES + 1}

@@ -5,7 +5,7 @@ stops matching. The cached run is driven once with hooks that only read — each
 values from its cache, each layer's attention output (the input of its output projection) at the last
 query, the logits — and the fed sequence is then recomputed in one forward, the model as loaded, from
 scratch. Per step × layer the differences are compared with a tolerance per dtype
-(:func:`tolerance`); the first (step, layer, KV head, position) where K, V, the attention output or the
+(:func:`kvviz.capture.tolerance.divergence_tolerance`); the first (step, layer, KV head, position) where K, V, the attention output or the
 cache's length leaves it is the first divergence (a step's layers in order, K and V before the output;
 logits after every layer). Usage::
 
@@ -31,18 +31,12 @@ from kvviz.capture.drive import forwards
 from kvviz.capture.faults import Fault
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import cache_kwarg
+from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
+from kvviz.capture.tolerance import divergence_tolerance
 from kvviz.capture.verify import output_projections
 from kvviz.models import LoadedModel
 
 OFF_SCALE = 1e6  # a cell whose cache length is wrong: no tolerance applies, drawn off the scale
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """The largest |Δ| between a cached run and its recomputation that is rounding, relative to the compared
-    tensor's largest magnitude (at least 1): √eps of the dtype — half its significant digits. fp32: 3.5e-4,
-    bf16: 0.088, fp16: 0.031. Cached and recomputed runs differ by a few ulps per layer (other matrix shapes,
-    other reduction orders); a cache bug moves values by a sizeable fraction of their scale."""
-    return float(torch.finfo(dtype).eps) ** 0.5
 
 
 @dataclass(frozen=True)
@@ -223,7 +217,7 @@ def compare(run: _Run, ref, n_prompt: int, n_fed: int, dtype: torch.dtype, heads
     """The map, the first divergence and the reference's tokens (see :class:`Report`)."""
     ref_kv, ref_out, ref_logits = ref
     layers, q_heads, kv_heads = heads
-    tol = tolerance(dtype)
+    tol = divergence_tolerance(dtype)
     steps = len(run.logits)
     ratio = np.zeros((steps, layers))
     logit_ratio = np.zeros(steps)
@@ -274,7 +268,7 @@ def find(lm: LoadedModel, g: Generation) -> Report:
     fault = g.fault
     return Report(
         dtype=str(lm.dtype).removeprefix("torch."),
-        tolerance=tolerance(lm.dtype),
+        tolerance=divergence_tolerance(lm.dtype),
         n_prompt=n_prompt,
         tokens=trace.tokens[n_prompt:],
         token_ids=produced,
@@ -364,12 +358,10 @@ def debug(
         return Generation(
             lm,
             prompt,
-            chat=chat,
-            max_new_tokens=max_new_tokens,
-            prompt_ids=prompt_ids,
-            record=False,
-            stop_on_eos=False,
-            fault=f,
+            feed=Feed(chat=chat, prompt_ids=prompt_ids),
+            decode=Decode(max_new_tokens=max_new_tokens, stop_on_eos=False),
+            recording=Recording(on=False),
+            cache=CacheSetup(fault=f),
         )
 
     report = find(lm, generation(fault))

@@ -8,9 +8,10 @@ generation (:func:`kvviz.lessons.nocache.generate_with_cache`) and the quantized
 lecture-hall engine (:mod:`kvviz.engine`) does for many runs together. Usage::
 
     from kvviz.capture.generation import Generation
+    from kvviz.capture.options import Decode
     from kvviz.capture.drive import drive, forwards
-    g = drive(lm, Generation(lm, "Hello", max_new_tokens=8))      # to its end; g.finish() gives the Trace
-    for f in forwards(lm, Generation(lm, "Hello")):               # or step by step
+    g = drive(lm, Generation(lm, "Hello", decode=Decode(max_new_tokens=8)))  # to its end; g.finish() gives the Trace
+    for f in forwards(lm, Generation(lm, "Hello")):  # or step by step
         print(len(f.feed), f.produced, f.wall_s)
 
 The generator holds inference mode (and the capture's attention wrapper, when ``wrapped``) from its

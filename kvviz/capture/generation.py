@@ -22,17 +22,17 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from kvviz.capture.faults.base import Fault, FaultyCache
+from kvviz.capture.faults.base import FaultyCache
 from kvviz.capture.model_io import (
     PREFILL_CHUNK,
     Progress,
-    Sampling,
     cache_layer_bytes,
     choose_bin_factor,
     encode_prompt,
     model_info,
     sample,
 )
+from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.capture.tokens import TokenTexts
 from kvviz.capture.trace import Step, Trace
@@ -40,31 +40,13 @@ from kvviz.models import LoadedModel
 
 
 class Generation:
-    """One run's state between forwards (see the module docstring).
+    """One run's state between forwards (see the module docstring), told what to do by four groups
+    (:mod:`kvviz.capture.options`): how the prompt is fed, how tokens are picked and the run ends,
+    what is recorded, and which cache it runs on. ``progress`` hears of every prefill chunk.
 
-    ``cache_factory(lm)`` builds the cache (default: transformers' DynamicCache, which gives
-    sliding-window layers where the config has them); ``after_step(cache, recorder, step)`` runs
-    after each forward that produced a token (an eviction policy compresses the cache there; after the
-    whole prompt for the prefill). ``forced`` tokens are fed instead of the sampled ones while they
-    last (teacher forcing; the run then stops with "forced"). ``verify`` keeps what the equivalence
-    check needs (every step's logits and attention outputs). ``prefill_chunk`` prompt tokens go
-    through the model per prefill forward (0: the whole prompt at once; default :data:`PREFILL_CHUNK`
-    with the default cache, one forward with a ``cache_factory``'s, whose semantics may hang on
-    forward boundaries). ``progress`` hears of every prefill chunk. ``record=False`` runs without a
-    recorder (``rec`` is None: the Trace then has tokens, steps and timings but no attention summaries);
-    ``stop_on_eos=False`` generates every one of ``max_new_tokens`` (a timing lesson's fixed length).
-
-    ``prefill_tokens``: only the first this many prompt tokens are the prefill (the recorder's prompt;
-    ``after_step`` runs once after them, as step 0); the rest of the prompt is fed ``tail_chunk`` tokens
-    per forward (default 1, like decode steps), ``after_step`` after each, before the first token is
-    produced (default: the whole prompt is the prefill). ``record_decode=False`` gives the recorder to
-    the prefill forwards only (the hook then gets None after the others). ``keep_logprobs`` keeps the
-    log-probabilities [vocab] behind every produced token in :attr:`logprobs`; ``score_tokens`` keeps,
-    for every fed position, the log-probability of the token that followed it (the next prompt token, or
-    the one produced) in :attr:`token_logprobs` — the forward must then return every fed position's
-    logits (``logits_to_keep=g.logits_to_keep``). A cache whose ``repositions`` is true (its RoPE
-    positions are its slots) is fed position ids counted from its length instead of from the tokens fed.
-    ``fault`` (:mod:`kvviz.capture.faults`) breaks this run's cached decoding on purpose (the debugger's zoo).
+    A cache whose ``repositions`` is true (its RoPE positions are its slots) is fed position ids
+    counted from its length instead of from the tokens fed. With ``score_tokens`` the forward must
+    return every fed position's logits (``logits_to_keep=g.logits_to_keep``).
     """
 
     def __init__(
@@ -72,46 +54,26 @@ class Generation:
         lm: LoadedModel,
         prompt: str,
         *,
-        chat: bool = True,
-        max_new_tokens: int = 64,
-        sampling: Sampling | None = None,
-        prompt_ids: Sequence[int] | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        cache_factory: Callable | None = None,
-        after_step: Callable | None = None,
-        cfg: RecorderConfig | None = None,
-        verify: bool = False,
-        prefill_chunk: int | None = None,
+        feed: Feed = Feed(),
+        decode: Decode = Decode(),
+        recording: Recording = Recording(),
+        cache: CacheSetup = CacheSetup(),
         progress: Callable[[Progress], None] | None = None,
-        forced: Sequence[int] | None = None,
-        record: bool = True,
-        stop_on_eos: bool = True,
-        prefill_tokens: int | None = None,
-        tail_chunk: int = 1,
-        record_decode: bool = True,
-        keep_logprobs: bool = False,
-        score_tokens: bool = False,
-        fault: Fault | None = None,
     ):
         self.lm = lm
-        self.sampling = sampling or Sampling()
-        self.sampling.validate()
+        self.sampling = decode.sampling
         info = model_info(lm)
-        ids = [int(i) for i in prompt_ids] if prompt_ids is not None else encode_prompt(lm, prompt, chat)
+        ids = list(feed.prompt_ids) if feed.prompt_ids is not None else encode_prompt(lm, prompt, feed.chat)
         if not ids:
             raise ValueError("The prompt is empty: type some text.")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be a whole number, at least 1.")
+        max_new_tokens, verify, record = decode.max_new_tokens, recording.verify, recording.on
+        prefill_chunk = feed.prefill_chunk
         if prefill_chunk is None:
-            prefill_chunk = 0 if cache_factory or fault else PREFILL_CHUNK
-        if prefill_chunk < 0:
-            raise ValueError("prefill_chunk must be 0 (one forward) or a positive number of tokens.")
-        head = len(ids) if prefill_tokens is None else prefill_tokens
+            prefill_chunk = 0 if cache.factory or cache.fault else PREFILL_CHUNK
+        head = len(ids) if feed.prefill_tokens is None else feed.prefill_tokens
         if isinstance(head, bool) or not isinstance(head, int) or not 1 <= head <= len(ids):
             raise ValueError(f"prefill_tokens must be between 1 and the prompt length {len(ids)}, got {head!r}.")
-        if isinstance(tail_chunk, bool) or not isinstance(tail_chunk, int) or tail_chunk < 1:
-            raise ValueError("tail_chunk must be a whole number of tokens, at least 1.")
-        if tail_chunk > 1 and record and record_decode:
+        if feed.tail_chunk > 1 and record and recording.decode:
             raise ValueError(
                 "The recorder follows one query per forward after the prefill: tail_chunk > 1 needs "
                 "record_decode=False."
@@ -123,35 +85,34 @@ class Generation:
                 f"Prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the model's "
                 f"context of {info.context_length} tokens; shorten the prompt or generate fewer tokens."
             )
-        self.cfg = cfg = cfg or RecorderConfig()
+        self.cfg = cfg = recording.cfg or RecorderConfig()
         n_prompt, t_max = len(ids), len(ids) + max_new_tokens
         cfg.bin_factor = choose_bin_factor(info, n_prompt, t_max) if cfg.bin_factor <= 1 else cfg.bin_factor
-        if verify and not record:
-            raise ValueError("The equivalence check compares recorded attention outputs: it needs record=True.")
         self.rec: Recorder | None = None
         if record:
             self.rec = Recorder(
                 info.layers, info.q_heads, t_max, head, cfg, lm.device, verify, attention_layers=info.attention_layers
             )
-        self.fault = fault
+        self.fault = fault = cache.fault
         plain = FaultyCache(fault, lm.config) if fault else DynamicCache(config=lm.config)
-        self.cache = cache_factory(lm) if cache_factory else plain
+        self.cache = cache.factory(lm) if cache.factory else plain
         if self.rec is not None:
             self.rec.cache = self.cache
-        self.stop_on_eos = stop_on_eos
-        self.head, self.tail_chunk, self.record_decode = head, tail_chunk, record_decode
-        self.keep_logprobs, self.score_tokens = keep_logprobs, score_tokens
-        self.logits_to_keep = 0 if score_tokens else 1  # what the forward returns: every position, or the last
-        self.default_cache = cache_factory is None and after_step is None and head == n_prompt
+        self.stop_on_eos = decode.stop_on_eos
+        self.head, self.tail_chunk, self.record_decode = head, feed.tail_chunk, recording.decode
+        self.keep_logprobs, self.score_tokens = recording.keep_logprobs, recording.score_tokens
+        self.logits_to_keep = 0 if self.score_tokens else 1  # what the forward returns: every position, or the last
+        self.default_cache = cache.factory is None and cache.after_step is None and head == n_prompt
         self.max_new_tokens, self.verify = max_new_tokens, verify
-        self.should_stop, self.after_step, self.progress = should_stop, after_step, progress or (lambda _: None)
-        self.forced = [int(t) for t in forced] if forced is not None else None
+        self.should_stop, self.after_step = decode.should_stop, cache.after_step
+        self.progress = progress or (lambda _: None)
+        self.forced = list(feed.forced) if feed.forced is not None else None
         self.chunk = prefill_chunk or n_prompt
         self.texts = TokenTexts(lm.tokenizer)  # a character split across byte tokens shows on the one completing it
         self.trace = Trace(
             model=info,
             prompt=prompt,
-            chat=chat,
+            chat=feed.chat,
             n_prompt=n_prompt,
             token_ids=list(ids),
             tokens=[self.texts.push(i) for i in ids],

@@ -24,6 +24,7 @@ from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import (
     Progress,
 )
+from kvviz.capture.options import options
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
 from kvviz.models import LoadedModel
@@ -39,11 +40,12 @@ def capture_iter(
 ) -> Iterator[Trace]:
     """Generate while recording; yields the same (growing) Trace after each step.
 
-    Keyword arguments are :class:`~kvviz.capture.generation.Generation`'s. ``verify`` re-runs the
+    Keyword arguments are the flat names of :class:`~kvviz.capture.generation.Generation`'s option
+    groups (:func:`kvviz.capture.options.options`). ``verify`` re-runs the
     whole sequence without a cache at the end and stores the largest logit/attention-output
     difference (:mod:`kvviz.capture.verify`); ``progress`` hears of every prefill chunk and of the check.
     """
-    g = Generation(lm, prompt, verify=verify, progress=progress, **kwargs)
+    g = Generation(lm, prompt, progress=progress, **options(verify=verify, **kwargs))
     report = progress or (lambda _: None)
     for f in forwards(lm, g):
         if f.produced and not g.done:

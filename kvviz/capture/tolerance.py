@@ -23,6 +23,10 @@ wins, so the check also compares the ranking itself (:func:`agreement`): at ever
 the greedy token (top-1) and the top-:data:`TOP_K` tokens in order are the same in both computations. Where
 the two candidates swapped are closer than the tolerance in the recomputation, their order is a coin toss of
 rounding, so such near-ties are counted apart.
+
+The debugger (:mod:`kvviz.capture.divergence`) compares every step × layer's K, V and attention output
+too, each against its own scale, with :func:`divergence_tolerance` (√eps): all of kvviz's tolerances are
+here, read from one source, the dtype's ``eps``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,14 @@ def logit_tolerance(dtype: torch.dtype, logit_scale: float, layers: int) -> floa
     module docstring): ``max(1e-3, √layers · eps · logit_scale)``."""
     spread = math.sqrt(max(layers, 1)) * eps(dtype) * max(logit_scale, 1.0)
     return max(EQUIVALENCE_TOLERANCE, spread)
+
+
+def divergence_tolerance(dtype: torch.dtype) -> float:
+    """The largest |Δ| between a cached run and its recomputation that is rounding, relative to the compared
+    tensor's largest magnitude (at least 1): √eps of the dtype — half its significant digits. fp32: 3.5e-4,
+    bf16: 0.088, fp16: 0.031. Cached and recomputed runs differ by a few ulps per layer (other matrix shapes,
+    other reduction orders); a cache bug moves values by a sizeable fraction of their scale."""
+    return math.sqrt(eps(dtype))
 
 
 def output_tolerance(dtype: torch.dtype) -> float:

@@ -21,6 +21,7 @@ import torch
 from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import encode_prompt, model_info
+from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.engine.disk_tier import DiskTier
 from kvviz.engine.prefix import PrefixStore, RequestSources
 from kvviz.examples import chapter_text
@@ -57,7 +58,13 @@ class SpillDemo:
 
 def _request(lm: LoadedModel, store: PrefixStore, ids: list[int]) -> None:
     """One request of one new token through ``store``: claim its cached blocks, prefill the rest, store them."""
-    g = Generation(lm, "", prompt_ids=ids, chat=False, max_new_tokens=1, record=False, prefill_chunk=0)
+    g = Generation(
+        lm,
+        "",
+        feed=Feed(prompt_ids=ids, chat=False, prefill_chunk=0),
+        decode=Decode(max_new_tokens=1),
+        recording=Recording(on=False),
+    )
     with torch.inference_mode():
         claim = store.claim(g)
         for _ in forwards(lm, g, wrapped=False):

@@ -7,9 +7,9 @@ batch (continuous batching, at most ``max_batch`` runs), builds one packed forwa
 prompt chunk per prefilling run, at most ``token_budget`` tokens in all — and hands each sequence its
 logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run); the step's
 linear layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves the batch when it ends
-or every caller following it has stopped it. Runs that asked for the equivalence check are recomputed
-together (:mod:`kvviz.capture.verify`): a finished run waits for
-the runs still decoding beside it when their token budgets let them end within ``check_wait_s`` —
+or every caller following it has cancelled. Runs that asked for the equivalence check are recomputed
+together (:mod:`kvviz.capture.verify`): a finished run waits for the runs still decoding beside it
+when their token budgets let them end within ``check_wait_s`` —
 longer when more runs decode than wait, since a check stalls every run beside it while the wait
 holds back only the finished ones' verdicts — so a room's runs, which end a few steps apart (a short
 answer ends at its end-of-text token), stall the batch for one check instead of one per step, and a
@@ -18,9 +18,8 @@ run beside a long one is checked at once.
 An idle engine may gather before its first step (the served app does, ``KVVIZ_GATHER_MS``): a room
 pressing Generate together reaches the server over a second, and a step, once begun, admits no one
 until it ends (a lone prefill that begins while the others arrive makes them end a step after it,
-their check with them). The first run then waits until no new run has
-been submitted for ``gather_s`` seconds (at most ``gather_max_s`` after it came, or until the batch
-is full) — a lone user's run starts that much later.
+their check with them). The first run then waits until no new run has been submitted for ``gather_s``
+seconds (at most ``gather_max_s`` after it came, or until the batch is full): a lone run starts that much later.
 
 Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute
 equal Traces) share one run; a finished run is kept for a while so a late duplicate gets it at once.
@@ -44,16 +43,18 @@ from typing import Any
 import torch
 
 from kvviz.admission import release_memory
+from kvviz.cancel import Cancel
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress, forward
+from kvviz.capture.options import options
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
 from kvviz.engine.chat_turn import keep_turn, store_turn
 from kvviz.engine.disk_tier import DiskTier
 from kvviz.engine.few_rows import few_rows, prepare, threads_for
-from kvviz.engine.handle import Handle, Job
+from kvviz.engine.handle import Handle, Run
 from kvviz.engine.prefix import PrefixStore
 from kvviz.engine.slots import SlotKV
 from kvviz.limits import FINISHED_RUNS_BYTES
@@ -101,14 +102,13 @@ class Engine:
         # short runs keep their keys and values side by side, so a decode step appends and attends for all at once
         self.slots = SlotKV(len(attention_modules(lm.model)), max_batch) if self.packable else None
         self._cond = threading.Condition()
-        self._waiting: deque[Job] = deque()
-        self._running: list[Job] = []
-        self._active: dict[tuple, Job] = {}
-        self._finished: OrderedDict[tuple, Job] = OrderedDict()
-        self._keep_finished = keep_finished
-        self.check_wait_s = check_wait_s
+        self._waiting: deque[Run] = deque()
+        self._running: list[Run] = []
+        self._active: dict[tuple, Run] = {}
+        self._finished: OrderedDict[tuple, Run] = OrderedDict()
+        self._keep_finished, self.check_wait_s = keep_finished, check_wait_s
         self._step_s = 0.0  # how long the latest step took
-        self._unchecked: list[tuple[Job, float]] = []  # finished runs waiting for their check (engine thread only)
+        self._unchecked: list[tuple[Run, float]] = []  # finished runs waiting for their check (engine thread only)
         self._thread: threading.Thread | None = None
         self._closed = False
         self.counters = {
@@ -124,41 +124,41 @@ class Engine:
     def submit(
         self,
         prompt: str,
-        should_stop: Callable[[], bool] | None = None,
+        cancel: Cancel | Callable[[], bool] | None = None,
         owner: str | None = None,
         keep_turn: bool = False,
         **kwargs,
     ) -> Handle:
-        """Queue a run (``Generation``'s arguments; bad ones raise here, in the caller's thread) and
-        return its handle; an identical run already queued, running or just finished is shared.
-        ``owner`` names who sent it (a session; None: the server itself, whose prompts anyone may read):
-        the prefix store remembers who used each block, so a public blocks view shows a prompt's text
-        only to a session that sent it (:meth:`~kvviz.engine.prefix.PrefixStore.blocks`). ``keep_turn``:
-        a chat turn — once it ends, the prefix store keeps the blocks of its prompt and answer, so the
-        next turn, whose prompt repeats them, starts from them (``Trace.turn_cached_tokens`` says how many)."""
-        gen = Generation(self.lm, prompt, **kwargs)
+        """Queue a run (:func:`~kvviz.capture.options.options`' flat keywords; bad ones raise here, in the
+        caller's thread) and return its handle; an identical run queued, running or just finished is shared.
+        ``cancel``: the caller's token (:class:`~kvviz.cancel.Cancel`, or a callable it watches); the run
+        stops once no caller follows. ``owner``: who sent it (a session; None: the server, whose prompts
+        anyone may read), so a public blocks view shows a prompt's text only to a session that sent it.
+        ``keep_turn``: a chat turn — once it ends, the prefix store keeps its prompt's and answer's blocks
+        for the next turn (``Trace.turn_cached_tokens`` says how many it reused)."""
+        gen, token = Generation(self.lm, prompt, **options(**kwargs)), Cancel.of(cancel)
         key = (*self._key(gen, owner), bool(keep_turn))
         with self._cond:
             if self._closed:
                 raise RuntimeError("The server is shutting down; try again once it is back.")
             self.counters["submitted"] += 1
-            job = self._active.get(key) or self._finished.get(key)
-            if job is not None and not (job.finished and job.error is not None):
+            run = self._active.get(key) or self._finished.get(key)
+            if run is not None and not (run.finished and run.error is not None):
                 self.counters["shared"] += 1
-                handle = Handle(job, should_stop)
-                job.handles.append(handle)
-                if owner not in job.owners:  # the same prompt, sent by someone else too
-                    job.owners.add(owner)
+                handle = Handle(run, token)
+                run.handles.append(handle)
+                if owner not in run.owners:  # the same prompt, sent by someone else too
+                    run.owners.add(owner)
                     if self.prefix is not None:
-                        self.prefix.own(job.claim.hashes, owner)
-                if job.finished:
+                        self.prefix.own(run.claim.hashes, owner)
+                if run.finished:
                     self._finished.move_to_end(key)
                 return handle
-            job = Job(gen, owner, key, keep_turn=bool(keep_turn))
-            handle = Handle(job, should_stop)
-            job.handles.append(handle)
-            self._active[key] = job
-            self._waiting.append(job)
+            run = Run(gen, owner, key, keep_turn=bool(keep_turn))
+            handle = Handle(run, token)
+            run.handles.append(handle)
+            self._active[key] = run
+            self._waiting.append(run)
             self._last_new = time.monotonic()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="kvviz-engine", daemon=True)
@@ -201,22 +201,22 @@ class Engine:
     # ---- the engine's thread ----------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._closed:  # no local outlives a step: a finished run's cache is freed while the engine waits
-            self._run(self._admit())
+            self._advance(self._admit())
             if self._idle():
                 release_memory()  # the room's freed caches go back to the OS before the engine waits
         closing = RuntimeError("The server is shutting down; the run was ended.")
         with self._cond:
-            jobs = [*self._waiting, *self._running, *(job for job, _ in self._unchecked)]
+            runs = [*self._waiting, *self._running, *(run for run, _ in self._unchecked)]
             self._waiting.clear()
             self._unchecked.clear()
-        for job in jobs:
-            self._retire(job, closing)
+        for run in runs:
+            self._retire(run, closing)
 
     def _idle(self) -> bool:
         with self._cond:
             return not (self._waiting or self._running or self._unchecked)
 
-    def _admit(self) -> list[Job]:
+    def _admit(self) -> list[Run]:
         """Wait for work; move waiting runs into the batch while there is room; the batch."""
         with self._cond:
             self._cond.wait_for(lambda: self._waiting or self._running or self._unchecked or self._closed)
@@ -225,14 +225,14 @@ class Engine:
             if self.gather_s and not self._running and not self._unchecked:
                 self._gather()
             while self._waiting and len(self._running) < self.max_batch:
-                job = self._waiting.popleft()
-                if job.abandoned():
-                    self._retire(job, None)
+                run = self._waiting.popleft()
+                if run.cancel.cancelled:
+                    self._retire(run, None)
                     continue
-                g = job.gen
+                g = run.gen
                 if self.slots is not None and g.default_cache and g.fed == 0:
                     self.slots.attach(g.cache, g.trace.n_prompt + g.max_new_tokens)
-                self._running.append(job)
+                self._running.append(run)
             return list(self._running)
 
     def _gather(self) -> None:
@@ -245,7 +245,7 @@ class Engine:
                 return
             self._cond.wait(left)
 
-    def _run(self, batch: list[Job]) -> None:
+    def _advance(self, batch: list[Run]) -> None:
         try:
             if batch:
                 t0 = time.monotonic()
@@ -254,100 +254,100 @@ class Engine:
         except Exception as exc:  # a fault ends the runs of this step, never the engine
             # as text: a logged exception object would keep the failed step's frames (and caches) alive
             log.error("engine step failed:\n%s", traceback.format_exc())
-            for job in batch:
-                if not job.finished and job not in (j for j, _ in self._unchecked):
-                    self._retire(job, exc)
+            for run in batch:
+                if not run.finished and run not in (j for j, _ in self._unchecked):
+                    self._retire(run, exc)
         self._check_due()
 
-    def _step(self, batch: list[Job]) -> None:
+    def _step(self, batch: list[Run]) -> None:
         # all of it in inference mode: a run submitted from inside inference mode holds inference
         # tensors, which even the prefix store's replay into its recorder may only update there
         with torch.inference_mode():
             self._step_inference(batch)
 
-    def _step_inference(self, batch: list[Job]) -> None:
+    def _step_inference(self, batch: list[Run]) -> None:
         """One packed forward of every running run's next feed. A run's own work before and after the forward
         (its prefix claim, its feed, sampling its token, storing its blocks) runs in :meth:`_own`: a fault there
         ends that run only (a temperature of 1e-38 once made every run decoding beside it fail). A fault in the
         shared forward itself still ends the step's runs: their caches are then half written."""
         feeds, budget = [], self.token_budget
         storing = {h for j in batch if j.claimed and j.gen.prefilling for h in j.claim.hashes[len(j.claim.held) :]}
-        for job in sorted(batch, key=lambda j: j.gen.prefilling):  # decoding runs first: one token each
-            if job.gen.prefilling and job.abandoned():  # stopped (or out of time) mid-prefill: it ends now
-                job.gen.stop()
-                job.gen.finish()
-                self._retire(job, None)
+        for run in sorted(batch, key=lambda j: j.gen.prefilling):  # decoding runs first: one token each
+            if run.gen.prefilling and run.cancel.cancelled:  # stopped (or out of time) mid-prefill: it ends now
+                run.gen.stop()
+                run.gen.finish()
+                self._retire(run, None)
                 continue
-            fed = self._own(job, self._feed, job, storing, budget)
+            fed = self._own(run, self._feed, run, storing, budget)
             if fed:
                 budget -= len(fed[1])
                 feeds.append(fed)
-        done: list[Job] = []
+        done: list[Run] = []
         with installed(self.lm.model), threads_for(sum(len(ids) for _, ids, _ in feeds), self.lm.device):
             if self.packable and len(feeds) > 1:
-                segments = [Segment(ids, start, job.gen.cache, job.gen.feed_recorder) for job, ids, start in feeds]
+                segments = [Segment(ids, start, run.gen.cache, run.gen.feed_recorder) for run, ids, start in feeds]
                 with few_rows():
                     logits = [x[-1] for x in packed_forward(self.lm, segments, slots=self.slots)]
             else:
                 logits = [
-                    forward(self.lm, ids, start, job.gen.cache, job.gen.feed_recorder)[-1] for job, ids, start in feeds
+                    forward(self.lm, ids, start, run.gen.cache, run.gen.feed_recorder)[-1] for run, ids, start in feeds
                 ]
             self.counters["forwards"] += 1
             self.counters["batched_tokens"] += sum(len(ids) for _, ids, _ in feeds)
             self.counters["max_batch_seen"] = max(self.counters["max_batch_seen"], len(feeds))
-            for (job, ids, _), row in zip(feeds, logits):
-                if self._own(job, self._take, job, row, len(ids)):
-                    done.append(job)
-        for job in done:
-            if not job.gen.verify:
-                self._retire(job, None)
+            for (run, ids, _), row in zip(feeds, logits):
+                if self._own(run, self._take, run, row, len(ids)):
+                    done.append(run)
+        for run in done:
+            if not run.gen.verify:
+                self._retire(run, None)
                 continue
             with self._cond:  # out of the batch; still the run a duplicate request shares
-                self._running.remove(job)
-            job._report(Progress("verify", 0, 1))
-            self._unchecked.append((job, time.monotonic()))
+                self._running.remove(run)
+            run._report(Progress("verify", 0, 1))
+            self._unchecked.append((run, time.monotonic()))
 
-    def _own(self, job: Job, work: Callable, *args):
+    def _own(self, run: Run, work: Callable, *args):
         """``work(*args)`` for one run; a fault ends that run (its callers get the error), not the step."""
         try:
             return work(*args)
         except Exception as exc:
             log.error("a run failed in the engine's step:\n%s", traceback.format_exc())
-            self._retire(job, exc)
+            self._retire(run, exc)
             return None
 
-    def _feed(self, job: Job, storing: set, budget: int) -> tuple[Job, list[int], int] | None:
+    def _feed(self, run: Run, storing: set, budget: int) -> tuple[Run, list[int], int] | None:
         """The run's next feed, after its one look-up in the prefix store (None: it sits this step out)."""
-        g = job.gen
-        if not job.claimed:
+        g = run.gen
+        if not run.claimed:
             if self.prefix is not None:
-                hashes = self.prefix.hashes(g, next(iter(job.owners)))
+                hashes = self.prefix.hashes(g, next(iter(run.owners)))
                 if storing.intersection(hashes):
                     return None  # a run of this step computes blocks this one would reuse: start once they are stored
-                job.claim = self.prefix.claim(g, hashes, owners=job.owners)
-                if job.keep_turn:
-                    keep_turn(self.prefix, g, job.claim)
-                storing.update(job.claim.hashes[len(job.claim.held) :])
-            job.claimed = True
+                run.claim = self.prefix.claim(g, hashes, owners=run.owners)
+                if run.keep_turn:
+                    keep_turn(self.prefix, g, run.claim)
+                storing.update(run.claim.hashes[len(run.claim.held) :])
+            run.claimed = True
         if g.prefilling and budget <= 0:
             return None
         ids, start = g.next_feed(budget if g.prefilling else None)
-        return job, ids, start
+        return run, ids, start
 
-    def _take(self, job: Job, row: torch.Tensor, fed: int) -> bool:
+    def _take(self, run: Run, row: torch.Tensor, fed: int) -> bool:
         """Hand the run its logits; True when it has finished."""
-        g = job.gen
+        g = run.gen
         was_prefilling = g.prefilling
         produced = g.take(row, fed)
         if was_prefilling and not g.prefilling and self.prefix is not None:
-            self.prefix.store(g, job.claim, owners=job.owners)
+            self.prefix.store(g, run.claim, owners=run.owners)
         if produced:
-            job.changed()
+            run.changed()
         if not g.done:
             return False
         g.finish()
-        if job.keep_turn and self.prefix is not None:  # its cache is still whole: the next turn starts from it
-            g.trace.turn_cached_tokens = store_turn(self.prefix, g, job.claim, owners=job.owners)
+        if run.keep_turn and self.prefix is not None:  # its cache is still whole: the next turn starts from it
+            g.trace.turn_cached_tokens = store_turn(self.prefix, g, run.claim, owners=run.owners)
         if self.slots is not None:  # its Trace is complete: the check reads no cache
             self.slots.detach(g.cache)
         return True
@@ -361,40 +361,40 @@ class Engine:
         if not self._unchecked or self._closed:
             return
         with self._cond:
-            left = max((job.gen.steps_left for job in self._running if job.gen.verify), default=0)
+            left = max((run.gen.steps_left for run in self._running if run.gen.verify), default=0)
             limit = self.check_wait_s * min(max(1.0, len(self._running) / len(self._unchecked)), ROOM_WAIT)
         waited = time.monotonic() - self._unchecked[0][1]
         if left and left * self._step_s <= limit - waited:
             return
-        jobs = [job for job, _ in self._unchecked]
+        runs = [run for run, _ in self._unchecked]
         self._unchecked.clear()
         self.counters["checks"] += 1
         try:
             with torch.inference_mode():
-                results = check(self.lm, [j.gen for j in jobs], timeout=2.0)
+                results = check(self.lm, [j.gen for j in runs], timeout=2.0)
         except Exception as exc:
             log.error("equivalence check failed:\n%s", traceback.format_exc())
-            for job in jobs:
-                self._retire(job, exc)
+            for run in runs:
+                self._retire(run, exc)
             return
-        for job, res in zip(jobs, results):
-            job.gen.trace.equivalence = res
-            self._retire(job, None)
+        for run, res in zip(runs, results):
+            run.gen.trace.equivalence = res
+            self._retire(run, None)
 
-    def _retire(self, job: Job, error: BaseException | None) -> None:
+    def _retire(self, run: Run, error: BaseException | None) -> None:
         with self._cond:
-            if job in self._running:
-                self._running.remove(job)
-            key = job.key
+            if run in self._running:
+                self._running.remove(run)
+            key = run.key
             self._active.pop(key, None)
-            if error is None and job.gen.trace.stop_reason != "stopped":
-                self._finished[key] = job
+            if error is None and run.gen.trace.stop_reason != "stopped":
+                self._finished[key] = run
                 kept = sum(j.gen.trace.nbytes() for j in self._finished.values())
                 while self._finished and (len(self._finished) > self._keep_finished or kept > FINISHED_RUNS_BYTES):
                     kept -= self._finished.popitem(last=False)[1].gen.trace.nbytes()
         if self.prefix is not None:
-            self.prefix.release(job.claim)
-        if self.slots is not None and job.gen.cache is not None:
-            self.slots.detach(job.gen.cache)
-        job.gen.release()
-        job.end(error)
+            self.prefix.release(run.claim)
+        if self.slots is not None and run.gen.cache is not None:
+            self.slots.detach(run.gen.cache)
+        run.gen.release()
+        run.end(error)

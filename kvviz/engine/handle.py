@@ -1,5 +1,10 @@
-"""A run the engine follows (:class:`Job`) and what its callers hold (:class:`Handle`): its growing Trace,
-its progress, its end, and Stop. Kept apart from the engine's stepping so a caller's side reads alone."""
+"""A run the engine follows (:class:`Run`) and what its callers hold (:class:`Handle`): its growing Trace,
+its progress, its end, and its cancellation. Kept apart from the engine's stepping so a caller's side
+reads alone.
+
+A Run is one computation; identical requests share it, each through a Handle that carries the
+caller's :class:`~kvviz.cancel.Cancel` token. The Run has a token of its own, cancelled once every
+caller's is, and its Generation reads that one."""
 
 from __future__ import annotations
 
@@ -8,13 +13,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from kvviz.cancel import ABANDONED, Cancel
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress
 from kvviz.capture.trace import Trace
 from kvviz.engine.prefix import Claim
 
 
-class Job:
+class Run:
     """One computation and the callers following it."""
 
     def __init__(self, gen: Generation, owner: str | None = None, key: tuple | None = None, keep_turn: bool = False):
@@ -31,8 +37,9 @@ class Job:
         self.error: BaseException | None = None
         self.cond = threading.Condition()
         self.ended = threading.Event()  # set once finished: callers waiting for the end only sleep on it
+        self.cancel = Cancel((self._abandoned, ABANDONED))
         gen.progress = self._report
-        gen.should_stop = self.abandoned
+        gen.should_stop = self.cancel
 
     def _report(self, p: Progress) -> None:
         self.progress = p
@@ -43,9 +50,9 @@ class Job:
             self.version += 1
             self.cond.notify_all()
 
-    def abandoned(self) -> bool:
-        """True once every caller following this run has stopped it."""
-        return all(h.stopped() for h in list(self.handles))
+    def _abandoned(self) -> bool:
+        """True once every caller following this run has cancelled."""
+        return all(h.cancel.cancelled for h in list(self.handles))
 
     def end(self, error: BaseException | None = None) -> None:
         # without the engine's frames: a traceback would keep the failed step's caches alive
@@ -58,26 +65,17 @@ class Job:
 class Handle:
     """A caller's view of a submitted run: stream it, wait for it, or stop following it."""
 
-    def __init__(self, job: Job, should_stop: Callable[[], bool] | None = None):
-        self.job = job
-        self._should_stop = should_stop
-        self._stopped = False
-
-    def stopped(self) -> bool:
-        if not self._stopped and self._should_stop is not None and self._should_stop():
-            self._stopped = True
-        return self._stopped
-
-    def stop(self) -> None:
-        self._stopped = True
+    def __init__(self, run: Run, cancel: Cancel | None = None):
+        self.run = run
+        self.cancel = cancel or Cancel()  # the caller's token: cancelled, this caller stops following the run
 
     @property
     def trace(self) -> Trace:
-        return self.job.gen.trace
+        return self.run.gen.trace
 
     @property
     def progress(self) -> Progress | None:
-        return self.job.progress
+        return self.run.progress
 
     def stream(self, report: Callable[[Progress], None] | None = None, poll: float = 0.25) -> Iterator[Trace]:
         """Yield the growing Trace whenever a step adds to it, then once more when the run is over
@@ -85,43 +83,43 @@ class Handle:
 
         A run stops when every caller following it has stopped it; a caller who stops a run others
         still follow gets the run to its end like them (it is theirs too, and finishes soon)."""
-        job, seen, said = self.job, -1, None
+        run, seen, said = self.run, -1, None
         while True:
-            with job.cond:
-                if job.version == seen and not job.finished:
-                    job.cond.wait(poll)
-                version, finished = job.version, job.finished
-            if report is not None and job.progress is not None and job.progress != said:
-                said = job.progress
+            with run.cond:
+                if run.version == seen and not run.finished:
+                    run.cond.wait(poll)
+                version, finished = run.version, run.finished
+            if report is not None and run.progress is not None and run.progress != said:
+                said = run.progress
                 report(said)
             if finished:
-                if job.error is not None:  # a copy: the raised one's traceback must not tie this run to the job
-                    raise copy.copy(job.error) from None
-                yield job.gen.trace
+                if run.error is not None:  # a copy: the raised one's traceback must not tie this run to the run
+                    raise copy.copy(run.error) from None
+                yield run.gen.trace
                 return
-            if version != seen and job.gen.trace.steps:
+            if version != seen and run.gen.trace.steps:
                 seen = version
-                yield job.gen.trace
+                yield run.gen.trace
             seen = version
 
     def result(self) -> Trace:
         """Block until the run is over; its finished Trace. Raises the run's error. Sleeps until the end
         (the many callers of one shared run do not each wake at every step)."""
-        job = self.job
-        job.ended.wait()
-        if job.error is not None:
-            raise copy.copy(job.error) from None
-        return job.gen.trace
+        run = self.run
+        run.ended.wait()
+        if run.error is not None:
+            raise copy.copy(run.error) from None
+        return run.gen.trace
 
 
 def wait_all(handles: list[Handle], timeout: float) -> bool:
     """True when every handle's run ended within ``timeout`` seconds (tests and benches)."""
     end = time.monotonic() + timeout
     for h in handles:
-        with h.job.cond:
-            while not h.job.finished:
+        with h.run.cond:
+            while not h.run.finished:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
-                h.job.cond.wait(left)
+                h.run.cond.wait(left)
     return True

@@ -26,6 +26,7 @@ import torch
 
 from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
+from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.engine.prefix import PrefixStore
 from kvviz.models import LoadedModel
 
@@ -60,7 +61,13 @@ class Leak:
 
 def _first_token_s(lm: LoadedModel, store: PrefixStore, ids: list[int], owner: str) -> float:
     """One request of one new token through ``store``: seconds from its look-up to its first token."""
-    g = Generation(lm, "", prompt_ids=ids, chat=False, max_new_tokens=1, record=False, prefill_chunk=0)
+    g = Generation(
+        lm,
+        "",
+        feed=Feed(prompt_ids=ids, chat=False, prefill_chunk=0),
+        decode=Decode(max_new_tokens=1),
+        recording=Recording(on=False),
+    )
     with torch.inference_mode():
         t0 = time.perf_counter()
         claim = store.claim(g, owners=[owner])

@@ -25,6 +25,7 @@ import torch
 from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import encode_prompt
+from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.eviction.cache import EvictingCache, StreamingCache
 from kvviz.eviction.compare import Comparison, compare
 from kvviz.eviction.policies import make_policy
@@ -122,15 +123,12 @@ def streaming_nll(
     g = Generation(
         lm,
         "",
-        prompt_ids=ids[:-1],
-        max_new_tokens=1,
-        forced=ids[-1:],
-        record=False,
-        cache_factory=cache_factory,
-        after_step=None if cache_size is None else (lambda cache, _rec, _step: cache.trim()),
-        prefill_tokens=min(chunk, len(ids) - 1),
-        tail_chunk=chunk,
-        score_tokens=True,
+        feed=Feed(prompt_ids=ids[:-1], forced=ids[-1:], prefill_tokens=min(chunk, len(ids) - 1), tail_chunk=chunk),
+        decode=Decode(max_new_tokens=1),
+        recording=Recording(on=False, score_tokens=True),
+        cache=CacheSetup(
+            factory=cache_factory, after_step=None if cache_size is None else (lambda cache, _rec, _step: cache.trim())
+        ),
     )
     n = len(ids) - 1
     for _ in forwards(lm, g):

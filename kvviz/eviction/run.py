@@ -29,6 +29,7 @@ import torch
 from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import model_info
+from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.capture.recorder import Recorder, RecorderConfig
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.held import held_kv, ragged_roles, role_map
@@ -319,19 +320,15 @@ def run_policy(
     g = Generation(  # checks the prompt, n_compress, max_new_tokens and the model's context
         lm,
         "",
-        chat=False,
-        prompt_ids=ids,
-        max_new_tokens=max_new_tokens,
-        should_stop=should_stop,
-        cache_factory=ev.cache_factory,
-        after_step=after_step,
-        cfg=cfg,
-        prefill_tokens=n_c,
-        forced=forced,
-        record=policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c),
-        record_decode=policy.needs_colsum,
-        stop_on_eos=forced is None,
-        keep_logprobs=keep_logprobs,
+        feed=Feed(chat=False, prompt_ids=ids, prefill_tokens=n_c, forced=forced),
+        decode=Decode(max_new_tokens=max_new_tokens, should_stop=should_stop, stop_on_eos=forced is None),
+        cache=CacheSetup(factory=ev.cache_factory, after_step=after_step),
+        recording=Recording(
+            cfg=cfg,
+            on=policy.needs_colsum or (policy.needs_window_rows and n_kept < n_c),
+            decode=policy.needs_colsum,
+            keep_logprobs=keep_logprobs,
+        ),
     )
     skip = policy.query_stats_skip if n_kept < n_c else None
 

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvviz.capture.divergence import OFF_SCALE, Report
+from kvviz.figures.layout import per_step
 
 CAPTIONS = {
     "map": "Each cell is one decode step (0: the prefill) in one layer, coloured by the largest difference "
@@ -58,15 +59,7 @@ def divergence_map(report: Report) -> go.Figure:
             hoverinfo="skip",
             showlegend=False,
         )
-    fig.update_layout(
-        title=title,
-        xaxis_title="step (0 = prefill)",
-        yaxis_title="layer",
-        height=480,
-        margin=dict(l=60, r=20, t=60, b=50),
-        xaxis=dict(dtick=1 if steps <= 20 else None),
-    )
-    return fig
+    return per_step(fig, title, "layer", 480, xaxis=dict(dtick=1 if steps <= 20 else None))
 
 
 def tokens_table(report: Report) -> pd.DataFrame:

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from kvviz.capture.trace import EQUIVALENCE_TOLERANCE as TOLERANCE
 from kvviz.capture.trace import ModelInfo, Trace
+from kvviz.figures.layout import per_step
 from kvviz.units import format_bytes, format_gb, plural
 
 CAPTIONS = {
@@ -52,22 +53,14 @@ def cache_growth(trace: Trace, max_points: int = GROWTH_POINTS, upto: int | None
         fig.add_annotation(
             x=0, y=y[0], text=f"prefill: {plural(trace.n_prompt, 'token')}", showarrow=True, ax=50, ay=25
         )
-    fig.update_xaxes(tickformat="d", rangemode="tozero")
+    fig.update_xaxes(rangemode="tozero")
     title = "KV cache size per step"
     if upto is not None and steps:
         top = max(s.cache_bytes for s in every) / 2**20
         fig.update_xaxes(range=[-0.5, max(1, len(every) - 1) + 0.5])
         fig.update_yaxes(range=[0, top * 1.08])
         title = f"KV cache after step {x[-1]}: {steps[-1].cache_lens[0]} tokens in layer 0"
-    fig.update_layout(
-        title=title,
-        xaxis_title="step (0 = prefill)",
-        yaxis_title="cache size (MiB)",
-        height=320,
-        margin=dict(l=50, r=20, t=50, b=40),
-        yaxis_rangemode="tozero",
-    )
-    return fig
+    return per_step(fig, title, "cache size (MiB)", 320, yaxis_rangemode="tozero")
 
 
 def _layer_hover(lens: list[int], sizes: list[int]) -> str:

@@ -23,6 +23,7 @@ import torch
 from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import encode_prompt
+from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.capture.tokens import token_texts
 from kvviz.examples import needle_passage
 from kvviz.lessons.waste import forward_passes
@@ -106,7 +107,13 @@ def generate_with_cache(lm: LoadedModel, ids: list[int], new_tokens: int, progre
     driver every one-at-a-time run uses (:func:`kvviz.capture.drive.forwards`), without a recorder or the
     capture's attention wrapper (the model's attention as loaded, as the uncached loop runs it)."""
     _check(ids, new_tokens)
-    g = Generation(lm, "", prompt_ids=ids, max_new_tokens=new_tokens, record=False, stop_on_eos=False, prefill_chunk=0)
+    g = Generation(
+        lm,
+        "",
+        feed=Feed(prompt_ids=ids, prefill_chunk=0),
+        decode=Decode(max_new_tokens=new_tokens, stop_on_eos=False),
+        recording=Recording(on=False),
+    )
     secs, passes = [], []
     for f in forwards(lm, g, wrapped=False):
         secs.append(f.wall_s)

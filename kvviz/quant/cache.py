@@ -31,6 +31,7 @@ from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.loop import capture
 from kvviz.capture.model_io import encode_prompt
+from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.models import LoadedModel
 from kvviz.quant.schemes import QuantSpec, Scheme, quantized_prefix, rotated, round_trip, stored_bytes, unrotated
 
@@ -164,12 +165,10 @@ def forced_logits(lm: LoadedModel, ids: list[int], continuation: list[int], fact
     g = Generation(
         lm,
         "",
-        prompt_ids=ids,
-        max_new_tokens=len(continuation),
-        forced=continuation,
-        record=False,
-        prefill_chunk=0,
-        cache_factory=factory,
+        feed=Feed(prompt_ids=ids, forced=continuation, prefill_chunk=0),
+        decode=Decode(max_new_tokens=len(continuation)),
+        recording=Recording(on=False),
+        cache=CacheSetup(factory=factory),
     )
     return [f.logits[-1] for f in forwards(lm, g, wrapped=False)]
 

@@ -8,10 +8,14 @@ this module checks the inputs, runs it through the model-job wrapper and draws
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
 
 from kvviz.capture.divergence import Report, debug, verdict
-from kvviz.capture.faults import FAULTS, check_fault, make_fault
+from kvviz.capture.faults import FAULTS, Fault, check_fault, make_fault
 from kvviz.demo_store import Compute
 from kvviz.examples import CHAT_QUESTION
 from kvviz.figures import debugger as fig
@@ -38,7 +42,7 @@ def break_cache(
     prompt: str = DEFAULT_PROMPT,
     max_new_tokens: int = DEFAULT_NEW,
     block: int = 1,
-) -> tuple:
+) -> BreakAsk:
     """Where a cached run with one KV-cache bug switched on first leaves its full recomputation.
 
     Args:
@@ -67,43 +71,63 @@ def break_cache(
         if made is not None:
             check_fault(made, ctx.info.layers, n, ctx.info.sliding_window is not None)
     text, ids = prompt_ids(ctx, prompt, True, n)
-    return made, text, tuple(ids), n
+    return BreakAsk(made, text, tuple(ids), n)
 
 
-def _size(req) -> Size:
-    return Size(len(req[2]), req[3], runs=3)  # the broken run, a correct run, one recomputation
+@dataclass(frozen=True)
+class BreakAsk:
+    """A checked debugger run: the fault (None: the correct cache), the prompt and its ids, the new tokens,
+    and *Recompute live* (the tab's box; the endpoint never recomputes a stored result)."""
+
+    fault: Fault | None
+    text: str
+    ids: tuple
+    n_new: int
+    fresh: bool = False
 
 
-def compute_for(ctx: AppContext, req) -> Compute:
-    made, text, ids, n = req
+@dataclass(frozen=True)
+class Shown:
+    """What the tab shows of a report: the map, the verdict (what went wrong and the fix), the tokens."""
 
+    map: go.Figure
+    text: str
+    tokens: pd.DataFrame
+
+
+def _size(a: BreakAsk) -> Size:
+    return Size(len(a.ids), a.n_new, runs=3)  # the broken run, a correct run, one recomputation
+
+
+def _debug(ctx: AppContext, a: BreakAsk) -> Report:
+    return debug(ctx.lm, a.text, a.fault, max_new_tokens=a.n_new, prompt_ids=list(a.ids), clean=True)
+
+
+def compute_for(ctx: AppContext, a: BreakAsk) -> Compute:
     def compute(report, should_stop) -> Report:
         with user_errors():
-            return debug(ctx.lm, text, made, max_new_tokens=n, prompt_ids=list(ids), clean=True)
+            return _debug(ctx, a)
 
     return compute
 
 
-def key_of(ctx: AppContext, req) -> tuple:
-    made, _, ids, n = req
+def key_of(ctx: AppContext, a: BreakAsk) -> tuple:
+    made = a.fault
     where = None if made is None else (made.name, made.step, made.layer, getattr(made, "block", None))
-    return ctx.lm.name, "break_cache", where, ids, n
+    return ctx.lm.name, "break_cache", where, a.ids, a.n_new
 
 
-def present(report: Report, when: str):
+def present(report: Report, when: str) -> Shown:
     """The map, the verdict (what went wrong and the fix) and the tokens side by side."""
     j = report.to_json()
     title = j["fault"]["title"] if j["fault"] else ""
     head = "**All clear.**" if report.first is None else f"**{title[:1].upper()}{title[1:]}.**" if title else ""
     text = f"{head} {verdict(j)}".replace("\n", " ") + f" _({when})_"
-    return fig.divergence_map(report), text, fig.tokens_table(report)
+    return Shown(fig.divergence_map(report), text, fig.tokens_table(report))
 
 
 def _api_run(job) -> dict:
-    report = debug(
-        job.ctx.lm, job.req[1], job.req[0], max_new_tokens=job.req[3], prompt_ids=list(job.req[2]), clean=True
-    )
-    return report.to_json()
+    return _debug(job.ctx, job.req).to_json()
 
 
 # the ``/break_cache`` endpoint (and ``api_break_cache(ctx, …)`` in tests)
@@ -165,16 +189,17 @@ def build(ctx: AppContext) -> None:
 
     ctx.planners["breakcache.button"] = plan
 
-    def run(job):
-        fresh, req = job.req
-        report, entry = shared(job, key_of(ctx, req), compute_for(ctx, req), live=fresh)
-        return present(report, "computed now" if entry is None else origin(entry))
+    def run(job) -> dict:
+        a: BreakAsk = job.req
+        report, entry = shared(job, key_of(ctx, a), compute_for(ctx, a), live=a.fresh)
+        s = present(report, "computed now" if entry is None else origin(entry))
+        return {plot: s.map, summary: s.text, tokens: s.tokens}
 
     job = ModelJob(
         "cache debugger",
-        check=lambda _ctx, f, s, lay, p, n, b, fresh: (bool(fresh), break_cache(ctx, f, s, lay, p, n, b)),
+        check=lambda _ctx, f, s, lay, p, n, b, fresh: replace(break_cache(ctx, f, s, lay, p, n, b), fresh=bool(fresh)),
         run=run,
-        size=lambda r: _size(r[1]),
+        size=_size,
         store=True,
     )
     ran = job.event(ctx, run_btn.click, [*inputs, live], [plot, summary, tokens])

@@ -167,14 +167,28 @@ def _layout(data: dict | None) -> _Views:
     return _Views(**c)
 
 
-def _check(pols, tasks, n) -> tuple[list[str], list[str], int]:
+@dataclass(frozen=True)
+class SweepAsk:
+    """A checked sweep of the session's own: policies, tasks, samples per task, and how to draw it (metric,
+    mode, x axis)."""
+
+    policies: tuple
+    tasks: tuple
+    n: int
+    metric: str
+    mode: str
+    x_axis: str
+
+
+def _check(_ctx, pols, tasks, n, metric, mode, x_axis) -> SweepAsk:
     """A sweep's policies, tasks and samples per task, checked."""
     with user_errors():
         if not pols or not set(pols) <= set(POLICIES):
             raise ValueError("Tick at least one policy.")
         if not tasks or not set(tasks) <= set(TASKS):
             raise ValueError("Tick at least one task.")
-        return list(pols), list(tasks), whole_number(n, "Samples per task", 1, MAX_OWN_SAMPLES)
+        n = whole_number(n, "Samples per task", 1, MAX_OWN_SAMPLES)
+    return SweepAsk(tuple(pols), tuple(tasks), n, metric, mode, x_axis)
 
 
 def _wire(ctx: AppContext, v: _Views, data: dict | None) -> None:
@@ -232,22 +246,21 @@ def _wire(ctx: AppContext, v: _Views, data: dict | None) -> None:
     ).then(None, None, None, js=OPEN_JS)
 
     def run_own(job) -> dict:
-        (pols, tasks, n), m, md, x = job.req
-        samples_ = make_samples(ctx.lm, tasks, [OWN_LENGTH], n)
-        res = run_sweep(
-            ctx.lm, samples_, pols, list(RATIOS), MODES, 10, progress=job.progress, should_stop=job.should_stop
-        )
+        a: SweepAsk = job.req
+        samples_ = make_samples(ctx.lm, list(a.tasks), [OWN_LENGTH], a.n)
+        pols, ratios = list(a.policies), list(RATIOS)
+        res = run_sweep(ctx.lm, samples_, pols, ratios, MODES, 10, progress=job.progress, should_stop=job.cancel)
         d = json.loads(json.dumps(res.to_json()))
         if not d["records"]:
             raise UserError("Stopped before the first sample finished.")
         told = about(d) + (" *(stopped early: partial result)*" if res.stopped else "")
-        return {v.state: d, v.about: told, **draw(d, m, md, x), **choices(d)}
+        return {v.state: d, v.about: told, **draw(d, a.metric, a.mode, a.x_axis), **choices(d)}
 
     sweep = ModelJob(
         "sweep",
-        check=lambda _ctx, pols, tasks, n, m, md, x: (_check(pols, tasks, n), m, md, x),
+        check=_check,
         run=run_own,
-        size=lambda r: Size(OWN_LENGTH, 10, runs=2 * len(r[0][1]) * r[0][2]),
+        size=lambda a: Size(OWN_LENGTH, 10, runs=2 * len(a.tasks) * a.n),
         stop=True,
         progress=True,
     )

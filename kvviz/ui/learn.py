@@ -71,6 +71,17 @@ def _elem_id(component, key: str) -> str:
     return component.elem_id
 
 
+def by_name(outputs: list, values) -> dict:
+    """A handler's answer as ``{component: value}``: a dict is kept (only the components wired as
+    ``outputs``), a tuple or list is matched with ``outputs`` in order, a single value goes to the one output."""
+    if isinstance(values, dict):
+        wired = {id(c) for c in outputs}
+        return {c: v for c, v in values.items() if id(c) in wired}
+    if len(outputs) == 1 and not isinstance(values, (list, tuple)):
+        values = [values]
+    return dict(zip(outputs, values))
+
+
 def resolve(ctx: AppContext, sm: ShowMe) -> tuple[list[tuple[str, object]], list[str], str | None, bool]:
     """What this build has for a show-me: (key, component) targets, missing keys, press elem id, available?"""
     comps = ctx.components
@@ -116,18 +127,15 @@ def show_me_button(
     by_target = {id(c): k for k, c in targets}
     answer_inputs = answer.inputs if answer is not None else []
 
-    def stored_views(trace) -> list:
+    def stored_views(trace) -> dict:
         """Every trace view of a stored generation (drawn once at start-up, so these calls are quick)."""
-        out: list = []
+        out: dict = {}
         for fn, inputs, outputs in ctx.listeners:
             if any(outputs is o for o in views):
-                values = fn(trace, *[getattr(c, "value", None) for c in inputs[1:]])
-                if isinstance(values, dict) and all(isinstance(c, gr.components.Component) for c in values):
-                    values = [values.get(c, gr.skip()) for c in outputs]  # a view returned by name
-                out.extend(values if len(outputs) > 1 else [values])
+                out.update(by_name(outputs, fn(trace, *[getattr(c, "value", None) for c in inputs[1:]])))
         return out
 
-    def answered(request: gr.Request, current: list) -> list | None:
+    def answered(request: gr.Request, current: list) -> dict | None:
         """The pressed button's outputs for the show-me's values (the session's own for the rest), or None."""
         assert answer is not None
         values = [sm.values[by_target[id(c)]] if id(c) in by_target else v for c, v in zip(answer.inputs, current)]
@@ -135,25 +143,28 @@ def show_me_button(
             out = answer.fn(request, *values)
         except Exception:  # a refusal (the session's other settings) is the button's to show: press it
             return None
-        return None if out is None else (list(out) if isinstance(out, (list, tuple)) else [out])
+        return None if out is None else by_name(answer.outputs, out)
 
-    def load(request: gr.Request, *current):
-        values = [sm.values[k] for k, _ in targets]
+    def load(request: gr.Request, *current) -> dict:
+        """The show-me's values into its targets, the tab to open, and what the view can show at once
+        (by component: what is not named stays as it is)."""
         if not available:
             gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
-            return [gr.skip()] * len(targets) + [gr.skip(), gr.skip()]
+            return {}
+        shown = {c: sm.values[k] for k, c in targets}
         if answer is not None:
             out = answered(request, list(current))
             if out is None:
-                return [*values, gr.Tabs(selected=first_tab), None, "press", *[gr.skip()] * len(answer.outputs)]
-            return [*values, gr.Tabs(selected=sm.tab), None, "stored", *out]
+                return {**shown, ctx.tabs: gr.Tabs(selected=first_tab), pending: None, mode: "press"}
+            return {**shown, ctx.tabs: gr.Tabs(selected=sm.tab), pending: None, mode: "stored", **out}
         if not fast:
-            return [*values, gr.Tabs(selected=first_tab), sm.tab if via_generate else None]
+            return {**shown, ctx.tabs: gr.Tabs(selected=first_tab), pending: sm.tab if via_generate else None}
         entry = ctx.store.entry(key)
         if entry is not None and entry.state == "done":
             trace = entry.value[0]
-            return [*values, gr.Tabs(selected=sm.tab), None, "stored", trace, *stored_views(trace)]
-        return [*values, gr.Tabs(selected=first_tab), sm.tab, "press", gr.skip(), *[gr.skip()] * len(view_outputs)]
+            stored = {ctx.trace_state: trace, **stored_views(trace)}
+            return {**shown, ctx.tabs: gr.Tabs(selected=sm.tab), pending: None, mode: "stored", **stored}
+        return {**shown, ctx.tabs: gr.Tabs(selected=first_tab), pending: sm.tab, mode: "press"}
 
     if fast:
         extra = [mode, ctx.trace_state, *view_outputs]
@@ -271,10 +282,14 @@ def build(ctx: AppContext) -> None:
                 gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
                 show_me_button(ctx, p.show_me, f"pitfall-{i}", pending)
 
-    def tick() -> list:
+    def tick() -> dict:
         """The readiness line and the "Look for" lines read from stored results, until every example is ready."""
         active = ctx.store.counts()["done"] < len(ctx.store.entries())
-        return [precompute.readiness(ctx), gr.Timer(active=active), *[write() for _, write in notes]]
+        return {
+            ready: precompute.readiness(ctx),
+            timer: gr.Timer(active=active),
+            **{md: write() for md, write in notes},
+        }
 
     timer.tick(
         tick, None, [ready, timer, *[md for md, _ in notes]], api_name=False, queue=False, show_progress="hidden"
@@ -324,10 +339,17 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
     )
     text = gr.Markdown(elem_id="learn-step-text")
 
-    def run_example(job):
-        trace = capture(ctx.lm, EXAMPLE_PROMPT, chat=False, max_new_tokens=12, should_stop=job.should_stop)
-        spans, md = walkthrough(trace, 0)
-        return trace, gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0), spans, md
+    def drawn(trace, at: int) -> dict:
+        spans, md = walkthrough(trace, at)
+        return {strip: spans, text: md}
+
+    def opened(trace) -> dict:
+        """A trace loaded into the walk: the slider spans its steps, step 0 drawn."""
+        slider = gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0) if trace else gr.skip()
+        return {walk_trace: trace, step: slider, **drawn(trace, 0)}
+
+    def run_example(job) -> dict:
+        return opened(capture(ctx.lm, EXAMPLE_PROMPT, chat=False, max_new_tokens=12, should_stop=job.cancel))
 
     example = ModelJob(
         "walkthrough example",
@@ -336,12 +358,10 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
         size=lambda n: Size(n, 12),
     )
     example.event(ctx, load.click, None, [walk_trace, step, strip, text])
-    step.change(walkthrough, [walk_trace, step], [strip, text], api_name=False, queue=False)
+    step.change(drawn, [walk_trace, step], [strip, text], api_name=False, queue=False)
 
-    def from_generate(trace, target):
-        spans, md = walkthrough(trace, 0)
-        slider = gr.Slider(minimum=0, maximum=max(1, len(trace.steps) - 1), value=0) if trace else gr.skip()
-        return trace, slider, spans, md, (gr.Tabs(selected=target) if target else gr.skip()), None
+    def from_generate(trace, target) -> dict:
+        return {**opened(trace), ctx.tabs: gr.Tabs(selected=target) if target else gr.skip(), pending: None}
 
     if ctx.trace_state is not None:
         # first: a show-me that generated switches to its view at once, while the views redraw behind it

@@ -197,6 +197,27 @@ def _layout(ctx: AppContext) -> _Views:
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TableAsk:
+    """A checked no-cache table: the prompt, chat or not, the steps tabulated, the prompt's length in tokens."""
+
+    prompt: str
+    chat: bool
+    steps: int
+    n_prompt: int
+
+
+@dataclass(frozen=True)
+class TimingAsk:
+    """A checked timing: the prompt's length in tokens, N, the store key and computation, *Recompute live*."""
+
+    n_prompt: int
+    n_new: int
+    key: tuple
+    compute: Compute
+    fresh: bool
+
+
 def _wire(ctx: AppContext, v: _Views) -> None:
     """Register the tab's inputs and show-me plans, and wire its buttons and its first open."""
     ctx.components.update(
@@ -210,44 +231,46 @@ def _wire(ctx: AppContext, v: _Views) -> None:
         }
     )
 
-    def run_table(job):
-        p, c, n, _ = job.req
-        return {v.table: table(ctx, p, c, n)}
+    def run_table(job) -> dict:
+        a: TableAsk = job.req
+        return {v.table: table(ctx, a.prompt, a.chat, a.steps)}
 
-    def table_request(_ctx, p, c, s):
+    def table_request(_ctx, p, c, s) -> TableAsk:
         n = _whole(s, "Table steps", 1, 16)
-        return p, c, n, len(prompt_ids(ctx, p, c, n)[1])
+        return TableAsk(p, c, n, len(prompt_ids(ctx, p, c, n)[1]))
 
-    table_run = ModelJob("no-cache table", check=table_request, run=run_table, size=lambda r: Size(r[3], r[2], runs=2))
+    table_run = ModelJob(
+        "no-cache table", check=table_request, run=run_table, size=lambda a: Size(a.n_prompt, a.steps, runs=2)
+    )
 
-    def job(p, c, n: int) -> tuple[tuple, Compute]:
-        """The store key and computation of one timing (the prompt checked and tokenized first)."""
+    def job(p, c, n: int, fresh: bool = False) -> TimingAsk:
+        """One timing: the prompt checked and tokenized first, then its store key and computation."""
         ids = _ids(ctx, p, c)
         n = _whole(n, "N", 1, min(MAX_N, ctx.settings.max_new_tokens))
 
         def compute(report, should_stop):
             return compare_cache(ctx.lm, str(p), n, bool(c), ids=ids, progress=report)
 
-        return (ctx.lm.name, "nocache", tuple(ids), bool(c), n), compute
+        return TimingAsk(len(ids), n, (ctx.lm.name, "nocache", tuple(ids), bool(c), n), compute, bool(fresh))
 
     controls = {"nocache.prompt": v.prompt, "nocache.chat": v.chat, "nocache.new_tokens": v.new_tokens}
 
     def plan(values: dict) -> tuple:
-        key, compute = job(*[values.get(k, c.value) for k, c in controls.items()])
-        ctx.store.plan(key, "cache vs no-cache timing", compute)
-        return key
+        a = job(*[values.get(k, c.value) for k, c in controls.items()])
+        ctx.store.plan(a.key, "cache vs no-cache timing", a.compute)
+        return a.key
 
     ctx.planners["nocache.button"] = plan
 
-    def run_measure(job):
-        fresh, key, compute = job.req
-        return v.timing(shown(*shared(job, key, compute, live=fresh)))
+    def run_measure(running) -> dict:
+        a: TimingAsk = running.req
+        return v.timing(shown(*shared(running, a.key, a.compute, live=a.fresh)))
 
     measure_run = ModelJob(
         "cache vs no-cache timing",
-        check=lambda _ctx, p, c, n, fresh: (bool(fresh), *job(p, c, n)),
+        check=lambda _ctx, p, c, n, fresh: job(p, c, n, fresh),
         run=run_measure,
-        size=lambda r: Size(len(r[1][2]), r[1][4], runs=2 + r[1][4] // 4),
+        size=lambda a: Size(a.n_prompt, a.n_new, runs=2 + a.n_new // 4),
         store=True,
         progress=True,
     )

@@ -103,6 +103,24 @@ def _qkv_ids(ctx: AppContext, prompt: str, chat: bool) -> list[int]:
     return ids
 
 
+# the settings of ``analyze`` and ``generate`` by name, in the order their widgets are wired
+ANALYSIS = ("prompt", "chat", "layer", "head", "fmt", "key_axis", "value_axis", "group", "window")
+GENERATE = ("prompt", "chat", "choice", "fmt", "key_axis", "value_axis", "group", "window", "max_new", "history")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A checked request of the tab: its settings by the name of the function's parameter, the prompt's
+    length in tokens, the new tokens; for a stored analysis its key, computation and *Recompute live*."""
+
+    settings: dict
+    n_prompt: int
+    n_new: int = 0
+    key: tuple = ()
+    compute: Callable | None = None
+    live: bool = False
+
+
 def _same(value) -> object:
     """A control's value as a store key part: 15 and 15.0 from a slider are the same setting."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
@@ -264,65 +282,66 @@ def _wire(ctx: AppContext, v: QuantViews) -> None:
     ctx.components.update({**controls, "quant.button": v.analyze_btn, "quant.scheme": v.scheme})
     ctx.components.update({"quant.max_new": v.max_new, "quant.generate": v.gen_btn})
 
-    def analysis_job(values) -> tuple[tuple, Callable]:
-        """The store key and computation of one analysis (the prompt checked and tokenized first)."""
-        n = len(_qkv_ids(ctx, values[0], values[1]))
+    def analysis_job(values, live: bool = False) -> Ask:
+        """One analysis, its settings by ``analyze``'s names (the prompt checked and tokenized first), its store
+        key and computation."""
+        s = dict(zip(ANALYSIS, values))
+        n = len(_qkv_ids(ctx, s["prompt"], s["chat"]))
 
         def compute(report, should_stop):
-            return analyze(ctx, *values, progress=lambda f, desc="": report(f, desc))
+            return analyze(ctx, **s, progress=lambda f, desc="": report(f, desc))
 
-        return (ctx.lm.name, "quant", n, *[_same(v) for v in values]), compute
+        return Ask(s, n, 0, (ctx.lm.name, "quant", n, *[_same(x) for x in values]), compute, bool(live))
 
     def plan(values: dict) -> tuple:
-        key, compute = analysis_job([values.get(k, c.value) for k, c in controls.items()])
-        ctx.store.plan(key, "quantization analysis", compute)
-        return key
+        a = analysis_job([values.get(k, c.value) for k, c in controls.items()])
+        ctx.store.plan(a.key, "quantization analysis", a.compute)
+        return a.key
 
     ctx.planners["quant.button"] = plan
 
-    def run_analyze(job):
-        live, key, compute = job.req
-        return v.analysis(shared(job, key, compute, live=live)[0])
+    def run_analyze(job) -> dict:
+        a: Ask = job.req
+        return v.analysis(shared(job, a.key, a.compute, live=a.live)[0])
 
     def run_maps(job) -> dict:
-        return v.maps(maps(ctx, *job.req[0]))
+        return v.maps(maps(ctx, **job.req.settings))
 
     def run_generate(job) -> dict:
-        return v.generated(generate(ctx, *job.req[0], progress=job.progress))
+        return v.generated(generate(ctx, **job.req.settings, progress=job.progress))
 
-    def gen_request(_ctx, *values):
-        n_new = _max_new(ctx, values[8])
-        return values, len(prompt_ids(ctx, values[0], values[1], n_new)[1]), n_new
+    def maps_request(_ctx, *values) -> Ask:
+        s = dict(zip(ANALYSIS[:4], values))
+        return Ask(s, len(prompt_ids(ctx, s["prompt"], s["chat"])[1]))
+
+    def gen_request(_ctx, *values) -> Ask:
+        s = dict(zip(GENERATE, values))
+        n_new = _max_new(ctx, s["max_new"])
+        return Ask(s, len(prompt_ids(ctx, s["prompt"], s["chat"], n_new)[1]), n_new)
 
     analysis_run = ModelJob(
         "quantization analysis",
-        check=lambda _ctx, live, *settings: (bool(live), *analysis_job(settings)),
+        check=lambda _ctx, live, *settings: analysis_job(settings, live),
         run=run_analyze,
-        size=lambda r: Size(r[1][2], 0),
+        size=lambda a: Size(a.n_prompt, 0),
         store=True,
         progress=True,
     )
-    maps_run = ModelJob(
-        "key/value maps",
-        check=lambda _ctx, *values: (values, len(prompt_ids(ctx, values[0], values[1])[1])),
-        run=run_maps,
-        size=lambda r: Size(r[1], 0),
-    )
+    maps_run = ModelJob("key/value maps", check=maps_request, run=run_maps, size=lambda a: Size(a.n_prompt, 0))
     generate_run = ModelJob(
         "quantized generation",
         check=gen_request,
         run=run_generate,
-        size=lambda r: Size(r[1], r[2], runs=2),
+        size=lambda a: Size(a.n_prompt, a.n_new, runs=2),
         progress=True,
     )
 
-    def stored_analysis(request: gr.Request, live, *settings):
+    def stored_analysis(request: gr.Request, live, *settings) -> dict | None:
         """The analysis's outputs when its result is stored (for a show-me), else None."""
-        entry = ctx.store.entry(analysis_job(settings)[0])
+        entry = ctx.store.entry(analysis_job(settings).key)
         if entry is None or entry.state != "done":
             return None
-        shown = v.analysis(entry.value)
-        return [shown[c] for c in v.analysis_outputs()]
+        return v.analysis(entry.value)
 
     inputs = [v.live, *controls.values()]
     ctx.answers["quant.button"] = ShowMeAnswer(inputs, v.analysis_outputs(), stored_analysis)

@@ -140,7 +140,7 @@ def test_closing_the_tab_mid_generation_ends_the_job_and_frees_its_cache(open_pa
     tab.locator("#gen-status").get_by_text(re.compile(r"^Generating")).wait_for(timeout=90_000)
     tab.close()
     handles = tracked_capture["handles"]
-    wait_until(lambda: handles and handles[0].job.finished, what="the run to end after the tab went away")
+    wait_until(lambda: handles and handles[0].run.finished, what="the run to end after the tab went away")
     assert len(handles[0].trace.steps) < LONG_RUN, "the run went to the end although nobody was watching"
     gc.collect()
     assert tracked_capture["caches"] and all(r() is None for r in tracked_capture["caches"]), "its cache is alive"

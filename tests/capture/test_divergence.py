@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from kvviz.capture.attention_fn import is_installed
-from kvviz.capture.divergence import OFF_SCALE, debug, tolerance
+from kvviz.capture.divergence import OFF_SCALE, debug
 from kvviz.capture.faults import BLOCK, FAULTS, check_fault, make_fault
 from kvviz.capture.generation import Generation
+from kvviz.capture.options import CacheSetup, Recording
+from kvviz.capture.tolerance import divergence_tolerance
 
 pytestmark = pytest.mark.slow  # a run and a recomputation of the real model per fault
 
@@ -69,8 +71,10 @@ def test_a_fault_that_changes_the_tokens_says_from_which_step(lm):
 
 
 def test_tolerance_is_derived_from_the_dtype():
-    assert tolerance(torch.float32) == pytest.approx(torch.finfo(torch.float32).eps ** 0.5)
-    assert tolerance(torch.float32) < tolerance(torch.float16) < tolerance(torch.bfloat16)
+    assert divergence_tolerance(torch.float32) == pytest.approx(torch.finfo(torch.float32).eps ** 0.5)
+    assert (
+        divergence_tolerance(torch.float32) < divergence_tolerance(torch.float16) < divergence_tolerance(torch.bfloat16)
+    )
 
 
 def test_unknown_faults_and_numbers_out_of_range_are_refused_by_name(lm):
@@ -87,10 +91,14 @@ def test_unknown_faults_and_numbers_out_of_range_are_refused_by_name(lm):
     with pytest.raises(ValueError, match="no sliding"):
         debug(lm, PROMPT, make_fault("sliding_window_off_by_one"), max_new_tokens=3)
     with pytest.raises(ValueError, match="record=False"):
-        Generation(lm, PROMPT, fault=make_fault("causal_decode"))  # never beside the recorder
+        Generation(lm, PROMPT, cache=CacheSetup(fault=make_fault("causal_decode")))  # never beside the recorder
 
 
 def test_a_fault_is_part_of_what_makes_a_run_unique(lm):
-    a = Generation(lm, PROMPT, record=False, fault=make_fault("causal_decode", step=2, layer=1))
-    b = Generation(lm, PROMPT, record=False, fault=make_fault("causal_decode", step=2, layer=2))
+    a = Generation(
+        lm, PROMPT, recording=Recording(on=False), cache=CacheSetup(fault=make_fault("causal_decode", step=2, layer=1))
+    )
+    b = Generation(
+        lm, PROMPT, recording=Recording(on=False), cache=CacheSetup(fault=make_fault("causal_decode", step=2, layer=2))
+    )
     assert a.key() != b.key()

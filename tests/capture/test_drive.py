@@ -12,6 +12,7 @@ from kvviz.capture.attention_fn import is_installed
 from kvviz.capture.drive import drive, forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import encode_prompt
+from kvviz.capture.options import Decode, Feed, Recording
 
 PROMPT = "Name the largest planet of the solar system."
 
@@ -19,7 +20,13 @@ PROMPT = "Name the largest planet of the solar system."
 def test_every_forward_of_the_plan_is_yielded_once(lm):
     ids = encode_prompt(lm, PROMPT, True)
     n, tail = len(ids), 3
-    g = Generation(lm, "", prompt_ids=ids, max_new_tokens=4, record=False, stop_on_eos=False, prefill_tokens=n - tail)
+    g = Generation(
+        lm,
+        "",
+        feed=Feed(prompt_ids=ids, prefill_tokens=n - tail),
+        decode=Decode(max_new_tokens=4, stop_on_eos=False),
+        recording=Recording(on=False),
+    )
     fs = list(forwards(lm, g, wrapped=False))
     assert [f.start for f in fs] == [0, n - 3, n - 2, n - 1, n, n + 1, n + 2]
     assert [len(f.feed) for f in fs] == [n - 3, 1, 1, 1, 1, 1, 1]
@@ -35,7 +42,15 @@ def test_every_forward_of_the_plan_is_yielded_once(lm):
 def test_a_greedy_run_produces_the_librarys_greedy_tokens(lm, wrapped):
     ids = encode_prompt(lm, PROMPT, True)
     g = drive(
-        lm, Generation(lm, "", prompt_ids=ids, max_new_tokens=8, stop_on_eos=False, record=wrapped), wrapped=wrapped
+        lm,
+        Generation(
+            lm,
+            "",
+            feed=Feed(prompt_ids=ids),
+            decode=Decode(max_new_tokens=8, stop_on_eos=False),
+            recording=Recording(on=wrapped),
+        ),
+        wrapped=wrapped,
     )
     x = torch.tensor([ids])
     with torch.inference_mode():
@@ -47,11 +62,13 @@ def test_a_greedy_run_produces_the_librarys_greedy_tokens(lm, wrapped):
 
 @pytest.mark.parametrize("wrapped", [True, False])
 def test_inference_mode_and_the_wrapper_last_as_long_as_the_drive(lm, wrapped):
-    g = Generation(lm, PROMPT, max_new_tokens=3, record=wrapped, stop_on_eos=False)
+    g = Generation(lm, PROMPT, decode=Decode(max_new_tokens=3, stop_on_eos=False), recording=Recording(on=wrapped))
     during = [(torch.is_inference_mode_enabled(), is_installed(lm.model)) for _ in forwards(lm, g, wrapped=wrapped)]
     assert during == [(True, wrapped)] * 3
     assert not torch.is_inference_mode_enabled() and not is_installed(lm.model)
-    stopped = forwards(lm, Generation(lm, PROMPT, max_new_tokens=3, record=wrapped), wrapped=wrapped)
+    stopped = forwards(
+        lm, Generation(lm, PROMPT, decode=Decode(max_new_tokens=3), recording=Recording(on=wrapped)), wrapped=wrapped
+    )
     next(stopped)
     stopped.close()  # a caller that stops following the run mid-way
     assert not torch.is_inference_mode_enabled() and not is_installed(lm.model)
@@ -66,7 +83,13 @@ def test_around_encloses_each_forward_before_the_run_takes_its_logits(lm):
         yield
         seen.append(("exit", g.fed))  # the logits are back, the run has not taken them yet
 
-    g = Generation(lm, PROMPT, chat=False, max_new_tokens=2, record=False, stop_on_eos=False)
+    g = Generation(
+        lm,
+        PROMPT,
+        feed=Feed(chat=False),
+        decode=Decode(max_new_tokens=2, stop_on_eos=False),
+        recording=Recording(on=False),
+    )
     drive(lm, g, wrapped=False, around=watch)
     n = g.trace.n_prompt
     assert seen == [("enter", 0), ("exit", 0), ("enter", n), ("exit", n)]

@@ -19,6 +19,7 @@ from kvviz.capture.drive import drive as solo
 from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import encode_prompt
+from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.eviction.policies import make_policy
 from kvviz.eviction.run import Evictor
 
@@ -32,18 +33,22 @@ def drive(lm, g: Generation) -> list[int]:
 
 def test_a_prompt_tail_fed_after_the_prefill_produces_the_whole_prompt_run(lm):
     ids = encode_prompt(lm, PROMPT, True)
-    whole = Generation(lm, "", prompt_ids=ids, max_new_tokens=5, record=False, keep_logprobs=True)
+    whole = Generation(
+        lm,
+        "",
+        feed=Feed(prompt_ids=ids),
+        decode=Decode(max_new_tokens=5),
+        recording=Recording(on=False, keep_logprobs=True),
+    )
     drive(lm, whole)
     hooks: list[tuple[int, int]] = []
     tail = Generation(
         lm,
         "",
-        prompt_ids=ids,
-        max_new_tokens=5,
-        record=False,
-        keep_logprobs=True,
-        prefill_tokens=len(ids) - 3,
-        after_step=lambda cache, rec, step: hooks.append((step, cache.get_seq_length())),
+        feed=Feed(prompt_ids=ids, prefill_tokens=len(ids) - 3),
+        decode=Decode(max_new_tokens=5),
+        recording=Recording(on=False, keep_logprobs=True),
+        cache=CacheSetup(after_step=lambda cache, rec, step: hooks.append((step, cache.get_seq_length()))),
     )
     starts = drive(lm, tail)
     assert tail.trace.token_ids == whole.trace.token_ids and tail.trace.stop_reason == whole.trace.stop_reason
@@ -60,11 +65,10 @@ def test_the_recorder_can_be_kept_to_the_prefill(lm):
     g = Generation(
         lm,
         "",
-        prompt_ids=ids,
-        max_new_tokens=3,
-        prefill_tokens=len(ids) - 2,
-        record_decode=False,
-        after_step=lambda cache, rec, step: heard.append(rec is not None),
+        feed=Feed(prompt_ids=ids, prefill_tokens=len(ids) - 2),
+        decode=Decode(max_new_tokens=3),
+        recording=Recording(decode=False),
+        cache=CacheSetup(after_step=lambda cache, rec, step: heard.append(rec is not None)),
     )
     drive(lm, g)
     assert g.rec is not None and g.rec.n_prompt == len(ids) - 2, "the recorder's prompt is the prefill"
@@ -78,12 +82,10 @@ def test_a_repositioning_cache_is_fed_its_slot_positions(lm):
     g = Generation(
         lm,
         "",
-        prompt_ids=ids,
-        max_new_tokens=4,
-        record=False,
-        stop_on_eos=False,
-        cache_factory=ev.cache_factory,
-        after_step=ev.after_step,
+        feed=Feed(prompt_ids=ids),
+        decode=Decode(max_new_tokens=4, stop_on_eos=False),
+        recording=Recording(on=False),
+        cache=CacheSetup(factory=ev.cache_factory, after_step=ev.after_step),
     )
     assert drive(lm, g) == [0, 8, 8, 8], "after the prefill's compression every step starts at the budget"
 
@@ -92,19 +94,19 @@ def test_every_fed_position_is_scored_whatever_the_chunks(lm):
     """``score_tokens``: the log-probability of each next token, the prompt's and the produced ones alike."""
     ids = encode_prompt(lm, PROMPT, True)
 
-    def scored(**kw) -> Generation:
-        g = Generation(
-            lm, "", prompt_ids=ids, max_new_tokens=3, record=False, score_tokens=True, keep_logprobs=True, **kw
+    def scored(feed: Feed) -> Generation:
+        recording = Recording(on=False, score_tokens=True, keep_logprobs=True)
+        return solo(
+            lm, Generation(lm, "", feed=feed, decode=Decode(max_new_tokens=3), recording=recording), wrapped=False
         )
-        return solo(lm, g, wrapped=False)
 
-    whole, chunked = scored(), scored(prefill_tokens=5, tail_chunk=4)
+    whole, chunked = scored(Feed(prompt_ids=ids)), scored(Feed(prompt_ids=ids, prefill_tokens=5, tail_chunk=4))
     a, b = torch.cat(whole.token_logprobs), torch.cat(chunked.token_logprobs)
     assert a.shape == (len(ids) - 1 + 3,) and torch.allclose(a, b, atol=1e-4)
     produced = whole.trace.token_ids[len(ids) :]
     assert torch.allclose(a[len(ids) - 1 :], torch.stack([lp[t] for lp, t in zip(whole.logprobs, produced)]))
     with pytest.raises(ValueError, match="record_decode=False"):
-        Generation(lm, "", prompt_ids=ids, prefill_tokens=5, tail_chunk=4)
+        Generation(lm, "", feed=Feed(prompt_ids=ids, prefill_tokens=5, tail_chunk=4))
 
 
 def test_a_released_run_holds_no_cache(lm):
@@ -115,7 +117,13 @@ def test_a_released_run_holds_no_cache(lm):
         caches.append(weakref.ref(cache))
         return cache
 
-    g = Generation(lm, PROMPT, max_new_tokens=3, cache_factory=tracked, keep_logprobs=True)
+    g = Generation(
+        lm,
+        PROMPT,
+        decode=Decode(max_new_tokens=3),
+        cache=CacheSetup(factory=tracked),
+        recording=Recording(keep_logprobs=True),
+    )
     drive(lm, g)
     g.finish()
     g.release()  # what the engine does when a run leaves: the recorder the last forward used goes too
@@ -124,7 +132,7 @@ def test_a_released_run_holds_no_cache(lm):
 
 
 def test_steps_left_counts_down_to_zero(lm):
-    g = Generation(lm, PROMPT, chat=False, max_new_tokens=4, stop_on_eos=False)
+    g = Generation(lm, PROMPT, feed=Feed(chat=False), decode=Decode(max_new_tokens=4, stop_on_eos=False))
     assert g.steps_left == 4  # the prompt's forward produces the first token, then one forward per token
     seen = [g.steps_left for _ in forwards(lm, g)]
     assert seen == [3, 2, 1, 0]

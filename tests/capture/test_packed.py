@@ -13,6 +13,7 @@ from kvviz.capture import packed as packed
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward
+from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.capture.packed import Segment, packed_forward
 from kvviz.models import CaptureError
 
@@ -22,7 +23,9 @@ STEPS = 4
 
 
 def prefilled(lm, prompt: str) -> Generation:
-    g = Generation(lm, prompt, chat=True, max_new_tokens=STEPS + 1, verify=True)
+    g = Generation(
+        lm, prompt, feed=Feed(chat=True), decode=Decode(max_new_tokens=STEPS + 1), recording=Recording(verify=True)
+    )
     ids, start = g.next_feed()
     g.take(forward(lm, ids, start, g.cache, g.feed_recorder)[-1], len(ids))
     return g

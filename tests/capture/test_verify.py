@@ -12,13 +12,16 @@ from kvviz.capture import verify as verify
 from kvviz.capture.attention_fn import installed, is_installed
 from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
+from kvviz.capture.options import Decode, Feed, Recording, options
 from kvviz.examples import CHAT_QUESTION
 from tests.tiny_models import tiny_model
 
 
 def finished(lm, prompt: str, n: int = 6, **kwargs) -> Generation:
     """A checked run driven to its end, its recorder and logits kept for the check."""
-    g = drive(lm, Generation(lm, prompt, chat=False, max_new_tokens=n, verify=True, stop_on_eos=False, **kwargs))
+    g = drive(
+        lm, Generation(lm, prompt, **options(chat=False, max_new_tokens=n, verify=True, stop_on_eos=False, **kwargs))
+    )
     g.finish()
     return g
 
@@ -73,7 +76,13 @@ def test_shared_prefix_stops_short_of_every_checked_row():
 
 def test_chat_runs_checked_together_share_their_system_prompt_and_equal_runs_checked_alone(lm):
     room = [
-        Generation(lm, q, chat=True, max_new_tokens=5, verify=True, stop_on_eos=False)
+        Generation(
+            lm,
+            q,
+            feed=Feed(chat=True),
+            decode=Decode(max_new_tokens=5, stop_on_eos=False),
+            recording=Recording(verify=True),
+        )
         for q in ("Name a colour.", "What is two plus two?", "Say hello in French, please.")
     ]
     for g in room:

@@ -50,7 +50,8 @@ def test_the_blocks_tab_offers_it_as_a_show_me(lm, demo):
         room.build(ctx)
     assert "blocks.disk_demo" in ctx.components and "blocks.disk_demo" in ctx.planners
     assert ctx.planners["blocks.disk_demo"]({}) == room.disk_key(ctx)
-    summary, table, chart = room.disk_outputs(demo, "run now")
+    shown = room.disk_outputs(demo, "run now")
+    summary, table, chart = shown.summary, shown.table, shown.chart
     assert "came back from disk" in summary and len(table) == len(ORDER)
     assert [t.name for t in chart.data] == ["computed", "memory hit", "disk hit"]
 

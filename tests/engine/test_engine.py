@@ -12,6 +12,7 @@ import torch
 from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Sampling
+from kvviz.capture.options import options
 from kvviz.capture.packed import packable
 from kvviz.engine.engine import Engine
 from kvviz.engine.handle import wait_all
@@ -39,7 +40,7 @@ HALF = ["prefill_map", "decode_rows"]  # stored in fp16: equal to fp16 rounding
 
 def solo(lm, prompt, **kwargs) -> Generation:
     """One run alone, through the same Generation the engine drives (its logits kept)."""
-    g = drive(lm, Generation(lm, prompt, verify=True, **kwargs))
+    g = drive(lm, Generation(lm, prompt, **options(verify=True, **kwargs)))
     g.finish()
     return g
 
@@ -81,7 +82,7 @@ def test_runs_joining_and_leaving_equal_their_solo_runs(lm):
     assert engine.counters["max_batch_seen"] >= 3
     assert engine.counters["max_batch_seen"] <= 4
     for h, (p, n) in zip(handles, PROMPTS):
-        assert_same_run(h.job.gen, solo(lm, p, chat=True, max_new_tokens=n))
+        assert_same_run(h.run.gen, solo(lm, p, chat=True, max_new_tokens=n))
         eq = h.trace.equivalence
         assert eq["max_abs_logit_diff"] < 1e-3 and eq["unpatched_reference"] is True
         assert eq["max_abs_logit_diff_vs_unpatched"] < 1e-3
@@ -121,7 +122,7 @@ def test_sampled_runs_keep_their_own_generator(lm):
 def test_stopping_one_run_mid_batch_leaves_the_others(lm):
     engine = Engine(lm, prefix_cache_bytes=0)
     stop = threading.Event()
-    stopped = engine.submit("Count from one to twenty.", chat=True, max_new_tokens=40, should_stop=stop.is_set)
+    stopped = engine.submit("Count from one to twenty.", chat=True, max_new_tokens=40, cancel=stop.is_set)
     other = engine.submit("Name three colours.", chat=True, max_new_tokens=12, verify=True)
     for trace in stopped.stream():
         if len(trace.steps) >= 3:
@@ -130,19 +131,19 @@ def test_stopping_one_run_mid_batch_leaves_the_others(lm):
     assert 3 <= len(stopped.trace.steps) < 40
     assert stopped.trace.colsum is not None  # a stopped run is still finished (summaries present)
     assert wait_all([other], 600)
-    assert_same_run(other.job.gen, solo(lm, "Name three colours.", chat=True, max_new_tokens=12))
+    assert_same_run(other.run.gen, solo(lm, "Name three colours.", chat=True, max_new_tokens=12))
 
 
 def test_identical_requests_share_one_run(lm):
     engine = Engine(lm)
     handles = [engine.submit("Say hello.", chat=True, max_new_tokens=5) for _ in range(5)]
     assert wait_all(handles, 600)
-    assert len({id(h.job) for h in handles}) == 1
+    assert len({id(h.run) for h in handles}) == 1
     late = engine.submit("Say hello.", chat=True, max_new_tokens=5)  # finished: answered from the kept run
-    assert late.job is handles[0].job and late.result() is handles[0].trace
+    assert late.run is handles[0].run and late.result() is handles[0].trace
     assert engine.counters["shared"] == 5
     different = engine.submit("Say hello.", chat=True, max_new_tokens=6)
-    assert different.job is not handles[0].job
+    assert different.run is not handles[0].run
 
 
 def test_a_bad_request_is_refused_in_the_callers_thread(lm):
@@ -202,7 +203,7 @@ def test_a_finished_run_waits_for_its_check_at_most_check_wait_s(lm, monkeypatch
     long = engine.submit("Count from one to twenty.", chat=True, max_new_tokens=40, verify=True)
     for _ in short.stream():
         pass
-    assert not long.job.finished  # the short run's answer did not wait for the long run
+    assert not long.run.finished  # the short run's answer did not wait for the long run
     assert wait_all([long], 600) and calls == [1, 1]
     with pytest.raises(ValueError, match="check_wait_s"):
         Engine(lm, check_wait_s=-1)
@@ -214,12 +215,12 @@ def test_runs_submitted_inside_inference_mode_reuse_the_prefix_cache(lm):
     engine = Engine(lm)
     with torch.inference_mode():
         first = engine.submit("Name three colours.", chat=True, max_new_tokens=3, verify=True)
-        assert wait_all([first], 600) and first.job.error is None
+        assert wait_all([first], 600) and first.run.error is None
         second = engine.submit("Name three fruits.", chat=True, max_new_tokens=3, verify=True)
         assert wait_all([second], 600)
-    assert second.job.error is None
+    assert second.run.error is None
     assert second.trace.cached_prompt_tokens > 0
-    assert_same_run(second.job.gen, solo(lm, "Name three fruits.", chat=True, max_new_tokens=3))
+    assert_same_run(second.run.gen, solo(lm, "Name three fruits.", chat=True, max_new_tokens=3))
 
 
 def test_a_run_beside_one_that_cannot_end_soon_is_checked_at_once(lm, monkeypatch):
@@ -234,7 +235,7 @@ def test_a_run_beside_one_that_cannot_end_soon_is_checked_at_once(lm, monkeypatc
     stop = threading.Event()
     short = engine.submit("Hi", chat=True, max_new_tokens=2, verify=True)
     long = engine.submit(
-        "Count to a thousand.", chat=True, max_new_tokens=400, verify=True, stop_on_eos=False, should_stop=stop.is_set
+        "Count to a thousand.", chat=True, max_new_tokens=400, verify=True, stop_on_eos=False, cancel=stop.is_set
     )
     for _ in short.stream():
         pass

@@ -18,7 +18,7 @@ def test_close_ends_the_thread_and_every_run_and_refuses_new_ones(lm):
     assert engine.close(timeout=30)
     assert not engine._thread.is_alive()
     for handle in (running, waiting):
-        assert handle.job.finished
+        assert handle.run.finished
         with pytest.raises(RuntimeError, match="shutting down"):
             handle.result()
     assert len(running.trace.steps) < 200

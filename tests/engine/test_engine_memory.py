@@ -16,13 +16,13 @@ def test_a_finished_run_is_kept_for_late_duplicates_only_while_the_kept_traces_f
     short = engine.submit("Say hello.", chat=True, max_new_tokens=3)
     assert wait_all([short], 600)
     kept = short.trace.nbytes()
-    assert engine.submit("Say hello.", chat=True, max_new_tokens=3).job is short.job  # kept: a late duplicate shares
+    assert engine.submit("Say hello.", chat=True, max_new_tokens=3).run is short.run  # kept: a late duplicate shares
     # a bound below one more such trace: the next finished run pushes the oldest out, whatever the count allows
     monkeypatch.setattr(engine_module, "FINISHED_RUNS_BYTES", kept + kept // 2)
     other = engine.submit("Say goodbye.", chat=True, max_new_tokens=3)
     assert wait_all([other], 600)
     late = engine.submit("Say hello.", chat=True, max_new_tokens=3)
-    assert late.job is not short.job, "a finished run stayed kept past the bytes the kept traces may hold"
+    assert late.run is not short.run, "a finished run stayed kept past the bytes the kept traces may hold"
     assert wait_all([late], 600)
 
 

@@ -97,7 +97,7 @@ def test_a_room_sized_batch_takes_the_route_and_equals_its_solo_runs(lm, monkeyp
     assert taken and set(taken) <= set(fr.ROWS)
     assert engine.counters["max_batch_seen"] == len(prompts)
     for h, p in zip(handles, prompts):
-        assert_same_run(h.job.gen, solo(lm, p, chat=False, max_new_tokens=3))
+        assert_same_run(h.run.gen, solo(lm, p, chat=False, max_new_tokens=3))
         assert h.trace.equivalence["max_abs_logit_diff"] < 1e-3
 
 

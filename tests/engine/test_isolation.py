@@ -65,7 +65,7 @@ def test_a_run_stopped_during_its_prefill_ends_before_the_prefill_does(lm):
     engine = Engine(lm, prefix_cache_bytes=0, token_budget=16)
     stop = threading.Event()
     prompt = " ".join(f"word{i}" for i in range(200))
-    handle = engine.submit(prompt, chat=False, max_new_tokens=8, should_stop=stop.is_set)
+    handle = engine.submit(prompt, chat=False, max_new_tokens=8, cancel=stop.is_set)
     seen = []
     trace = list(handle.stream(report=lambda p: seen.append(p) or (p.done >= 32 and stop.set())))[-1]
     assert trace.stop_reason == "stopped"

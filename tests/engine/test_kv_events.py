@@ -37,7 +37,7 @@ def test_replaying_the_exported_events_rebuilds_exactly_the_cached_blocks(lm, tm
     store = engine.prefix
     for prompt in PROMPTS:
         h = engine.submit(prompt, chat=False, max_new_tokens=2)
-        assert wait_all([h], 600) and h.job.error is None
+        assert wait_all([h], 600) and h.run.error is None
         assert _replayed(store.kv_events()) == _cached(store)
     text = store.kv_events()
     kinds = [e["type"] for line in text.splitlines() for e in json.loads(line)["events"]]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvviz.capture.generation import Generation
+from kvviz.capture.options import Decode, Feed
 from kvviz.capture.trace import Trace
 from kvviz.engine.disk_tier import DiskTier
 from kvviz.engine.engine import Engine
@@ -23,7 +24,7 @@ ALPHA, OTHERS = "Alpha " * 20, ["Beta " * 20, "Gamma " * 20, "Delta " * 20]
 def _run(engine: Engine, prompt: str, new: int, **kw):
     h = engine.submit(prompt, chat=kw.pop("chat", False), max_new_tokens=new, **kw)
     assert wait_all([h], 600)
-    assert h.job.error is None, h.job.error
+    assert h.run.error is None, h.run.error
     return h.trace
 
 
@@ -37,7 +38,7 @@ def test_blocks_evicted_to_disk_come_back_bit_identical_and_labelled(lm, tmp_pat
     engine = Engine(lm, prefix_cache_bytes=2 * 2**20, prefix_disk=DiskTier(tmp_path, 64 * 2**20))
     first = _run(engine, ALPHA, 2)
     assert first.prompt_sources == ["computed"] * first.n_prompt
-    hashes = engine.prefix.hashes(Generation(lm, ALPHA, chat=False, max_new_tokens=2))
+    hashes = engine.prefix.hashes(Generation(lm, ALPHA, feed=Feed(chat=False), decode=Decode(max_new_tokens=2)))
     assert len(hashes) == 2
     kept = {h: [(k.clone(), v.clone()) for k, v in engine.prefix.cache.get(h).payload.kv] for h in hashes}
     rows = {h: engine.prefix.cache.get(h).payload.rows.clone() for h in hashes}
@@ -67,7 +68,7 @@ def test_a_tampered_disk_block_is_recomputed(lm, tmp_path):
     _run(engine, ALPHA, 2)
     for q in OTHERS:
         _run(engine, q, 2)
-    first = engine.prefix.hashes(Generation(lm, ALPHA, chat=False, max_new_tokens=2))[0]
+    first = engine.prefix.hashes(Generation(lm, ALPHA, feed=Feed(chat=False), decode=Decode(max_new_tokens=2)))[0]
     path = engine.prefix.disk.path(first)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF

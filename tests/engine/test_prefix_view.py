@@ -11,6 +11,7 @@ from kvviz.blocks.hashing import BlockHasher
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward
+from kvviz.capture.options import Decode, Feed
 from kvviz.engine.engine import Engine
 from kvviz.engine.handle import wait_all
 from kvviz.engine.prefix import Block, PrefixStore
@@ -54,7 +55,7 @@ def test_blocks_waits_for_the_engine_thread_to_finish_its_change():
 @pytest.mark.slow
 def test_blocks_held_by_a_running_request_count_it(lm):
     store = PrefixStore(256 * 2**20)
-    g = Generation(lm, QUESTIONS[0], chat=True, max_new_tokens=1)
+    g = Generation(lm, QUESTIONS[0], feed=Feed(chat=True), decode=Decode(max_new_tokens=1))
     claim = store.claim(g)
     with torch.inference_mode(), installed(lm.model):
         ids, start = g.next_feed()

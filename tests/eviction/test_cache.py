@@ -12,6 +12,7 @@ from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
 from kvviz.capture.loop import capture
 from kvviz.capture.model_io import encode_prompt, forward
+from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.eviction.cache import EvictingCache, KeyRerotator
 from kvviz.eviction.policies import POLICIES, make_policy
 from kvviz.eviction.run import Evictor, run_policy
@@ -76,7 +77,16 @@ def test_full_policy_equals_plain_generation(lm, ids):
 @pytest.mark.parametrize("tail", [0, 3], ids=["whole-prompt", "question-fed-after"])
 def test_full_policy_gives_the_generation_loops_tokens_and_logprobs(lm, ids, tail):
     """``run_policy`` with nothing evicted = a plain run of the generation loop, distribution by distribution."""
-    g = drive(lm, Generation(lm, PROMPT, prompt_ids=ids, max_new_tokens=N_NEW, keep_logprobs=True))
+    g = drive(
+        lm,
+        Generation(
+            lm,
+            PROMPT,
+            feed=Feed(prompt_ids=ids),
+            decode=Decode(max_new_tokens=N_NEW),
+            recording=Recording(keep_logprobs=True),
+        ),
+    )
     run = run_policy(lm, ids, make_policy("full"), n_compress=len(ids) - tail, max_new_tokens=N_NEW, keep_logprobs=True)
     assert run.generated_ids == g.trace.token_ids[len(ids) :] and run.stop_reason == g.trace.stop_reason
     assert run.tokens == g.trace.tokens and run.text == g.trace.text

@@ -31,7 +31,8 @@ def test_the_endpoint_answers_with_the_first_divergence(ctx):
 @pytest.mark.slow
 def test_the_view_marks_the_first_divergence_and_sets_tokens_side_by_side(lm):
     report = debug(lm, "Name a colour.", make_fault("causal_decode", step=1, layer=0), max_new_tokens=4, clean=True)
-    figure, text, table = tab.present(report, "computed now")
+    shown = tab.present(report, "computed now")
+    figure, text, table = shown.map, shown.text, shown.tokens
     marks = [t for t in figure.data if t.type == "scatter"]
     assert len(marks) == 1 and (marks[0].x[0], marks[0].y[0]) == (1, 0)
     assert figure.layout.title.text.startswith("First divergence: step 1, layer 0")
@@ -42,7 +43,8 @@ def test_the_view_marks_the_first_divergence_and_sets_tokens_side_by_side(lm):
 @pytest.mark.slow
 def test_no_fault_is_an_all_clear_map(lm):
     report = debug(lm, "Name a colour.", None, max_new_tokens=3, clean=True)
-    figure, text, table = tab.present(report, "computed now")
+    shown = tab.present(report, "computed now")
+    figure, text, table = shown.map, shown.text, shown.tokens
     assert figure.layout.title.text.startswith("All clear") and not [t for t in figure.data if t.type == "scatter"]
     assert text.startswith("**All clear.** No divergence") and set(table["same"]) == {"yes"}
     assert fig.CAPTIONS["map"].count(".") == 1

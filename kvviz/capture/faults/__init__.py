@@ -3,7 +3,7 @@
 One module per fault, each a :class:`~kvviz.capture.faults.base.Fault` with its public source and its
 one-line lesson; :data:`FAULTS` is the registry the command, the view and the tests read, and
 :func:`make_fault` builds one from a name, a step and a layer, refusing unknown names and out-of-range
-numbers. A run takes it as ``Generation(..., fault=make_fault("causal_decode", step=3, layer=5))``.
+numbers. A run takes it as ``Generation(..., cache=CacheSetup(fault=make_fault("causal_decode", step=3, layer=5)))``.
 
 Not in the zoo, and why: sinks dropped when a StreamingLLM window slides (an eviction policy's choice,
 whose reference is not a full recomputation: kvviz's StreamingCache keeps them by construction), and a

@@ -37,7 +37,7 @@ class RopeOffByOne(Fault):
     def _inv_freq(self) -> torch.Tensor:
         found = getattr(self, "_freq", None)
         if found is None:
-            raise RuntimeError("The RoPE fault starts with its run (Generation(fault=...)).")
+            raise RuntimeError("The RoPE fault starts with its run (Generation(cache=CacheSetup(fault=...))).")
         return found
 
     def begin(self, g) -> None:

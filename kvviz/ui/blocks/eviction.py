@@ -6,6 +6,8 @@ Checks the prompt, budget and policies, admits one job for all the policy runs a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from kvviz.blocks.live import evict_and_page
@@ -24,6 +26,20 @@ from kvviz.ui.serving.sessions import user_errors
 
 CHOICES = ["streaming_llm", "h2o", "snapkv"]
 DEFAULT_BUDGET = 64
+
+
+@dataclass(frozen=True)
+class PagingAsk:
+    """A checked eviction × paging run: the prompt and its length, the budget, the policies, the block size,
+    the chat template or not, and the policy whose survivors are drawn."""
+
+    text: str
+    n_prompt: int
+    kept: int
+    policies: tuple
+    block_size: int
+    chat: bool
+    shown: str
 
 
 def make(name: str, budget: int):
@@ -85,21 +101,22 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
     runs_state = gr.State(None)
     ctx.components.update({"blocks.evict_run": button, "blocks.evict_budget": budget})
 
-    def request_of(text, use_chat, b, names, size):
+    def request_of(_ctx, text, use_chat, b, names, size, shown) -> PagingAsk:
         size = block_size_of(size)
         text, n, _ = check_prompt(ctx, text, use_chat, 1)
         with user_errors():
             kept = whole_number(DEFAULT_BUDGET if b is None else b, "Budget", 1, MAX_BUDGET_TOKENS)
             if not names:
                 raise ValueError("Tick at least one policy.")
-            policies = [make(name, kept) for name in names if name in CHOICES]
-        return text, n, kept, policies, size
+            policies = tuple(make(name, kept) for name in names if name in CHOICES)
+        return PagingAsk(text, n, kept, policies, size, bool(use_chat), shown)
 
-    def run(job):
-        text, _, kept, policies, size, use_chat, shown = job.req
-        ids = encode_prompt(ctx.lm, text, use_chat)
-        runs = evict_and_page(ctx.lm, ids, policies, kept, size, should_stop=job.should_stop)
-        return (runs, fig.eviction_note(runs), fig.freed_bars(runs), fig.eviction_table(runs), survivors(runs, shown))
+    def run(job) -> dict:
+        a: PagingAsk = job.req
+        ids = encode_prompt(ctx.lm, a.text, a.chat)
+        runs = evict_and_page(ctx.lm, ids, list(a.policies), a.kept, a.block_size, should_stop=job.cancel)
+        drawn = {note: fig.eviction_note(runs), bars: fig.freed_bars(runs), table: fig.eviction_table(runs)}
+        return {runs_state: runs, **drawn, grid: survivors(runs, a.shown)}
 
     def survivors(runs, name):
         if not runs:
@@ -108,13 +125,9 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
 
     paging = ModelJob(
         "eviction × paging",
-        check=lambda _ctx, text, use_chat, b, names, size, shown: (
-            *request_of(text, use_chat, b, names, size),
-            bool(use_chat),
-            shown,
-        ),
+        check=request_of,
         run=run,
-        size=lambda r: Size(r[1], 1, runs=len(r[3])),
+        size=lambda a: Size(a.n_prompt, 1, runs=len(a.policies)),
     )
     shown = [runs_state, note, bars, table, grid]
     for event in paging.button(ctx, button, [prompt, chat, budget, chosen, block_size, pick], shown):

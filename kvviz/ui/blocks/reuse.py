@@ -9,6 +9,7 @@ when the tab is built; the side channel runs the model through :class:`ModelJob`
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -60,6 +61,18 @@ def leak_summary(leak: Leak) -> str:
     return "\n\n".join(lines)
 
 
+@dataclass(frozen=True)
+class LeakAsk:
+    """A checked side-channel timing: the tries per case, the prompt's ids, its store key and computation,
+    and *Recompute live*."""
+
+    tries: int
+    ids: tuple
+    key: tuple
+    compute: Compute
+    fresh: bool
+
+
 def build(ctx: AppContext) -> tuple[Callable[[], dict], list]:
     """Both sections, inside the Blocks tab; returns how to show the stored timing and its outputs (the tab's
     first open draws it)."""
@@ -76,9 +89,10 @@ def build(ctx: AppContext) -> tuple[Callable[[], dict], list]:
     summary = gr.Markdown(elem_id="leak-summary")
     chart = captioned_plot("A second session's time to first token", "leak-chart", fig.CAPTIONS["leak"])
     ctx.components.update({"blocks.leak_tries": tries, "blocks.leak_run": button})
+    ctx.components.update({"blocks.leak_summary": summary, "blocks.leak_chart": chart})
 
-    def job(n) -> tuple[tuple, list[int], Compute]:
-        """The store key, prompt and computation of one timing (the number of tries checked first)."""
+    def job(n, fresh: bool = False) -> LeakAsk:
+        """One timing: the number of tries checked first, then its store key, prompt and computation."""
         with user_errors():
             k = whole_number(n, "Tries", 1, MAX_TRIES)
         ids = encode_prompt(ctx.lm, chapter_text(), False)[: LEAK_TOKENS + 2 * k]
@@ -86,29 +100,29 @@ def build(ctx: AppContext) -> tuple[Callable[[], dict], list]:
         def compute(report, should_stop) -> Leak:
             return measure(ctx.lm, ids, k, progress=report)
 
-        return (ctx.lm.name, "side-channel", tuple(ids), k), ids, compute
+        return LeakAsk(k, tuple(ids), (ctx.lm.name, "side-channel", tuple(ids), k), compute, bool(fresh))
 
     def plan(values: dict) -> tuple:
-        key, _, compute = job(values.get("blocks.leak_tries", tries.value))
-        ctx.store.plan(key, "side-channel timing", compute)
-        return key
+        a = job(values.get("blocks.leak_tries", tries.value))
+        ctx.store.plan(a.key, "side-channel timing", a.compute)
+        return a.key
 
     # the show-me's timing is measured once and stored like the others, so a restarted server answers it at once
     ctx.planners["blocks.leak_run"] = plan
 
-    def shown(leak, entry) -> tuple:
+    def shown(leak, entry) -> dict:
         when = "measured now on this machine" if entry is None else f"measured on this machine, {origin(entry)}"
-        return f"{leak_summary(leak)} · *{when.replace('computed ', '')}*", fig.leak_chart(leak)
+        return {summary: f"{leak_summary(leak)} · *{when.replace('computed ', '')}*", chart: fig.leak_chart(leak)}
 
-    def run(job):
-        fresh, key, _, compute = job.req
-        return shown(*shared(job, key, compute, live=fresh))
+    def run(running) -> dict:
+        a: LeakAsk = running.req
+        return shown(*shared(running, a.key, a.compute, live=a.fresh))
 
     side_channel = ModelJob(
         "side-channel timing",
-        check=lambda _ctx, n, fresh: (bool(fresh), *job(n)),
+        check=lambda _ctx, n, fresh: job(n, fresh),
         run=run,
-        size=lambda r: Size(len(r[2]), 1, runs=6 * r[1][3] + 2),
+        size=lambda a: Size(len(a.ids), 1, runs=6 * a.tries + 2),
         store=True,
         progress=True,
     )
@@ -117,6 +131,6 @@ def build(ctx: AppContext) -> tuple[Callable[[], dict], list]:
     def stored() -> dict:
         """The show-me's timing as stored, for the tab's first open (empty while it is not stored)."""
         entry = ctx.store.entry(plan(SIDE_CHANNEL.values))
-        return dict(zip([summary, chart], shown(entry.value, entry))) if entry and entry.state == "done" else {}
+        return shown(entry.value, entry) if entry and entry.state == "done" else {}
 
     return stored, [summary, chart]

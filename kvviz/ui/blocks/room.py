@@ -10,9 +10,12 @@ their text (:data:`HIDDEN` instead), since anyone can call this refresh with any
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
 from gradio.context import Context
 
 from kvviz.engine.disk_demo import MEMORY_BLOCKS, ORDER, PROMPT_TOKENS, SpillDemo, spill_demo
@@ -56,21 +59,31 @@ def decoder(ctx: AppContext) -> Callable[[tuple[int, ...]], str]:
     return decode
 
 
-def refresh(ctx: AppContext, decode: Callable[[tuple[int, ...]], str], last, viewer: str | None = None) -> tuple:
-    """Summary, tree, table, each recent request's sources and the new signature; every output skipped when
-    the cache is as shown.
+@dataclass(frozen=True)
+class Room:
+    """What the live section shows of the engine's store, by name, and its signature (what is on the page)."""
+
+    summary: str
+    tree: go.Figure | None
+    table: pd.DataFrame | None
+    sources: go.Figure | None
+    sig: tuple
+
+
+def refresh(ctx: AppContext, decode: Callable[[tuple[int, ...]], str], last, viewer: str | None = None) -> Room | None:
+    """The store as the section shows it, or None when it is as shown (signature ``last``): nothing is sent.
     ``viewer``: the session asking (in a public deployment it reads only its own and shared blocks)."""
     store = ctx.engine.prefix
     view = None if store is None else store.blocks(viewer, private=ctx.settings.public)
     sig = signature(view)
     if sig == last:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return None
     if view is None:
-        return NO_STORE, None, None, None, sig
+        return Room(NO_STORE, None, None, None, sig)
     texts = [HIDDEN if b.hidden else decode(b.token_ids) for b in view.blocks]
     sources = prefix_tiers.sources_bar(view.requests)
     bpt = ctx.info.kv_bytes_per_token
-    return fig.room_summary(view, bpt), fig.room_tree(view, texts), fig.room_table(view, texts, bpt), sources, sig
+    return Room(fig.room_summary(view, bpt), fig.room_tree(view, texts), fig.room_table(view, texts, bpt), sources, sig)
 
 
 def _enclosing_tab() -> gr.Tab | None:
@@ -103,9 +116,12 @@ def _live(ctx: AppContext) -> None:
     decode = decoder(ctx)
     events.build(ctx, decode)
 
-    def tick(last, request: gr.Request):
+    def tick(last, request: gr.Request) -> dict:
         # no session (a bare API call) is a session of its own: it reads only the server's and shared blocks
-        return refresh(ctx, decode, last, session_of(request))
+        room = refresh(ctx, decode, last, session_of(request))
+        if room is None:
+            return {}
+        return {summary: room.summary, tree: room.tree, table: room.table, sources: room.sources, shown: room.sig}
 
     outputs = [summary, tree, table, sources, shown]
     tab = _enclosing_tab()
@@ -114,8 +130,8 @@ def _live(ctx: AppContext) -> None:
     if tab is None or ctx.tabs is None:
         return
 
-    def opened(last, request: gr.Request):
-        return *tick(last, request), gr.Timer(active=True)
+    def opened(last, request: gr.Request) -> dict:
+        return {**tick(last, request), timer: gr.Timer(active=True)}
 
     def switched(evt: gr.SelectData):
         return gr.Timer(active=evt.value == tab.label)
@@ -137,10 +153,19 @@ def disk_key(ctx: AppContext) -> tuple:
     return (ctx.lm.name, "disk-tier demo", PROMPT_TOKENS, MEMORY_BLOCKS)
 
 
-def disk_outputs(demo: SpillDemo, when: str) -> tuple:
+@dataclass(frozen=True)
+class DiskShown:
+    """What the disk-tier demo shows: its summary, the per-request table and the sources chart."""
+
+    summary: str
+    table: pd.DataFrame
+    chart: go.Figure
+
+
+def disk_outputs(demo: SpillDemo, when: str) -> DiskShown:
     """Summary, per-request table and sources chart of the demo."""
     chart = prefix_tiers.sources_bar([s.sources for s in demo.steps])
-    return f"{fig.disk_demo_summary(demo)} · *{when}*", fig.disk_demo_table(demo), chart
+    return DiskShown(f"{fig.disk_demo_summary(demo)} · *{when}*", fig.disk_demo_table(demo), chart)
 
 
 def build_disk_demo(ctx: AppContext) -> None:
@@ -168,10 +193,11 @@ def build_disk_demo(ctx: AppContext) -> None:
 
     ctx.planners["blocks.disk_demo"] = plan
 
-    def run(job):
+    def run(job) -> dict:
         demo, entry = shared(job, disk_key(ctx), compute, live=bool(job.req))
         when = "run now on this machine" if entry is None else f"run on this machine, {origin(entry)}"
-        return disk_outputs(demo, when.replace("computed ", ""))
+        d = disk_outputs(demo, when.replace("computed ", ""))
+        return {summary: d.summary, table: d.table, chart: d.chart}
 
     job = ModelJob(
         "disk-tier demo",

@@ -6,6 +6,8 @@ the figures come from :mod:`kvviz.figures.blocks`. No arithmetic here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from kvviz.blocks.live import share_prompts
@@ -58,6 +60,14 @@ def token_ids(ctx: AppContext, texts: list[str], chat) -> list[list[int]]:
     return out
 
 
+@dataclass(frozen=True)
+class SharingAsk:
+    """A checked prefix-sharing run: the block size and each prompt's token ids."""
+
+    block_size: int
+    ids: tuple
+
+
 def build(ctx: AppContext, block_size: gr.Radio) -> None:
     """The section, inside the Blocks tab (``block_size`` is the tab's block-size control)."""
 
@@ -89,22 +99,22 @@ def build(ctx: AppContext, block_size: gr.Radio) -> None:
     gr.Markdown(fig.CAPTIONS["sharing_table"], elem_classes="caption")
     ctx.components.update({"blocks.share_run": button})
 
-    def request_of(b, use_chat, *texts):
+    def request_of(_ctx, b, use_chat, *texts) -> SharingAsk:
         size = block_size_of(b)
         prompts = check_prompts(ctx, list(texts))
-        return size, prompts, token_ids(ctx, prompts, use_chat)
+        return SharingAsk(size, tuple(token_ids(ctx, prompts, use_chat)))
 
-    def run(job):
-        size, _, ids = job.req
-        names = [f"prompt {i + 1}" for i in range(len(ids))]
-        s = share_prompts(ctx.lm, ids, size, names, should_stop=job.should_stop)
-        return fig.sharing_summary(s), fig.sharing_figure(s), fig.sharing_table(s)
+    def run(job) -> dict:
+        a: SharingAsk = job.req
+        names = [f"prompt {i + 1}" for i in range(len(a.ids))]
+        s = share_prompts(ctx.lm, list(a.ids), a.block_size, names, should_stop=job.cancel)
+        return {summary: fig.sharing_summary(s), figure: fig.sharing_figure(s), table: fig.sharing_table(s)}
 
     sharing = ModelJob(
         "prefix sharing",
-        check=lambda _ctx, b, use_chat, *texts: request_of(b, use_chat, *texts),
+        check=request_of,
         run=run,
-        size=lambda r: Size(max(map(len, r[2])), 1, runs=len(r[2])),
+        size=lambda a: Size(max(map(len, a.ids)), 1, runs=len(a.ids)),
     )
     for event in sharing.button(ctx, button, [block_size, chat, *boxes], [summary, figure, table]):
         clear_on_refusal(event, [summary, figure, table])

@@ -75,20 +75,36 @@ def views(trace, block_size, step, layer) -> BlockViews:
     )
 
 
-def prompt_request(ctx: AppContext, prompt, chat, max_new, block_size=None) -> tuple[str, bool, int, int, int | None]:
-    """(text, chat, prompt tokens, new tokens, block size) of a block-view run, checked."""
+@dataclass(frozen=True)
+class BlockAsk:
+    """A checked block-view run: the prompt, the chat template or not, its length in tokens, the new tokens,
+    and the block size (None: the view's own)."""
+
+    text: str
+    chat: bool
+    n_prompt: int
+    n_new: int
+    block_size: int | None
+
+
+def prompt_request(ctx: AppContext, prompt, chat, max_new, block_size=None) -> BlockAsk:
+    """A block-view run's inputs, checked."""
     text, n, n_new = check_prompt(ctx, prompt, chat, max_new)
-    return text, bool(chat), n, n_new, None if block_size is None else block_size_of(block_size)
+    return BlockAsk(text, bool(chat), n, n_new, None if block_size is None else block_size_of(block_size))
 
 
 def capture_prompt(job) -> object:
     """Generate greedily (the cache is what is shown) and return the finished trace."""
-    text, chat, _, n_new, _ = job.req
-    return capture(job.ctx.lm, text, chat=chat, max_new_tokens=n_new, should_stop=job.should_stop)
+    a: BlockAsk = job.req
+    return capture(job.ctx.lm, a.text, chat=a.chat, max_new_tokens=a.n_new, should_stop=job.cancel)
 
 
 block_view = ModelJob(
-    "block view", check=prompt_request, run=capture_prompt, size=lambda r: Size(r[2], r[3]), failed="Block view run"
+    "block view",
+    check=prompt_request,
+    run=capture_prompt,
+    size=lambda a: Size(a.n_prompt, a.n_new),
+    failed="Block view run",
 )
 
 
@@ -229,7 +245,7 @@ def _wire(ctx: AppContext, v: _Views) -> list:
     live_outputs = v.live_outputs()
 
     def run(job) -> dict:
-        return v.shown(capture_prompt(job), "this prompt", job.req[4])
+        return v.shown(capture_prompt(job), "this prompt", job.req.block_size)
 
     checked, ran = block_view.with_(run=run).button(
         ctx, v.run_btn, [v.prompt, v.chat, v.max_new, v.block_size], live_outputs
@@ -274,18 +290,31 @@ def blocks(
     texts = blocks_sharing.check_prompts(ctx, prompts)
     pol = blocks_eviction.check_policy(policy, budget)
     ids = blocks_sharing.token_ids(ctx, texts, chat)
-    return texts, bool(chat), b, pol, None if pol is None else int(budget), ids
+    return BlocksAsk(tuple(texts), bool(chat), b, pol, None if pol is None else int(budget), tuple(ids))
+
+
+@dataclass(frozen=True)
+class BlocksAsk:
+    """A checked ``/blocks`` request: the prompts, chat, block size, policy and budget (None: no eviction),
+    and each prompt's token ids (for its cost)."""
+
+    texts: tuple
+    chat: bool
+    block_size: int
+    policy: object
+    budget: int | None
+    ids: tuple
 
 
 def blocks_json(job) -> dict:
     """The CLI's JSON for one to four prompts (and optionally a policy and budget)."""
-    texts, chat, b, pol, budget, _ = job.req
-    return blocks_report(job.ctx.lm, [(f"prompt {i + 1}", t) for i, t in enumerate(texts)], chat, b, pol, budget)
+    a: BlocksAsk = job.req
+    named = [(f"prompt {i + 1}", t) for i, t in enumerate(a.texts)]
+    return blocks_report(job.ctx.lm, named, a.chat, a.block_size, a.policy, a.budget)
 
 
-def _blocks_size(req) -> Size:
-    ids, pol = req[5], req[3]
-    return Size(max(map(len, ids)), 1, runs=len(ids) * (2 if pol is not None else 1))
+def _blocks_size(a: BlocksAsk) -> Size:
+    return Size(max(map(len, a.ids)), 1, runs=len(a.ids) * (2 if a.policy is not None else 1))
 
 
 # the ``/blocks`` endpoint (and ``api_blocks(ctx, prompts, …)`` in tests)

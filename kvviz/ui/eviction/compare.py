@@ -42,7 +42,32 @@ class CompareSection:
 
     @property
     def outputs(self) -> list:
+        """What :meth:`shown` may write (the wiring's set; handlers answer by name)."""
         return [self.verdict, self.table, self.bytes_plot, self.kl_plot]
+
+    def shown(self, cmp, found: dict | None = None, note: str = "") -> dict:
+        """The verdict line (``note`` after it), table and charts for a comparison (``found``: the needle
+        demo's policy → whether its answer kept the fact)."""
+        text = f"Full cache answered: *{cmp.full.text.strip()}*"
+        if found is not None:
+            text = " · ".join(
+                f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}" for n, ok in found.items()
+            )
+        return {
+            self.verdict: text + note,
+            self.table: fig.comparison_table(cmp),
+            self.bytes_plot: fig.bytes_figure(cmp),
+            self.kl_plot: fig.kl_figure(cmp),
+        }
+
+
+@dataclass(frozen=True)
+class CompareAsk:
+    """A checked comparison: the tab's request, the policies beside the full cache, and *Recompute live*."""
+
+    req: EvictionRequest
+    pols: tuple
+    live: bool
 
 
 def layout() -> CompareSection:
@@ -72,17 +97,6 @@ def layout() -> CompareSection:
     return CompareSection(chosen, button, live, verdict, table, bytes_plot, kl_plot)
 
 
-def outputs(cmp, found: dict | None = None) -> tuple:
-    """The section's verdict line, table and charts for a comparison (``found``: the needle demo's
-    policy → whether its answer kept the fact)."""
-    text = f"Full cache answered: *{cmp.full.text.strip()}*"
-    if found is not None:
-        text = " · ".join(
-            f"**{POLICIES[n].title}**: {'found' if ok else 'lost'} {NEEDLE_ANSWER}" for n, ok in found.items()
-        )
-    return text, fig.comparison_table(cmp), fig.bytes_figure(cmp), fig.kl_figure(cmp)
-
-
 def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Callable[..., EvictionRequest]) -> None:
     """Check, run and plan comparisons of the tab's request (``gather(*main_inputs)``) with the ticked policies."""
 
@@ -95,9 +109,9 @@ def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Ca
             library_call(resolve_budget, p, req.n_compress, req.budget, req.ratio)
         return dataclasses.replace(req, repeat_passes=policy_passes(ctx, req.ids[: req.n_compress], pols)), pols
 
-    def check(_ctx, live, names, *args):
+    def check(_ctx, live, names, *args) -> CompareAsk:
         req, pols = compare_request(names, *args)
-        return req, pols, bool(live)
+        return CompareAsk(req, tuple(pols), bool(live))
 
     def compare_key(req, pols) -> tuple:
         return (
@@ -130,17 +144,18 @@ def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Ca
 
         return compute
 
-    def run_compare(job):
-        req, pols, live = job.req
-        cmp, entry = shared(job, compare_key(req, pols), compare_job(req, pols), live=live)
-        text, *rest = outputs(cmp)
-        return (f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*", *rest)
+    def run_compare(job) -> dict:
+        a = job.req
+        cmp, entry = shared(job, compare_key(a.req, a.pols), compare_job(a.req, a.pols), live=a.live)
+        return section.shown(cmp, note=f" · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*")
 
     comparison = ModelJob(
         "comparison",
         check=check,
         run=run_compare,
-        size=lambda r: Size(len(r[0].ids), r[0].max_new_tokens, runs=len(r[1]) + 1, repeat_passes=r[0].repeat_passes),
+        size=lambda a: Size(
+            len(a.req.ids), a.req.max_new_tokens, runs=len(a.pols) + 1, repeat_passes=a.req.repeat_passes
+        ),
         store=True,
         progress=True,
     )

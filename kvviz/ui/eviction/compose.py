@@ -35,6 +35,14 @@ class ComposeSection:
     table: gr.Dataframe
 
 
+@dataclass(frozen=True)
+class ComposeAsk:
+    """A checked composition: the quantization's name and the tab's eviction request."""
+
+    scheme: str
+    req: EvictionRequest
+
+
 def layout() -> ComposeSection:
     """The heading, the scheme picker, the button and the table (inside the caller's Blocks)."""
     gr.Markdown("### Compose: the policy's kept entries, quantized")
@@ -59,35 +67,36 @@ def layout() -> ComposeSection:
 def wire(ctx: AppContext, section: ComposeSection, main_inputs: list, gather: Callable[..., EvictionRequest]) -> None:
     """Check (admitted at once, or refused) then run through the gate, as the tab's other buttons do."""
 
-    def compose_request(name, *args) -> EvictionRequest:
+    def compose_request(_ctx, name, *args) -> ComposeAsk:
         if name not in compose_schemes():
             raise UserError(f"Pick a quantization: {', '.join(compose_schemes())}.")
-        return gather(*args)
+        return ComposeAsk(name, gather(*args))
 
-    def run_compose(job):
-        name, req = job.req
+    def run_compose(job) -> dict:
+        a: ComposeAsk = job.req
+        req = a.req
         comp = compose(
             ctx.lm,
             req.ids,
             req.policy,
-            compose_schemes()[name],
+            compose_schemes()[a.scheme],
             budget=req.budget,
             ratio=req.ratio,
             n_compress=req.n_compress,
             max_new_tokens=req.max_new_tokens,
-            should_stop=job.should_stop,
+            should_stop=job.cancel,
             progress=job.progress,
         )
-        return fig.composition_table(comp)
+        return {section.table: fig.composition_table(comp)}
 
     composition = ModelJob(
         "composition",
-        check=lambda _ctx, name, *args: (name, compose_request(name, *args)),
+        check=compose_request,
         run=run_compose,
-        size=lambda r: Size(
-            len(r[1].ids), r[1].max_new_tokens, runs=RUNS, repeat_passes=r[1].repeat_passes * POLICY_RUNS
+        size=lambda a: Size(
+            len(a.req.ids), a.req.max_new_tokens, runs=RUNS, repeat_passes=a.req.repeat_passes * POLICY_RUNS
         ),
         progress=True,
     )
     inputs = [section.scheme, *main_inputs]
-    composition.button(ctx, section.button, inputs, section.table)
+    composition.button(ctx, section.button, inputs, [section.table])

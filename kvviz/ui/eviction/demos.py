@@ -7,6 +7,7 @@ tab's form with its settings and shows its SnapKV run and its comparison where t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gradio as gr
@@ -25,12 +26,20 @@ from kvviz.figures import eviction as eviction_fig
 from kvviz.figures import eviction_compare as fig
 from kvviz.lessons.objectives import NEEDLE
 from kvviz.ui.eviction import compare as eviction_compare
-from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call, status_text, views
+from kvviz.ui.eviction.request import COMPRESS_CONTEXT, NEEDLE_TOKENS, library_call
 from kvviz.ui.page.first_sight import Example, once
 from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.precompute import live_box, origin, shared
+
+
+@dataclass(frozen=True)
+class NeedleAsk:
+    """A checked needle demo: what is compressed (the context, or the context and question), *Recompute live*."""
+
+    compress: str
+    live: bool
 
 
 @dataclass
@@ -65,19 +74,29 @@ def layout() -> DemosSection:
     return DemosSection(needle, sinks, live, sinks_text, sinks_plot)
 
 
+@dataclass(frozen=True)
+class NeedleTargets:
+    """Where the needle demo lands in the tab, by name: the form boxes its settings go into (``form``, by
+    the needle's setting: prompt, question, chat, policy, mode, budget), how the tab shows one policy run
+    (``show_run(result, policy)`` → ``{component: value}``, as after *Run policy*), and every component
+    that may write (``outputs``: the wiring's set)."""
+
+    form: dict[str, gr.components.Component]
+    show_run: Callable[..., dict]
+    outputs: list
+
+
 def wire(
     ctx: AppContext,
     section: DemosSection,
     compress: gr.Radio,
-    form_outputs: list,
+    targets: NeedleTargets,
     comparison: eviction_compare.CompareSection,
     line: gr.Markdown,
 ) -> None:
     """Plan both demos, register them for the Learn tab and as the tab's first-open example (named in ``line``),
-    and wire their buttons. ``form_outputs``: the tab's prompt, question, chat, policy, budget mode and budget
-    boxes, then its run state, status, answer, step slider and five views — what the needle demo fills in,
-    before the comparison section's outputs."""
-    last_layer = ctx.info.layers - 1
+    and wire their buttons: the needle demo fills the tab's form and run views (``targets``) and the
+    comparison section."""
 
     def needle_key(comp) -> tuple:
         return ctx.lm.name, "needle", comp != COMPRESS_CONTEXT
@@ -99,27 +118,26 @@ def wire(
     ctx.planners["eviction.needle"] = plan_needle
     plan_needle({})
 
-    def run_needle(job):
-        comp, live = job.req
-        res, entry = shared(job, needle_key(comp), needle_job(comp), live=live)
+    settings = dict(
+        prompt=needle_passage(*NEEDLE_FILLER),
+        question=f"Question: {NEEDLE_QUESTION}",
+        chat=True,
+        policy="snapkv",
+        mode="tokens",
+        budget=NEEDLE_BUDGET,
+    )
+
+    def run_needle(job) -> dict:
+        a: NeedleAsk = job.req
+        res, entry = shared(job, needle_key(a.compress), needle_job(a.compress), live=a.live)
         snap = next(r for r in res.comparison.results if r.policy.name == "snapkv")
-        run = snap.run
-        text, *rest = eviction_compare.outputs(res.comparison, res.found())
-        return (
-            needle_passage(*NEEDLE_FILLER),
-            f"Question: {NEEDLE_QUESTION}",
-            True,
-            "snapkv",
-            "tokens",
-            NEEDLE_BUDGET,
-            run,
-            status_text(run, snap.policy),
-            run.text,
-            gr.Slider(minimum=0, maximum=max(1, len(run.history) - 1), value=0),
-            *views(run, last_layer, 0, 0, snap.policy.score_label),
-            f"{text} · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*\n\n{eviction_fig.needle_scope(NEEDLE_POLICIES)}",
-            *rest,
-        )
+        note = f" · *{origin(entry)}{'; tokens/s measured then' if entry else ''}*"
+        note += f"\n\n{eviction_fig.needle_scope(NEEDLE_POLICIES)}"
+        return {
+            **{targets.form[k]: value for k, value in settings.items()},
+            **targets.show_run(snap.run, snap.policy),
+            **comparison.shown(res.comparison, res.found(), note),
+        }
 
     def stored_needle(request: gr.Request, comp, live):
         """The needle demo's outputs when its result is stored (for a show-me), else None."""
@@ -129,13 +147,13 @@ def wire(
 
     needle = ModelJob(
         "needle demo",
-        check=lambda _ctx, comp, live: (comp, bool(live)),
+        check=lambda _ctx, comp, live: NeedleAsk(comp, bool(live)),
         run=run_needle,
         size=lambda _req: Size(NEEDLE_TOKENS, 16, runs=3),
         store=True,
         progress=True,
     )
-    needle_outputs = [*form_outputs, *comparison.outputs]
+    needle_outputs = [*targets.outputs, *comparison.outputs]
     ctx.answers["eviction.needle"] = ShowMeAnswer([compress, section.live], needle_outputs, stored_needle)
     needle.event(ctx, section.needle.click, [compress, section.live], needle_outputs)
 
@@ -145,22 +163,23 @@ def wire(
     ctx.store.plan((ctx.lm.name, "sinks"), "sinks demo", sinks_job)
     ctx.planners["eviction.sinks"] = lambda values: (ctx.lm.name, "sinks")
 
-    def sinks_shown(res, entry) -> tuple:
+    def sinks_shown(res, entry) -> dict:
         ppl = " · ".join(f"{name}: **{v:.1f}**" for name, v in res.perplexity.items())
-        return (
-            f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} · *{origin(entry)}*",
-            fig.sinks_figure(res),
-        )
+        return {
+            section.sinks_text: f"Perplexity after the cache first fills (position > {res.cache_size}): {ppl} "
+            f"· *{origin(entry)}*",
+            section.sinks_plot: fig.sinks_figure(res),
+        }
 
     def run_sinks(job):
         return sinks_shown(*shared(job, (ctx.lm.name, "sinks"), sinks_job, live=job.req))
 
     def example(_value, _entry, request: gr.Request | None) -> dict:
         """The stored needle demo in the tab's views, and the sinks demo beside it once it is stored too."""
-        shown = dict(zip(needle_outputs, needle(ctx, NEEDLE.values["eviction.compress"], False, request=request)))
+        shown = dict(needle(ctx, NEEDLE.values["eviction.compress"], False, request=request))
         sinks_entry = ctx.store.entry((ctx.lm.name, "sinks"))
         if sinks_entry is not None and sinks_entry.state == "done":
-            shown.update(zip([section.sinks_text, section.sinks_plot], sinks_shown(sinks_entry.value, sinks_entry)))
+            shown.update(sinks_shown(sinks_entry.value, sinks_entry))
         return shown
 
     ctx.examples["tab_eviction"] = (

@@ -6,7 +6,7 @@ Shared by the tab's sections (:mod:`kvviz.ui.eviction.tab`, :mod:`kvviz.ui.evict
 
 from __future__ import annotations
 
-import gradio as gr
+from dataclasses import dataclass
 
 from kvviz.eviction.demos import split_question
 from kvviz.eviction.policies import POLICIES, check_params, make_policy
@@ -136,7 +136,7 @@ def evict(
 
 def evict_summary(job: Job[EvictionRequest]) -> dict:
     """The JSON of ``python -m kvviz evict --json`` for a checked request."""
-    out = job.req.run(job.ctx.lm, record_history=False, should_stop=job.should_stop).summary()
+    out = job.req.run(job.ctx.lm, record_history=False, should_stop=job.cancel).summary()
     if job.timed_out:
         out["note"] = job.timeout_note().lstrip(" ·")
     return out
@@ -185,13 +185,24 @@ def policy_text(name: str) -> str:
     return f"**{cls.title}** — *{cls.paper}*. {cls.summary} {score}"
 
 
-def views(run, layer, head, step, score_label=""):
-    """Strip, kept map, timeline, scores and slot table for the chosen layer, KV head and step."""
+@dataclass(frozen=True)
+class RunViews:
+    """A policy run drawn for one layer, KV head and step, by the name of the tab's view each goes to."""
+
+    strip: list
+    kept_plot: object
+    time_plot: object
+    score_plot: object
+    slots: object
+
+
+def views(run, layer, head, step, score_label="") -> RunViews | None:
+    """Strip, kept map, timeline, scores and slot table for the chosen layer, KV head and step (None: no run)."""
     if run is None:
-        return (gr.skip(),) * 5
+        return None
     step = min(int(step or 0), len(run.history) - 1)
     layer, head = int(layer or 0), int(head or 0)
-    return (
+    return RunViews(
         fig.token_strip(run, layer, head, step),
         fig.kept_map(run, step),
         fig.timeline(run, layer, head),

@@ -10,7 +10,7 @@ dict as ``python -m kvviz evict --json``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import gradio as gr
 
@@ -27,6 +27,7 @@ from kvviz.ui.eviction.request import (  # noqa: F401  (re-exported: the tab's r
     COMPRESS_CONTEXT,
     COMPRESS_QUESTION,
     EMPTY,
+    RunViews,
     api_evict,
     check_request,
     compress_choices,
@@ -149,14 +150,17 @@ def _wire(ctx: AppContext, f: _Form, v: _Views, comparison, composition, demos) 
         values = {k.split(".", 1)[1]: val for k, val in zip(keys, pvals) if k.startswith(f"{name}.")}
         return check_request(ctx, context, q, use_chat, name, md, b, r, n_new, values, comp)
 
-    def run(job) -> dict:
-        req = job.req
-        result = req.run(ctx.lm, should_stop=job.should_stop)
+    def show_run(result, policy) -> dict:
+        """One policy run in the tab: its state, status, answer, the step slider and the views at step 0."""
         slider = gr.Slider(minimum=0, maximum=max(1, len(result.history) - 1), value=0)
-        shown = v.run_views(views(result, ctx.info.layers - 1, 0, 0, req.policy.score_label))
-        told = {f.run_state: result, f.status: status_text(result, req.policy), f.answer: result.text}
+        shown = v.run_views(views(result, ctx.info.layers - 1, 0, 0, policy.score_label))
+        told = {f.run_state: result, f.status: status_text(result, policy), f.answer: result.text}
+        return {**told, v.step: slider, **shown}
+
+    def run(job) -> dict:
+        result = job.req.run(ctx.lm, should_stop=job.cancel)
         budgets = {v.budget_plot: fig.budget_map(result), v.budget_table: fig.budget_bytes(result)}
-        return {**told, v.step: slider, **shown, **budgets}
+        return {**show_run(result, job.req.policy), **budgets}
 
     policy_run = ModelJob("eviction run", check=lambda _ctx, *args: gather(*args), run=run, size=request_size)
     run_outputs = [f.run_state, f.status, f.answer, v.step, *v.view_outputs(), v.budget_plot, v.budget_table]
@@ -191,8 +195,10 @@ def _wire(ctx: AppContext, f: _Form, v: _Views, comparison, composition, demos) 
     )
     eviction_compare.wire(ctx, comparison, f.inputs(), gather)
     eviction_compose.wire(ctx, composition, f.inputs(), gather)
-    form = [f.prompt, f.question, f.chat, f.policy, f.mode, f.budget, f.run_state, f.status, f.answer, v.step]
-    eviction_demos.wire(ctx, demos, f.compress, [*form, *v.view_outputs()], comparison, f.example)
+    form = {k: getattr(f, k) for k in ("prompt", "question", "chat", "policy", "mode", "budget")}
+    shown = [*form.values(), f.run_state, f.status, f.answer, v.step, *v.view_outputs()]
+    needle = eviction_demos.NeedleTargets(form, show_run, shown)
+    eviction_demos.wire(ctx, demos, f.compress, needle, comparison, f.example)
     api_evict.api(ctx, api_name="evict")
 
 
@@ -240,9 +246,11 @@ class _Views:
         """What ``views`` draws (the strip, three charts and the slot table)."""
         return [self.strip, self.kept_plot, self.time_plot, self.score_plot, self.slots]
 
-    def run_views(self, drawn: tuple) -> dict:
-        """``views``' five results by name."""
-        return dict(zip(self.view_outputs(), drawn))
+    def run_views(self, drawn: RunViews | None) -> dict:
+        """``views``' five results, each into the view of its name (nothing without a run)."""
+        if drawn is None:
+            return {}
+        return {getattr(self, f.name): getattr(drawn, f.name) for f in fields(drawn)}
 
 
 def _views(info) -> _Views:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import gradio as gr
 
+from kvviz.cancel import Cancel
 from kvviz.capture.model_io import Sampling
 from kvviz.capture.tokens import token_texts
 from kvviz.chat.history import MODEL
@@ -157,7 +159,7 @@ def api_chat(
     return chat_turn(ctx, prompt_text, chat, n_new, sampling, history, template)
 
 
-def submit(ctx: AppContext, a: Ask, should_stop, owner: str | None = None):
+def submit(ctx: AppContext, a: Ask, cancel: Cancel | Callable[[], bool], owner: str | None = None):
     """A checked Generate request to the engine, with the equivalence check, as the tab and /generate run it
     (``owner``: the session that sent it, whose prefix blocks other sessions may not read; None for the
     server's own show-me runs)."""
@@ -169,7 +171,7 @@ def submit(ctx: AppContext, a: Ask, should_stop, owner: str | None = None):
         sampling=a.sampling,
         prompt_ids=a.ids,
         verify=True,
-        should_stop=should_stop,
+        cancel=cancel,
         keep_turn=a.keep_turn,
     )
 
@@ -281,7 +283,7 @@ def streamed(job: Job[Ask], views: Views):
             entry, mine = ctx.store.claim(entry.key)
 
         def work(report):
-            handle = submit(ctx, a, job.should_stop, session_of(job.request))
+            handle = submit(ctx, a, job.cancel, session_of(job.request))
             t0, trace = time.perf_counter(), None
             for trace in handle.stream(report):
                 if mine and entry is not None:
@@ -304,7 +306,7 @@ def streamed(job: Job[Ask], views: Views):
 def summary(job: Job[Ask]) -> dict:
     """``/generate``'s answer: the trace summary, and a note when the time budget ended the run."""
     owner = session_of(job.request)
-    trace = submit(job.ctx, job.req, job.should_stop, owner).result()
+    trace = submit(job.ctx, job.req, job.cancel, owner).result()
     out = trace.summary()
     if job.req.keep_turn:
         out["turn"] = api_turn(job.ctx, trace, list(job.req.history), job.req.template, owner)

@@ -27,13 +27,13 @@ from kvviz.ui.serving.jobs import Jobs
 class ShowMeAnswer:
     """A demo button's result given in a show-me's own click event, instead of pressing the button after it.
 
-    ``fn(request, *values of inputs)`` returns the values of ``outputs`` — only when they are at hand (a stored
-    result, or arithmetic) — else None, and the show-me presses the button as a user would.
+    ``fn(request, *values of inputs)`` returns what ``outputs`` show, ``{component: value}`` — only when it is at
+    hand (a stored result, or arithmetic) — else None, and the show-me presses the button as a user would.
     """
 
     inputs: list
     outputs: list
-    fn: Callable[..., list | tuple | None]
+    fn: Callable[..., dict | list | tuple | None]
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """One call of a model job (:class:`Job`) and what it will compute (:class:`Size`): the request checked, its
-place at the gate once taken (or, on ZeroGPU, a lease of the main process's place), its Stop and progress.
+place at the gate once taken (or, on ZeroGPU, a lease of the main process's place), its cancellation
+token and progress. The token (:attr:`Job.cancel`, a :class:`~kvviz.cancel.Cancel`) is the one every
+layer of the call reads: the library function (as ``should_stop``), the worker thread, the engine's handle.
 :mod:`kvviz.ui.serving.model_job` declares the jobs and wires them into Gradio; this is what one call holds.
 """
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kvviz.admission import Lease, Ticket
+from kvviz.cancel import STOPPED, TIME_BUDGET, Cancel
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.streaming import Background
 
@@ -40,6 +43,8 @@ class Job(Generic[R]):
         self.flag: threading.Event | None = ctx.stop_flag(request) if spec.stop else None
         if self.flag is not None:
             self.flag.clear()
+        # Stop pressed, the time budget spent, or (see close) the page went away: the call ends now
+        self.cancel = Cancel((lambda: self.stopped, STOPPED), (self._expired, TIME_BUDGET))
 
     # ---- the gate -----------------------------------------------------------------------------------
     def admit(self, size: Size | None = None) -> Ticket | Lease:
@@ -86,13 +91,8 @@ class Job(Generic[R]):
         """The session pressed Stop (for jobs declared with ``stop=True``)."""
         return self.flag is not None and self.flag.is_set()
 
-    def should_stop(self) -> bool:
-        """Stop pressed, the time budget spent, or the page went away: the library call should end now."""
-        return (
-            self.stopped
-            or (self.ticket is not None and self.ticket.expired())
-            or (self._worker is not None and self._worker.cancelled)
-        )
+    def _expired(self) -> bool:
+        return self.ticket is not None and self.ticket.expired()
 
     def progress(self, fraction: float, desc: str = "") -> None:
         """Gradio's progress bar (a no-op where the job was declared without ``progress``)."""
@@ -111,7 +111,7 @@ class Job(Generic[R]):
     ) -> Background:
         """Run ``work`` in a worker thread (:class:`~kvviz.ui.serving.streaming.Background`); the slot goes
         back there once the model has really stopped, so the next job never overlaps this one."""
-        self._worker = Background(work, mark=mark, on_exit=[self.release], name=name)
+        self._worker = Background(work, mark=mark, on_exit=[self.release], name=name, cancel=self.cancel)
         return self._worker.start()
 
     def close(self) -> None:

@@ -261,11 +261,11 @@ def shared(job: Job, key: Hashable, compute: Compute, *, live: bool) -> tuple[An
         job.release()
         if wait_for(claimed, progress):
             return claimed.value, claimed
-        return compute(progress, job.should_stop), None
+        return compute(progress, job.cancel), None
     if claimed is not None:
-        value = ctx.store.run(claimed, "a request", job.should_stop, progress)
+        value = ctx.store.run(claimed, "a request", job.cancel, progress)
         return value, (claimed if claimed.state == "done" else None)
-    return compute(progress, job.should_stop), None
+    return compute(progress, job.cancel), None
 
 
 MEMO_LIMIT = 256  # outputs kept per trace listener (a few per stored trace and setting)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from kvviz.cancel import GONE, Cancel
+
 T = TypeVar("T")
 
 
@@ -47,6 +49,7 @@ class Background(Generic[T]):
         mark: Callable[[T], Any] | None = None,
         on_exit: Iterable[Callable[[], None]] = (),
         name: str = "kvviz-job",
+        cancel: Cancel | None = None,
     ):
         self._work, self._mark, self._name = work, mark, name
         self._exits = list(on_exit)
@@ -58,13 +61,13 @@ class Background(Generic[T]):
         self._reports = 0
         self._done = False
         self._error: BaseException | None = None
-        self._cancel = threading.Event()
+        self._cancel = cancel or Cancel()  # the call's token: the work reads it too
         self._thread: threading.Thread | None = None
 
     @property
     def cancelled(self) -> bool:
-        """True once the reader went away: the job should stop (poll it beside the Stop flag)."""
-        return self._cancel.is_set()
+        """True once the reader went away (the token cancelled as :data:`~kvviz.cancel.GONE`)."""
+        return self._cancel.cancelled and self._cancel.reason == GONE
 
     @property
     def started(self) -> bool:
@@ -76,8 +79,10 @@ class Background(Generic[T]):
         return self
 
     def cancel(self) -> None:
-        """Ask the job to stop at its next step; returns at once."""
-        self._cancel.set()
+        """The reader went away: cancel the token and stop at the next item; returns at once. (A token
+        cancelled for another reason — Stop, the time budget — lets the work end itself and hand over
+        its last item.)"""
+        self._cancel.cancel(GONE)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the job's thread to end; True if it has."""
@@ -101,7 +106,7 @@ class Background(Generic[T]):
                     self._item, self._item_mark = item, mark
                     self._items += 1
                     self._cond.notify_all()
-                if self._cancel.is_set():
+                if self.cancelled:
                     break
         except BaseException as exc:  # handed to the reader, which raises it where the handler can answer
             self._error = exc

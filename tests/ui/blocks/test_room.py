@@ -39,12 +39,14 @@ def test_outside_tabs_it_polls_from_the_start(lm):
 def test_refresh_lists_the_rooms_blocks_and_skips_when_unchanged(lm):
     ctx = AppContext(lm=lm, settings=Settings())
     decode = blocks_room.decoder(ctx)
-    summary, tree, table, sources, sig = blocks_room.refresh(ctx, decode, None)
-    assert "No blocks yet" in summary and "Hit rate 0%" in summary and len(table) == 0
-    assert all(isinstance(x, type(gr.skip())) for x in blocks_room.refresh(ctx, decode, sig)), "unchanged: skipped"
+    room = blocks_room.refresh(ctx, decode, None)
+    assert "No blocks yet" in room.summary and "Hit rate 0%" in room.summary and len(room.table) == 0
+    sig = room.sig
+    assert blocks_room.refresh(ctx, decode, sig) is None, "unchanged: nothing sent"
     h = ctx.engine.submit("What is two plus two?", chat=True, max_new_tokens=2)
     assert wait_all([h], 600)
-    summary, tree, table, sources, sig2 = blocks_room.refresh(ctx, decode, sig)
+    room = blocks_room.refresh(ctx, decode, sig)
+    summary, tree, table, sources, sig2 = room.summary, room.tree, room.table, room.sources, room.sig
     size = ctx.engine.prefix.block_size
     n = (h.trace.n_prompt - 1) // size
     assert sig2 != sig and len(table) == n and f"**{n} block" in summary

@@ -11,6 +11,7 @@ from kvviz.ui.blocks import eviction as blocks_eviction
 from kvviz.ui.blocks import sharing as blocks_sharing
 from kvviz.ui.blocks import tab
 from kvviz.ui.memory import startup as memory_engine
+from kvviz.ui.memory.startup import EngineForm
 from kvviz.ui.serving.context import AppContext
 
 H100 = "H100 80GB (SXM)"
@@ -101,22 +102,28 @@ def test_tab_builds_registers_inputs_and_the_endpoint(ctx):
 
 
 def test_engine_section_chapter_example_and_refusals(ctx):
-    md, groups, chart = memory_engine.startup_view(ctx, "Llama-3-70B", H100, 8, 80, 0, "bf16", 16, 8192, 2048, 0.1, 140)
+    def view(**named):
+        return memory_engine.startup_view(
+            ctx, EngineForm(**{"gpu_name": H100, "gpu_mem_gb": 80, "batched": 2048, **named})
+        )
+
+    chapter = view()
+    md, groups, chart = chapter.text, chapter.groups, chapter.chart
     assert "INFO GPU KV cache size: 1,330,560 tokens ³" in md
     assert "INFO Maximum concurrency for 8,192 tokens per request: 162.42x ⁴" in md
     assert "⌊54,500,000,000 B / 655,360 B per block⌋ = 83,160 blocks" in md
     assert list(groups["layers"]) == [80]
     concurrency = dict(zip(chart.data[0].x, chart.data[0].y))  # the chart's curve passes the log's figure
     assert concurrency[8192] == 1_330_560 / 8192 and chart.layout.title.text.startswith("83,160 blocks of 16 tokens")
-    hybrid, table, _ = memory_engine.startup_view(ctx, "gemma-2-9b", H100, 1, 80, 0, "bf16", 16, 8192, 2048, 0.1, 0)
-    assert list(table["KV-cache groups"]) == [1, 1] and "2 groups" in hybrid
-    small, *_ = memory_engine.startup_view(ctx, "Llama-3-8B", "L4 24GB", 1, 24, 0, "bf16", 16, 131_072, 2048, 0.1, 0)
-    assert "would refuse to start" in small
-    refused, table, chart = memory_engine.startup_view(
-        ctx, "Llama-3-70B", H100, 1, 80, 0, "bf16", 16, 8192, 2048, 0.1, 0
+    hybrid = view(model="gemma-2-9b", gpus=1, weights_gb=0)
+    assert list(hybrid.groups["KV-cache groups"]) == [1, 1] and "2 groups" in hybrid.text
+    small = view(model="Llama-3-8B", gpu_name="L4 24GB", gpus=1, gpu_mem_gb=24, max_model_len=131_072, weights_gb=0)
+    assert "would refuse to start" in small.text
+    refused = view(gpus=1, weights_gb=0)
+    assert refused.text.startswith("⚠") and "do not fit" in refused.text and refused.groups is None
+    loaded = view(
+        model=memory_engine.LOADED, gpu_name="T4 16GB", gpus=1, gpu_mem_gb=16, max_model_len=0, batched=0, weights_gb=0
     )
-    assert refused.startswith("⚠") and "do not fit" in refused and table is None
-    loaded, *_ = memory_engine.startup_view(ctx, memory_engine.LOADED, "T4 16GB", 1, 16, 0, "bf16", 16, 0, 0, 0.1, 0)
-    assert f"**{ctx.info.name}**" in loaded and "8,192 tokens per request" in loaded
+    assert f"**{ctx.info.name}**" in loaded.text and "8,192 tokens per request" in loaded.text
     with pytest.raises(gr.Error, match="Number of GPUs"):
-        memory_engine.startup_view(ctx, "Llama-3-70B", H100, -1, 80, 0, "bf16", 16, 8192, 2048, 0.1, 140)
+        view(gpus=-1)
