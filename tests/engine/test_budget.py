@@ -40,6 +40,7 @@ def check_replay(result: dict, budget: int, solo, mode: str) -> None:
         assert result["summary"]["all_same_as_solo"], [q["index"] for q in result["requests"] if not q["same_as_solo"]]
 
 
+@pytest.mark.slow  # twenty random replays on the tiny model: some seconds
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=requests, mode=st.sampled_from(MODES), room=st.floats(1.0, 4.0))
 def test_random_budgets_hold_finish_and_answer_as_alone(reqs, mode, room):
