@@ -133,7 +133,12 @@ def modes_table(replays: Sequence[dict]) -> pd.DataFrame:
     for r in replays:
         s = r.get("summary", {})
         if not r["fits"]:
-            rows.append({"mode": MODE_TITLES[r["mode"]], "most running": 0, "note": r["reason"]})
+            rows.append(
+                {"mode": MODE_TITLES[r["mode"]], "most running": 0, "note": r["reason"]}
+                | dict.fromkeys(
+                    ("mean running", "tokens/s", "tokens/step", "TTFT p50 / p95 (steps)", "preemptions"), "–"
+                )
+            )
             continue
         same = s.get("all_same_as_solo")
         rows.append(

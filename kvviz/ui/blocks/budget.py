@@ -78,6 +78,7 @@ def build(ctx: AppContext) -> None:
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
     gr.Markdown(f"The chapter: {fig.CHAPTER}", elem_id="kvbudget-chapter")
     outputs = [note, p_running, p_tput, p_bytes, table]
+    ctx.components["blocks.kv_budget"] = slider  # a link or show-me may set the budget
 
     def redraw(c, i):
         return views(result, c, i)
