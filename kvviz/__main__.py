@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
-from kvviz.commands import blocks, check, evict, memory, sweep, trace
+from kvviz.commands import blocks, check, evict, memory, serve_sim, sweep, trace
 
-COMMANDS = [trace, memory, evict, blocks, sweep, check]
+COMMANDS = [trace, memory, evict, blocks, sweep, check, serve_sim]
 
 
 def main(argv: list[str] | None = None) -> int:

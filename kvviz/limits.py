@@ -310,3 +310,10 @@ def lease_seconds(cost: JobCost, ceiling: float = GPU_LEASE_CEILING_S, floor: fl
 
 MAX_KV_EVENTS = 50_000  # events the prefix store's KV event log keeps before it folds them into its current blocks
 MAX_EVENT_LOG_BYTES = 64 * 2**20  # a KV event log imported into the Blocks view (a JSON Lines file)
+
+# ---- serving under a KV budget (kvviz/engine/budget.py, bench/kv_budget.py, python -m kvviz serve-sim) --------
+MIN_KV_BUDGET_BYTES = 1024  # a kibibyte: less holds no block of even a tiny test model
+MAX_KV_BUDGET_BYTES = 64 * 2**30  # a replay's KV budget: far above what the CPU machine holds
+MAX_KV_BUDGET_REQUESTS = 256  # requests in one replayed trace (the room: 73)
+MAX_KV_BUDGET_NEW_TOKENS = 256  # tokens each replayed request may generate
+MAX_KV_BUDGET_STEPS = 100_000  # a replay's steps (arrival steps included): more is a scheduling bug, stopped

@@ -21,6 +21,7 @@ from kvviz.figures import blocks as fig
 from kvviz.lessons.objectives import SINKS
 from kvviz.limits import MAX_STEP
 from kvviz.safety import whole_number
+from kvviz.ui.blocks import budget as blocks_budget
 from kvviz.ui.blocks import eviction as blocks_eviction
 from kvviz.ui.blocks import reuse as blocks_reuse
 from kvviz.ui.blocks import room as blocks_room
@@ -171,6 +172,7 @@ def build(ctx: AppContext) -> None:
     blocks_room.build(ctx)
     leak, leak_outputs = blocks_reuse.build(ctx)
     blocks_eviction.build(ctx, v.block_size)
+    blocks_budget.build(ctx)
     planner = ctx.planners.get("generate.button")
     if ctx.trace_state is not None and planner is not None:
 

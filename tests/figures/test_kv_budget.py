@@ -1,0 +1,48 @@
+"""The KV-budget view's figures, drawn from a sweep of a tiny model (the stored file's own format)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvviz.capture.model_io import model_info
+from kvviz.engine.budget_ledger import MODES, Ledger
+from kvviz.engine.budget_store import budgets, replays_at, sweep, table
+from kvviz.engine.budget_trace import Request
+from kvviz.figures import kv_budget as fig
+from tests.tiny_models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def stored():
+    lm = tiny_model("llama")
+    reqs = [Request(f"r{i}", i, 4, False, tuple(range(10 + 8 * i, 22 + 8 * i))) for i in range(4)]
+    per_token = Ledger(model_info(lm), "paged").per_token
+    context = model_info(lm).context_length * per_token
+    case = sweep(lm, reqs, [40 * per_token, 2 * context + 8 * per_token])
+    return {"cases": {"room": case}}, context
+
+
+def test_a_budget_below_one_reservation_says_so_and_the_others_draw(stored):
+    result, _ = stored
+    small = replays_at(result, "room", budgets(result, "room")[0])
+    assert [r["mode"] for r in small] == list(MODES)
+    assert not small[0]["fits"] and "holds no request" in small[0]["reason"]
+    running = fig.running_figure(small)
+    assert [t.name for t in running.data] == [fig.MODE_TITLES[m] for m in MODES[1:]]
+    frame = fig.modes_table(small)
+    assert frame.loc[0, "most running"] == 0 and "holds no request" in frame.loc[0, "note"]
+    bars = fig.bytes_figure(small)
+    assert [t.name for t in bars.data] == ["empty", "held", "shared", "compressed"]
+
+
+def test_the_note_compares_paged_with_contiguous_to_context(stored):
+    result, context = stored
+    big = budgets(result, "room")[-1]
+    rows = {r["mode"]: r for r in replays_at(result, "room", big)}
+    ratio = rows["paged"]["summary"]["max_running"] / rows["contiguous-context"]["summary"]["max_running"]
+    assert rows["contiguous-context"]["summary"]["max_running"] == 2  # two reservations of the whole context
+    text = fig.note(result, "room", big)
+    assert f"Paged runs {ratio:.1f}× as many sequences" in text
+    tput = fig.throughput_figure(result, "room", big)
+    assert len(tput.data) == len(MODES)
+    assert set(table(result, "room")["mode"]) == set(MODES)
