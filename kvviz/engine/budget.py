@@ -29,6 +29,7 @@ import torch
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward, model_info
+from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.engine.budget_ledger import LOSSY, PAGED, Ledger, SharedPool, Split, check_mode, kivi_scheme
 from kvviz.engine.budget_trace import Request, prompt_ids, summarize
@@ -146,11 +147,10 @@ class _Replay:
         g = Generation(
             self.lm,
             s.req.prompt,
-            prompt_ids=ids,
-            max_new_tokens=left,
-            record=False,
-            cache_factory=factory,
-            prefill_chunk=0,
+            feed=Feed(prompt_ids=ids, prefill_chunk=0),
+            decode=Decode(max_new_tokens=left),
+            recording=Recording(on=False),
+            cache=CacheSetup(factory=factory),
         )
         s.gen, s.admitted = g, s.admitted if s.admitted is not None else self.step
         if s.produced:

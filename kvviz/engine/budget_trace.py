@@ -16,6 +16,7 @@ import torch
 from kvviz.capture.drive import drive
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import encode_prompt
+from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.models import LoadedModel
 
 
@@ -65,7 +66,11 @@ def solo_runs(lm: LoadedModel, requests: Sequence[Request]) -> list[list[int]]:
     with torch.inference_mode():
         for req in requests:
             g = Generation(
-                lm, req.prompt, prompt_ids=prompt_ids(lm, req), max_new_tokens=req.max_new_tokens, record=False
+                lm,
+                req.prompt,
+                feed=Feed(prompt_ids=prompt_ids(lm, req)),
+                decode=Decode(max_new_tokens=req.max_new_tokens),
+                recording=Recording(on=False),
             )
             drive(lm, g)
             out.append(g.trace.token_ids[g.trace.n_prompt :])
