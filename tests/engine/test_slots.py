@@ -94,7 +94,7 @@ def test_the_engine_decodes_short_runs_in_slots_and_frees_them(lm):
     short = [engine.submit(q, chat=True, max_new_tokens=3) for q in ("Name a colour.", "Say hi.")]
     long = engine.submit("Hi", chat=True, max_new_tokens=300, stop_on_eos=False)  # longer than a slot
     assert wait_all(short, 600)
-    long.stop()
+    long.cancel.cancel()
     assert wait_all([long], 600)
     assert seen[0] == [True, True, False]
     assert engine.slots is not None and engine.slots._free == list(range(engine.max_batch))

@@ -28,6 +28,9 @@ def stored(lm):
 
 
 def by_elem_id(components, values) -> dict:
+    """A handler's answer by elem id: a ``{component: value}`` answer only names what it writes."""
+    if isinstance(values, dict):
+        return {c.elem_id: v for c, v in values.items()}
     return {c.elem_id: v for c, v in zip(components, values)}
 
 
