@@ -121,9 +121,9 @@ def test_a_new_message_replaces_the_earlier_ones(browser_context, app_server):
         # a message of another kind that arrives with no click in between (a script's click) replaces it too
         tab.get_by_role("tab", name="Attention", exact=True).click()
         box = tab.locator("#attn-layer input[type=number]")
-        box.fill("99")
-        box.press("Enter")
+        box.fill("99")  # typing sends the value: its message comes before the Enter that commits it
         tab.get_by_text("Layer must be between 0 and 29; got 99.").wait_for()
+        box.press("Enter")  # the box's own change event, after its message: the message stays
         tab.wait_for_timeout(300)
         assert tab.evaluate(TOASTS_JS) == ["Layer must be between 0 and 29; got 99."]
         tab.evaluate("document.querySelector('#generate-btn').click()")  # the empty prompt again, untrusted click
