@@ -112,6 +112,8 @@ def test_a_new_message_replaces_the_earlier_ones(browser_context, app_server):
         tab.get_by_text("The prompt is empty: type some text or pick an example.").wait_for()
         # a second bad input, on another tab: its message alone, the first one gone
         tab.get_by_role("tab", name="Quantization", exact=True).click()
+        # the tab's first open draws its example (setting the prompt): type once it has, or the example wins
+        tab.locator("#quant-example").get_by_text("example", exact=False).wait_for()
         tab.locator("#quant-prompt textarea").fill("  ")
         tab.locator("#quant-analyze").click()
         tab.get_by_text(re.compile("^The prompt is empty: type some text \\(a few")).wait_for()
@@ -120,6 +122,7 @@ def test_a_new_message_replaces_the_earlier_ones(browser_context, app_server):
         assert tab.locator(".toast-wrap .toast-count:visible").count() == 0  # never "Error (2)"
         # a message of another kind that arrives with no click in between (a script's click) replaces it too
         tab.get_by_role("tab", name="Attention", exact=True).click()
+        tab.locator("#attn-example").get_by_text("example", exact=False).wait_for()
         box = tab.locator("#attn-layer input[type=number]")
         box.fill("99")  # typing sends the value: its message comes before the Enter that commits it
         tab.get_by_text("Layer must be between 0 and 29; got 99.").wait_for()
