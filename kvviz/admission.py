@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 REAP_AFTER = 2.0  # × a ticket's budget: past it the gate frees the slot itself (the job should long have stopped)
 WAIT_POLL_S = 1.0  # a waiting job looks for slots to free this often
 
+NO_SESSION = "anonymous"  # the one key of a caller without a session (a notebook, a script): never a visitor's
+
 
 class Refused(ValueError):
     """A job the gate will not take; the message says why and what to do, ``reason`` in one word (metrics)."""
@@ -230,7 +232,7 @@ class Gate:
         address, which may hold ``per_address`` jobs, ``elsewhere`` of them in another gate; ``cost_s``: the
         job's estimated model time, admitted while the outstanding time (``elsewhere_s`` of it in another
         gate) leaves room for it — a job alone is always admitted (its cost is bounded before)."""
-        session = session or "anonymous"
+        session = session or NO_SESSION
         with self._cond:
             self._reap()
             self._refuse_second(session)
@@ -288,7 +290,7 @@ class Gate:
     def refuse_second(self, session: str | None) -> None:
         """:class:`Refused` when ``session`` already has a job here (a second gate's admission asks)."""
         with self._cond:
-            self._refuse_second(session or "anonymous")
+            self._refuse_second(session or NO_SESSION)
 
     def _refuse_second(self, session: str) -> None:
         mine = self._by_session.get(session)

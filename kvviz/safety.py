@@ -19,6 +19,7 @@ import threading
 import unicodedata
 from pathlib import Path
 
+from kvviz.admission import NO_SESSION
 from kvviz.limits import MAX_CONFIG_BYTES, MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -300,7 +301,7 @@ class SessionFiles:
 
     def folder(self, session: str | None) -> Path:
         """The session's folder (created on first use, private to this user of the machine)."""
-        path = self._path(session or "default")
+        path = self._path(session or NO_SESSION)
         with self._lock:
             self.root.mkdir(mode=0o700, exist_ok=True)
             path.mkdir(mode=0o700, exist_ok=True)
@@ -315,7 +316,7 @@ class SessionFiles:
         if self._root is None:
             return
         with self._lock:
-            shutil.rmtree(self._path(session or "default"), ignore_errors=True)
+            shutil.rmtree(self._path(session or NO_SESSION), ignore_errors=True)
 
     def sessions(self) -> list[str]:
         """Hashed names of the sessions that still have files (for tests and the load bench)."""
