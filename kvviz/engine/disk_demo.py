@@ -16,14 +16,10 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, replace
 
-import torch
-
-from kvviz.capture.drive import forwards
-from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import encode_prompt, model_info
-from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.engine.disk_tier import DiskTier
 from kvviz.engine.prefix import PrefixStore, RequestSources
+from kvviz.engine.side_channel import first_token_s
 from kvviz.examples import chapter_text
 from kvviz.models import LoadedModel
 
@@ -56,25 +52,6 @@ class SpillDemo:
     disk_capacity: int
 
 
-def _request(lm: LoadedModel, store: PrefixStore, ids: list[int]) -> None:
-    """One request of one new token through ``store``: claim its cached blocks, prefill the rest, store them."""
-    g = Generation(
-        lm,
-        "",
-        feed=Feed(prompt_ids=ids, chat=False, prefill_chunk=0),
-        decode=Decode(max_new_tokens=1),
-        recording=Recording(on=False),
-    )
-    with torch.inference_mode():
-        claim = store.claim(g)
-        for _ in forwards(lm, g, wrapped=False):
-            break
-        store.store(g, claim)
-        store.release(claim)
-    g.finish()
-    g.release()
-
-
 def spill_demo(lm: LoadedModel, prompt_tokens: int = PROMPT_TOKENS) -> SpillDemo:
     """Run :data:`ORDER` through a small store with a disk tier (see the module docstring)."""
     ids = encode_prompt(lm, chapter_text(), False)
@@ -89,7 +66,7 @@ def spill_demo(lm: LoadedModel, prompt_tokens: int = PROMPT_TOKENS) -> SpillDemo
         store = PrefixStore(memory, salt=f"{lm.name}:{lm.dtype}", disk=disk)
         try:
             for name in ORDER:
-                _request(lm, store, prompts[name])
+                first_token_s(lm, store, prompts[name])
                 view = store.blocks()
                 s = view.stats
                 steps.append(

@@ -27,7 +27,7 @@ import torch
 from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
 from kvviz.capture.options import Decode, Feed, Recording
-from kvviz.engine.prefix import PrefixStore
+from kvviz.engine.prefix import SERVER, PrefixStore
 from kvviz.models import LoadedModel
 
 STORE_BYTES = 256 * 2**20  # every try's prompts fit: none is evicted
@@ -59,8 +59,10 @@ class Leak:
         return right / (2 * self.tries)
 
 
-def _first_token_s(lm: LoadedModel, store: PrefixStore, ids: list[int], owner: str) -> float:
-    """One request of one new token through ``store``: seconds from its look-up to its first token."""
+def first_token_s(lm: LoadedModel, store: PrefixStore, ids: list[int], owner: str | None = SERVER) -> float:
+    """One request of one new token through ``store`` as ``owner``: claim its cached blocks, prefill the rest, store
+    them; the seconds from its look-up to its first token (the side channel's signal; the disk demo's way of
+    filling the store)."""
     g = Generation(
         lm,
         "",
@@ -94,12 +96,12 @@ def measure(
     done, total = 0, 2 * tries
     for salted in (False, True):
         store = PrefixStore(STORE_BYTES, salt=f"{lm.name}:{lm.dtype}", session_salt=salted)
-        _first_token_s(lm, store, ids[-n:], "warm-up")  # the first forward's allocations, outside the timing
+        first_token_s(lm, store, ids[-n:], "warm-up")  # the first forward's allocations, outside the timing
         for i in range(tries):
             sent, new = ids[2 * i : 2 * i + n], ids[2 * i + 1 : 2 * i + 1 + n]
-            _first_token_s(lm, store, sent, "first")
-            times.setdefault(Leak.key(salted, True), []).append(_first_token_s(lm, store, sent, "second"))
-            times.setdefault(Leak.key(salted, False), []).append(_first_token_s(lm, store, new, "second"))
+            first_token_s(lm, store, sent, "first")
+            times.setdefault(Leak.key(salted, True), []).append(first_token_s(lm, store, sent, "second"))
+            times.setdefault(Leak.key(salted, False), []).append(first_token_s(lm, store, new, "second"))
             done += 1
             if progress is not None:
                 progress(done / total, f"{'salted' if salted else 'shared'} store: try {i + 1} of {tries}")

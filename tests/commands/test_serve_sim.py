@@ -9,49 +9,20 @@ import pytest
 from kvviz.__main__ import main
 
 
+def serve_sim(mode: str, students: int, new_tokens: int, *extra: str) -> int:
+    """``python -m kvviz serve-sim`` at 4 MiB on a small room of one wave."""
+    args = ["--budget-mib", "4", "--mode", mode, "--students", str(students), "--waves", "1"]
+    return main(["serve-sim", *args, "--new-tokens", str(new_tokens), *extra])
+
+
 @pytest.mark.slow
 def test_json_replay_of_a_small_room(capsys):
-    assert (
-        main(
-            [
-                "serve-sim",
-                "--budget-mib",
-                "4",
-                "--mode",
-                "paged",
-                "--students",
-                "2",
-                "--waves",
-                "1",
-                "--new-tokens",
-                "3",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert serve_sim("paged", 2, 3, "--json") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "paged" and out["budget"] == 4 * 2**20 and out["fits"]
     assert len(out["requests"]) == 3 and out["summary"]["all_same_as_solo"]
     assert max(out["steps"]["tensor_bytes"]) <= 4 * 2**20
-    assert (
-        main(
-            [
-                "serve-sim",
-                "--budget-mib",
-                "4",
-                "--mode",
-                "paged+kivi2",
-                "--students",
-                "1",
-                "--waves",
-                "1",
-                "--new-tokens",
-                "2",
-            ]
-        )
-        == 0
-    )
+    assert serve_sim("paged+kivi2", 1, 2) == 0
     text = capsys.readouterr().out
     assert "paged+kivi2 under 4 MiB of KV: 2 requests" in text and "running at once: at most" in text
 
