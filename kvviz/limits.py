@@ -317,3 +317,5 @@ MAX_KV_BUDGET_BYTES = 64 * 2**30  # a replay's KV budget: far above what the CPU
 MAX_KV_BUDGET_REQUESTS = 256  # requests in one replayed trace (the room: 73)
 MAX_KV_BUDGET_NEW_TOKENS = 256  # tokens each replayed request may generate
 MAX_KV_BUDGET_STEPS = 100_000  # a replay's steps (arrival steps included): more is a scheduling bug, stopped
+LIVE_KV_BUDGET_STUDENTS = 8  # students in a visitor's live replay (one wave): four modes in seconds on a CPU
+LIVE_KV_BUDGET_NEW_TOKENS = 8  # tokens each request of a live replay generates

@@ -69,7 +69,7 @@ def running_figure(replays: Sequence[dict]) -> go.Figure:
     fig.update_layout(
         xaxis_title="step",
         yaxis_title="sequences running",
-        height=340,
+        height=400,
         title=f"KV budget {_mib(runs[0]['budget']):,.1f} MiB",
         legend={"orientation": "h", "yanchor": "top", "y": -0.2},
     )
@@ -82,6 +82,8 @@ def throughput_figure(result: dict, case: str, budget: int | None = None) -> go.
     frame = frame[frame["fits"]]
     if frame.empty:
         return empty_figure("No stored replay")
+    if frame["budget (MiB)"].nunique() == 1:  # one budget (a live replay): a bar per mode, not a curve of one point
+        return _throughput_bars(frame)
     fig = go.Figure()
     for mode, rows in frame.groupby("mode", sort=False):
         fig.add_trace(
@@ -101,9 +103,24 @@ def throughput_figure(result: dict, case: str, budget: int | None = None) -> go.
     fig.update_layout(
         xaxis={"title": "KV budget (MiB)", "type": "log"},
         yaxis_title="tokens / s",
-        height=340,
+        height=400,
         legend={"orientation": "h", "yanchor": "top", "y": -0.2},
     )
+    return fig
+
+
+def _throughput_bars(frame: pd.DataFrame) -> go.Figure:
+    names = [MODE_TITLES[str(m)] for m in frame["mode"]]
+    fig = go.Figure(
+        go.Bar(
+            x=names,
+            y=frame["tokens/s"],
+            marker_color=[COLORS[str(m)] for m in frame["mode"]],
+            text=[f"{v:.1f}" for v in frame["tokens/s"]],
+            hovertemplate="%{x}: %{y:.1f} tokens/s<extra></extra>",
+        )
+    )
+    fig.update_layout(title=f"KV budget {frame['budget (MiB)'].iloc[0]:,.1f} MiB", yaxis_title="tokens / s", height=400)
     return fig
 
 
@@ -121,7 +138,7 @@ def bytes_figure(replays: Sequence[dict]) -> go.Figure:
     fig.update_layout(
         barmode="stack",
         yaxis_title="MiB (mean over steps)",
-        height=340,
+        height=400,
         legend={"orientation": "h", "yanchor": "top", "y": -0.2},
     )
     return fig

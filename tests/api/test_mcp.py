@@ -19,6 +19,7 @@ TOOLS = {
     "evict": "/evict",
     "blocks": "/blocks",
     "break_cache": "/break_cache",
+    "serve_sim": "/serve_sim",
 }
 
 

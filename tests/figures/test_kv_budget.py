@@ -46,3 +46,14 @@ def test_the_note_compares_paged_with_contiguous_to_context(stored):
     tput = fig.throughput_figure(result, "room", big)
     assert len(tput.data) == len(MODES)
     assert set(table(result, "room")["mode"]) == set(MODES)
+
+
+def test_one_budget_draws_a_bar_per_mode_not_a_curve_of_one_point(stored):
+    result, _ = stored
+    big = budgets(result, "room")[-1]
+    one = {"cases": {"live": {**result["cases"]["room"], "replays": replays_at(result, "room", big)}}}
+    tput = fig.throughput_figure(one, "live", big)
+    (bars,) = tput.data
+    assert bars.type == "bar" and list(bars.x) == [fig.MODE_TITLES[m] for m in MODES]
+    rates = {r["mode"]: r["summary"]["tokens_per_s"] for r in replays_at(result, "room", big)}
+    assert list(bars.y) == pytest.approx([rates[m] for m in MODES])

@@ -1,19 +1,32 @@
-"""Blocks tab section: serving under a KV budget — the stored replays, four ways to spend one budget side by side.
+"""Blocks tab section: serving under a KV budget — the stored replays, four ways to spend one budget side by side,
+and a live replay at a budget of the visitor's choice.
 
 Reads ``bench/results/kv_budget.json`` once (:mod:`kvviz.engine.budget_store`); moving the budget slider
-redraws from it (no model work); figures from :mod:`kvviz.figures.kv_budget`. No arithmetic here.
+redraws from it (no model work). **Recompute live** replays a small room (one wave) on the model at the typed
+budget in every mode, through the gate like every model job (``/serve_sim`` is the same as an endpoint); the
+same charts draw it. Figures from :mod:`kvviz.figures.kv_budget`. No arithmetic here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
-from kvviz.engine.budget_store import budgets, load
+from kvviz.engine.budget_ledger import MODES
+from kvviz.engine.budget_store import budgets, load, replays_at, sweep
+from kvviz.engine.budget_trace import room_trace
 from kvviz.figures import kv_budget as fig
+from kvviz.limits import LIVE_KV_BUDGET_NEW_TOKENS, LIVE_KV_BUDGET_STUDENTS, MAX_KV_BUDGET_BYTES, MIN_KV_BUDGET_BYTES
+from kvviz.safety import real_number, whole_number
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.job import Size
+from kvviz.ui.serving.model_job import ModelJob
+from kvviz.ui.serving.sessions import user_errors
 
 CASES = {"room": "the room (73 short chat questions in waves)", "long": "long prompts (2,000 tokens each)"}
+LIVE = "live"  # the case name of a live replay
 INTRO = (
     "### Serving under a KV budget\nThe room's requests replayed on the real model under a fixed amount of KV "
     "memory, decoding every running sequence in one batch per step. **Contiguous** reserves a sequence's whole "
@@ -22,27 +35,133 @@ INTRO = (
     "later; **prefix sharing** holds the chat template's blocks once; **KIVI-2** stores older entries in 2 bits. "
     "Measured by `bench/kv_budget.py` (steps and answers are exact; seconds are the machine's)."
 )
+LIVE_INTRO = (
+    f"**Recompute live**: a smaller room (one wave of up to {LIVE_KV_BUDGET_STUDENTS} students after the example, "
+    f"{LIVE_KV_BUDGET_NEW_TOKENS} new tokens each) replayed now, in every mode, at the budget you type; the charts "
+    "above redraw from it. The slider or the trace choice goes back to the stored replays."
+)
+_PROMPT_TOKENS = 64  # a room request's prompt, about (the chat template and a short question): its cost estimate
+
+
+@dataclass(frozen=True)
+class LiveAsk:
+    """A checked live replay: the budget in bytes, the students of its one wave."""
+
+    budget: int
+    students: int
+
+
+def serve_sim(ctx: AppContext, budget_mib: float = 12.0, students: int = 4) -> LiveAsk:
+    """The lecture room served under a KV budget, in every way of spending it, replayed on the model now.
+
+    Args:
+        budget_mib: the KV budget in MiB (above 0, at most 65,536).
+        students: students in the one wave, each with a question of their own after the shared example (1 to 8).
+
+    Returns:
+        Per mode (contiguous-context, contiguous, paged, paged+prefix, paged+kivi2): sequences running per step,
+        tokens per second, time to first token, preemptions, KV bytes by kind, and whether every answer equals
+        its solo run (agreement for the lossy KIVI-2); the same numbers as ``python -m kvviz serve-sim``.
+    """
+    with user_errors():
+        mib = real_number(budget_mib, "KV budget (MiB)", MIN_KV_BUDGET_BYTES / 2**20, MAX_KV_BUDGET_BYTES / 2**20)
+        n = whole_number(students, "Students", 1, LIVE_KV_BUDGET_STUDENTS)
+    return LiveAsk(int(mib * 2**20), n)
+
+
+def _size(a: LiveAsk) -> Size:
+    # every request once alone (the solo runs answers are compared with), then once per mode
+    return Size(_PROMPT_TOKENS, LIVE_KV_BUDGET_NEW_TOKENS, runs=(a.students + 1) * (len(MODES) + 1))
+
+
+def live_replay(job) -> dict:
+    """Every mode at the asked budget on a room of one wave, as a stored result of one case (``live``)."""
+    a: LiveAsk = job.req
+    requests = room_trace(a.students, waves=1, max_new_tokens=LIVE_KV_BUDGET_NEW_TOKENS)
+    done = [0]
+
+    def step(line: str) -> None:
+        done[0] += 1
+        job.progress(done[0] / len(MODES), line)
+
+    return {"cases": {LIVE: sweep(job.ctx.lm, requests, [a.budget], progress=step)}}
+
+
+def _api_run(job) -> dict:
+    return live_replay(job)["cases"][LIVE]
+
+
+# the ``/serve_sim`` endpoint (and ``api_serve_sim(ctx, …)`` in tests)
+api_serve_sim = ModelJob("KV-budget replay", check=serve_sim, run=_api_run, size=_size)
 
 
 def _index(stored: list[int], budget: int) -> int:
     return min(range(len(stored)), key=lambda i: abs(stored[i] - budget))
 
 
-def views(result: dict, case: str, index) -> tuple:
-    """(budget line, sequences running, tokens/s against budget, bytes by kind, table) at a stored budget."""
-    from kvviz.engine.budget_store import replays_at
-
+def drawn(result: dict, case: str, index) -> dict[str, object]:
+    """Every view at a stored budget (``index`` into the case's budgets, clamped), by view name."""
     stored = budgets(result, case)
-    i = min(max(0, int(index or 0)), len(stored) - 1)
-    budget = stored[i]
+    budget = stored[min(max(0, int(index or 0)), len(stored) - 1)]
     runs = replays_at(result, case, budget)
-    return (
-        fig.note(result, case, budget),
-        fig.running_figure(runs),
-        fig.throughput_figure(result, case, budget),
-        fig.bytes_figure(runs),
-        fig.modes_table(runs),
-    )
+    return {
+        "note": fig.note(result, case, budget),
+        "running": fig.running_figure(runs),
+        "throughput": fig.throughput_figure(result, case, budget),
+        "bytes": fig.bytes_figure(runs),
+        "table": fig.modes_table(runs),
+    }
+
+
+@dataclass(frozen=True)
+class Views:
+    """The section's drawn outputs, by name (the keys of :func:`drawn`)."""
+
+    note: gr.Markdown
+    running: gr.Plot
+    throughput: gr.Plot
+    bytes: gr.Plot
+    table: gr.Dataframe
+
+    def outputs(self) -> list:
+        return [self.note, self.running, self.throughput, self.bytes, self.table]
+
+    def of(self, values: dict[str, object]) -> dict:
+        """:func:`drawn`'s values by component."""
+        return {getattr(self, name): value for name, value in values.items()}
+
+
+def _layout(result: dict, cases: list[str], start: int) -> tuple[gr.Radio, gr.Slider, Views]:
+    first = budgets(result, cases[0])
+    with gr.Row():
+        case = gr.Radio([(CASES[c], c) for c in cases], value=cases[0], label="Trace", elem_id="kvbudget-case")
+        slider = gr.Slider(
+            0,
+            max(1, len(first) - 1),
+            value=start,
+            step=1,
+            label="KV budget (one stop per stored replay, smallest first)",
+            elem_id="kvbudget-budget",
+        )
+    shown = drawn(result, cases[0], start)
+    note = gr.Markdown(shown["note"], elem_id="kvbudget-note")
+    with gr.Row():  # two charts a row: each legend and axis stays readable on a projector
+        running = captioned_plot("Sequences running", "kvbudget-running", fig.CAPTIONS["running"], shown["running"])
+        tput = captioned_plot(
+            "Tokens/s against the budget", "kvbudget-throughput", fig.CAPTIONS["throughput"], shown["throughput"]
+        )
+    byte_split = captioned_plot("Where the bytes went", "kvbudget-bytes", fig.CAPTIONS["bytes"], shown["bytes"])
+    table = gr.Dataframe(shown["table"], label="Per mode", interactive=False, elem_id="kvbudget-table", wrap=True)
+    gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
+    return case, slider, Views(note, running, tput, byte_split, table)
+
+
+def _live_drawn(job) -> dict[str, object]:
+    """A live replay drawn like a stored one, its note saying what it is."""
+    a: LiveAsk = job.req
+    shown = drawn(live_replay(job), LIVE, 0)
+    room = f"{a.students} student{'s' if a.students > 1 else ''} after the example, {LIVE_KV_BUDGET_NEW_TOKENS} tokens"
+    return {**shown, "note": f"*Replayed live now ({room} each; the charts show this one budget):* {shown['note']}"}
 
 
 def build(ctx: AppContext) -> None:
@@ -54,39 +173,30 @@ def build(ctx: AppContext) -> None:
         gr.Markdown(f"No stored replays to show ({exc}); `bench/kv_budget.py` writes them.")
         return
     cases = [c for c in CASES if c in result["cases"]]
-    first = budgets(result, cases[0])
-    start = _index(first, 720 * 2**20)
-    with gr.Row():
-        case = gr.Radio([(CASES[c], c) for c in cases], value=cases[0], label="Trace", elem_id="kvbudget-case")
-        slider = gr.Slider(
-            0,
-            max(1, len(first) - 1),
-            value=start,
-            step=1,
-            label="KV budget (one stop per stored replay, smallest first)",
-            elem_id="kvbudget-budget",
-        )
-    line, running, throughput, byte_split, rows = views(result, cases[0], start)
-    note = gr.Markdown(line, elem_id="kvbudget-note")
-    with gr.Row():
-        p_running = captioned_plot("Sequences running", "kvbudget-running", fig.CAPTIONS["running"], running)
-        p_tput = captioned_plot(
-            "Tokens/s against the budget", "kvbudget-throughput", fig.CAPTIONS["throughput"], throughput
-        )
-        p_bytes = captioned_plot("Where the bytes went", "kvbudget-bytes", fig.CAPTIONS["bytes"], byte_split)
-    table = gr.Dataframe(rows, label="Per mode", interactive=False, elem_id="kvbudget-table", wrap=True)
-    gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
+    start = _index(budgets(result, cases[0]), 720 * 2**20)
+    case, slider, v = _layout(result, cases, start)
     gr.Markdown(f"The chapter: {fig.CHAPTER}", elem_id="kvbudget-chapter")
-    outputs = [note, p_running, p_tput, p_bytes, table]
-    ctx.components["blocks.kv_budget"] = slider  # a link or show-me may set the budget
+    gr.Markdown(LIVE_INTRO)
+    with gr.Row():
+        mib = gr.Number(12, label="KV budget (MiB)", elem_id="kvbudget-live-mib")
+        students = gr.Slider(1, LIVE_KV_BUDGET_STUDENTS, value=4, step=1, label="Students", elem_id="kvbudget-live-n")
+        live = gr.Button("Recompute live", variant="primary", elem_id="kvbudget-live")
+    ctx.components.update({"blocks.kv_budget": slider, "blocks.kv_budget_live": live})
 
-    def redraw(c, i):
-        return views(result, c, i)
-
-    def new_case(c):
+    def new_case(c) -> dict:
         stored = budgets(result, c)
         i = _index(stored, 720 * 2**20)
-        return (gr.Slider(minimum=0, maximum=max(1, len(stored) - 1), value=i), *views(result, c, i))
+        return {slider: gr.Slider(minimum=0, maximum=max(1, len(stored) - 1), value=i), **v.of(drawn(result, c, i))}
 
-    slider.change(redraw, [case, slider], outputs, show_progress="hidden", api_name=False)
-    case.change(new_case, [case], [slider, *outputs], show_progress="hidden", api_name=False)
+    def moved(c, i) -> dict:
+        return v.of(drawn(result, c, i))
+
+    slider.change(moved, [case, slider], v.outputs(), show_progress="hidden", api_name=False)
+    case.change(new_case, [case], [slider, *v.outputs()], show_progress="hidden", api_name=False)
+
+    def run_live(job) -> dict:
+        return v.of(_live_drawn(job))
+
+    job = ModelJob("KV-budget replay", check=serve_sim, run=run_live, size=_size, progress=True)
+    job.button(ctx, live, [mib, students], v.outputs())
+    api_serve_sim.api(ctx, api_name="serve_sim")

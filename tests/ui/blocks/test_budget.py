@@ -7,7 +7,7 @@ import gradio as gr
 import pytest
 
 from kvviz.capture.model_io import model_info
-from kvviz.engine.budget_ledger import Ledger
+from kvviz.engine.budget_ledger import LOSSY, MODES, Ledger
 from kvviz.engine.budget_store import sweep
 from kvviz.engine.budget_trace import Request
 from kvviz.settings import Settings
@@ -38,11 +38,51 @@ def test_the_slider_redraws_every_mode_from_the_stored_replays(monkeypatch, stor
     slider = ctx.components["blocks.kv_budget"]
     assert slider.maximum == 1
     (change,) = [f for f in demo.fns.values() if (slider._id, "change") in f.targets]
-    small, large = change.fn("room", 0), change.fn("room", 1)
-    assert small[0] != large[0] and "MiB of KV" in small[0]
-    assert [t.name for t in small[1].data] == ["contiguous (prompt + new tokens)", "paged"]
-    assert list(large[4]["mode"]) == ["contiguous (prompt + new tokens)", "paged"]
-    assert change.fn("room", 99)[0] == large[0]  # a typed index past the end shows the largest budget
+    named = {c.elem_id: c for c in change.outputs}
+
+    def shown(i) -> dict:
+        return {named_id: out[c] for named_id, c in named.items() for out in [change.fn("room", i)]}
+
+    small, large = shown(0), shown(1)
+    assert small["kvbudget-note"] != large["kvbudget-note"] and "MiB of KV" in small["kvbudget-note"]
+    assert [t.name for t in small["kvbudget-running"].data] == ["contiguous (prompt + new tokens)", "paged"]
+    assert list(large["kvbudget-table"]["mode"]) == ["contiguous (prompt + new tokens)", "paged"]
+    assert shown(99)["kvbudget-note"] == large["kvbudget-note"]  # a typed index past the end: the largest budget
+
+
+@pytest.mark.parametrize(
+    ("mib", "students", "match"),
+    [
+        ("twelve", 4, "KV budget"),
+        (0, 4, "KV budget"),
+        (-3, 4, "KV budget"),
+        (1e300, 4, "KV budget"),
+        ([12], 4, "KV budget"),
+        (12, 99, "Students"),
+        (12, "4; drop", "Students"),
+    ],
+)
+def test_a_live_replay_refuses_bad_input_by_name(mib, students, match):
+    ctx = AppContext(lm=None, settings=Settings())
+    with pytest.raises(ValueError, match=match):
+        budget.serve_sim(ctx, mib, students)
+
+
+@pytest.mark.slow
+def test_a_live_replay_runs_every_mode_at_the_typed_budget(lm):
+    ctx = AppContext(lm=lm, settings=Settings())
+    case = budget.api_serve_sim(ctx, 6, 1)
+    by_mode = {r["mode"]: r for r in case["replays"]}
+    assert list(by_mode) == list(MODES) and len(case["requests"]) == 2  # the example and one student
+    # a reservation to the model's context (8,192 tokens of fp32 K/V, 360 MiB) holds no sequence in 6 MiB: said why
+    assert not by_mode.pop("contiguous-context")["fits"]
+    for mode, r in by_mode.items():
+        assert r["budget"] == 6 * 2**20 and r["fits"], mode
+        assert max(r["steps"]["tensor_bytes"]) <= 6 * 2**20, mode
+        if mode not in LOSSY:
+            assert r["summary"]["all_same_as_solo"], mode
+    drawn = budget.drawn({"cases": {budget.LIVE: case}}, budget.LIVE, 0)
+    assert drawn["note"].startswith("At 6.0 MiB of KV:") and len(drawn["table"]) == len(MODES)
 
 
 def test_without_stored_replays_the_section_says_how_to_make_them(monkeypatch):

@@ -48,6 +48,8 @@ RUN_STEPS = {
     ("run", "cache debugger"),
     ("break_cache", "cache debugger"),
     ("run", "disk-tier demo"),
+    ("run_live", "KV-budget replay"),
+    ("serve_sim", "KV-budget replay"),
 }
 # buttons whose click is a quick check step, then the run
 CHECKED = {
@@ -60,6 +62,7 @@ CHECKED = {
     "side-channel timing",
     "eviction × paging",
     "disk-tier demo",
+    "KV-budget replay",
 }
 
 
@@ -84,7 +87,9 @@ def test_every_model_step_is_declared_through_the_wrapper(demo):
     for f, job in jobs:
         if job is not None:
             assert f.api_visibility == (
-                "public" if f.api_name in ("generate", "chat", "evict", "blocks", "break_cache") else "private"
+                "public"
+                if f.api_name in ("generate", "chat", "evict", "blocks", "break_cache", "serve_sim")
+                else "private"
             )
             assert f.concurrency_limit is None  # the gates are the model's queues
 
