@@ -1,4 +1,5 @@
-"""Playwright in a system Chromium: ``browser_context``, ``page``, ``screenshot``.
+"""Playwright in a system Chromium: ``browser_context``, ``page``, ``screenshot``; ``examples_server``: a server
+that computed every show-me example at start-up into a results folder (shared by the tests of stored examples).
 
 The browser comes from ``$KVVIZ_CHROMIUM`` (``make test`` sets it from ``tools/browser.sh``, which finds
 or installs one) or ``/usr/bin/chromium``. If it is missing the tests fail with a message saying how to
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,34 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.browser)
+
+
+@dataclass
+class ExamplesServer:
+    """A running server whose start-up computed every show-me example, and the results folder it stored them in."""
+
+    url: str
+    results: Path
+
+
+@pytest.fixture(scope="session")
+def examples_server(browser_context, tmp_path_factory):
+    """A server started with ``KVVIZ_PRECOMPUTE=1`` on a results folder of its own, returned once its Learn tab says
+    every example is ready. Computing the examples takes minutes on two cores, so it happens once: the show-me walk
+    clicks through this server, and the servers of the stored-example tests (a restart, the first minute) start on
+    its folder as a later start of the same code would."""
+    from tests.browser.showme import READY_TIMEOUT_MS
+    from tests.server import start_app, stop_app
+
+    base = tmp_path_factory.mktemp("examples")
+    results = base / "results"
+    running = start_app(base / "server", {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": str(results)}, timeout_s=600)
+    try:
+        tab = browser_context.new_page()
+        tab.goto(running.url + "?tab=learn", wait_until="load")
+        tab.locator("#learn-ready").get_by_text("all", exact=False).wait_for(timeout=READY_TIMEOUT_MS)
+        tab.close()
+        assert list(results.rglob("*.json")), "the server stored no results"
+        yield ExamplesServer(running.url, results)
+    finally:
+        stop_app(running.proc)

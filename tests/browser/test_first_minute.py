@@ -1,7 +1,7 @@
 """A visitor's first minute: every tab opens drawn, from the server's stored examples.
 
-A first server computes the show-me examples into a private results folder and stops (as in
-tests/browser/test_showme_restart.py); a second starts on that folder. A fresh page at 1920×1080 clicks each tab of
+A first server computes the show-me examples into a private results folder (the session's ``examples_server``);
+a second starts on that folder. A fresh page at 1920×1080 clicks each tab of
 :data:`TABS` once, without pressing anything else: the tab's first chart must be drawn within
 :data:`FIRST_CHART_S` of the click, its line must name the example, and no empty chart frame may be on screen
 anywhere. Then a second fresh page does the same on the now warm server. The seconds per tab go to
@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.browser.test_learn_journey import open_tab
-from tests.browser.test_showme_restart import START_S, fill
+from tests.browser.test_showme_restart import START_S
 from tests.server import start_app, stop_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -64,13 +65,18 @@ EMPTY_FRAMES = (
 
 
 @pytest.fixture(scope="module")
-def stored_server(browser_context, tmp_path_factory):
-    """A server started on the examples an earlier server stored (or, NO_STORE, computing its own)."""
+def stored_server(browser_context, tmp_path_factory, request):
+    """A server started on the examples an earlier server stored (or, NO_STORE, computing its own): the bench's
+    folder when it passes one it filled before, else the session's examples server's."""
     base = tmp_path_factory.mktemp("first-minute")
-    results = Path(STORED) if STORED else base / "results"
-    if not NO_STORE and not (STORED and any(results.rglob("*.json"))):
-        fill(base, results, browser_context)
-        assert list(results.rglob("*.json")), "the first server stored no results"
+    if NO_STORE:
+        results = base / "unused"
+    elif STORED and any(Path(STORED).rglob("*.json")):
+        results = Path(STORED)
+    else:
+        results = request.getfixturevalue("examples_server").results
+        if STORED:  # kept for the bench's next run
+            shutil.copytree(results, STORED, dirs_exist_ok=True)
     env = {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": "0" if NO_STORE else str(results)}
     second = start_app(base / "second", env, timeout_s=START_S)
     try:

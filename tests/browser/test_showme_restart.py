@@ -1,8 +1,7 @@
 """A restarted server answers every show-me from the results its earlier start stored on disk.
 
-The first server computes the show-me examples at start-up into a private results folder
-(KVVIZ_RESULTS_DIR) and is stopped once the Learn tab says all are ready; a second one starts on the
-same folder. As soon as it answers HTTP 200 a page opens at 1920×1080 in presentation mode: the Learn
+The session's first server (``examples_server``) computes the show-me examples at start-up into a private results
+folder (KVVIZ_RESULTS_DIR) until the Learn tab says all are ready; a second one starts on the same folder. As soon as it answers HTTP 200 a page opens at 1920×1080 in presentation mode: the Learn
 tab must be open first; then every show-me is clicked in lecture order (the room clicks as soon as the
 page is up), each with its "Look for" line in sight, and its view must show the show-me's own numbers,
 read from disk, without ever saying "not ready". The seconds from the first HTTP 200 to the first click
@@ -22,7 +21,7 @@ import re
 import time
 from pathlib import Path
 
-from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, look_for_numbers, numbers_on_screen, show_mes
+from tests.browser.showme import click_and_time, look_for_numbers, numbers_on_screen, show_mes
 from tests.browser.test_learn_journey import open_learn, selected_tabs
 from tests.server import start_app, stop_app
 
@@ -72,18 +71,6 @@ IN_VIEWPORT = (
 )
 
 
-def fill(base: Path, results: Path, browser_context) -> None:
-    """A first server that computes every example, then stops: its results stay in ``results``."""
-    first = start_app(base / "first", {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": str(results)}, timeout_s=START_S)
-    try:
-        page = browser_context.new_page()
-        page.goto(first.url + "?tab=learn", wait_until="load")
-        page.locator("#learn-ready").get_by_text("all", exact=False).wait_for(timeout=READY_TIMEOUT_MS)
-        page.close()
-    finally:
-        stop_app(first.proc)
-
-
 def look_for_in_sight(page, button_id: str) -> None:
     """The show-me's button and its "Look for" line (just below it) brought on screen together, as a lecturer
     scrolls before clicking: both lie within the viewport, so the room reads what to look for."""
@@ -103,13 +90,11 @@ def shows(page, label: str) -> None:
     assert re.search(pattern, text), (label, sel, pattern, text[:400])
 
 
-def test_a_restarted_server_answers_every_show_me_from_its_store(browser_context, tmp_path):
+def test_a_restarted_server_answers_every_show_me_from_its_store(browser_context, tmp_path, request):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    results = tmp_path / "results"
-    if not NO_STORE:
-        fill(tmp_path, results, browser_context)
-        assert list(results.rglob("*.json")), "the first server stored no results"
-    env = {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": "0" if NO_STORE else str(results)}
+    # the folder a first start of this code filled (the session's examples server), unless the bench's "before"
+    results = None if NO_STORE else request.getfixturevalue("examples_server").results
+    env = {"KVVIZ_PRECOMPUTE": "1", "KVVIZ_RESULTS_DIR": "0" if results is None else str(results)}
     second = start_app(tmp_path / "second", env, timeout_s=START_S)
     answered = time.perf_counter()
     page = browser_context.new_page()

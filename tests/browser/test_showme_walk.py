@@ -1,6 +1,6 @@
 """Every show-me lands its view once the start-up examples are ready: the tab, the result, the outline, in sight.
 
-A server of its own computes the examples at start-up (KVVIZ_PRECOMPUTE=1); the test waits for the
+The session's ``examples_server`` computed the examples at start-up (KVVIZ_PRECOMPUTE=1); the test checks the
 Learn tab's readiness line, then, at 1920×1080 in presentation mode, clicks each show-me in lecture
 order and waits until the view shows its result, outlined and in the viewport. The time of each
 click is written with a screenshot per show-me under tests/browser/artifacts/; whether they meet the
@@ -12,24 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, look_for_numbers, numbers_on_screen, show_mes
 from tests.browser.test_learn_journey import open_learn, selected_tabs
-from tests.server import start_app, stop_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
 
-@pytest.fixture(scope="module")
-def ready_server(tmp_path_factory):
-    """A server that computes the show-me examples in the background as it starts."""
-    running = start_app(tmp_path_factory.mktemp("showme-server"), {"KVVIZ_PRECOMPUTE": "1"})
-    yield running
-    stop_app(running.proc)
-
-
-def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, ready_server):
+def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, examples_server):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page = browser_context.new_page()
     errors: list[str] = []
@@ -37,7 +26,7 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, read
     try:
         page.set_viewport_size({"width": 1920, "height": 1080})
         page.set_default_timeout(60_000)
-        page.goto(ready_server.url + "?present=1", wait_until="load")
+        page.goto(examples_server.url + "?present=1", wait_until="load")
         page.locator("#learn-tabs").wait_for()  # presentation mode opens on the Learn tab
         assert [t.strip() for t in selected_tabs(page)][0] == "Learn"
         page.locator("#learn-ready").get_by_text("all", exact=False).wait_for(timeout=READY_TIMEOUT_MS)
