@@ -102,7 +102,8 @@ def show_me_button(
     btn = gr.Button(
         f"▶ Show me: {sm.label}", elem_id=elem_id, variant="primary" if available else "secondary", size="lg"
     )
-    look = ctx.look_fors.get(sm.press or "") if available else None
+    # the line its view registered, by the button it presses (or, for a view drawn as it opens, by its anchor)
+    look = ctx.look_fors.get(sm.press or sm.anchor or "") if available else None
     suffix = ""
     if not available:
         suffix = f" *(The {_prefix(sm.tab).capitalize()} view is not in this build yet.)*"

@@ -182,6 +182,8 @@ def build(ctx: AppContext) -> None:
         students = gr.Slider(1, LIVE_KV_BUDGET_STUDENTS, value=4, step=1, label="Students", elem_id="kvbudget-live-n")
         live = gr.Button("Recompute live", variant="primary", elem_id="kvbudget-live")
     ctx.components.update({"blocks.kv_budget": slider, "blocks.kv_budget_live": live})
+    opening = budgets(result, cases[0])[start]
+    ctx.look_fors["kvbudget-note"] = lambda _values: fig.note(result, cases[0], opening)  # Learn's objective 4
 
     def new_case(c) -> dict:
         stored = budgets(result, c)
