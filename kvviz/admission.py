@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 REAP_AFTER = 2.0  # × a ticket's budget: past it the gate frees the slot itself (the job should long have stopped)
 WAIT_POLL_S = 1.0  # a waiting job looks for slots to free this often
 
-NO_SESSION = "anonymous"  # the one key of a caller without a session (a notebook, a script): never a visitor's
+NO_SESSION = "in-process"  # the one key of a caller without a request (a notebook, a test, the server's own work)
 
 
 class Refused(ValueError):

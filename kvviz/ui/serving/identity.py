@@ -29,7 +29,9 @@ import secrets
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-IN_PROCESS = "in-process"
+from kvviz.admission import NO_SESSION
+
+IN_PROCESS = NO_SESSION  # a call with no request: the library's own key for it
 ANONYMOUS = "anon:"  # the prefix of a no-session request's key: nobody else can ever name it
 CALLER_HEADER = "x-kvviz-mcp-caller"  # the signed note McpCallers adds to an MCP request
 MCP_PATH = "/gradio_api/mcp"
