@@ -19,7 +19,11 @@ READY = {
     "tab_breakcache": ("#breakcache-verdict", r"divergence|Divergence|diverge"),
 }
 # a show-me whose view has its own result line (beside its tab's): what it shows once loaded
-READY_BY_ANCHOR = {"arch-summary": ("#arch-summary", r"Cache measured from its tensors")}
+READY_BY_ANCHOR = {
+    "arch-summary": ("#arch-summary", r"Cache measured from its tensors"),
+    "evict-table": ("#evict-verdict", r"Full cache answered"),  # a comparison's verdict (the needle demo's differs)
+    "disk-demo-chart": ("#disk-demo-summary", r"came back from disk"),
+}
 
 
 def ready_for(sm) -> tuple[str, str] | None:

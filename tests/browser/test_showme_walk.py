@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND
+from kvviz.lessons.showme import DISK_TIER, KVZIP_SNAPKV, LIVE_GQA
 from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, look_for_numbers, numbers_on_screen, show_mes
 from tests.browser.test_learn_journey import open_learn, selected_tabs
 from tests.server import start_app, stop_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
+NEWEST = (CAUSAL_DECODE, FORGET_APPEND, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +68,8 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, read
             print(f"  {seconds:5.2f}  {label}")
         assert len(times) >= 8
         assert {"Qwen3-Next's linear-attention state, live", "Gemma-4's cross-layer KV sharing, live"} <= set(times)
+        # the newest views, each reached from Learn with its "Look for" numbers found on screen
+        assert {sm.label for sm in NEWEST} <= set(times), sorted(times)
         assert page.locator(".toast-body.error").count() == 0, page.locator(".toast-body.error").all_inner_texts()
         assert not errors, errors
     finally:
