@@ -51,8 +51,8 @@ def comparison_table(cmp: Comparison) -> pd.DataFrame:
 
 
 def look_for(cmp: Comparison) -> str:
-    """The Learn tab's "Look for" line for a comparison: each policy's answer beside the full cache's and how many
-    of its steps agree, the numbers of the table (``comparison_table``) in the same units."""
+    """The Learn tab's "Look for" line for a comparison: each policy's entries, cache bytes and answer beside the full
+    cache's, and how many of its steps agree: the numbers of the table (``comparison_table``) in the same units."""
     full = cmp.full
     scope = (
         "only the context compressed (the question fed after it, so it cannot vote)"
@@ -61,8 +61,8 @@ def look_for(cmp: Comparison) -> str:
     )
     rows = [r.row() for r in cmp.results if r.policy.name != "full"]
     each = "; ".join(
-        f"{d['title']} keeps {d['n_kept']} entries per KV head and answers “{d['answer'].strip()}” "
-        f"({100 * d['top1_agreement']:.0f} % of its steps pick the full cache's token)"
+        f"{d['title']} keeps {d['n_kept']} entries per KV head ({format_bytes(d['cache_bytes'])} of cache) and answers "
+        f"“{d['answer'].strip()}” ({100 * d['top1_agreement']:.0f} % of its steps pick the full cache's token)"
         for d in rows
     )
     return (
