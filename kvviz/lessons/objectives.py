@@ -13,6 +13,7 @@ from kvviz.eviction.demos import NEEDLE_POLICIES
 from kvviz.examples import CHAT_QUESTION, needle_prompt
 from kvviz.lessons.nocache import DRAMATIC
 from kvviz.lessons.showme import (
+    CHAT_REUSE,
     DISK_TIER,
     KVZIP_SNAPKV,
     LIVE_GQA,
@@ -219,8 +220,9 @@ OBJECTIVES = (
         "What the weights leave of GPU memory is the KV budget; divide by one sequence's cache to get the "
         "batch. Every decode step also reads every sequence's whole cache, so at long context that read, "
         "not the weights, sets the time per token. A cache that costly is worth keeping: engines reuse a "
-        "prompt's computed blocks, and a tier on disk holds what memory cannot.",
-        (CAPACITY, DECODE, DISK_TIER),
+        "prompt's computed blocks — a chat's next turn starts from the last one's cache — and a tier on disk "
+        "holds what memory cannot.",
+        (CAPACITY, DECODE, CHAT_REUSE, DISK_TIER),
     ),
     Objective(
         5,

@@ -93,3 +93,14 @@ DISK_TIER = ShowMe(
     "A store whose memory holds one prompt: the next prompts push its blocks to disk, and the same prompt "
     f"again reads them back from disk instead of computing them. {LIVE_NOTE}",
 )
+
+# the Generate tab's multi-turn chat, two turns already sent: the second starts from the first one's cache
+CHAT_REUSE = ShowMe(
+    "Chat: the next turn starts from this one's cache",
+    "tab_generate",
+    {},
+    "generate.chat_demo",
+    "chat-turns",
+    "The second turn's prompt repeats the whole first turn, so the prefix store hands back the first turn's blocks — "
+    f"its prompt and its answer — and only the new question is computed. {LIVE_NOTE}",
+)

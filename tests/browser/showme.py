@@ -9,7 +9,16 @@ import re
 import time
 
 from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND, OBJECTIVES, PITFALLS
-from kvviz.lessons.showme import DISK_TIER, KVZIP_SNAPKV, LIVE_GQA, LIVE_MLA, LIVE_NOTE, LIVE_SHARING, LIVE_STATE
+from kvviz.lessons.showme import (
+    CHAT_REUSE,
+    DISK_TIER,
+    KVZIP_SNAPKV,
+    LIVE_GQA,
+    LIVE_MLA,
+    LIVE_NOTE,
+    LIVE_SHARING,
+    LIVE_STATE,
+)
 from tests.browser.test_learn_journey import TAB_TITLES, ready_for, text_of
 
 READY_TIMEOUT_MS = 1_800_000  # the examples on a busy 2-core machine (a few minutes when it is quiet)
@@ -89,6 +98,7 @@ LOOK_FOR_SHOWN = {
     **{sm.label: ("#breakcache-verdict",) for sm in (CAUSAL_DECODE, FORGET_APPEND)},
     KVZIP_SNAPKV.label: ("#evict-verdict", "#evict-table"),  # the full cache's answer, each policy's row
     DISK_TIER.label: ("#disk-demo-summary",),
+    CHAT_REUSE.label: ("#chat-diff",),
 }
 NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
 

@@ -23,6 +23,7 @@ READY_BY_ANCHOR = {
     "arch-summary": ("#arch-summary", r"Cache measured from its tensors"),
     "evict-table": ("#evict-verdict", r"Full cache answered"),  # a comparison's verdict (the needle demo's differs)
     "disk-demo-chart": ("#disk-demo-summary", r"came back from disk"),
+    "chat-turns": ("#chat-diff", r"Turn 2:"),  # the stored two-turn chat (the Generate tab's status does not change)
 }
 
 
@@ -184,7 +185,11 @@ def test_learn_journey_in_presentation_mode(page, screenshot):
     for obj in OBJECTIVES:
         for j, sm in enumerate(obj.show_me, 1):
             open_learn(page, f"{obj.number} {obj.title}")
-            show_me(page, f"showme-{obj.number}-{j}", sm)
+            try:
+                show_me(page, f"showme-{obj.number}-{j}", sm)
+            except Exception as exc:  # which show-me, and the page as it stood
+                screenshot(page, f"learn_journey_showme_{obj.number}_{j}_failed")
+                raise AssertionError(f"show-me {sm.label!r} did not load (tabs {selected_tabs(page)}): {exc}") from exc
             assert_clean(page, errors)
     open_learn(page, "5 Shrinking it")
     page.locator("#learn-next-5").click()

@@ -58,6 +58,7 @@ SHOWS = {
     "Decode with a causal mask": ("#breakcache-verdict", rf"First divergence: step 2, layer 0[\s\S]*{FROM_DISK}"),
     "Forget to append": ("#breakcache-verdict", rf"First divergence: step 2, layer 0[\s\S]*{FROM_DISK}"),
     "KVzip vs SnapKV, only the context compressed": ("#evict-verdict", rf"Full cache answered[\s\S]*{FROM_DISK}"),
+    "Chat: the next turn starts from this one's cache": ("#chat-diff", rf"Turn 2: [\d,]+ of [\d,]+[\s\S]*{FROM_DISK}"),
     "The disk tier: blocks spill and come back": ("#disk-demo-summary", rf"came back from disk[\s\S]*{FROM_DISK}"),
 }
 # any text a view shows while its result is still being computed (kvviz/ui/serving/precompute.py)

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND
-from kvviz.lessons.showme import DISK_TIER, KVZIP_SNAPKV, LIVE_GQA
+from kvviz.lessons.showme import CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA
 from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, look_for_numbers, numbers_on_screen, show_mes
 from tests.browser.test_learn_journey import open_learn, selected_tabs
 from tests.server import start_app, stop_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-NEWEST = (CAUSAL_DECODE, FORGET_APPEND, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA)
+NEWEST = (CAUSAL_DECODE, FORGET_APPEND, CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA)
 
 
 @pytest.fixture(scope="module")

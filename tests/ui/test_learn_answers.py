@@ -8,7 +8,7 @@ import pandas as pd
 
 from kvviz.examples import NEEDLE_ANSWER
 from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND, LLAMA70, OBJECTIVES, PITFALLS, SIDE_CHANNEL
-from kvviz.lessons.showme import DISK_TIER, KVZIP_SNAPKV, LIVE_GQA, LIVE_NOTE
+from kvviz.lessons.showme import CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA, LIVE_NOTE
 from kvviz.settings import Settings
 from kvviz.ui.app import TABS, build_app
 from kvviz.ui.learn import by_name
@@ -96,17 +96,17 @@ def _text(out: dict) -> str:
 
 
 NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"  # as the browser walks read numbers (tests/browser/showme.py)
-NEWEST = [CAUSAL_DECODE, FORGET_APPEND, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA]
+NEWEST = [CAUSAL_DECODE, FORGET_APPEND, CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA]
 
 
 def test_the_newest_views_are_reached_from_learn_with_their_own_numbers(lm):
-    """Objective 2's broken caches, objective 4's disk tier, objective 5's KVzip vs SnapKV and live GQA: each is
-    planned at start-up and, once stored, answers in its click event, its "Look for" line read from that result
-    with every one of its numbers shown in the view it opens (until then the line says so)."""
+    """Objective 2's broken caches, objective 4's chat reuse and disk tier, objective 5's KVzip vs SnapKV and live GQA:
+    each is planned at start-up and, once stored, answers in its click event, its "Look for" line read from that
+    result with every one of its numbers shown in the view it opens (until then the line says so)."""
     ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=64, max_prompt_tokens=1024, concurrency=1))
     build_app(ctx)
     where = {sm.label: o.number for o in OBJECTIVES for sm in o.show_me}
-    assert [where.get(sm.label) for sm in NEWEST] == [2, 2, 4, 5, 5]
+    assert [where.get(sm.label) for sm in NEWEST] == [2, 2, 4, 4, 5, 5]
     lines = {}
     for sm in NEWEST:
         key = ctx.planners[sm.press](sm.values)
@@ -129,4 +129,6 @@ def test_the_newest_views_are_reached_from_learn_with_their_own_numbers(lm):
     snapkv = kvzip.split("SnapKV", 1)[1].split(";", 1)[0]
     assert NEEDLE_ANSWER not in snapkv, kvzip  # SnapKV, with no question to vote, loses the fact
     assert "back from disk" in lines[DISK_TIER.label]
+    reuse = re.search(r"the last turn read (\d+) of its (\d+) prompt tokens", lines[CHAT_REUSE.label])
+    assert reuse and 0 < int(reuse[1]) < int(reuse[2]), lines[CHAT_REUSE.label]  # most of turn 2 came from turn 1
     assert "per KV head, not per query head" in lines[LIVE_GQA.label] and "512 B per token" in lines[LIVE_GQA.label]
