@@ -19,7 +19,7 @@ from kvviz.lessons.showme import (
     LIVE_SHARING,
     LIVE_STATE,
 )
-from tests.browser.test_learn_journey import TAB_TITLES, ready_for, text_of
+from tests.browser.test_learn_journey import SHOWS, TAB_TITLES, ready_for, text_of
 
 READY_TIMEOUT_MS = 1_800_000  # the examples on a busy 2-core machine (a few minutes when it is quiet)
 IDLE = (
@@ -81,8 +81,7 @@ def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
     )
     if ready:
         page.wait_for_function(
-            "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
-            " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
+            SHOWS,
             arg=[ready[0], ready[1], old, change],
             timeout=timeout_ms,
             polling=50,

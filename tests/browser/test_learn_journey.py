@@ -52,9 +52,19 @@ def tab_exists(page, tab: str) -> bool:
     return page.get_by_role("tab", name=TAB_TITLES[tab], exact=True).count() > 0
 
 
+# a view's own text: its markdown, without the progress tracker Gradio draws in the same block ("0.8s",
+# "queue: 1/1 | 0.1/2.8s"), whose timer changes the block's text while a new run has not yet changed the view's
+OWN_TEXT = "(e => (e.querySelector('.prose') || e).innerText.trim())"
+# the view named by ``sel`` shows a text matching ``pat``, and (``change``) one other than ``old``
+SHOWS = (
+    "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
+    f" const t = {OWN_TEXT}(e); return new RegExp(pat).test(t) && (!change || t !== old); }}"
+)
+
+
 def text_of(page, selector: str) -> str | None:
     loc = page.locator(selector)
-    return loc.inner_text() if loc.count() else None
+    return loc.evaluate(f"e => {OWN_TEXT}(e)") if loc.count() else None
 
 
 # where a tab's button is, once its bar is drawn: "open" (its panel is on screen), "bar" (a button in the bar),
@@ -119,8 +129,7 @@ def show_me(page, button_id: str, sm, must_change: bool = True) -> None:
     if ready:
         sel, pattern = ready
         page.wait_for_function(
-            "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
-            " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
+            SHOWS,
             arg=[sel, pattern, old, must_change and sm.tab != "tab_attention"],
             timeout=LONG,
         )
