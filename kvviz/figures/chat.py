@@ -87,8 +87,9 @@ def look_for(reports: Sequence[TurnReport]) -> str:
     """The Learn tab's "Look for" line for a conversation: what the latest turn read from the previous turn's cache,
     with the numbers its verdict (:func:`divergence_text`) gives."""
     r, first = reports[-1], reports[0]
-    start = "the first bar is all computed, with nothing to start from; " if first.reused == 0 else ""
+    start = "the first bar is all orange, computed with nothing to start from; " if first.reused == 0 else ""
     return (
         f"The bars: {start}the last turn read {r.reused:,} of its {r.prompt_tokens:,} prompt tokens from the previous "
-        f"turn's cache — its prompt and its answer, kept in the prefix store — and computed only {r.computed:,}."
+        f"turn's cache (blue) — its prompt and its answer, kept in the prefix store — and computed only "
+        f"{r.computed:,} (orange)."
     )

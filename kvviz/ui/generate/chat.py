@@ -63,6 +63,7 @@ def api_turn(ctx: AppContext, trace, history: list[dict], template: str, owner: 
 def build(ctx: AppContext) -> dict:
     """The chat section's controls and views (inside the tab's layout); returns them by name."""
     names = available(ctx.lm.tokenizer)
+    demo = chat_demo.layout()  # outside the section, so a show-me can press it while the section is closed
     with gr.Accordion(
         "Multi-turn chat: does the next turn reuse this one's cache?", open=False, elem_id="chat"
     ) as section:
@@ -75,7 +76,6 @@ def build(ctx: AppContext) -> dict:
                 elem_id="chat-template",
             )
             new = gr.Button("New conversation", elem_id="chat-new", size="sm")
-        demo = chat_demo.layout()
         log = gr.Chatbot(label="Conversation", elem_id="chat-log", height=260)
         with gr.Row():
             with gr.Column(scale=3):

@@ -21,7 +21,7 @@ from kvviz.ui.serving.precompute import live_box, origin, shared
 
 
 def layout() -> tuple[gr.Button, gr.Checkbox]:
-    """The demo's button and its *Recompute live* box (a row inside the chat section)."""
+    """The demo's button and its *Recompute live* box (a row just above the chat section, which it opens)."""
     with gr.Row():
         button = gr.Button(
             f"Show two turns (“{QUESTIONS[0]}”, then “{QUESTIONS[1]}”)", elem_id="chat-demo-run", size="sm"
