@@ -24,6 +24,7 @@ READY_BY_ANCHOR = {
     "evict-table": ("#evict-verdict", r"Full cache answered"),  # a comparison's verdict (the needle demo's differs)
     "disk-demo-chart": ("#disk-demo-summary", r"came back from disk"),
     "chat-turns": ("#chat-diff", r"Turn 2:"),  # the stored two-turn chat (the Generate tab's status does not change)
+    "evict-sinks-plot": ("#evict-sinks-result", r"Perplexity after"),  # the sinks demo (the verdict is the needle's)
 }
 
 
