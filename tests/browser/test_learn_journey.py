@@ -28,6 +28,10 @@ READY_BY_ANCHOR = {
 }
 
 
+# views that may show the same text again: the Eviction tab's first open already draws the stored sinks demo
+SAME_AGAIN = {"evict-sinks-plot"}
+
+
 def ready_for(sm) -> tuple[str, str] | None:
     return READY_BY_ANCHOR.get(sm.anchor or "") or READY.get(sm.tab)
 
