@@ -304,4 +304,10 @@ def look_for(live: LiveCache) -> str:
             f"One latent and one RoPE key per token and layer: {live.bytes_per_token:,} B per token, where per-head "
             f"keys and values would take {live.per_head_bytes_per_token:,} B per token."
         )
+    if live.attention == "GQA":
+        return (
+            f"Keys and values are kept per KV head, not per query head: {live.formula} = "
+            f"{live.formula_bytes_per_token:,} B per token, {live.bytes_per_token:,} B measured; {live.cache_bytes:,} B "
+            f"for the {live.tokens_seen} tokens read."
+        )
     return f"The cache holds {live.cache_bytes:,} B, {live.bytes_per_token:,} B per token, equal to the formula."

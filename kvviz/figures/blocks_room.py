@@ -191,6 +191,25 @@ def disk_demo_summary(demo: SpillDemo) -> str:
     return text
 
 
+def disk_demo_look_for(demo: SpillDemo) -> str:
+    """The Learn tab's "Look for" line for the disk-tier demo: the chart's last bar read back from disk, with the
+    run's numbers as :func:`disk_demo_summary` gives them."""
+    last = demo.steps[-1]
+    total = last.sources.computed + last.sources.memory + last.sources.disk
+    spilled = next((s for s in demo.steps if s.disk_blocks), None)
+    pushed = (
+        f"after prompt {spilled.prompt}, {plural(spilled.disk_blocks, 'block')} ({format_bytes(spilled.disk_bytes)}) "
+        "had been evicted from memory to disk; "
+        if spilled is not None
+        else "nothing had to leave memory; "
+    )
+    return (
+        f"A store whose memory holds {format_bytes(demo.memory_capacity)}: {pushed}prompt {last.prompt} again — the "
+        f"chart's last bar — read {last.sources.disk} of its {total} prompt tokens back from disk and computed "
+        f"{last.sources.computed}, instead of computing its prefill again."
+    )
+
+
 def disk_demo_table(demo: SpillDemo) -> pd.DataFrame:
     """One row per request of the demo: where its prompt came from and what each tier held after it."""
     return pd.DataFrame(

@@ -81,3 +81,15 @@ def divergence_text(report: TurnReport | None) -> str:
         f" then the previous turn held <code>{_shown(report.was)}…</code>"
         f" but the new prompt has <code>{_shown(report.now)}…</code>"
     )
+
+
+def look_for(reports: Sequence[TurnReport]) -> str:
+    """The Learn tab's "Look for" line for a conversation: what the latest turn read from the previous turn's cache,
+    with the numbers its verdict (:func:`divergence_text`) gives."""
+    r, first = reports[-1], reports[0]
+    start = "the first bar is all orange, computed with nothing to start from; " if first.reused == 0 else ""
+    return (
+        f"The bars: {start}the last turn read {r.reused:,} of its {r.prompt_tokens:,} prompt tokens from the previous "
+        f"turn's cache (blue) — its prompt and its answer, kept in the prefix store — and computed only "
+        f"{r.computed:,} (orange)."
+    )

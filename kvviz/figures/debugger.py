@@ -70,3 +70,30 @@ def tokens_table(report: Report) -> pd.DataFrame:
         right = clean[s] if s < len(clean) else ""
         rows.append({"step": s, "this run": tok, "correct run": right, "same": "yes" if tok == right else "no"})
     return pd.DataFrame(rows, columns=["step", "this run", "correct run", "same"])
+
+
+def look_for(report: Report) -> str:
+    """The Learn tab's "Look for" line for a run: where the map's ring sits and what left the recomputation there,
+    with the run's own numbers (each of them in the view's verdict)."""
+    f = report.first
+    if f is None:
+        return (
+            "No ring on the map: every step and layer stays within the tolerance, and the tokens are the correct run's."
+        )
+    where = "the logits" if f.layer is None else f"layer {f.layer}"
+    text = f"The ring sits at step {f.step}, {where}, position {f.position}: "
+    if f.quantity == "cache length":
+        more = "more" if f.jump > 0 else "fewer"
+        text += f"the cache holds {abs(int(f.jump))} entry {more} than the positions fed (the cell off the scale)"
+    elif f.quantity == "attention output":
+        text += (
+            "the keys and values still agree there, the attention output does not, and every later layer inherits it"
+        )
+    else:
+        text += f"the {f.quantity} is the first to leave the full recomputation"
+    changed = report.tokens_changed_from
+    return text + (
+        "; the generated tokens stay the correct run's."
+        if changed is None
+        else f"; the tokens change from step {changed}."
+    )

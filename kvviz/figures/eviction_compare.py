@@ -50,6 +50,27 @@ def comparison_table(cmp: Comparison) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def look_for(cmp: Comparison) -> str:
+    """The Learn tab's "Look for" line for a comparison: each policy's entries, cache bytes and answer beside the full
+    cache's, and how many of its steps agree: the numbers of the table (``comparison_table``) in the same units."""
+    full = cmp.full
+    scope = (
+        "only the context compressed (the question fed after it, so it cannot vote)"
+        if full.n_compressed < full.n_prompt
+        else "the whole prompt compressed"
+    )
+    rows = [r.row() for r in cmp.results if r.policy.name != "full"]
+    each = "; ".join(
+        f"{d['title']} keeps {d['n_kept']} entries per KV head ({format_bytes(d['cache_bytes'])} of cache) and answers "
+        f"“{d['answer'].strip()}” ({100 * d['top1_agreement']:.0f} % of its steps pick the full cache's token)"
+        for d in rows
+    )
+    return (
+        f"Same prompt, same budget, {scope}: {each}. The full cache answers “{full.text.strip()}”: which entries "
+        "matter depends on what the policy scores them by, and what it evicts is gone."
+    )
+
+
 def bytes_figure(cmp: Comparison) -> go.Figure:
     names = [r.policy.title for r in cmp.results]
     mib = [r.run.cache_bytes / 2**20 for r in cmp.results]

@@ -7,26 +7,25 @@ Views are named by tab id (``tab_memory``) and the registered components (``"mem
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvviz.eviction.demos import NEEDLE_POLICIES
 from kvviz.examples import CHAT_QUESTION, needle_prompt
 from kvviz.lessons.nocache import DRAMATIC
+from kvviz.lessons.showme import (
+    CHAT_REUSE,
+    DISK_TIER,
+    KVZIP_SNAPKV,
+    LIVE_GQA,
+    LIVE_MLA,
+    LIVE_NOTE,
+    LIVE_SHARING,
+    LIVE_STATE,
+    ShowMe,
+)
 from kvviz.units import format_bytes
 
 H100 = "H100 80GB (SXM)"
-
-
-@dataclass(frozen=True)
-class ShowMe:
-    """Load a ready example into a view: set ``values``, press ``press``, switch to ``tab``, scroll to ``anchor``."""
-
-    label: str
-    tab: str
-    values: dict = field(default_factory=dict)
-    press: str | None = None
-    anchor: str | None = None
-    look_for: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ CAUSAL_DECODE = ShowMe(
     "breakcache.button",
     "breakcache-map",
     "The ring sits at step 2, layer 0: the keys and values still agree, but the attention output does not — "
-    "the single query under is_causal=True saw only the first key — and every later layer inherits it.",
+    f"the single query under is_causal=True saw only the first key — and every later layer inherits it. {LIVE_NOTE}",
 )
 FORGET_APPEND = ShowMe(
     "Forget to append",
@@ -92,7 +91,7 @@ FORGET_APPEND = ShowMe(
     "breakcache.button",
     "breakcache-map",
     "At step 2 layer 0's cache holds one entry fewer than the tokens fed (the cache-length cell off the "
-    "scale): that step attended to the stale cache, and the position stays missing.",
+    f"scale): that step attended to the stale cache, and the position stays missing. {LIVE_NOTE}",
 )
 LLAMA70_8K = ShowMe(
     "Calculator on Llama-3-70B at 8K",
@@ -174,37 +173,6 @@ KIVI = ShowMe(
     "A few key channels are bright across every token; at 2 bits keys per channel beat keys per token.",
 )
 
-LIVE_NOTE = "(its numbers appear here once the example has been computed at start-up)"
-
-
-def live_architecture(label: str, kind: str, point: str) -> ShowMe:
-    """A tiny model of ``kind`` run live in the Memory tab: its real cache tensors next to the formula."""
-    return ShowMe(
-        label,
-        "tab_memory",
-        {"memory.arch_kind": kind, "memory.arch_prompt": "The KV cache"},
-        "memory.arch_run",
-        "arch-summary",
-        f"{point} {LIVE_NOTE}",
-    )
-
-
-LIVE_MLA = live_architecture(
-    "MLA live: a latent instead of per-head K/V",
-    "MLA",
-    "One latent and one RoPE key per token and layer, a fraction of what per-head keys and values take.",
-)
-LIVE_SHARING = live_architecture(
-    "Gemma-4's cross-layer KV sharing, live",
-    "KV-sharing",
-    "The sharing layers hold nothing of their own; the sliding layers stay flat at their window.",
-)
-LIVE_STATE = live_architecture(
-    "Qwen3-Next's linear-attention state, live",
-    "linear hybrid",
-    "The gated-DeltaNet layers keep a state of a fixed size, not of no size, beside the layer that grows.",
-)
-
 SIDE_CHANNEL = ShowMe(
     "Time a second session",
     "tab_blocks",
@@ -234,7 +202,7 @@ OBJECTIVES = (
         "it. kvviz runs this loop on a real model and re-runs the whole sequence at the end to prove the "
         "logits match. Break the cache on purpose to see what a wrong decode step looks like, and where the "
         "debugger finds it first.",
-        (EQUIVALENCE,),
+        (EQUIVALENCE, CAUSAL_DECODE, FORGET_APPEND),
     ),
     Objective(
         3,
@@ -251,8 +219,10 @@ OBJECTIVES = (
         "Explain how KV memory — not compute — caps batch size, and why long contexts make decode slower.",
         "What the weights leave of GPU memory is the KV budget; divide by one sequence's cache to get the "
         "batch. Every decode step also reads every sequence's whole cache, so at long context that read, "
-        "not the weights, sets the time per token.",
-        (CAPACITY, DECODE),
+        "not the weights, sets the time per token. A cache that costly is worth keeping: engines reuse a "
+        "prompt's computed blocks — a chat's next turn starts from the last one's cache — and a tier on disk "
+        "holds what memory cannot.",
+        (CAPACITY, DECODE, CHAT_REUSE, DISK_TIER),
     ),
     Objective(
         5,
@@ -260,10 +230,11 @@ OBJECTIVES = (
         "Describe at intuition level the main ways to shrink the cache: quantization, eviction "
         "(StreamingLLM, H2O, SnapKV), and architectural changes.",
         "Store fewer bits (FP8; 2-bit with KIVI's per-channel keys), store fewer tokens (keep the attention "
-        "sinks and what the question needs — lossy), or change the architecture so there is less to store: "
-        "one latent per token (MLA), layers that reuse an earlier layer's K/V (Gemma-4), a fixed-size state "
-        "instead of a growing cache (Qwen3-Next's linear attention).",
-        (SINKS, NEEDLE, KIVI, LIVE_MLA, LIVE_SHARING, LIVE_STATE),
+        "sinks and what the task needs — lossy, and what a policy keeps depends on what it scores: SnapKV "
+        "needs the question, KVzip does not), or change the architecture so there is less to store: fewer "
+        "KV heads than query heads (GQA), one latent per token (MLA), layers that reuse an earlier layer's K/V "
+        "(Gemma-4), a fixed-size state instead of a growing cache (Qwen3-Next's linear attention).",
+        (SINKS, NEEDLE, KVZIP_SNAPKV, KIVI, LIVE_GQA, LIVE_MLA, LIVE_SHARING, LIVE_STATE),
     ),
 )
 

@@ -22,7 +22,7 @@ from kvviz.figures import debugger as fig
 from kvviz.limits import MAX_DEBUG_NEW_TOKENS
 from kvviz.safety import whole_number
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
-from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.model_job import ModelJob, prompt_ids
 from kvviz.ui.serving.precompute import live_box, origin, shared
@@ -126,12 +126,50 @@ def present(report: Report, when: str) -> Shown:
     return Shown(fig.divergence_map(report), text, fig.tokens_table(report))
 
 
+def shown(views: list, s: Shown) -> dict:
+    """``s`` in the tab's views: the map, the verdict and the tokens, by component."""
+    plot, summary, tokens = views
+    return {plot: s.map, summary: s.text, tokens: s.tokens}
+
+
 def _api_run(job) -> dict:
     return _debug(job.ctx, job.req).to_json()
 
 
 # the ``/break_cache`` endpoint (and ``api_break_cache(ctx, …)`` in tests)
 api_break_cache = ModelJob("cache debugger", check=break_cache, run=_api_run, size=_size)
+
+
+def _show_mes(ctx: AppContext, inputs: list, live: gr.Checkbox, views: list) -> None:
+    """Learn's show-mes (objective 2): plan their runs on the store, answer from it in the show-me's own click
+    (``views``: the map, the verdict and the tokens), and read their "Look for" line from it."""
+    names = ["breakcache.fault", "breakcache.step", "breakcache.layer", "breakcache.prompt", "breakcache.new_tokens"]
+
+    def request(values: dict) -> BreakAsk:
+        return break_cache(ctx, *[values.get(k, c.value) for k, c in zip([*names, "breakcache.block"], inputs)])
+
+    def plan(values: dict) -> tuple:
+        req = request(values)
+        ctx.store.plan(key_of(ctx, req), "break the cache", compute_for(ctx, req))
+        return key_of(ctx, req)
+
+    def stored(req: BreakAsk):
+        entry = ctx.store.entry(key_of(ctx, req))
+        return entry if entry is not None and entry.state == "done" else None
+
+    def answer(_request, *values) -> dict | None:
+        """The tab's views of the stored run for these settings (None: not stored, or *Recompute live* ticked)."""
+        *raw, fresh = values
+        entry = None if fresh else stored(break_cache(ctx, *raw))
+        return None if entry is None else shown(views, present(entry.value, origin(entry)))
+
+    def look_for(values: dict) -> str | None:
+        entry = stored(request(values))
+        return None if entry is None else fig.look_for(entry.value)
+
+    ctx.planners["breakcache.button"] = plan
+    ctx.answers["breakcache.button"] = ShowMeAnswer([*inputs, live], views, answer)
+    ctx.look_fors["breakcache.button"] = look_for
 
 
 def build(ctx: AppContext) -> None:
@@ -178,22 +216,12 @@ def build(ctx: AppContext) -> None:
         }
     )
     inputs = [fault, step, layer, prompt, new, block]
-    names = ["breakcache.fault", "breakcache.step", "breakcache.layer", "breakcache.prompt", "breakcache.new_tokens"]
-
-    def plan(values: dict) -> tuple:
-        raw = [values.get(k, c.value) for k, c in zip([*names, "breakcache.block"], inputs)]
-        req = break_cache(ctx, *raw)
-        key = key_of(ctx, req)
-        ctx.store.plan(key, "break the cache", compute_for(ctx, req))
-        return key
-
-    ctx.planners["breakcache.button"] = plan
+    _show_mes(ctx, inputs, live, [plot, summary, tokens])
 
     def run(job) -> dict:
         a: BreakAsk = job.req
         report, entry = shared(job, key_of(ctx, a), compute_for(ctx, a), live=a.fresh)
-        s = present(report, "computed now" if entry is None else origin(entry))
-        return {plot: s.map, summary: s.text, tokens: s.tokens}
+        return shown([plot, summary, tokens], present(report, "computed now" if entry is None else origin(entry)))
 
     job = ModelJob(
         "cache debugger",

@@ -9,6 +9,7 @@ captions, larger charts; ← / → step the visible step slider).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 
@@ -111,7 +112,12 @@ def show_me_button(
         suffix = f" *(Not in this build: {', '.join(missing)}; the rest is loaded.)*"
 
     def note() -> str:
-        return f"*Look for:* {(look(sm.values) if look else None) or sm.look_for}{suffix}"
+        """The line read from the stored result, or the show-me's own (not stored yet, or values these limits refuse)."""
+        line = None
+        if look:
+            with contextlib.suppress(gr.Error):
+                line = look(sm.values)
+        return f"*Look for:* {line or sm.look_for}{suffix}"
 
     shown = gr.Markdown(note if look else note(), elem_classes="learn-note", elem_id=f"{elem_id}-note")
     press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
@@ -184,13 +190,16 @@ def show_me_button(
 
 
 def plan_show_mes(ctx: AppContext) -> None:
-    """Plan every show-me's result (and the answers that run the model) in the order a lecture reaches them."""
+    """Plan every show-me's result (and the answers that run the model) in the order a lecture reaches them.
+    A show-me whose values this deployment's limits refuse is not planned: its click presses the button, whose
+    check says why."""
     keys = []
     # the Generate tab's opening example (the first screen) before the lecture's
     for sm in [EQUIVALENCE] + [s for o in OBJECTIVES for s in o.show_me] + [p.show_me for p in PITFALLS]:
         planner = ctx.planners.get(sm.press or "")
         if planner is not None:
-            keys.append(planner(sm.values))
+            with contextlib.suppress(gr.Error):
+                keys.append(planner(sm.values))
     for i, q in enumerate(QUESTIONS, 1):
         if q.needs_model:
             keys.append(_answer_key(ctx, i))

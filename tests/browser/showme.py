@@ -8,8 +8,18 @@ from __future__ import annotations
 import re
 import time
 
-from kvviz.lessons.objectives import LIVE_MLA, LIVE_NOTE, LIVE_SHARING, LIVE_STATE, OBJECTIVES, PITFALLS
-from tests.browser.test_learn_journey import TAB_TITLES, ready_for, text_of
+from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND, OBJECTIVES, PITFALLS
+from kvviz.lessons.showme import (
+    CHAT_REUSE,
+    DISK_TIER,
+    KVZIP_SNAPKV,
+    LIVE_GQA,
+    LIVE_MLA,
+    LIVE_NOTE,
+    LIVE_SHARING,
+    LIVE_STATE,
+)
+from tests.browser.test_learn_journey import SAME_AGAIN, SHOWS, TAB_TITLES, ready_for, text_of
 
 READY_TIMEOUT_MS = 1_800_000  # the examples on a busy 2-core machine (a few minutes when it is quiet)
 IDLE = (
@@ -55,7 +65,7 @@ def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
     """Seconds from the click until the view shows its result, idle, with the named view in the viewport."""
     ready = ready_for(sm)
     old = text_of(page, ready[0]) if ready else None
-    change = sm.tab not in ("tab_attention", "tab_memory")  # these may show the same text again
+    change = sm.tab not in ("tab_attention", "tab_memory") and sm.anchor not in SAME_AGAIN  # may show it again
     page.evaluate(WATCH_SPOT, sm.anchor)
     t0 = time.perf_counter()
     page.locator(f"#{button_id}").click()
@@ -71,8 +81,7 @@ def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
     )
     if ready:
         page.wait_for_function(
-            "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
-            " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
+            SHOWS,
             arg=[ready[0], ready[1], old, change],
             timeout=timeout_ms,
             polling=50,
@@ -83,8 +92,14 @@ def click_and_time(page, button_id: str, sm, timeout_ms: int = 60_000) -> float:
 
 
 # show-mes whose "Look for" line is read from their stored result: where the view shows each of its numbers
-LOOK_FOR_SHOWN = {sm.label: "#arch-summary" for sm in (LIVE_MLA, LIVE_SHARING, LIVE_STATE)}
-NUMBER = r"\d[\d,]*(?:\.\d+)?"
+LOOK_FOR_SHOWN = {
+    **{sm.label: ("#arch-summary",) for sm in (LIVE_GQA, LIVE_MLA, LIVE_SHARING, LIVE_STATE)},
+    **{sm.label: ("#breakcache-verdict",) for sm in (CAUSAL_DECODE, FORGET_APPEND)},
+    KVZIP_SNAPKV.label: ("#evict-verdict", "#evict-table"),  # the full cache's answer, each policy's row
+    DISK_TIER.label: ("#disk-demo-summary",),
+    CHAT_REUSE.label: ("#chat-diff",),
+}
+NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
 
 
 def look_for_numbers(page, button_id: str, sm, timeout_ms: int = 60_000) -> list[str]:
@@ -106,6 +121,8 @@ def numbers_on_screen(page, sm, numbers: list[str]) -> None:
     """Each of the "Look for" line's numbers is shown in the view the show-me opened."""
     if not numbers:
         return
-    view = page.locator(LOOK_FOR_SHOWN[sm.label])
-    text = view.inner_text()
-    assert view.is_visible() and all(n in text for n in numbers), (sm.label, numbers, text[:600])
+    views = [page.locator(sel) for sel in LOOK_FOR_SHOWN[sm.label]]
+    text = "\n".join(v.inner_text() for v in views)
+    shown = set(re.findall(NUMBER, text))  # whole numbers, so "2" is not found inside "2026"
+    missing = [n for n in numbers if n not in shown]
+    assert all(v.is_visible() for v in views) and not missing, (sm.label, missing, text[:900])

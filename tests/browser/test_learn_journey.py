@@ -19,7 +19,17 @@ READY = {
     "tab_breakcache": ("#breakcache-verdict", r"divergence|Divergence|diverge"),
 }
 # a show-me whose view has its own result line (beside its tab's): what it shows once loaded
-READY_BY_ANCHOR = {"arch-summary": ("#arch-summary", r"Cache measured from its tensors")}
+READY_BY_ANCHOR = {
+    "arch-summary": ("#arch-summary", r"Cache measured from its tensors"),
+    "evict-table": ("#evict-verdict", r"Full cache answered"),  # a comparison's verdict (the needle demo's differs)
+    "disk-demo-chart": ("#disk-demo-summary", r"came back from disk"),
+    "chat-turns": ("#chat-diff", r"Turn 2:"),  # the stored two-turn chat (the Generate tab's status does not change)
+    "evict-sinks-plot": ("#evict-sinks-result", r"Perplexity after"),  # the sinks demo (the verdict is the needle's)
+}
+
+
+# views that may show the same text again: the Eviction tab's first open already draws the stored sinks demo
+SAME_AGAIN = {"evict-sinks-plot"}
 
 
 def ready_for(sm) -> tuple[str, str] | None:
@@ -47,9 +57,19 @@ def tab_exists(page, tab: str) -> bool:
     return page.get_by_role("tab", name=TAB_TITLES[tab], exact=True).count() > 0
 
 
+# a view's own text: its markdown, without the progress tracker Gradio draws in the same block ("0.8s",
+# "queue: 1/1 | 0.1/2.8s"), whose timer changes the block's text while a new run has not yet changed the view's
+OWN_TEXT = "(e => (e.querySelector('.prose') || e).innerText.trim())"
+# the view named by ``sel`` shows a text matching ``pat``, and (``change``) one other than ``old``
+SHOWS = (
+    "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
+    f" const t = {OWN_TEXT}(e); return new RegExp(pat).test(t) && (!change || t !== old); }}"
+)
+
+
 def text_of(page, selector: str) -> str | None:
     loc = page.locator(selector)
-    return loc.inner_text() if loc.count() else None
+    return loc.evaluate(f"e => {OWN_TEXT}(e)") if loc.count() else None
 
 
 # where a tab's button is, once its bar is drawn: "open" (its panel is on screen), "bar" (a button in the bar),
@@ -114,8 +134,7 @@ def show_me(page, button_id: str, sm, must_change: bool = True) -> None:
     if ready:
         sel, pattern = ready
         page.wait_for_function(
-            "([sel, pat, old, change]) => { const e = document.querySelector(sel); if (!e) return false;"
-            " const t = e.innerText.trim(); return new RegExp(pat).test(t) && (!change || t !== old); }",
+            SHOWS,
             arg=[sel, pattern, old, must_change and sm.tab != "tab_attention"],
             timeout=LONG,
         )
@@ -180,7 +199,11 @@ def test_learn_journey_in_presentation_mode(page, screenshot):
     for obj in OBJECTIVES:
         for j, sm in enumerate(obj.show_me, 1):
             open_learn(page, f"{obj.number} {obj.title}")
-            show_me(page, f"showme-{obj.number}-{j}", sm)
+            try:
+                show_me(page, f"showme-{obj.number}-{j}", sm)
+            except Exception as exc:  # which show-me, and the page as it stood
+                screenshot(page, f"learn_journey_showme_{obj.number}_{j}_failed")
+                raise AssertionError(f"show-me {sm.label!r} did not load (tabs {selected_tabs(page)}): {exc}") from exc
             assert_clean(page, errors)
     open_learn(page, "5 Shrinking it")
     page.locator("#learn-next-5").click()

@@ -53,6 +53,12 @@ SHOWS = {
     "MLA live: a latent instead of per-head K/V": ("#arch-summary", r"1,280 B per token"),
     "Gemma-4's cross-layer KV sharing, live": ("#arch-summary", r"only layer 1 of the 6 grows"),
     "Qwen3-Next's linear-attention state, live": ("#arch-summary", r"11,008 B"),
+    "GQA live: query heads sharing K/V heads": ("#arch-summary", r"2 KV heads[\s\S]*512 B"),
+    "Decode with a causal mask": ("#breakcache-verdict", rf"First divergence: step 2, layer 0[\s\S]*{FROM_DISK}"),
+    "Forget to append": ("#breakcache-verdict", rf"First divergence: step 2, layer 0[\s\S]*{FROM_DISK}"),
+    "KVzip vs SnapKV, only the context compressed": ("#evict-verdict", rf"Full cache answered[\s\S]*{FROM_DISK}"),
+    "Chat: the next turn starts from this one's cache": ("#chat-diff", rf"Turn 2: [\d,]+ of [\d,]+[\s\S]*{FROM_DISK}"),
+    "The disk tier: blocks spill and come back": ("#disk-demo-summary", rf"came back from disk[\s\S]*{FROM_DISK}"),
 }
 # any text a view shows while its result is still being computed (kvviz/ui/serving/precompute.py)
 WATCH_WAITING = r"""() => {

@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND
+from kvviz.lessons.showme import CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA
 from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, look_for_numbers, numbers_on_screen, show_mes
 from tests.browser.test_learn_journey import open_learn, selected_tabs
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
+NEWEST = (CAUSAL_DECODE, FORGET_APPEND, CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA)
 
 
 def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, examples_server):
@@ -54,6 +57,8 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, exam
             print(f"  {seconds:5.2f}  {label}")
         assert len(times) >= 8
         assert {"Qwen3-Next's linear-attention state, live", "Gemma-4's cross-layer KV sharing, live"} <= set(times)
+        # the newest views, each reached from Learn with its "Look for" numbers found on screen
+        assert {sm.label for sm in NEWEST} <= set(times), sorted(times)
         assert page.locator(".toast-body.error").count() == 0, page.locator(".toast-body.error").all_inner_texts()
         assert not errors, errors
     finally:

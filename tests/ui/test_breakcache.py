@@ -9,7 +9,7 @@ import pytest
 from kvviz.capture.divergence import debug
 from kvviz.capture.faults import make_fault
 from kvviz.figures import debugger as fig
-from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND
+from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND, OBJECTIVES
 from kvviz.settings import Settings
 from kvviz.ui import breakcache as tab
 from kvviz.ui.app import TABS
@@ -64,10 +64,9 @@ def test_bad_input_is_refused_by_name(ctx, args, match):
         tab.break_cache(ctx, *args, "Name a colour.", 8)
 
 
-def test_registered_and_its_show_mes_name_their_faults():
-    # the two show-mes are kept off Learn's objective 2 for now: pressed right after the Generate show-me in the
-    # Learn journey, the first one did not land (tests/browser/test_learn_journey.py)
+def test_registered_and_shown_from_learn():
     assert ("Break the cache", "tab_breakcache", tab) in TABS
-    labels = {s.label: s for s in (CAUSAL_DECODE, FORGET_APPEND)}
+    assert OBJECTIVES[1].number == 2 and OBJECTIVES[1].show_me[1:] == (CAUSAL_DECODE, FORGET_APPEND)
+    labels = {s.label: s for s in OBJECTIVES[1].show_me}
     assert labels["Decode with a causal mask"].values["breakcache.fault"] == "causal_decode"
     assert labels["Forget to append"].values["breakcache.fault"] == "not_appended"

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from kvviz.lessons.objectives import LLAMA70, OBJECTIVES, PITFALLS, SIDE_CHANNEL
+import re
+
+import pandas as pd
+
+from kvviz.examples import NEEDLE_ANSWER
+from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND, LLAMA70, OBJECTIVES, PITFALLS, SIDE_CHANNEL
+from kvviz.lessons.showme import CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA, LIVE_NOTE
 from kvviz.settings import Settings
 from kvviz.ui.app import TABS, build_app
+from kvviz.ui.learn import by_name
 from kvviz.ui.serving.context import AppContext
 
 
@@ -69,3 +76,59 @@ def test_the_live_architecture_show_mes_answer_from_their_stored_runs_with_their
     assert "6,144 B of fixed state" in lines[LIVE_STATE.label] and "11,008 B in all" in lines[LIVE_STATE.label]
     assert "only layer 1 of the 6 grows" in lines[LIVE_SHARING.label]
     assert "320 B per token" in lines[LIVE_MLA.label] and "1,280 B" in lines[LIVE_MLA.label]
+
+
+def _inputs(ctx: AppContext, sm) -> list:
+    """The pressed button's inputs as the show-me sets them (the page's defaults for the rest)."""
+    names = {id(c): k for k, c in ctx.components.items()}
+    return [sm.values.get(names.get(id(c), ""), c.value) for c in ctx.answers[sm.press].inputs]
+
+
+def _text(out: dict) -> str:
+    """What a view shows of an answer, as text: its markdown and its tables' cells (not its charts)."""
+    parts = []
+    for value in out.values():
+        if isinstance(value, str):
+            parts.append(value)
+        elif isinstance(value, pd.DataFrame):
+            parts.append(" ".join(str(v) for v in value.to_numpy().ravel()))
+    return "\n".join(parts)
+
+
+NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"  # as the browser walks read numbers (tests/browser/showme.py)
+NEWEST = [CAUSAL_DECODE, FORGET_APPEND, CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA]
+
+
+def test_the_newest_views_are_reached_from_learn_with_their_own_numbers(lm):
+    """Objective 2's broken caches, objective 4's chat reuse and disk tier, objective 5's KVzip vs SnapKV and live GQA:
+    each is planned at start-up and, once stored, answers in its click event, its "Look for" line read from that
+    result with every one of its numbers shown in the view it opens (until then the line says so)."""
+    ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=64, max_prompt_tokens=1024, concurrency=1))
+    build_app(ctx)
+    where = {sm.label: o.number for o in OBJECTIVES for sm in o.show_me}
+    assert [where.get(sm.label) for sm in NEWEST] == [2, 2, 4, 4, 5, 5]
+    lines = {}
+    for sm in NEWEST:
+        key = ctx.planners[sm.press](sm.values)
+        answer, look_for = ctx.answers[sm.press], ctx.look_fors[sm.press]
+        assert ctx.store.planned(key) and answer.fn(None, *_inputs(ctx, sm)) is None and look_for(sm.values) is None
+        assert LIVE_NOTE in sm.look_for  # the placeholder the page shows until then
+        if ctx.store.entry(key).state != "done":
+            ctx.store.run(ctx.store.claim(key)[0], "start-up")
+        out = by_name(answer.outputs, answer.fn(None, *_inputs(ctx, sm)))
+        assert {id(c) for c in out} == {id(c) for c in answer.outputs}  # every view of the button, by name
+        lines[sm.label] = line = look_for(sm.values)
+        shown = set(re.findall(NUMBER, _text(out)))
+        numbers = re.findall(NUMBER, line)
+        assert numbers and not [n for n in numbers if n not in shown], (sm.label, line, _text(out)[:600])
+    assert "The ring sits at step 2, layer 0" in lines[CAUSAL_DECODE.label]
+    assert "attention output does not" in lines[CAUSAL_DECODE.label]
+    assert "holds 1 entry fewer" in lines[FORGET_APPEND.label]
+    kvzip = lines[KVZIP_SNAPKV.label]
+    assert "only the context compressed" in kvzip and kvzip.count(NEEDLE_ANSWER) >= 2  # KVzip's and the full cache's
+    snapkv = kvzip.split("SnapKV", 1)[1].split(";", 1)[0]
+    assert NEEDLE_ANSWER not in snapkv, kvzip  # SnapKV, with no question to vote, loses the fact
+    assert "back from disk" in lines[DISK_TIER.label]
+    reuse = re.search(r"the last turn read (\d+) of its (\d+) prompt tokens", lines[CHAT_REUSE.label])
+    assert reuse and 0 < int(reuse[1]) < int(reuse[2]), lines[CHAT_REUSE.label]  # most of turn 2 came from turn 1
+    assert "per KV head, not per query head" in lines[LIVE_GQA.label] and "512 B per token" in lines[LIVE_GQA.label]

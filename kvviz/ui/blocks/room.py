@@ -24,7 +24,7 @@ from kvviz.figures import blocks_room as fig
 from kvviz.figures import prefix_tiers
 from kvviz.ui.blocks import events
 from kvviz.ui.page.widgets import captioned_plot, waiting_table
-from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.identity import session_of
 from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.model_job import ModelJob
@@ -168,6 +168,34 @@ def disk_outputs(demo: SpillDemo, when: str) -> DiskShown:
     return DiskShown(f"{fig.disk_demo_summary(demo)} · *{when}*", fig.disk_demo_table(demo), chart)
 
 
+def stored_disk(ctx: AppContext):
+    """The disk-tier demo's stored entry, once it is computed (else None)."""
+    entry = ctx.store.entry(disk_key(ctx))
+    return entry if entry is not None and entry.state == "done" else None
+
+
+def disk_shown(views: list, demo: SpillDemo, entry) -> dict:
+    """The demo in the section's views (summary, table, chart), saying where it was run."""
+    when = "run now on this machine" if entry is None else f"run on this machine, {origin(entry)}"
+    d = disk_outputs(demo, when.replace("computed ", ""))
+    return dict(zip(views, (d.summary, d.table, d.chart)))
+
+
+def _show_me(ctx: AppContext, live: gr.Checkbox, views: list) -> None:
+    """Learn's disk-tier show-me: answered from the stored demo in its own click, its "Look for" line read from it."""
+
+    def answer(_request, fresh) -> dict | None:
+        entry = None if fresh else stored_disk(ctx)
+        return None if entry is None else disk_shown(views, entry.value, entry)
+
+    def look_for(_values: dict) -> str | None:
+        entry = stored_disk(ctx)
+        return None if entry is None else fig.disk_demo_look_for(entry.value)
+
+    ctx.answers["blocks.disk_demo"] = ShowMeAnswer([live], views, answer)
+    ctx.look_fors["blocks.disk_demo"] = look_for
+
+
 def build_disk_demo(ctx: AppContext) -> None:
     """The disk-tier show-me: a button whose result is stored like the other show-mes (``blocks.disk_demo``)."""
     gr.Markdown(DISK.format(memory=format_bytes(ctx.settings.prefix_cache_mb * 2**20)))
@@ -192,12 +220,10 @@ def build_disk_demo(ctx: AppContext) -> None:
         return disk_key(ctx)
 
     ctx.planners["blocks.disk_demo"] = plan
+    _show_me(ctx, live, [summary, table, chart])
 
     def run(job) -> dict:
-        demo, entry = shared(job, disk_key(ctx), compute, live=bool(job.req))
-        when = "run now on this machine" if entry is None else f"run on this machine, {origin(entry)}"
-        d = disk_outputs(demo, when.replace("computed ", ""))
-        return {summary: d.summary, table: d.table, chart: d.chart}
+        return disk_shown([summary, table, chart], *shared(job, disk_key(ctx), compute, live=bool(job.req)))
 
     job = ModelJob(
         "disk-tier demo",

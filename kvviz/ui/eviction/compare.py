@@ -21,7 +21,7 @@ from kvviz.examples import NEEDLE_ANSWER
 from kvviz.figures import eviction_compare as fig
 from kvviz.ui.eviction.request import library_call, policy_passes
 from kvviz.ui.page.widgets import captioned_plot, clear_on_refusal, waiting_table
-from kvviz.ui.serving.context import AppContext
+from kvviz.ui.serving.context import AppContext, ShowMeAnswer
 from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.jobs import UserError
 from kvviz.ui.serving.model_job import ModelJob
@@ -165,6 +165,7 @@ def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Ca
         req, pols = compare_request(names, *args)
         ctx.store.plan(compare_key(req, pols), "eviction comparison", compare_job(req, pols))
 
+    show_mes(ctx, section, main_inputs, compare_request, compare_key, compare_job)
     compared, ran = comparison.button(
         ctx, section.button, [section.live, section.chosen, *main_inputs], section.outputs
     )
@@ -173,3 +174,40 @@ def wire(ctx: AppContext, section: CompareSection, main_inputs: list, gather: Ca
     # a deployment whose limits refuse the tab's opening settings computes the comparison on a click instead
     with contextlib.suppress(UserError, gr.Error):
         plan_compare(section.chosen.value, *[c.value for c in main_inputs])
+
+
+def show_mes(ctx: AppContext, section: CompareSection, main_inputs: list, request, key, job) -> None:
+    """Learn's comparison show-me (KVzip vs SnapKV): plan it on the store from a show-me's values (``request``,
+    ``key`` and ``job``: how the section checks, names and computes a comparison), answer it from the store in the
+    show-me's own click, and read its "Look for" line from the stored result."""
+    names = {id(c): k for k, c in ctx.components.items()}
+
+    def checked(values: dict):
+        args = [values.get(names.get(id(c), ""), c.value) for c in main_inputs]
+        return request(values.get("eviction.compare_policies", section.chosen.value), *args)
+
+    def plan(values: dict) -> tuple:
+        req, pols = checked(values)
+        ctx.store.plan(key(req, pols), "eviction comparison", job(req, pols))
+        return key(req, pols)
+
+    def stored(req, pols):
+        entry = ctx.store.entry(key(req, pols))
+        return entry if entry is not None and entry.state == "done" else None
+
+    def answer(_request, live, chosen, *args) -> dict | None:
+        """The section's views of the stored comparison (None: not stored, or *Recompute live* ticked)."""
+        entry = None if live else stored(*request(chosen, *args))
+        return (
+            None if entry is None else section.shown(entry.value, note=f" · *{origin(entry)}; tokens/s measured then*")
+        )
+
+    def look_for(values: dict) -> str | None:
+        entry = stored(*checked(values))
+        return None if entry is None else fig.look_for(entry.value)
+
+    ctx.planners["eviction.compare"] = plan
+    ctx.answers["eviction.compare"] = ShowMeAnswer(
+        [section.live, section.chosen, *main_inputs], section.outputs, answer
+    )
+    ctx.look_fors["eviction.compare"] = look_for

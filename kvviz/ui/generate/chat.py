@@ -20,6 +20,7 @@ from kvviz.chat.turns import TurnReport, turn_report
 from kvviz.engine.chat_turn import held_tokens
 from kvviz.figures import chat as fig
 from kvviz.limits import check_prompt_length, prompt_limit
+from kvviz.ui.generate import chat_demo
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.sessions import user_errors
 
@@ -62,7 +63,10 @@ def api_turn(ctx: AppContext, trace, history: list[dict], template: str, owner: 
 def build(ctx: AppContext) -> dict:
     """The chat section's controls and views (inside the tab's layout); returns them by name."""
     names = available(ctx.lm.tokenizer)
-    with gr.Accordion("Multi-turn chat: does the next turn reuse this one's cache?", open=False, elem_id="chat"):
+    demo = chat_demo.layout()  # outside the section, so a show-me can press it while the section is closed
+    with gr.Accordion(
+        "Multi-turn chat: does the next turn reuse this one's cache?", open=False, elem_id="chat"
+    ) as section:
         with gr.Row():
             multi = gr.Checkbox(False, label="Multi-turn: each Generate is the next turn", elem_id="chat-multi")
             template = gr.Dropdown(
@@ -88,6 +92,7 @@ def build(ctx: AppContext) -> dict:
     new.click(
         lambda: dict(zip(views.values(), ([], [], None, ""))), None, list(views.values()), queue=False, api_name=False
     )
+    chat_demo.wire(ctx, *demo, [section, log, turns, diff])
     return {"multi": multi, "template": template, "state": state, "views": views}
 
 
