@@ -15,6 +15,7 @@ from kvviz.lessons.nocache import DRAMATIC
 from kvviz.lessons.showme import (
     CHAT_REUSE,
     DISK_TIER,
+    KV_BUDGET,
     KVZIP_SNAPKV,
     LIVE_GQA,
     LIVE_MLA,
@@ -222,7 +223,7 @@ OBJECTIVES = (
         "not the weights, sets the time per token. A cache that costly is worth keeping: engines reuse a "
         "prompt's computed blocks — a chat's next turn starts from the last one's cache — and a tier on disk "
         "holds what memory cannot.",
-        (CAPACITY, DECODE, CHAT_REUSE, DISK_TIER),
+        (CAPACITY, KV_BUDGET, DECODE, CHAT_REUSE, DISK_TIER),
     ),
     Objective(
         5,

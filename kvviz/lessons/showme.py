@@ -104,3 +104,15 @@ CHAT_REUSE = ShowMe(
     "The second turn's prompt repeats the whole first turn, so the prefix store hands back the first turn's blocks — "
     f"its prompt and its answer — and only the new question is computed. {LIVE_NOTE}",
 )
+
+# the Blocks tab's KV-budget section, drawn from the stored replays as it opens: the calculator's capacity, measured
+KV_BUDGET = ShowMe(
+    "Measured: the room served under a KV budget",
+    "tab_blocks",
+    {},
+    None,
+    "kvbudget-note",
+    "The room's requests replayed on the model under one KV budget: paged blocks run several times as many "
+    "sequences at once as reserving each one's whole context, and tokens per second rise with the batch — the "
+    f"calculator's capacity, measured. {LIVE_NOTE}",
+)

@@ -125,7 +125,12 @@ def show_me_button(
     first_tab = "tab_generate" if via_generate else sm.tab
     # a view drawn from a generation that is already stored loads in this one event, without the Generate detour
     fast = via_generate and available and "generate.button" in ctx.planners and ctx.trace_state is not None
-    key = ctx.planners["generate.button"](sm.values) if fast else None
+    key = None
+    if fast:
+        try:
+            key = ctx.planners["generate.button"](sm.values)
+        except gr.Error:  # values this deployment's limits refuse (fewer new tokens): the pressed button says why
+            fast = False
     views = [o for _, _, o in ctx.listeners if ctx.tabs not in o] if fast else []
     view_outputs = [c for o in views for c in o]
     # a button whose result is at hand (stored, or arithmetic) answers in this event too, instead of being pressed

@@ -12,6 +12,7 @@ from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND, OBJECTIVES, P
 from kvviz.lessons.showme import (
     CHAT_REUSE,
     DISK_TIER,
+    KV_BUDGET,
     KVZIP_SNAPKV,
     LIVE_GQA,
     LIVE_MLA,
@@ -98,6 +99,7 @@ LOOK_FOR_SHOWN = {
     KVZIP_SNAPKV.label: ("#evict-verdict", "#evict-table"),  # the full cache's answer, each policy's row
     DISK_TIER.label: ("#disk-demo-summary",),
     CHAT_REUSE.label: ("#chat-diff",),
+    KV_BUDGET.label: ("#kvbudget-note",),
 }
 NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
 

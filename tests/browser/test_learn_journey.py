@@ -25,11 +25,13 @@ READY_BY_ANCHOR = {
     "disk-demo-chart": ("#disk-demo-summary", r"came back from disk"),
     "chat-turns": ("#chat-diff", r"Turn 2:"),  # the stored two-turn chat (the Generate tab's status does not change)
     "evict-sinks-plot": ("#evict-sinks-result", r"Perplexity after"),  # the sinks demo (the verdict is the needle's)
+    "kvbudget-note": ("#kvbudget-note", r"MiB of KV"),  # the stored KV-budget replays, drawn as the Blocks tab opens
 }
 
 
-# views that may show the same text again: the Eviction tab's first open already draws the stored sinks demo
-SAME_AGAIN = {"evict-sinks-plot"}
+# views that may show the same text again: the Eviction tab's first open already draws the stored sinks demo, the
+# Blocks tab's build the KV-budget replays
+SAME_AGAIN = {"evict-sinks-plot", "kvbudget-note"}
 
 
 def ready_for(sm) -> tuple[str, str] | None:

@@ -59,6 +59,7 @@ SHOWS = {
     "KVzip vs SnapKV, only the context compressed": ("#evict-verdict", rf"Full cache answered[\s\S]*{FROM_DISK}"),
     "Chat: the next turn starts from this one's cache": ("#chat-diff", rf"Turn 2: [\d,]+ of [\d,]+[\s\S]*{FROM_DISK}"),
     "The disk tier: blocks spill and come back": ("#disk-demo-summary", rf"came back from disk[\s\S]*{FROM_DISK}"),
+    "Measured: the room served under a KV budget": ("#kvbudget-note", r"At 720\.0 MiB of KV:.*Paged runs"),
 }
 # any text a view shows while its result is still being computed (kvviz/ui/serving/precompute.py)
 WATCH_WAITING = r"""() => {

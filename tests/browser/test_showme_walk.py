@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 
 from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND
-from kvviz.lessons.showme import CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA
+from kvviz.lessons.showme import CHAT_REUSE, DISK_TIER, KV_BUDGET, KVZIP_SNAPKV, LIVE_GQA
 from tests.browser.showme import READY_TIMEOUT_MS, click_and_time, look_for_numbers, numbers_on_screen, show_mes
 from tests.browser.test_learn_journey import open_learn, selected_tabs
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-NEWEST = (CAUSAL_DECODE, FORGET_APPEND, CHAT_REUSE, DISK_TIER, KVZIP_SNAPKV, LIVE_GQA)
+NEWEST = (CAUSAL_DECODE, FORGET_APPEND, CHAT_REUSE, DISK_TIER, KV_BUDGET, KVZIP_SNAPKV, LIVE_GQA)
 
 
 def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, examples_server):

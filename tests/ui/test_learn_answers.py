@@ -132,3 +132,12 @@ def test_the_newest_views_are_reached_from_learn_with_their_own_numbers(lm):
     reuse = re.search(r"the last turn read (\d+) of its (\d+) prompt tokens", lines[CHAT_REUSE.label])
     assert reuse and 0 < int(reuse[1]) < int(reuse[2]), lines[CHAT_REUSE.label]  # most of turn 2 came from turn 1
     assert "per KV head, not per query head" in lines[LIVE_GQA.label] and "512 B per token" in lines[LIVE_GQA.label]
+
+
+def test_a_deployment_that_allows_fewer_new_tokens_than_a_show_me_still_builds(lm):
+    # the Generate show-mes ask for 16 and 24 new tokens: a page limited to 4 builds, and those show-mes press
+    # their button (whose check says why) instead of reading a stored result they may not have
+    ctx = AppContext(lm=lm, settings=Settings(max_new_tokens=4, max_prompt_tokens=1024, concurrency=1))
+    demo = build_app(ctx)
+    notes = [b for b in demo.blocks.values() if str(getattr(b, "elem_id", None) or "").startswith("showme-")]
+    assert notes
