@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         print("the test recorded no times")
         return 1
     found = json.loads(TIMES.read_text())
-    report = {"target_s": TARGET_S, "test_passed": done.returncode == 0, **found}
+    # the test's own bound (``target_s`` there: what fails it) is not the product's target
+    report = {**found, "test_bound_s": found.pop("target_s", None), "target_s": TARGET_S}
+    report["test_passed"] = done.returncode == 0
     for page in ("fresh_server", "warm_server"):
         for tab, seconds in (found.get(page) or {}).items():
             shown = "no chart" if seconds is None else f"{seconds:.2f} s"

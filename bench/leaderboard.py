@@ -88,12 +88,33 @@ def _sweep_share(args: argparse.Namespace, share: int, lm=None) -> SweepResult:
     return run_sweep(lm, samples, policies, ratios, MODES, args.max_new_tokens, progress=progress)
 
 
-def _cells_changed(previous: dict, records: list[dict]) -> int | None:
-    """Cells whose record differs from the stored sweep's (timings aside); None when that sweep is another set-up."""
+SCORE_TOLERANCE = 1e-3  # float scores (KL, retention) that moved less than this count as unchanged: kernel noise
+
+
+def _cells_changed(previous: dict, records: list[dict]) -> dict | None:
+    """Records that differ from the stored sweep's (timings aside), by what moved: the generated answer, or a
+    score by more than :data:`SCORE_TOLERANCE`; None when that sweep is another set-up.
+
+    Matched by (sample, policy, mode, ratio), so a sweep merged from workers compares with one written in order.
+    """
     if previous.get("config", {}).get("policies") is None or len(previous.get("records", [])) != len(records):
         return None
-    strip = lambda r: {k: v for k, v in r.items() if k not in TIMING_FIELDS}  # noqa: E731
-    return sum(strip(a) != strip(b) for a, b in zip(previous["records"], records))
+    key = lambda r: (r["sample"], r["policy"], r["mode"], r["ratio"])  # noqa: E731
+    before = {key(r): r for r in previous["records"]}
+    answers = scores = 0
+    for record in records:
+        old = before.get(key(record))
+        if old is None:
+            return None
+        answers += old.get("answer") != record.get("answer")
+        scores += any(
+            abs(v - old[k]) > SCORE_TOLERANCE
+            if isinstance(v, float) and isinstance(old.get(k), float)
+            else v != old.get(k)
+            for k, v in record.items()
+            if k not in TIMING_FIELDS and k != "answer"
+        )
+    return {"answers": answers, "scores": scores, "score_tolerance": SCORE_TOLERANCE}
 
 
 def _run(args: argparse.Namespace, lm) -> dict:
@@ -126,8 +147,8 @@ def _run(args: argparse.Namespace, lm) -> dict:
     b, t = data["bench"], result.timings
     print(result.table().to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(
-        f"{b['workers']} process(es) × {b['threads']} thread(s); records differing from the stored sweep: "
-        f"{b['cells_changed_from_stored']}"
+        f"{b['workers']} process(es) × {b['threads']} thread(s); records differing from the stored sweep "
+        f"(answers, scores): {b['cells_changed_from_stored']}"
     )
     print(
         f"{b['samples']} samples × {b['cells']} cells in {b['wall_s']:.0f} s (target ≤ {TARGET_S:.0f} s; prefill "

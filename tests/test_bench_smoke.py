@@ -96,7 +96,9 @@ def test_leaderboard_bench_in_two_processes_records_what_one_does(bench, lm, tmp
     two = lb.main([*argv, "--workers", "2"])  # two spawned processes, each loading the model
     assert two["bench"]["workers"] == 2 and two["config"]["processes"] == 2
     assert [s["key"] for s in two["samples"]] == [s["key"] for s in one["samples"]]
-    assert two["bench"]["cells_changed_from_stored"] == 0, "a sample's cells changed when swept in another process"
+    assert two["bench"]["cells_changed_from_stored"] == {"answers": 0, "scores": 0, "score_tolerance": 1e-3}, (
+        "a sample's cells changed when swept in another process"
+    )
     assert len(two["records"]) == len(one["records"]) > 3 * 2 * 2  # SnapKV refuses a few cells of so short a prompt
     assert two["skipped"] == one["skipped"]
 

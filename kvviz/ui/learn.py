@@ -18,8 +18,9 @@ import gradio as gr
 from kvviz.capture.loop import capture
 from kvviz.demo_store import Compute, Progress
 from kvviz.lessons.guesses import judge
-from kvviz.lessons.objectives import EQUIVALENCE, OBJECTIVES, PITFALLS, ShowMe, decode_step_view
+from kvviz.lessons.objectives import EQUIVALENCE, OBJECTIVES, PITFALLS, decode_step_view
 from kvviz.lessons.questions import QUESTIONS, Answer, Question
+from kvviz.lessons.showme import ShowMe
 from kvviz.ui.page.present import STEP_CLASS
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext

@@ -50,6 +50,7 @@ RUN_STEPS = {
     ("run", "disk-tier demo"),
     ("run_live", "KV-budget replay"),
     ("serve_sim", "KV-budget replay"),
+    ("run", "two-turn chat"),
 }
 # buttons whose click is a quick check step, then the run
 CHECKED = {
@@ -63,6 +64,7 @@ CHECKED = {
     "eviction × paging",
     "disk-tier demo",
     "KV-budget replay",
+    "two-turn chat",
 }
 
 
