@@ -163,7 +163,7 @@ def show_me_button(
         (by component: what is not named stays as it is)."""
         if not available:
             gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
-            return {}
+            return gr.skip()
         shown = {c: sm.values[k] for k, c in targets}
         if answer is not None:
             out = answered(request, list(current))

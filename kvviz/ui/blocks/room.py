@@ -116,12 +116,15 @@ def _live(ctx: AppContext) -> None:
     decode = decoder(ctx)
     events.build(ctx, decode)
 
-    def tick(last, request: gr.Request) -> dict:
+    def fresh(last, request: gr.Request) -> dict:
         # no session (a bare API call) is a session of its own: it reads only the server's and shared blocks
         room = refresh(ctx, decode, last, session_of(request))
         if room is None:
             return {}
         return {summary: room.summary, tree: room.tree, table: room.table, sources: room.sources, shown: room.sig}
+
+    def tick(last, request: gr.Request):
+        return fresh(last, request) or gr.skip()  # an empty dict is refused by Gradio: nothing new skips them all
 
     outputs = [summary, tree, table, sources, shown]
     tab = _enclosing_tab()
@@ -131,7 +134,7 @@ def _live(ctx: AppContext) -> None:
         return
 
     def opened(last, request: gr.Request) -> dict:
-        return {**tick(last, request), timer: gr.Timer(active=True)}
+        return {**fresh(last, request), timer: gr.Timer(active=True)}
 
     def switched(evt: gr.SelectData):
         return gr.Timer(active=evt.value == tab.label)

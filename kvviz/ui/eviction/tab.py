@@ -170,7 +170,7 @@ def _wire(ctx: AppContext, f: _Form, v: _Views, comparison, composition, demos) 
 
     def redraw(result, lyr, hd, st) -> dict:
         label = POLICIES[result.policy].score_label if result is not None else ""
-        return v.run_views(views(result, lyr, hd, st, label))
+        return v.run_views(views(result, lyr, hd, st, label)) or gr.skip()  # no run: nothing to redraw
 
     for control in (v.layer, v.head, v.step):
         pickers = [f.run_state, v.layer, v.head, v.step]

@@ -204,10 +204,11 @@ def opening(ctx: AppContext, views: Views):
     return root.load(show, None, outputs, api_name=False, concurrency_limit=None, show_progress="hidden")
 
 
-def replay(views: Views, trace, step) -> dict:
-    """The token strip and cache growth as they were after decode step ``step`` of the session's run."""
+def replay(views: Views, trace, step):
+    """The token strip and cache growth as they were after decode step ``step`` of the session's run (no run:
+    both left as they are)."""
     if trace is None:
-        return {}
+        return gr.skip()
     with user_errors():
         upto = whole_number(step or 0, "Step", 0, MAX_STEP)
     return {views.tokens: fig.token_spans(trace, upto), views.growth: fig.cache_growth(trace, upto=upto)}

@@ -213,7 +213,7 @@ def wire(ctx: AppContext, views: Views) -> None:
     def pick_gpu(name):
         if name in GPUS:
             return {w["gpu_mem_gb"]: GPUS[name].memory_gb, w["bandwidth_tbps"]: GPUS[name].bandwidth_tbps}
-        return {}
+        return gr.skip()  # "Custom": the typed numbers stay (Gradio refuses an empty dict)
 
     w["source"].change(show_source, w["source"], [w["preset"], w["pasted"], w["upload"]], queue=False, api_name=False)
     w["gpu"].change(pick_gpu, w["gpu"], [w["gpu_mem_gb"], w["bandwidth_tbps"]], queue=False, api_name=False)
