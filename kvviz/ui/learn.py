@@ -21,7 +21,9 @@ from kvviz.lessons.guesses import judge
 from kvviz.lessons.objectives import EQUIVALENCE, OBJECTIVES, PITFALLS, decode_step_view
 from kvviz.lessons.questions import QUESTIONS, Answer, Question
 from kvviz.lessons.showme import ShowMe
+from kvviz.ui.page import sections
 from kvviz.ui.page.present import STEP_CLASS
+from kvviz.ui.page.showme_js import PRESS_JS
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.job import Size
@@ -29,36 +31,7 @@ from kvviz.ui.serving.model_job import ModelJob, prompt_ids
 from kvviz.ui.serving.sessions import user_errors
 
 EXAMPLE_PROMPT = "Once upon a time"
-PRESS_JS = """(mode) => {
-  const press = mode === 'stored' ? null : __PRESS__, anchor = __ANCHOR__, controls = __CONTROLS__, t0 = Date.now();
-  const shown = (el) => el && el.getClientRects().length > 0;
-  const spot = () => {  // once the view is on screen: bring it into sight and outline it and its controls
-    const a = anchor ? document.getElementById(anchor) : null;
-    if (!shown(a)) return Date.now() - t0 < 120000 ? setTimeout(spot, 100) : null;
-    let moved = false;
-    for (const ev of ['wheel', 'touchmove', 'mousedown']) addEventListener(ev, () => { moved = true; }, {once: true, passive: true});
-    const centre = () => a.scrollIntoView({behavior: 'instant', block: a.offsetHeight > innerHeight ? 'start' : 'center'});
-    const marked = [a, ...controls.map((id) => document.getElementById(id)).filter(shown)];
-    for (const el of marked) { el.classList.remove('kvviz-spot'); void el.offsetWidth; el.classList.add('kvviz-spot'); }
-    setTimeout(() => marked.forEach((el) => el.classList.remove('kvviz-spot')), 4000);
-    let last = null;
-    const settle = (since) => {  // results arriving move the layout: keep the view in sight until it settles
-      if (moved || Date.now() - since > 6000) return;
-      const r = a.getBoundingClientRect(), now = `${Math.round(r.top)}:${Math.round(r.height)}`;
-      if (now !== last) { centre(); last = (() => { const q = a.getBoundingClientRect(); return `${Math.round(q.top)}:${Math.round(q.height)}`; })(); }
-      setTimeout(() => settle(since), 150);
-    };
-    settle(Date.now());
-  };
-  const tick = () => {
-    const el = press ? document.getElementById(press) : null;
-    if (press && !el && Date.now() - t0 < 10000) return setTimeout(tick, 100);
-    if (el) (el.tagName === 'BUTTON' ? el : (el.querySelector('button') || el)).click();
-    spot();
-  };
-  setTimeout(tick, 150);
-  return [];
-}"""
+
 READY_POLL_S = 2.0  # how often an open Learn tab refreshes the "ready examples" line until all are ready
 
 
@@ -158,15 +131,22 @@ def show_me_button(
             return None
         return None if out is None else by_name(answer.outputs, out)
 
-    def load(request: gr.Request, *current) -> dict:
-        """The show-me's values into its targets, the tab to open, and what the view can show at once
-        (by component: what is not named stays as it is)."""
+    # the sub-tab (a section of the Blocks tab) its view, its button and its controls are in, opened by the page
+    shown_in = [sections.by_elem_id(sm.anchor or ""), ctx.components.get(sm.press or ""), *(c for _, c in targets)]
+    opens = sections.opening(shown_in, ctx.tabs) if available else []
+
+    def load(request: gr.Request, *current):
+        """The show-me's values into its targets, the tab (and sub-tab) to open, and what the view can show at
+        once (by component: what is not named stays as it is)."""
         if not available:
             gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
             return gr.skip()
+        return fill(request, list(current))
+
+    def fill(request: gr.Request, current: list) -> dict:
         shown = {c: sm.values[k] for k, c in targets}
         if answer is not None:
-            out = answered(request, list(current))
+            out = answered(request, current)
             if out is None:
                 return {**shown, ctx.tabs: gr.Tabs(selected=first_tab), pending: None, mode: "press"}
             return {**shown, ctx.tabs: gr.Tabs(selected=sm.tab), pending: None, mode: "stored", **out}
@@ -191,6 +171,7 @@ def show_me_button(
     if available:
         controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
         js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))
+        js = js.replace("__SECTIONS__", json.dumps(opens))
         event.then(None, [mode] if mode is not None else None, None, js=js.replace("__ANCHOR__", json.dumps(sm.anchor)))
     return (shown, note) if look else None
 

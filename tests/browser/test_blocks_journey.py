@@ -44,7 +44,9 @@ def test_blocks_journey(page, screenshot):
     _number(page, "blocks-layer", "7")
     _title(page, "blocks-slots", r"^Layer 7: \d+ entries in \d+ blocks of 8 slots")
 
-    # two students' prompts share the blocks of their common prefix
+    # two students' prompts share the blocks of their common prefix (the section's sub-tab; the block size chosen
+    # in the live view holds there too)
+    page.get_by_role("tab", name="Prefix sharing").click()
     page.locator("#share-run").click()
     share = page.locator("#share-summary")
     share.get_by_text(re.compile(r"full blocks of 8\*?\*? in common")).wait_for(timeout=120_000)
@@ -53,6 +55,7 @@ def test_blocks_journey(page, screenshot):
     assert page.locator("#share-table").get_by_text("found in prefix cache").count() >= 1
 
     # eviction meets paging: tokens evicted against blocks freed
+    page.get_by_role("tab", name="Eviction × paging").click()
     _number(page, "evblocks-budget", "32")
     page.locator("#evblocks-run").click()
     page.locator("#evblocks-note").get_by_text(re.compile("Page-aligned policies free more")).wait_for(timeout=180_000)
@@ -68,6 +71,7 @@ def test_blocks_journey(page, screenshot):
     page.locator("#generate-btn").click()
     page.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=180_000)
     page.get_by_role("tab", name="Blocks").click()
+    page.get_by_role("tab", name="Paging, live").click()  # the tab kept the sub-tab last opened
     page.locator("#blocks-status").get_by_text(re.compile("latest Generate run")).wait_for(timeout=60_000)
 
     # the engine's start-up log in the Memory tab

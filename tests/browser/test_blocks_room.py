@@ -27,6 +27,7 @@ def test_the_room_section_lists_blocks_live(page, browser_context, app_server, s
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.get_by_role("tab", name="Blocks").click()
+    page.get_by_role("tab", name="The room's cache").click()  # the section's sub-tab
     room = page.locator("#room-summary")
     room.get_by_text(re.compile(r"Hit rate \d+%")).wait_for(timeout=30_000)
 

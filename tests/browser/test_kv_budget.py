@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from kvviz.figures.kv_budget import MODE_TITLES
+from tests.browser.test_learn_journey import open_tab
 
 TRACES_JS = """(id) => { const p = document.querySelector('#' + id + ' .js-plotly-plot');
   return p && p.data ? p.data.map((t) => t.name) : null; }"""
@@ -24,6 +25,7 @@ def test_the_budget_slider_and_a_live_replay_redraw_every_mode(browser_context, 
         page.set_viewport_size({"width": 1920, "height": 1080})
         page.set_default_timeout(30_000)
         page.goto(app_server + "?tab=blocks&present=1", wait_until="load")
+        open_tab(page, "#blocks-sections", "Under a KV budget")  # the section's sub-tab
         page.locator("#kvbudget-note").scroll_into_view_if_needed()
         assert _note(page).startswith("At 720.0 MiB of KV:")  # the stored replays, drawn before any click
         page.wait_for_function(f"({TRACES_JS})('kvbudget-running') !== null")

@@ -86,11 +86,14 @@ def refresh(ctx: AppContext, decode: Callable[[tuple[int, ...]], str], last, vie
     return Room(fig.room_summary(view, bpt), fig.room_tree(view, texts), fig.room_table(view, texts, bpt), sources, sig)
 
 
-def _enclosing_tab() -> gr.Tab | None:
-    block = Context.block
-    while block is not None and not isinstance(block, gr.Tab):
+def _enclosing_tabs() -> list[gr.Tab]:
+    """The tabs the section is built in, innermost first (the Blocks tab's sub-tab, then the Blocks tab)."""
+    tabs, block = [], Context.block
+    while block is not None:
+        if isinstance(block, gr.Tab):
+            tabs.append(block)
         block = block.parent
-    return block
+    return tabs
 
 
 def build(ctx: AppContext) -> None:
@@ -127,21 +130,31 @@ def _live(ctx: AppContext) -> None:
         return fresh(last, request) or gr.skip()  # an empty dict is refused by Gradio: nothing new skips them all
 
     outputs = [summary, tree, table, sources, shown]
-    tab = _enclosing_tab()
-    timer = gr.Timer(REFRESH_S, active=tab is None or ctx.tabs is None)
+    tabs = _enclosing_tabs()
+    timer = gr.Timer(REFRESH_S, active=not tabs or ctx.tabs is None)
     timer.tick(tick, shown, outputs, api_name=False, show_progress="hidden", queue=False)
-    if tab is None or ctx.tabs is None:
+    if not tabs or ctx.tabs is None:
         return
 
     def opened(last, request: gr.Request) -> dict:
         return {**fresh(last, request), timer: gr.Timer(active=True)}
 
-    def switched(evt: gr.SelectData):
-        return gr.Timer(active=evt.value == tab.label)
+    # Tab.select also fires when another view switches to this tab; Tabs.select when the user leaves it. Inside a
+    # sub-tab, opening the outer tab starts the timer (its sub-tab may be the one shown) and the sub-tabs' own bar
+    # stops it when another sub-tab is picked
+    for tab in tabs:
+        bar = ctx.tabs if tab is tabs[-1] else tab.parent
+        tab.select(opened, shown, [*outputs, timer], api_name=False, show_progress="hidden", queue=False)
+        bar.select(_shown_while(tab.label), None, timer, api_name=False, show_progress="hidden", queue=False)
 
-    # Tab.select also fires when another view switches to this tab; Tabs.select when the user leaves it
-    tab.select(opened, shown, [*outputs, timer], api_name=False, show_progress="hidden", queue=False)
-    ctx.tabs.select(switched, None, timer, api_name=False, show_progress="hidden", queue=False)
+
+def _shown_while(label: str):
+    """A tab bar's select handler: the timer runs while the tab called ``label`` is the one picked."""
+
+    def switched(evt: gr.SelectData):
+        return gr.Timer(active=evt.value == label)
+
+    return switched
 
 
 DISK = (

@@ -5,7 +5,8 @@ generation) or runs its own prompt through the gate; its numbers come from :mod:
 its figures from :mod:`kvviz.figures.blocks`. The sharing and eviction sections live in
 ``blocks_sharing.py`` and ``blocks_eviction.py``. No arithmetic here: handlers check inputs and wire
 events. The named endpoint ``/blocks`` returns the JSON of ``python -m kvviz blocks --json``.
-The engine's real prefix cache, live, is the section in ``blocks_room.py``.
+The engine's real prefix cache, live, is the section in ``blocks_room.py``. Each section is a sub-tab
+(:data:`SECTIONS`): the tab opens on the live view, drawn at once, and a section's charts are drawn when it is opened.
 """
 
 from __future__ import annotations
@@ -164,15 +165,34 @@ class _Views:
         return [self.state, self.source, self.step, *self.view_outputs()]
 
 
+# the tab's sections, one sub-tab each (title, id): a sub-tab's charts are drawn when it is first opened, so the
+# tab opens on the live view alone instead of drawing some twenty charts at once
+SECTIONS = (
+    ("Paging, live", "blocks_paging"),
+    ("Prefix sharing", "blocks_sharing"),
+    ("The room's cache", "blocks_room"),
+    ("Eviction × paging", "blocks_eviction"),
+    ("Under a KV budget", "blocks_budget"),
+)
+
+
 def build(ctx: AppContext) -> None:
-    """Build the tab inside the caller's ``gr.Tab``: the live view's layout, its wiring, then the sections."""
-    v = _layout(ctx)
-    live_outputs = _wire(ctx, v)
-    blocks_sharing.build(ctx, v.block_size)
-    blocks_room.build(ctx)
-    leak, leak_outputs = blocks_reuse.build(ctx)
-    blocks_eviction.build(ctx, v.block_size)
-    blocks_budget.build(ctx)
+    """Build the tab inside the caller's ``gr.Tab``: the live view's layout and wiring, then the sections, each in
+    a sub-tab of its own."""
+    titles = dict(SECTIONS)
+    with gr.Tabs(elem_id="blocks-sections"):
+        with gr.Tab("Paging, live", id=titles["Paging, live"]):
+            v = _layout(ctx)
+            live_outputs = _wire(ctx, v)
+        with gr.Tab("Prefix sharing", id=titles["Prefix sharing"]):
+            blocks_sharing.build(ctx, v.block_size)
+        with gr.Tab("The room's cache", id=titles["The room's cache"]):
+            blocks_room.build(ctx)
+            leak, leak_outputs = blocks_reuse.build(ctx)
+        with gr.Tab("Eviction × paging", id=titles["Eviction × paging"]):
+            blocks_eviction.build(ctx, v.block_size)
+        with gr.Tab("Under a KV budget", id=titles["Under a KV budget"]):
+            blocks_budget.build(ctx)
     planner = ctx.planners.get("generate.button")
     if ctx.trace_state is not None and planner is not None:
 

@@ -28,6 +28,30 @@ def test_the_timer_starts_only_when_the_tab_is_opened(lm):
     assert (tab._id, "select") in targets and (ctx.tabs._id, "select") in targets and (timer._id, "tick") in targets
 
 
+def test_in_a_sub_tab_the_timer_follows_both_bars(lm):
+    ctx = AppContext(lm=lm, settings=Settings())
+    with gr.Blocks() as demo, gr.Tabs() as ctx.tabs:
+        with gr.Tab("Other"):
+            gr.Markdown("other")
+        with gr.Tab("Blocks") as tab, gr.Tabs() as sections:
+            with gr.Tab("Paging"):
+                gr.Markdown("paging")
+            with gr.Tab("The room's cache") as section:
+                blocks_room.build(ctx)
+    (timer,) = _timers(demo)
+    assert timer.active is False
+    wired = {}
+    for d in demo.fns.values():
+        wired.setdefault(d.targets[0], []).append(d)
+    for source in (tab, section):  # opening the tab (its sub-tab may be shown) or the sub-tab starts it
+        (opened,) = wired[(source._id, "select")]
+        assert timer in opened.outputs
+    for bar, label in ((ctx.tabs, "Blocks"), (sections, "The room's cache")):  # picking another stops it
+        (switched,) = wired[(bar._id, "select")]
+        assert switched.fn(gr.SelectData(None, {"index": 0, "value": label, "selected": True})).active is True
+        assert switched.fn(gr.SelectData(None, {"index": 0, "value": "Paging", "selected": True})).active is False
+
+
 def test_outside_tabs_it_polls_from_the_start(lm):
     ctx = AppContext(lm=lm, settings=Settings())
     with gr.Blocks() as demo:
