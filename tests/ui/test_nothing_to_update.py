@@ -9,6 +9,7 @@ through Gradio's own ``postprocess_data``, as a served request does.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -39,7 +40,9 @@ def _event(demo, name: str, n_outputs: int, elem_id: str | None = None):
 
 def _served(demo, event, answer) -> list:
     """The answer as Gradio post-processes a served one (raises where Gradio would refuse it)."""
-    return asyncio.run(demo.postprocess_data(event, answer, None))
+    # in a thread of its own: Playwright may leave an event loop running in the main one
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, demo.postprocess_data(event, answer, None)).result()
 
 
 def test_the_room_view_tick_with_nothing_new_is_accepted(app):
