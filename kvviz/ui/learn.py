@@ -136,17 +136,14 @@ def show_me_button(
     opens = sections.opening(shown_in, ctx.tabs) if available else []
 
     def load(request: gr.Request, *current):
-        """The show-me's values into its targets, the tab (and sub-tab) to open, and what the view can show at
-        once (by component: what is not named stays as it is)."""
+        """The show-me's values into its targets, the tab to open, and what the view can show at once (by
+        component: what is not named stays as it is); the page then opens the sub-tab (``opens``)."""
         if not available:
             gr.Warning(f"The {_prefix(sm.tab)} view is not in this build yet.")
             return gr.skip()
-        return fill(request, list(current))
-
-    def fill(request: gr.Request, current: list) -> dict:
         shown = {c: sm.values[k] for k, c in targets}
         if answer is not None:
-            out = answered(request, current)
+            out = answered(request, list(current))
             if out is None:
                 return {**shown, ctx.tabs: gr.Tabs(selected=first_tab), pending: None, mode: "press"}
             return {**shown, ctx.tabs: gr.Tabs(selected=sm.tab), pending: None, mode: "stored", **out}

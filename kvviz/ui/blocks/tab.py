@@ -165,33 +165,27 @@ class _Views:
         return [self.state, self.source, self.step, *self.view_outputs()]
 
 
-# the tab's sections, one sub-tab each (title, id): a sub-tab's charts are drawn when it is first opened, so the
-# tab opens on the live view alone instead of drawing some twenty charts at once
-SECTIONS = (
-    ("Paging, live", "blocks_paging"),
-    ("Prefix sharing", "blocks_sharing"),
-    ("The room's cache", "blocks_room"),
-    ("Eviction × paging", "blocks_eviction"),
-    ("Under a KV budget", "blocks_budget"),
-)
+# the tab's sections, one sub-tab each: a sub-tab's charts are drawn when it is first opened, so the tab opens on
+# the live view alone instead of drawing some twenty charts at once
+SECTIONS = ("Paging, live", "Prefix sharing", "The room's cache", "Eviction × paging", "Under a KV budget")
 
 
 def build(ctx: AppContext) -> None:
     """Build the tab inside the caller's ``gr.Tab``: the live view's layout and wiring, then the sections, each in
     a sub-tab of its own."""
-    titles = dict(SECTIONS)
+    paging, sharing, room, evicting, budget = SECTIONS
     with gr.Tabs(elem_id="blocks-sections"):
-        with gr.Tab("Paging, live", id=titles["Paging, live"]):
+        with gr.Tab(paging):
             v = _layout(ctx)
             live_outputs = _wire(ctx, v)
-        with gr.Tab("Prefix sharing", id=titles["Prefix sharing"]):
+        with gr.Tab(sharing):
             blocks_sharing.build(ctx, v.block_size)
-        with gr.Tab("The room's cache", id=titles["The room's cache"]):
+        with gr.Tab(room):
             blocks_room.build(ctx)
             leak, leak_outputs = blocks_reuse.build(ctx)
-        with gr.Tab("Eviction × paging", id=titles["Eviction × paging"]):
+        with gr.Tab(evicting):
             blocks_eviction.build(ctx, v.block_size)
-        with gr.Tab("Under a KV budget", id=titles["Under a KV budget"]):
+        with gr.Tab(budget):
             blocks_budget.build(ctx)
     planner = ctx.planners.get("generate.button")
     if ctx.trace_state is not None and planner is not None:

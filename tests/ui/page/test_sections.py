@@ -57,7 +57,7 @@ def _page_js(demo, sm) -> str:
 )
 def test_a_show_me_opens_the_blocks_section_its_view_is_in(learn, sm, title):
     _ctx, demo = learn
-    assert title in [t for t, _ in SECTIONS]
+    assert title in SECTIONS
     assert f'const sections = [["blocks-sections", "{title}"]];' in _page_js(demo, sm).replace("\\u00d7", "×")
 
 
