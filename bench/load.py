@@ -130,13 +130,38 @@ class HttpStudent:
         return json.loads(text)[0]
 
 
+BAD_INPUTS = ({"context": 10**15}, {"batch": -3})  # what /memory must refuse at once, the room running or not
+BAD_AFTER_S = 1.5  # into the wave: the room's prompts are in the engine by then
+
+
+def bad_input(c: Client) -> list[dict]:
+    """Send /memory each of :data:`BAD_INPUTS`: the seconds until it was refused, and whether it was."""
+    out = []
+    for bad in BAD_INPUTS:
+        t0 = time.perf_counter()
+        try:
+            c.predict("Llama-3-8B", **{"context": 8192, "batch": 1, **bad}, api_name="/memory")
+            refused = False
+        except Exception:  # gradio_client raises the server's error
+            refused = True
+        out.append({"input": bad, "refused": refused, "seconds": round(time.perf_counter() - t0, 3)})
+    return out
+
+
 def wave(
-    url: str, prompts: list[str], new_tokens: int, solo: dict[str, str], spread_s: float = 0.0, kind: str = "gradio"
+    url: str,
+    prompts: list[str],
+    new_tokens: int,
+    solo: dict[str, str],
+    spread_s: float = 0.0,
+    kind: str = "gradio",
+    probe_bad: bool = False,
 ) -> dict:
     """One student per prompt: all at once (a barrier releases them together), or arriving evenly over
-    ``spread_s`` seconds; checks each answer against its solo run. Latency: press to full answer."""
+    ``spread_s`` seconds; checks each answer against its solo run. Latency: press to full answer.
+    ``probe_bad``: a visitor of its own sends bad input to ``/memory`` :data:`BAD_AFTER_S` into the wave."""
     n = len(prompts)
-    barrier = threading.Barrier(n)
+    barrier = threading.Barrier(n + probe_bad)
     clients: list[Client | HttpStudent | None] = [None] * n
 
     def student(i: int) -> tuple[float, str | None, str | None, int]:
@@ -150,9 +175,17 @@ def wave(
         except Exception as exc:  # every failure is counted and reported, none is hidden
             return time.perf_counter() - t0, None, f"{type(exc).__name__}: {exc}", 0
 
+    def visitor() -> list[dict]:
+        c = client(url)
+        barrier.wait()
+        time.sleep(BAD_AFTER_S)
+        return bad_input(c)
+
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(n) as pool:
+    with ThreadPoolExecutor(n + probe_bad) as pool:
+        probe = pool.submit(visitor) if probe_bad else None
         results = list(pool.map(student, range(n)))
+        refusals = probe.result() if probe is not None else None
     wall = time.perf_counter() - t0
     lat = sorted(r[0] for r in results)
     errors = [r[2] for r in results if r[2]]
@@ -168,6 +201,7 @@ def wave(
         "cached_prompt_tokens_mean": round(statistics.mean(r[3] for r in results), 1),
         "errors": errors,
         "wrong_answers": wrong,
+        **({"bad_input_during_wave": refusals} if refusals is not None else {}),
     }
 
 
@@ -231,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"solo (library): {n_max} prompts, {solo_s:.2f} s each, {distinct} distinct answers; RSS {rss0} MiB")
         waves = []
         for prompts, spread in plan:
-            w = wave(url, prompts, args.new_tokens, solo, spread, args.client)
+            w = wave(url, prompts, args.new_tokens, solo, spread, args.client, probe_bad=not waves)
             gc.collect()  # closes this wave's clients; let the server see their sessions end before measuring
             time.sleep(args.settle_s)
             w["rss_mib_after"] = None if pid is None else round(rss_mib(pid), 1)
@@ -241,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{w['wall_s']} s, p50 {w['p50_s']} s, p95 {w['p95_s']} s, errors {len(w['errors'])}, "
                 f"wrong {len(w['wrong_answers'])}, cached prompt tokens {w['cached_prompt_tokens_mean']}, "
                 f"RSS {w['rss_mib_after']} MiB"
+                + (f"; bad input: {w['bad_input_during_wave']}" if "bad_input_during_wave" in w else "")
             )
         with urllib.request.urlopen(url, timeout=10) as r:
             up = r.status == 200

@@ -10,7 +10,7 @@ own (``repeat_prompt``): the engine shares a finished run with an identical requ
 beside wall seconds (the server's and the browser's for the page run): on a shared machine they
 show where the time went when other work slows everything down. The run must produce exactly
 the requested tokens (a prompt that stops at an end token is refused) and the page must end with
-one chip per token. Target: page tokens/s ≥ 0.6 × library tokens/s. Writes
+one chip per token. Target: page tokens/s ≥ 0.8 × library tokens/s. Writes
 ``bench/results/page_speed.json``.
 """
 
@@ -32,7 +32,7 @@ from kvviz.capture.loop import capture
 from kvviz.capture.model_io import encode_prompt
 from kvviz.models import load_model
 
-TARGET_RATIO = 0.6
+TARGET_RATIO = 0.8  # the room-in-half-the-time issue (#42): the page at ≥ 0.8× the library
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 # every new text of the status line, with its time (ms since the page loaded), kept in the page
 WATCH_STATUS = """() => {

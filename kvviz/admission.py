@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvviz.limits import IDLE_RELEASE_S
+
 REAP_AFTER = 2.0  # × a ticket's budget: past it the gate frees the slot itself (the job should long have stopped)
 WAIT_POLL_S = 1.0  # a waiting job looks for slots to free this often
 
@@ -90,6 +92,36 @@ def release_memory() -> None:
     gc.collect()
     if _TRIM is not None:
         _TRIM(0)
+
+
+_pending: dict[Callable[[], bool], threading.Timer] = {}  # one scheduled release per idle test
+_pending_lock = threading.Lock()
+
+
+def release_when_idle(idle: Callable[[], bool], after_s: float | None = None) -> None:
+    """:func:`release_memory` once ``idle()`` has held for ``after_s`` seconds (:data:`IDLE_RELEASE_S`): in a
+    thread of its own, later, not on the way out of the jobs that just ended. ``gc.collect`` walks the whole
+    heap and ``malloc_trim`` runs holding the interpreter; called when a room's last run ends they held up the
+    24 answers waiting to be sent. A newer call for the same ``idle`` restarts the wait."""
+    delay = IDLE_RELEASE_S if after_s is None else after_s
+
+    def fire() -> None:
+        with _pending_lock:
+            if _pending.get(idle) is not timer:
+                return
+            del _pending[idle]
+        if idle():
+            release_memory()
+
+    timer = threading.Timer(delay, fire)
+    timer.daemon = True
+    timer.name = "kvviz-release"
+    with _pending_lock:
+        old = _pending.pop(idle, None)
+        if old is not None:
+            old.cancel()
+        _pending[idle] = timer
+    timer.start()
 
 
 # a container's memory limit: cgroup v2, then v1 ("max", or a huge number, where there is none)
@@ -360,13 +392,17 @@ class Gate:
 
     def release(self, ticket: Ticket) -> None:
         """The job ended (or its caller went away): free its slot or its place in line; the last one out
-        hands the memory the jobs freed back to the OS (:func:`release_memory`)."""
+        hands the memory the jobs freed back to the OS once the gate has stayed idle (:func:`release_when_idle`)."""
         with self._cond:
             was_running = ticket in self._running
             self._free(ticket)
             idle = was_running and not self._running and not self._waiting
         if idle:
-            release_memory()
+            release_when_idle(self._quiet)
+
+    def _quiet(self) -> bool:
+        with self._cond:
+            return not self._running and not self._waiting
 
     def _free(self, ticket: Ticket) -> None:
         if not ticket.released:

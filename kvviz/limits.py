@@ -108,6 +108,9 @@ MIN_TOP_P = 1e-6
 # together at most this many bytes. A short chat's trace is well under 1 MiB, so a room's duplicates are all
 # kept; one long prompt's attention maps are hundreds of MiB, and kept 16 at a time they held gigabytes.
 FINISHED_RUNS_BYTES = 64 * 2**20
+# seconds the engine or a gate stays idle before the freed heap goes back to the OS (gc and malloc_trim hold the
+# interpreter for a few hundred milliseconds: right at a room's end they would delay the answers being sent)
+IDLE_RELEASE_S = 1.5
 
 
 # ---- the Memory tab and /memory ------------------------------------------------------------------

@@ -153,19 +153,59 @@ def test_closing_the_gate_ends_running_budgets_cancels_the_line_and_admits_no_on
     assert gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
 
 
+def no_release_pending(admission) -> None:
+    """Cancel the releases earlier tests' gates scheduled: one firing now would be counted as this test's."""
+    with admission._pending_lock:
+        for timer in admission._pending.values():
+            timer.cancel()
+        admission._pending.clear()
+
+
 def test_the_last_job_out_hands_freed_memory_back_and_no_other_does(monkeypatch):
     import kvviz.admission as admission
 
-    calls: list[dict] = []
+    no_release_pending(admission)
+    calls: list[tuple[dict, str]] = []
     gate = Gate(slots=2)
-    monkeypatch.setattr(admission, "release_memory", lambda: calls.append(gate.snapshot()))
+    monkeypatch.setattr(admission, "IDLE_RELEASE_S", 0.05)
+    monkeypatch.setattr(
+        admission, "release_memory", lambda: calls.append((gate.snapshot(), threading.current_thread().name))
+    )
     first, second, third = gate.admit("a"), gate.admit("b"), gate.admit("c")  # c waits for a slot
     first.release()
     second.release()
+    time.sleep(0.2)
     assert calls == [], "memory was trimmed while a job was still queued or running"
     third.wait(1)
     third.release()
-    assert calls == [{"running": 0, "waiting": 0, "sessions": 0}]
+    # not in the thread of the job that ended (a request handler about to send its answer): later, in its own
+    assert calls == [], "memory was trimmed on the way out of the last job"
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls == [({"running": 0, "waiting": 0, "sessions": 0}, "kvviz-release")]
+
+
+def test_a_release_scheduled_at_idle_is_dropped_when_work_comes_back_and_restarted_by_a_newer_idle(monkeypatch):
+    import kvviz.admission as admission
+
+    no_release_pending(admission)
+    calls: list[str] = []
+    monkeypatch.setattr(admission, "release_memory", lambda: calls.append("released"))
+    state = {"idle": True}
+
+    def idle() -> bool:
+        return state["idle"]
+
+    admission.release_when_idle(idle, after_s=0.05)
+    state["idle"] = False  # a new room arrived before the wait ended: its step is not interrupted
+    time.sleep(0.2)
+    assert calls == []
+    state["idle"] = True
+    admission.release_when_idle(idle, after_s=0.3)
+    admission.release_when_idle(idle, after_s=0.05)  # a newer idle restarts the wait: one release, not two
+    time.sleep(0.5)
+    assert calls == ["released"]
 
 
 def test_release_memory_returns_a_fragmented_heap_to_the_os():

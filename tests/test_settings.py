@@ -53,7 +53,9 @@ def test_limits_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("KVVIZ_CONCURRENCY", "3")
     monkeypatch.setenv("KVVIZ_MAX_CONFIG_BYTES", "4096")
     monkeypatch.setenv("KVVIZ_SESSION_GRACE_S", "0")
-    assert Settings.from_env().gather_ms == 500  # the served engine gathers a room's presses by default
+    assert Settings.from_env().gather_ms == 0  # the served engine starts a room's first press at once
+    monkeypatch.setenv("KVVIZ_GATHER_MS", "500")
+    assert Settings.from_env().gather_ms == 500
     monkeypatch.setenv("KVVIZ_GATHER_MS", "0")
     s = Settings.from_env()
     assert s.gather_ms == 0
@@ -130,7 +132,7 @@ def test_the_start_up_switches_are_on_unless_turned_off(monkeypatch, raw, on):
 
 @pytest.mark.parametrize("raw", ["true", "1"])
 def test_zerogpu_runs_no_model_work_at_start_up_unless_asked(monkeypatch, raw):
-    """ZeroGPU's main process has no GPU: the warm-up, the show-me examples and the room's gathering are off."""
+    """ZeroGPU's main process has no GPU: the warm-up and the show-me examples are off (no engine gathers by default)."""
     monkeypatch.setenv("SPACES_ZERO_GPU", raw)
     s = Settings.from_env()
     assert s.zero_gpu and not s.warm and not s.precompute and s.gather_ms == 0
@@ -138,7 +140,7 @@ def test_zerogpu_runs_no_model_work_at_start_up_unless_asked(monkeypatch, raw):
     assert Settings.from_env().precompute  # an explicit setting wins
     monkeypatch.setenv("SPACES_ZERO_GPU", "false")
     s = Settings.from_env()
-    assert not s.zero_gpu and s.warm and s.gather_ms == 500
+    assert not s.zero_gpu and s.warm
 
 
 def test_a_public_deployment_bounds_jobs_per_address_and_a_space_reads_its_proxy(monkeypatch):

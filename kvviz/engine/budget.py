@@ -33,7 +33,7 @@ from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.capture.packed import Segment, packable, packed_forward
 from kvviz.engine.budget_ledger import LOSSY, PAGED, Ledger, SharedPool, Split, check_mode, kivi_scheme
 from kvviz.engine.budget_trace import Request, prompt_ids, summarize
-from kvviz.engine.few_rows import few_rows, prepare, threads_for
+from kvviz.engine.few_rows import few_rows, prepare
 from kvviz.limits import (
     MAX_KV_BUDGET_BYTES,
     MAX_KV_BUDGET_NEW_TOKENS,
@@ -241,13 +241,12 @@ class _Replay:
             ids, start = s.gen.next_feed(None)
             feeds.append((s, ids, start))
         t0 = time.perf_counter()
-        with threads_for(sum(len(ids) for _, ids, _ in feeds), self.lm.device):
-            if self.packable and len(feeds) > 1:
-                segments = [Segment(ids, start, s.gen.cache) for s, ids, start in feeds if s.gen is not None]
-                with few_rows():  # the engine's route for a packed step's few rows per weight
-                    rows = [x[-1] for x in packed_forward(self.lm, segments)]
-            else:
-                rows = [forward(self.lm, ids, start, s.gen.cache, None)[-1] for s, ids, start in feeds if s.gen]
+        if self.packable and len(feeds) > 1:
+            segments = [Segment(ids, start, s.gen.cache) for s, ids, start in feeds if s.gen is not None]
+            with few_rows():  # the engine's route for a packed step's few rows per weight
+                rows = [x[-1] for x in packed_forward(self.lm, segments)]
+        else:
+            rows = [forward(self.lm, ids, start, s.gen.cache, None)[-1] for s, ids, start in feeds if s.gen]
         seconds = time.perf_counter() - t0
         self.clock += seconds
         produced = 0

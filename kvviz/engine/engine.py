@@ -15,7 +15,7 @@ holds back only the finished ones' verdicts — so a room's runs, which end a fe
 answer ends at its end-of-text token), stall the batch for one check instead of one per step, and a
 run beside a long one is checked at once.
 
-An idle engine may gather before its first step (the served app does, ``KVVIZ_GATHER_MS``): a room
+An idle engine may gather before its first step (the served app can, ``KVVIZ_GATHER_MS``): a room
 pressing Generate together reaches the server over a second, and a step, once begun, admits no one
 until it ends (a lone prefill that begins while the others arrive makes them end a step after it,
 their check with them). The first run then waits until no new run has been submitted for ``gather_s``
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from kvviz.admission import release_memory
+from kvviz.admission import release_when_idle
 from kvviz.cancel import Cancel
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
@@ -53,7 +53,7 @@ from kvviz.capture.trace import Trace
 from kvviz.capture.verify import check
 from kvviz.engine.chat_turn import keep_turn, store_turn
 from kvviz.engine.disk_tier import DiskTier
-from kvviz.engine.few_rows import few_rows, prepare, threads_for
+from kvviz.engine.few_rows import few_rows, prepare
 from kvviz.engine.handle import Handle, Run
 from kvviz.engine.prefix import PrefixStore
 from kvviz.engine.slots import SlotKV
@@ -119,6 +119,9 @@ class Engine:
             "max_batch_seen": 0,
             "checks": 0,
         }
+        # where the engine's thread spent its time (seconds): waiting for work, gathering a room, steps that
+        # fed a prompt chunk, steps of decoding runs only, checks (the load bench's breakdown reads the deltas)
+        self.seconds = dict.fromkeys(("idle", "gathering", "prefill_steps", "decode_steps", "checks"), 0.0)
 
     # ---- callers --------------------------------------------------------------------------------
     def submit(
@@ -194,6 +197,7 @@ class Engine:
         """Counts for logs, the blocks view and the load bench."""
         with self._cond:
             out: dict[str, Any] = dict(self.counters, waiting=len(self._waiting), running=len(self._running))
+            out["seconds"] = {phase: round(s, 3) for phase, s in self.seconds.items()}
         if self.prefix is not None:
             out["prefix_cache"] = self.prefix.stats()
         return out
@@ -203,7 +207,7 @@ class Engine:
         while not self._closed:  # no local outlives a step: a finished run's cache is freed while the engine waits
             self._advance(self._admit())
             if self._idle():
-                release_memory()  # the room's freed caches go back to the OS before the engine waits
+                release_when_idle(self._idle)  # the room's freed caches go back to the OS once the engine stays idle
         closing = RuntimeError("The server is shutting down; the run was ended.")
         with self._cond:
             runs = [*self._waiting, *self._running, *(run for run, _ in self._unchecked)]
@@ -219,11 +223,15 @@ class Engine:
     def _admit(self) -> list[Run]:
         """Wait for work; move waiting runs into the batch while there is room; the batch."""
         with self._cond:
+            t0 = time.monotonic()
             self._cond.wait_for(lambda: self._waiting or self._running or self._unchecked or self._closed)
+            t1 = time.monotonic()
+            self.seconds["idle"] += t1 - t0
             if self._closed:
                 return []
             if self.gather_s and not self._running and not self._unchecked:
                 self._gather()
+                self.seconds["gathering"] += time.monotonic() - t1
             while self._waiting and len(self._running) < self.max_batch:
                 run = self._waiting.popleft()
                 if run.cancel.cancelled:
@@ -249,8 +257,10 @@ class Engine:
         try:
             if batch:
                 t0 = time.monotonic()
+                phase = "prefill_steps" if any(run.gen.prefilling for run in batch) else "decode_steps"
                 self._step(batch)
                 self._step_s = time.monotonic() - t0
+                self.seconds[phase] += self._step_s
         except Exception as exc:  # a fault ends the runs of this step, never the engine
             # as text: a logged exception object would keep the failed step's frames (and caches) alive
             log.error("engine step failed:\n%s", traceback.format_exc())
@@ -283,7 +293,7 @@ class Engine:
                 budget -= len(fed[1])
                 feeds.append(fed)
         done: list[Run] = []
-        with installed(self.lm.model), threads_for(sum(len(ids) for _, ids, _ in feeds), self.lm.device):
+        with installed(self.lm.model):
             if self.packable and len(feeds) > 1:
                 segments = [Segment(ids, start, run.gen.cache, run.gen.feed_recorder) for run, ids, start in feeds]
                 with few_rows():
@@ -369,6 +379,7 @@ class Engine:
         runs = [run for run, _ in self._unchecked]
         self._unchecked.clear()
         self.counters["checks"] += 1
+        t0 = time.monotonic()
         try:
             with torch.inference_mode():
                 results = check(self.lm, [j.gen for j in runs], timeout=2.0)
@@ -377,6 +388,8 @@ class Engine:
             for run in runs:
                 self._retire(run, exc)
             return
+        finally:
+            self.seconds["checks"] += time.monotonic() - t0
         for run, res in zip(runs, results):
             run.gen.trace.equivalence = res
             self._retire(run, None)

@@ -8,8 +8,9 @@ third of the time (SmolLM2's linears at 12–48 rows; ``bench/few_rows.py``), wh
 on ``F.linear`` is faster, and at a few rows they are alike. :func:`prepare` gives a model's plain
 ``nn.Linear`` layers that second route, and :func:`few_rows` turns it on for the calling thread
 only: every other thread sharing the model computes exactly as before. The two routes differ only
-in the order of the sums (a few 1e-6 in this model's products). :func:`threads_for` runs the
-smallest steps, a lone run decoding, on one thread.
+in the order of the sums (a few 1e-6 in this model's products). (A lone run's decode step
+once ran on one intra-op thread; ``bench/page_speed.py`` measured the page faster with both: 0.68× the
+library against 0.57×, so that rule is gone.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import torch
 from kvviz.models import LoadedModel
 
 ROWS = range(12, 57)  # row counts where W·xᵀ beat x·Wᵀ over one forward's linears (bench/few_rows.py)
-ONE_THREAD_ROWS = 2  # a forward of at most this many rows (a lone run's decode step) runs on one thread
 _state = threading.local()
 
 
@@ -66,19 +66,3 @@ def few_rows() -> Iterator[None]:
         yield
     finally:
         _state.on = previous
-
-
-@contextmanager
-def threads_for(rows: int, device: torch.device) -> Iterator[None]:
-    """Within the block, a forward of at most :data:`ONE_THREAD_ROWS` rows on the CPU runs on one intra-op
-    thread. A lone run's products are too small to gain from a second thread, which only waits for the first
-    (``bench/page_speed.py`` measures it). Linear layers give the same results either way at these row counts."""
-    if rows > ONE_THREAD_ROWS or device.type != "cpu":
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.test_learn_journey import open_tab
+from tests.browser.test_learn_journey import FIND_TAB, open_tab
 from tests.browser.test_showme_restart import START_S
 from tests.server import start_app, stop_app
 
@@ -87,15 +87,18 @@ def stored_server(browser_context, tmp_path_factory, request):
         stop_app(second.proc)
 
 
-def open_each_tab(browser_context, url: str) -> dict[str, float | None]:
-    """A fresh 1920×1080 page clicks every tab of TABS once; the seconds from each click to its first chart."""
+def open_each_tab(browser_context, url: str) -> tuple[dict[str, float | None], float | None]:
+    """A fresh 1920×1080 page clicks every tab of TABS once: the seconds from each click to its first chart, and
+    from the page's navigation to its tab bar being drawn (the earliest a person can click)."""
     page = browser_context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     times: dict[str, float | None] = {}
+    bar_s: float | None = None
     try:
         page.set_viewport_size({"width": 1920, "height": 1080})
         page.set_default_timeout(60_000)
+        t_nav = time.perf_counter()
         page.goto(url, wait_until="load")
         page.wait_for_selector("#generate-btn")
         link = page.locator("#link-url")
@@ -103,7 +106,11 @@ def open_each_tab(browser_context, url: str) -> dict[str, float | None]:
         for title, (chart, line, says) in TABS.items():
             if ONLY and title not in ONLY:
                 continue
+            # from the moment the tab's button is on screen (a page that has just loaded is still drawing its bar:
+            # the first click's wait for it is the page's start, reported apart as ``bar_s``)
+            page.wait_for_function(FIND_TAB, arg=[None, title, None], polling=25)
             t0 = time.perf_counter()
+            bar_s = t0 - t_nav if bar_s is None else bar_s
             open_tab(page, None, title)
             if chart is not None:
                 page.wait_for_function(DRAWN, arg=chart, timeout=WAIT_MS, polling=25)
@@ -129,17 +136,17 @@ def open_each_tab(browser_context, url: str) -> dict[str, float | None]:
         raise
     finally:
         page.close()
-    return times
+    return times, bar_s
 
 
 def test_every_tab_opens_drawn_from_the_stored_examples(browser_context, stored_server):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     report: dict = {"store": not NO_STORE, "target_s": FIRST_CHART_S, "fresh_server": None, "warm_server": None}
+    report["tab_bar_s"] = {}
     out = ARTIFACTS / "first_minute_times.json"
-    report["fresh_server"] = open_each_tab(browser_context, stored_server.url)
-    out.write_text(json.dumps(report, indent=2))
-    report["warm_server"] = open_each_tab(browser_context, stored_server.url)
-    out.write_text(json.dumps(report, indent=2))
+    for server in ("fresh_server", "warm_server"):
+        report[server], report["tab_bar_s"][server] = open_each_tab(browser_context, stored_server.url)
+        out.write_text(json.dumps(report, indent=2))
     if not NO_STORE:  # every tab's time is recorded first, then judged
         late = {
             f"{page} {tab}": round(seconds, 2)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+import kvviz.admission as admission
 from kvviz.engine import engine as engine_module
 from kvviz.engine.engine import Engine
 from kvviz.engine.handle import wait_all
@@ -29,9 +32,13 @@ def test_a_finished_run_is_kept_for_late_duplicates_only_while_the_kept_traces_f
 def test_the_engine_hands_freed_memory_back_once_idle_and_not_between_a_room_s_steps(lm, monkeypatch):
     engine = Engine(lm)
     busy_at_release: list[bool] = []
-    monkeypatch.setattr(engine_module, "release_memory", lambda: busy_at_release.append(not engine._idle()))
+    monkeypatch.setattr(admission, "IDLE_RELEASE_S", 0.05)
+    monkeypatch.setattr(admission, "release_memory", lambda: busy_at_release.append(not engine._idle()))
     handles = [engine.submit(f"Name {n} colours.", chat=True, max_new_tokens=4) for n in ("two", "three", "four")]
     assert wait_all(handles, 600)
+    deadline = time.monotonic() + 10
+    while not busy_at_release and time.monotonic() < deadline:
+        time.sleep(0.02)
     engine.close()
     assert busy_at_release, "the engine went idle without handing the room's freed memory back"
     assert not any(busy_at_release), "memory was trimmed while runs were still in the batch"

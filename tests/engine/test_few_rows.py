@@ -99,22 +99,3 @@ def test_a_room_sized_batch_takes_the_route_and_equals_its_solo_runs(lm, monkeyp
     for h, p in zip(handles, prompts):
         assert_same_run(h.run.gen, solo(lm, p, chat=False, max_new_tokens=3))
         assert h.trace.equivalence["max_abs_logit_diff"] < 1e-3
-
-
-def test_a_lone_decode_step_runs_on_one_thread_and_the_thread_count_comes_back():
-    before = torch.get_num_threads()
-    with fr.threads_for(1, torch.device("cpu")):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
-    for rows, device in ((fr.ONE_THREAD_ROWS + 1, "cpu"), (1, "meta")):
-        with fr.threads_for(rows, torch.device(device)):
-            assert torch.get_num_threads() == before
-
-
-def test_one_thread_gives_a_lone_decode_steps_linears_the_same_results():
-    lin = layer()
-    x = torch.randn(1, fr.ONE_THREAD_ROWS, 576)
-    two = lin(x)
-    with fr.threads_for(fr.ONE_THREAD_ROWS, torch.device("cpu")):
-        one = lin(x)
-    assert torch.equal(one, two)
