@@ -8,7 +8,9 @@ waves of distinct one-line questions (all at once), then ``--same`` students pre
 within ``--same-spread-s`` seconds. Every answer must equal a solo run of the same prompt (greedy),
 with no error, and the app must still answer afterwards. Reports p50/p95 latency per wave (press to
 full answer, the equivalence check included), the server's RSS after each wave (a repeated wave shows
-whether memory keeps growing), and the engine's prefix-cache hit rate and bytes held.
+whether memory keeps growing), and the engine's prefix-cache hit rate and bytes held. During the first
+wave a visitor of its own sends bad input to ``/memory`` (a context of 10¹⁵, a batch of −3) and times
+its refusal: bad input must be refused at once while a room runs.
 Results go to ``bench/results/load.json`` (``--out``: a run kept for the docs is named for what it measures,
 e.g. ``load_epyc_8_token_blocks_http.json``).
 

@@ -63,8 +63,8 @@ from typing import overload
 
 import torch
 
-from kvviz.admission import machine_memory
 from kvviz.limits import MAX_CONFIG_BYTES, MAX_PREFIX_DISK_MB
+from kvviz.process_memory import machine_memory
 
 HUB_DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what a Space serves: it has no bundled GGUF package
 

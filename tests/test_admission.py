@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from kvviz.admission import REAP_AFTER, WAIT_POLL_S, Gate, Refused, current_rss
+from kvviz.admission import REAP_AFTER, WAIT_POLL_S, Gate, Refused
+from tests.test_process_memory import no_release_pending
 
 
 def test_second_job_of_a_session_is_refused_with_its_place_in_line():
@@ -98,11 +99,6 @@ def test_a_job_that_outlives_its_budget_loses_its_slot_to_the_line():
     assert gate.snapshot()["running"] == 1 and waiting.position() == 0
 
 
-def test_current_rss_reads_this_process():
-    rss = current_rss()
-    assert rss is None or 10 * 2**20 < rss < 64 * 2**30
-
-
 def test_one_address_holds_at_most_per_address_jobs_whatever_its_sessions():
     gate = Gate(slots=2, max_waiting=100, per_address=3)
     script = [gate.admit(f"session {i}", address="10.0.0.9") for i in range(3)]  # a new session per request
@@ -153,23 +149,15 @@ def test_closing_the_gate_ends_running_budgets_cancels_the_line_and_admits_no_on
     assert gate.snapshot() == {"running": 0, "waiting": 0, "sessions": 0}
 
 
-def no_release_pending(admission) -> None:
-    """Cancel the releases earlier tests' gates scheduled: one firing now would be counted as this test's."""
-    with admission._pending_lock:
-        for timer in admission._pending.values():
-            timer.cancel()
-        admission._pending.clear()
-
-
 def test_the_last_job_out_hands_freed_memory_back_and_no_other_does(monkeypatch):
-    import kvviz.admission as admission
+    from kvviz import process_memory
 
-    no_release_pending(admission)
+    no_release_pending()
     calls: list[tuple[dict, str]] = []
     gate = Gate(slots=2)
-    monkeypatch.setattr(admission, "IDLE_RELEASE_S", 0.05)
+    monkeypatch.setattr(process_memory, "IDLE_RELEASE_S", 0.05)
     monkeypatch.setattr(
-        admission, "release_memory", lambda: calls.append((gate.snapshot(), threading.current_thread().name))
+        process_memory, "release_memory", lambda: calls.append((gate.snapshot(), threading.current_thread().name))
     )
     first, second, third = gate.admit("a"), gate.admit("b"), gate.admit("c")  # c waits for a slot
     first.release()
@@ -184,61 +172,3 @@ def test_the_last_job_out_hands_freed_memory_back_and_no_other_does(monkeypatch)
     while not calls and time.monotonic() < deadline:
         time.sleep(0.01)
     assert calls == [({"running": 0, "waiting": 0, "sessions": 0}, "kvviz-release")]
-
-
-def test_a_release_scheduled_at_idle_is_dropped_when_work_comes_back_and_restarted_by_a_newer_idle(monkeypatch):
-    import kvviz.admission as admission
-
-    no_release_pending(admission)
-    calls: list[str] = []
-    monkeypatch.setattr(admission, "release_memory", lambda: calls.append("released"))
-    state = {"idle": True}
-
-    def idle() -> bool:
-        return state["idle"]
-
-    admission.release_when_idle(idle, after_s=0.05)
-    state["idle"] = False  # a new room arrived before the wait ended: its step is not interrupted
-    time.sleep(0.2)
-    assert calls == []
-    state["idle"] = True
-    admission.release_when_idle(idle, after_s=0.3)
-    admission.release_when_idle(idle, after_s=0.05)  # a newer idle restarts the wait: one release, not two
-    time.sleep(0.5)
-    assert calls == ["released"]
-
-
-def test_release_memory_returns_a_fragmented_heap_to_the_os():
-    """Freed small allocations with live neighbours stay resident under glibc until malloc_trim."""
-    import kvviz.admission as admission
-
-    if current_rss() is None or admission._TRIM is None:
-        pytest.fail("this test needs Linux /proc and glibc's malloc_trim, which the app's servers have")
-    chunks = [b"x" * 60_000 for _ in range(5_000)]  # ~300 MB of heap chunks below glibc's mmap threshold
-    keep = chunks[::50]  # one live chunk in every 50 pins the heap: free() alone cannot shrink it
-    del chunks
-    before = current_rss()
-    admission.release_memory()
-    after = current_rss()
-    assert before is not None and after is not None
-    assert before - after > 150 * 2**20, f"only {(before - after) / 2**20:.0f} MiB went back to the OS"
-    assert len(keep) == 100
-
-
-@pytest.mark.parametrize(
-    "limit, expected_gb",
-    [("17179869184\n", 16.0), ("max\n", None), (None, None)],  # a 16 GB Space's container; none; no cgroup
-)
-def test_the_memory_ceiling_is_set_from_the_container_s_limit_not_the_host_s(monkeypatch, tmp_path, limit, expected_gb):
-    from kvviz import admission
-    from kvviz.settings import default_max_rss_gb
-
-    paths = []
-    if limit is not None:
-        (tmp_path / "memory.max").write_text(limit)
-        paths.append(str(tmp_path / "memory.max"))
-    monkeypatch.setattr(admission, "CGROUP_LIMITS", (*paths, str(tmp_path / "absent")))
-    monkeypatch.setattr(admission.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096}.get(name, 2**25))  # 128 GiB
-    total = admission.machine_memory()
-    assert total == (128 if expected_gb is None else expected_gb) * 2**30
-    assert default_max_rss_gb() == 0.75 * total / 2**30  # 12 GiB on the 16 GB Space, 96 on the bare host

@@ -7,19 +7,12 @@ batch (continuous batching, at most ``max_batch`` runs), builds one packed forwa
 prompt chunk per prefilling run, at most ``token_budget`` tokens in all — and hands each sequence its
 logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run); the step's
 linear layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves the batch when it ends
-or every caller following it has cancelled. Runs that asked for the equivalence check are recomputed
-together (:mod:`kvviz.capture.verify`): a finished run waits for the runs still decoding beside it
-when their token budgets let them end within ``check_wait_s`` —
-longer when more runs decode than wait, since a check stalls every run beside it while the wait
-holds back only the finished ones' verdicts — so a room's runs, which end a few steps apart (a short
-answer ends at its end-of-text token), stall the batch for one check instead of one per step, and a
-run beside a long one is checked at once.
+or every caller following it has cancelled; runs that asked for the equivalence check are recomputed
+together (:mod:`kvviz.capture.verify`), when :meth:`Engine._check_due` says.
 
-An idle engine may gather before its first step (the served app can, ``KVVIZ_GATHER_MS``): a room
-pressing Generate together reaches the server over a second, and a step, once begun, admits no one
-until it ends (a lone prefill that begins while the others arrive makes them end a step after it,
-their check with them). The first run then waits until no new run has been submitted for ``gather_s``
-seconds (at most ``gather_max_s`` after it came, or until the batch is full): a lone run starts that much later.
+An idle engine may gather before its first step (``KVVIZ_GATHER_MS``): a room pressing Generate together
+reaches the server over a second, and a step, once begun, admits no one until it ends. The first run then
+waits until no new run has come for ``gather_s`` seconds (at most ``gather_max_s``, or until the batch is full).
 
 Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute
 equal Traces) share one run; a finished run is kept for a while so a late duplicate gets it at once.
@@ -36,13 +29,12 @@ import logging
 import threading
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from kvviz.admission import release_when_idle
 from kvviz.cancel import Cancel
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
@@ -54,11 +46,11 @@ from kvviz.capture.verify import check
 from kvviz.engine.chat_turn import keep_turn, store_turn
 from kvviz.engine.disk_tier import DiskTier
 from kvviz.engine.few_rows import few_rows, prepare
-from kvviz.engine.handle import Handle, Run
+from kvviz.engine.handle import FinishedRuns, Handle, Run
 from kvviz.engine.prefix import PrefixStore
 from kvviz.engine.slots import SlotKV
-from kvviz.limits import FINISHED_RUNS_BYTES
 from kvviz.models import LoadedModel, attention_modules
+from kvviz.process_memory import release_when_idle
 
 log = logging.getLogger("kvviz.engine")
 ROOM_WAIT = 5  # beside a room, a finished run's check waits at most this many times check_wait_s
@@ -105,8 +97,8 @@ class Engine:
         self._waiting: deque[Run] = deque()
         self._running: list[Run] = []
         self._active: dict[tuple, Run] = {}
-        self._finished: OrderedDict[tuple, Run] = OrderedDict()
-        self._keep_finished, self.check_wait_s = keep_finished, check_wait_s
+        self._finished = FinishedRuns(keep_finished)
+        self.check_wait_s = check_wait_s
         self._step_s = 0.0  # how long the latest step took
         self._unchecked: list[tuple[Run, float]] = []  # finished runs waiting for their check (engine thread only)
         self._thread: threading.Thread | None = None
@@ -154,8 +146,6 @@ class Engine:
                     run.owners.add(owner)
                     if self.prefix is not None:
                         self.prefix.own(run.claim.hashes, owner)
-                if run.finished:
-                    self._finished.move_to_end(key)
                 return handle
             run = Run(gen, owner, key, keep_turn=bool(keep_turn))
             handle = Handle(run, token)
@@ -363,7 +353,8 @@ class Engine:
         return True
 
     def _check_due(self) -> None:
-        """Check the finished runs together unless the runs still decoding beside them will all have
+        """Check the finished runs together (a room's runs end a few steps apart: a short answer ends at its
+        end-of-text token; one check for them all stalls the batch once, not once per step) unless the runs still decoding beside them will all have
         ended — by their token budgets, at the latest step's pace — before the first of them has waited
         ``check_wait_s`` × (runs decoding / runs waiting, from 1 to :data:`ROOM_WAIT`): checking now would
         stall every decoding run, waiting delays only the waiting runs' verdicts. Outside the capture (the model as
@@ -398,13 +389,9 @@ class Engine:
         with self._cond:
             if run in self._running:
                 self._running.remove(run)
-            key = run.key
-            self._active.pop(key, None)
+            self._active.pop(run.key, None)
             if error is None and run.gen.trace.stop_reason != "stopped":
-                self._finished[key] = run
-                kept = sum(j.gen.trace.nbytes() for j in self._finished.values())
-                while self._finished and (len(self._finished) > self._keep_finished or kept > FINISHED_RUNS_BYTES):
-                    kept -= self._finished.popitem(last=False)[1].gen.trace.nbytes()
+                self._finished.keep(run)
         if self.prefix is not None:
             self.prefix.release(run.claim)
         if self.slots is not None and run.gen.cache is not None:

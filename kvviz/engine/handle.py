@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from kvviz.cancel import ABANDONED, Cancel
@@ -18,6 +19,7 @@ from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress
 from kvviz.capture.trace import Trace
 from kvviz.engine.prefix import Claim
+from kvviz.limits import FINISHED_RUNS_BYTES
 
 
 class Run:
@@ -110,6 +112,29 @@ class Handle:
         if run.error is not None:
             raise copy.copy(run.error) from None
         return run.gen.trace
+
+
+class FinishedRuns:
+    """The latest finished runs, by request key, so a late duplicate gets its answer at once: at most ``count``
+    of them, their traces at most :data:`~kvviz.limits.FINISHED_RUNS_BYTES` together (the oldest go first)."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self._runs: OrderedDict[tuple, Run] = OrderedDict()
+
+    def get(self, key: tuple) -> Run | None:
+        """The finished run of this key (now the newest), or None."""
+        run = self._runs.get(key)
+        if run is not None:
+            self._runs.move_to_end(key)
+        return run
+
+    def keep(self, run: Run) -> None:
+        """Keep ``run``; drop the oldest past the count or the bytes."""
+        self._runs[run.key] = run
+        kept = sum(j.gen.trace.nbytes() for j in self._runs.values())
+        while self._runs and (len(self._runs) > self.count or kept > FINISHED_RUNS_BYTES):
+            kept -= self._runs.popitem(last=False)[1].gen.trace.nbytes()
 
 
 def wait_all(handles: list[Handle], timeout: float) -> bool:

@@ -38,7 +38,8 @@ def test_a_200_token_run_streams_and_ends_with_every_chip(browser_context, inpro
         log = tab.evaluate("() => window.__statusLog")
         counts = [int(m.group(1)) for text in log if (m := re.match(r"Generating: (\d+) tokens", text))]
         assert len(set(counts)) >= 2, f"the status moved less than twice while generating: {log}"
-        assert counts == sorted(counts) and counts[-1] < N_NEW
+        # the last token's step may be shown before the check starts ("Generating: 200 tokens"), never more
+        assert counts == sorted(counts) and counts[0] < N_NEW and counts[-1] <= N_NEW
         assert re.match(rf"Done: {N_NEW} tokens", tab.locator("#gen-status").inner_text().strip())
 
         n_prompt = len(encode_prompt(inprocess_app.ctx.lm, PROMPT, chat=False))

@@ -6,10 +6,11 @@ import time
 
 import pytest
 
-import kvviz.admission as admission
-from kvviz.engine import engine as engine_module
+from kvviz import process_memory
+from kvviz.engine import handle as handle_module
 from kvviz.engine.engine import Engine
 from kvviz.engine.handle import wait_all
+from tests.test_process_memory import no_release_pending
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +22,7 @@ def test_a_finished_run_is_kept_for_late_duplicates_only_while_the_kept_traces_f
     kept = short.trace.nbytes()
     assert engine.submit("Say hello.", chat=True, max_new_tokens=3).run is short.run  # kept: a late duplicate shares
     # a bound below one more such trace: the next finished run pushes the oldest out, whatever the count allows
-    monkeypatch.setattr(engine_module, "FINISHED_RUNS_BYTES", kept + kept // 2)
+    monkeypatch.setattr(handle_module, "FINISHED_RUNS_BYTES", kept + kept // 2)
     other = engine.submit("Say goodbye.", chat=True, max_new_tokens=3)
     assert wait_all([other], 600)
     late = engine.submit("Say hello.", chat=True, max_new_tokens=3)
@@ -30,10 +31,11 @@ def test_a_finished_run_is_kept_for_late_duplicates_only_while_the_kept_traces_f
 
 
 def test_the_engine_hands_freed_memory_back_once_idle_and_not_between_a_room_s_steps(lm, monkeypatch):
+    no_release_pending()  # an earlier test's engine may have one due: it would be counted as this one's
     engine = Engine(lm)
     busy_at_release: list[bool] = []
-    monkeypatch.setattr(admission, "IDLE_RELEASE_S", 0.05)
-    monkeypatch.setattr(admission, "release_memory", lambda: busy_at_release.append(not engine._idle()))
+    monkeypatch.setattr(process_memory, "IDLE_RELEASE_S", 0.05)
+    monkeypatch.setattr(process_memory, "release_memory", lambda: busy_at_release.append(not engine._idle()))
     handles = [engine.submit(f"Name {n} colours.", chat=True, max_new_tokens=4) for n in ("two", "three", "four")]
     assert wait_all(handles, 600)
     deadline = time.monotonic() + 10

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvviz.admission import current_rss
 from kvviz.eviction.policies import POLICIES
 from kvviz.limits import CONFIG_BOUNDS
+from kvviz.process_memory import current_rss
 from kvviz.settings import Settings
 from kvviz.ui.eviction import tab as tab_eviction
 from kvviz.ui.generate import tab as tab_generate

@@ -74,3 +74,10 @@ def test_an_eviction_view_control_without_a_run_is_accepted(app):
     assert redraws
     for redraw in redraws:
         _served(demo, redraw, redraw.fn(None, 0, 0, 0))
+
+
+def test_a_generate_run_that_is_not_a_chat_turn_leaves_the_conversation(app):
+    """A lone run (multi-turn off) ends with nothing to add to the conversation: its four views stay."""
+    _ctx, demo = app
+    after = _event(demo, "after_turn", 4)
+    _served(demo, after, after.fn(None, [], False))

@@ -120,7 +120,9 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
 
     def after_turn(trace, conversation, multi) -> dict:
         turn = generate_chat.after_turn(ctx, trace, conversation, multi)
-        return {} if turn is None else {c: getattr(turn, name) for name, c in chat_views.items()}
+        if turn is None:  # not a new turn: an empty dict is refused by Gradio, a skip leaves every view as it is
+            return gr.skip()
+        return {c: getattr(turn, name) for name, c in chat_views.items()}
 
     event.success(
         after_turn,
