@@ -253,9 +253,9 @@ def test_a_run_that_ends_early_in_a_room_waits_for_the_room_s_check(lm, monkeypa
     monkeypatch.setattr(
         engine_module, "check", lambda lm, gens, timeout: calls.append(len(gens)) or real(lm, gens, timeout)
     )
-    # 0.6 s alone would check the early run at once (two steps of twelve runs take longer on this
-    # machine); beside 12 decoding runs it may wait 0.6 s × ROOM_WAIT = 3 s
-    engine = Engine(lm, check_wait_s=0.6, gather_s=0.5, gather_max_s=5.0)
+    # 1 s alone would check the early run at once (the room's steps left, at its first step's pace, take longer);
+    # beside 12 decoding runs it may wait 1 s × ROOM_WAIT = 5 s, room enough on a machine shared with other work
+    engine = Engine(lm, check_wait_s=1.0, gather_s=0.5, gather_max_s=5.0)
     early = engine.submit("Say yes.", chat=True, max_new_tokens=1, verify=True)
     room = [engine.submit(f"Count to {n}.", chat=True, max_new_tokens=3, verify=True) for n in range(2, 14)]
     assert wait_all([early, *room], 600)
