@@ -164,8 +164,10 @@ def test_the_toggle_rescales_drawn_charts_in_the_page(browser_context, app_serve
         tab.close()
 
 
-def test_plotly_loads_while_the_page_is_idle_and_only_once(browser_context, app_server):
-    tab = open_page(browser_context, app_server)  # the Generate tab opens drawn from the stored example
+def test_plotly_loads_while_the_page_is_idle_and_only_once(browser_context, examples_server):
+    # the Generate tab opens drawn from the stored example: on the server that computed its examples at start-up
+    # (the shared server computes none: there the first screen only draws once some test has run that example)
+    tab = open_page(browser_context, examples_server.url)
     chunks = "performance.getEntriesByType('resource').filter((e) => e.name.includes('/PlotlyPlot-')).length"
     try:
         tab.wait_for_function("!!(window.Plotly && window.Plotly.react)", timeout=30_000)
