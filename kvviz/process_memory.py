@@ -52,7 +52,7 @@ def release_memory() -> None:
         _TRIM(0)
 
 
-_pending: dict[Callable[[], bool], threading.Timer] = {}  # one scheduled release per idle test
+_pending: dict[Callable[[], bool], threading.Timer] = {}  # one scheduled release per idle predicate
 _pending_lock = threading.Lock()
 
 

@@ -354,11 +354,11 @@ class Engine:
 
     def _check_due(self) -> None:
         """Check the finished runs together (a room's runs end a few steps apart: a short answer ends at its
-        end-of-text token; one check for them all stalls the batch once, not once per step) unless the runs still decoding beside them will all have
-        ended — by their token budgets, at the latest step's pace — before the first of them has waited
-        ``check_wait_s`` × (runs decoding / runs waiting, from 1 to :data:`ROOM_WAIT`): checking now would
-        stall every decoding run, waiting delays only the waiting runs' verdicts. Outside the capture (the model as
-        loaded). A failed check ends only the runs it was checking."""
+        end-of-text token; one check for them all stalls the batch once, not once per step) unless the runs
+        still decoding beside them will all have ended — by their token budgets, at the latest step's pace —
+        before the first of them has waited ``check_wait_s`` × (runs decoding / runs waiting, from 1 to
+        :data:`ROOM_WAIT`): checking now would stall every decoding run, waiting delays only the waiting runs'
+        verdicts. Outside the capture (the model as loaded). A failed check ends only the runs it was checking."""
         if not self._unchecked or self._closed:
             return
         with self._cond:
