@@ -4,8 +4,9 @@ Run: ``.venv/bin/python bench/first_minute.py`` (needs Chromium: ``KVVIZ_CHROMIU
 It runs the browser test ``tests/browser/test_first_minute.py``: a first server computes and stores the show-me
 examples, a second starts on that store, and a fresh 1920×1080 page clicks every tab once (a fresh server), then a
 second fresh page does it again (a warm server). Each time counts from the moment the tab's button is on screen
-(what a person can click); a page that has just loaded is still drawing its tab bar, and that wait is reported
-apart (``tab_bar_s``: from asking for the page to its first tab button). Writes ``bench/results/first_minute.json`` with the seconds per tab
+on a page whose first screen is drawn (a visitor reads the stored chat example before picking a tab); the page's
+own opening is reported apart (``tab_bar_s``: from asking for the page to its tab bar; ``first_screen_s``: to its
+first screen's charts). Writes ``bench/results/first_minute.json`` with the seconds per tab
 for both pages against the 1.5 s target.
 
 ``--no-store`` skips the first server: the second computes its examples at start-up and each tab waits for its own
@@ -55,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
             shown = "no chart" if seconds is None else f"{seconds:.2f} s"
             late = " (over the target)" if seconds is not None and seconds > TARGET_S and not args.no_store else ""
             print(f"{page:>12}  {tab:<18} {shown}{late}")
-        bar = (found.get("tab_bar_s") or {}).get(page)
-        if bar is not None:
-            print(f"{page:>12}  {'(tab bar drawn)':<18} {bar:.2f} s after the page was asked for")
+        for what, label in (("tab_bar_s", "(tab bar drawn)"), ("first_screen_s", "(first screen)")):
+            seconds = (found.get(what) or {}).get(page)
+            if seconds is not None:
+                print(f"{page:>12}  {label:<18} {seconds:.2f} s after the page was asked for")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("first_minute_no_store.json" if args.no_store else "first_minute.json")
     out.write_text(json.dumps(report, indent=2) + "\n")

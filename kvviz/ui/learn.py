@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 
 import gradio as gr
+from gradio.context import Context
 
 from kvviz.capture.loop import capture
 from kvviz.demo_store import Compute, Progress
@@ -93,7 +94,10 @@ def show_me_button(
                 line = look(sm.values)
         return f"*Look for:* {line or sm.look_for}{suffix}"
 
-    shown = gr.Markdown(note if look else note(), elem_classes="learn-note", elem_id=f"{elem_id}-note")
+    # a line read from a stored result is written by the tab's one page-load event (``build``), with the others
+    shown = gr.Markdown(
+        f"*Look for:* {sm.look_for}{suffix}" if look else note(), elem_classes="learn-note", elem_id=f"{elem_id}-note"
+    )
     press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
     via_generate = bool(press and press_tab == "generate" and _prefix(sm.tab) != "generate")
     first_tab = "tab_generate" if via_generate else sm.tab
@@ -233,7 +237,7 @@ def build(ctx: AppContext) -> None:
             "example into the view that demonstrates it. Go through them in order; no typing needed."
         )
         present = gr.Button("Presentation mode", elem_id="present-toggle", size="lg", scale=0)
-    ready = gr.Markdown(lambda: precompute.readiness(ctx), elem_id="learn-ready")  # read on every page load
+    ready = gr.Markdown(precompute.readiness(ctx), elem_id="learn-ready")  # read again on every page load
     timer = gr.Timer(READY_POLL_S, active=bool(ctx.store.entries()))
 
     notes: list[tuple[gr.Markdown, Callable[[], str]]] = []  # "Look for" lines read from stored results
@@ -274,7 +278,8 @@ def build(ctx: AppContext) -> None:
         with gr.Tab("Pitfalls", id=ids[n + 1]):
             for i, p in enumerate(PITFALLS, 1):
                 gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
-                show_me_button(ctx, p.show_me, f"pitfall-{i}", pending)
+                if live_note := show_me_button(ctx, p.show_me, f"pitfall-{i}", pending):
+                    notes.append(live_note)
 
     def tick() -> dict:
         """The readiness line and the "Look for" lines read from stored results, until every example is ready."""
@@ -285,9 +290,11 @@ def build(ctx: AppContext) -> None:
             **{md: write() for md, write in notes},
         }
 
-    timer.tick(
-        tick, None, [ready, timer, *[md for md, _ in notes]], api_name=False, queue=False, show_progress="hidden"
-    )
+    # one event writes every line as the page opens and while examples land (a value function per line was a
+    # request of its own each: some thirty at every page load, beside the first screen's)
+    outputs = [ready, timer, *[md for md, _ in notes]]
+    for trigger in (timer.tick, Context.root_block.load):
+        trigger(tick, None, outputs, api_name=False, queue=False, show_progress="hidden")
     ctx.components.update({"learn.tabs": inner, "learn.present": present})
     plan_show_mes(ctx)
 

@@ -5,11 +5,17 @@ Learn tab's readiness line, then, at 1920×1080 in presentation mode, clicks eac
 order and waits until the view shows its result, outlined and in the viewport. The time of each
 click is written with a screenshot per show-me under tests/browser/artifacts/; whether they meet the
 2 s target is judged by ``bench/showme_speed.py`` (a speed target is a benchmark's, not a test's).
+
+In the suite the walk clicks the newest views and the live architectures (:data:`SAMPLE`): every show-me is
+clicked, with its own numbers checked from the store, by ``test_showme_restart.py`` on a server started on this
+one's results, so clicking them all here as well only doubled two minutes of the suite. The bench sets
+``KVVIZ_SHOWME_ALL=1`` and the walk clicks every one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from kvviz.lessons.objectives import CAUSAL_DECODE, FORGET_APPEND
@@ -19,6 +25,10 @@ from tests.browser.test_learn_journey import open_learn, selected_tabs
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 NEWEST = (CAUSAL_DECODE, FORGET_APPEND, CHAT_REUSE, DISK_TIER, KV_BUDGET, KVZIP_SNAPKV, LIVE_GQA)
+LIVE = {"Qwen3-Next's linear-attention state, live", "Gemma-4's cross-layer KV sharing, live"}
+ALL = os.environ.get("KVVIZ_SHOWME_ALL") == "1"  # bench/showme_speed.py: every show-me, timed
+# the show-mes the suite's walk clicks (the restart test clicks every one)
+SAMPLE = {sm.label for sm in NEWEST} | LIVE
 
 
 def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, examples_server):
@@ -37,6 +47,8 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, exam
 
         times: dict[str, float] = {}
         for button_id, sm, inner in show_mes():
+            if not ALL and sm.label not in SAMPLE:
+                continue
             open_learn(page, inner)
             note = page.locator(f"#{button_id}-note").inner_text() if page.locator(f"#{button_id}-note").count() else ""
             if "not in this build yet" in note:
@@ -55,8 +67,8 @@ def test_every_show_me_lands_its_view_in_presentation_mode(browser_context, exam
         print("\nshow-me times (s):")
         for label, seconds in times.items():
             print(f"  {seconds:5.2f}  {label}")
-        assert len(times) >= 8
-        assert {"Qwen3-Next's linear-attention state, live", "Gemma-4's cross-layer KV sharing, live"} <= set(times)
+        assert len(times) >= (20 if ALL else len(SAMPLE))
+        assert set(times) >= LIVE
         # the newest views, each reached from Learn with its "Look for" numbers found on screen
         assert {sm.label for sm in NEWEST} <= set(times), sorted(times)
         assert page.locator(".toast-body.error").count() == 0, page.locator(".toast-body.error").all_inner_texts()

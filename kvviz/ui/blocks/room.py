@@ -139,13 +139,35 @@ def _live(ctx: AppContext) -> None:
     def opened(last, request: gr.Request) -> dict:
         return {**fresh(last, request), timer: gr.Timer(active=True)}
 
-    # Tab.select also fires when another view switches to this tab; Tabs.select when the user leaves it. Inside a
-    # sub-tab, opening the outer tab starts the timer (its sub-tab may be the one shown) and the sub-tabs' own bar
-    # stops it when another sub-tab is picked
-    for tab in tabs:
+    inner = tabs[0]
+    # the sub-tab the inner bar shows (its first until the visitor picks another): opening the outer tab draws the
+    # section (and starts its timer) only when this section is the sub-tab that opens with it, so the Blocks tab's
+    # first open sends the live view alone, not this hidden section's charts as well
+    picked = gr.State(next((t.label for t in inner.parent.children if isinstance(t, gr.Tab)), inner.label))
+
+    def outer_opened(last, pick, request: gr.Request) -> dict:
+        return opened(last, request) if pick == inner.label else {timer: gr.Timer(active=False)}
+
+    inner.select(opened, shown, [*outputs, timer], api_name=False, show_progress="hidden", queue=False)
+    inner.parent.select(
+        _switched(inner.label), None, [timer, picked], api_name=False, show_progress="hidden", queue=False
+    )
+    for tab in tabs[1:]:
         bar = ctx.tabs if tab is tabs[-1] else tab.parent
-        tab.select(opened, shown, [*outputs, timer], api_name=False, show_progress="hidden", queue=False)
+        tab.select(
+            outer_opened, [shown, picked], [*outputs, timer], api_name=False, show_progress="hidden", queue=False
+        )
         bar.select(_shown_while(tab.label), None, timer, api_name=False, show_progress="hidden", queue=False)
+
+
+def _switched(label: str):
+    """The inner tab bar's select handler: the timer runs while the tab called ``label`` is picked, and the pick is
+    kept for the outer tab's next open."""
+
+    def switched(evt: gr.SelectData) -> tuple:
+        return (gr.Timer(active=evt.value == label), evt.value)
+
+    return switched
 
 
 def _shown_while(label: str):

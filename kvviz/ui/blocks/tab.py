@@ -269,8 +269,10 @@ def _wire(ctx: AppContext, v: _Views) -> list:
     for event in (checked, ran):  # a refused run empties the earlier one's views instead of leaving them unlabelled
         clear_on_refusal(event, [v.source, v.state, *v.view_outputs()])
     pickers = [v.state, v.block_size, v.step, v.layer]
+    # redrawn on the visitor's own moves (``input``): a run or the example that sets the step slider sends its views
+    # in the same answer, so its ``change`` would draw every chart twice
     for control in (v.block_size, v.step, v.layer):
-        control.change(lambda *a: v.views(views(*a)), pickers, v.view_outputs(), api_name=False, show_progress="hidden")
+        control.input(lambda *a: v.views(views(*a)), pickers, v.view_outputs(), api_name=False, show_progress="hidden")
 
     def from_generate(trace, b) -> dict:
         if trace is None or not trace.steps:

@@ -139,7 +139,9 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
     # on ZeroGPU the run is in a forked worker that never sees the flag: Stop cancels the call, which ends it
     cancels = [event] if ctx.settings.zero_gpu else None
     stop_btn.click(stop, None, None, queue=False, api_name=False, cancels=cancels)
-    views.step.change(
+    # the visitor's own moves only (``input``): a run or the opening example sets the slider and sends the views
+    # it shows in the same answer, so its ``change`` would send the token strip and cache growth twice
+    views.step.input(
         lambda trace, step: replay(views, trace, step),
         [ctx.trace_state, views.step],
         [views.tokens, views.growth],

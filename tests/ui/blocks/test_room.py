@@ -28,6 +28,10 @@ def test_the_timer_starts_only_when_the_tab_is_opened(lm):
     assert (tab._id, "select") in targets and (ctx.tabs._id, "select") in targets and (timer._id, "tick") in targets
 
 
+def _select(label: str) -> gr.SelectData:
+    return gr.SelectData(None, {"index": 0, "value": label, "selected": True})
+
+
 def test_in_a_sub_tab_the_timer_follows_both_bars(lm):
     ctx = AppContext(lm=lm, settings=Settings())
     with gr.Blocks() as demo, gr.Tabs() as ctx.tabs:
@@ -43,13 +47,24 @@ def test_in_a_sub_tab_the_timer_follows_both_bars(lm):
     wired = {}
     for d in demo.fns.values():
         wired.setdefault(d.targets[0], []).append(d)
-    for source in (tab, section):  # opening the tab (its sub-tab may be shown) or the sub-tab starts it
-        (opened,) = wired[(source._id, "select")]
-        assert timer in opened.outputs
-    for bar, label in ((ctx.tabs, "Blocks"), (sections, "The room's cache")):  # picking another stops it
-        (switched,) = wired[(bar._id, "select")]
-        assert switched.fn(gr.SelectData(None, {"index": 0, "value": label, "selected": True})).active is True
-        assert switched.fn(gr.SelectData(None, {"index": 0, "value": "Paging", "selected": True})).active is False
+    (opened,) = wired[(section._id, "select")]  # opening the sub-tab starts it
+    assert timer in opened.outputs
+    (switched,) = wired[(ctx.tabs._id, "select")]  # picking another tab stops it
+    assert switched.fn(_select("Blocks")).active is True and switched.fn(_select("Other")).active is False
+    (picked,) = wired[(sections._id, "select")]  # and another sub-tab, whose name is kept for the tab's next open
+    assert [(t.active, pick) for t, pick in (picked.fn(_select(n)) for n in ("The room's cache", "Paging"))] == [
+        (True, "The room's cache"),
+        (False, "Paging"),
+    ]
+    # opening the Blocks tab draws the section (and starts its timer) only when it is the sub-tab shown: the tab
+    # opens on its first sub-tab, so its first open sends the live view alone
+    (outer,) = wired[(tab._id, "select")]
+    state = next(c for c in outer.inputs if c is not outer.inputs[0])
+    assert state.value == "Paging"
+    hidden = outer.fn(None, "Paging", None)
+    assert set(hidden) == {timer} and hidden[timer].active is False
+    shown = outer.fn(None, "The room's cache", None)
+    assert shown[timer].active is True and len(shown) > 1
 
 
 def test_outside_tabs_it_polls_from_the_start(lm):

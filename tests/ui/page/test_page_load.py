@@ -1,0 +1,51 @@
+"""The page's opening asks the server little, and nothing the server sets is drawn twice.
+
+Every ``load`` event is a request of its own as the page opens, beside the first screen's example, and a value
+function on a component is one too; every ``change`` listener on a control the server also sets runs again after
+the answer that set it, sending the charts it drew a second time (the Blocks tab's example drew its grid twice,
+the first screen its token strip and cache growth).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvviz.settings import Settings
+from kvviz.ui.serving.context import AppContext
+
+MOST_LOAD_EVENTS = 6  # links, presentation mode, the opening example, Learn's lines, and a little room
+
+
+@pytest.fixture(scope="module")
+def app(lm):
+    from kvviz.ui.app import build_app
+
+    ctx = AppContext(lm=lm, settings=Settings(precompute=False))
+    return ctx, build_app(ctx)
+
+
+def _on(demo, event: str) -> list:
+    return [f for f in demo.fns.values() if any(name == event for _, name in f.targets)]
+
+
+def test_a_handful_of_load_events_and_learn_s_lines_written_by_one(app):
+    ctx, demo = app
+    loads = _on(demo, "load")
+    assert len(loads) <= MOST_LOAD_EVENTS, [f.name for f in loads]
+    notes = {
+        id(c)
+        for c in demo.blocks.values()
+        if str(getattr(c, "elem_id", "")).startswith(("showme-", "pitfall-")) and c.elem_id.endswith("-note")
+    }
+    writes = [len(notes & set(map(id, f.outputs))) for f in loads]
+    # the lines read from stored results (most of them: a line with fixed numbers is written once, at build)
+    assert sorted(writes)[-1] >= 8 and sorted(writes)[-2] == 0, writes
+
+
+@pytest.mark.parametrize("key", ["generate.step", "blocks.step", "blocks.block_size"])
+def test_a_control_the_server_sets_redraws_only_on_the_visitor_s_move(app, key):
+    ctx, demo = app
+    control = ctx.components[key]
+    changed = [f for f in demo.fns.values() if (control._id, "change") in [tuple(t) for t in f.targets]]
+    moved = [f for f in demo.fns.values() if (control._id, "input") in [tuple(t) for t in f.targets]]
+    assert changed == [] and len(moved) == 1, ([f.name for f in changed], [f.name for f in moved])
