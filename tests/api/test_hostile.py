@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from kvviz.capture.loop import capture
+from kvviz.ui.blocks.tab import SECTIONS
 from tests.server import start_app, stop_app
 
 PER_ADDRESS = 3
@@ -104,23 +105,41 @@ def test_a_minus_zero_is_refused(public_app):
     assert event == "error" and "minus sign" in str(out)
 
 
-def _room_refreshes(url: str) -> list[int]:
+def _room_refreshes(url: str) -> list[tuple[int, int | None]]:
+    """Every event that draws the room's prefix cache: (its index, the event that must come first in the session:
+    the Blocks tab's own opening draws the room only once the room's sub-tab was picked, a state of the session)."""
     config = httpx.get(f"{url}config", timeout=30).json()
-    ids = {c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "room-summary"}
-    found = [d["id"] for d in config["dependencies"] if ids & set(d["outputs"])]
+    by_elem = {c.get("props", {}).get("elem_id"): c["id"] for c in config["components"]}
+    bar = by_elem["blocks-sections"]
+    (pick,) = [d["id"] for d in config["dependencies"] if [bar, "select"] in [list(t) for t in d["targets"]]]
+    found = [
+        (d["id"], pick if len(d["inputs"]) > 1 else None)
+        for d in config["dependencies"]
+        if by_elem["room-summary"] in d["outputs"]
+    ]
     assert found, "no event refreshes the room's prefix cache"
     return found
 
 
-def _read_room(url: str, fn_index: int, session: str) -> str:
+def _read_room(url: str, event: tuple[int, int | None], session: str) -> str:
+    fn_index, first = event
+    if first is not None:  # the room's sub-tab picked in this session, as a click on it does
+        picked = {"index": 2, "value": SECTIONS[2], "selected": True}
+        _post(url, {"fn_index": first, "data": [], "event_data": picked, "session_hash": session})
+    return json.dumps(
+        _post(url, {"fn_index": fn_index, "data": [None, None], "session_hash": session}), ensure_ascii=False
+    )
+
+
+def _post(url: str, body: dict) -> dict:
     reply = httpx.post(
         f"{url}gradio_api/run/predict",
-        json={"fn_index": fn_index, "data": [None], "session_hash": session},
+        json=body,
         headers={"x-forwarded-for": "203.0.113.66"},
         timeout=60,
     )
     reply.raise_for_status()
-    return json.dumps(reply.json(), ensure_ascii=False)
+    return reply.json()
 
 
 def test_another_sessions_prompt_is_not_readable_from_the_blocks_view(public_app):
@@ -128,8 +147,8 @@ def test_another_sessions_prompt_is_not_readable_from_the_blocks_view(public_app
     event, out = call(url, "generate", [SECRET, 2, True, 0.0, 1.0, 0], "198.51.100.77", session=victim)
     assert event == "complete", out
     refreshes = _room_refreshes(url)
-    for fn_index in refreshes:  # the timer's tick and the tab's opening, each with a session of its own
-        seen = _read_room(url, fn_index, f"attacker-{uuid.uuid4().hex[:8]}")
+    for event in refreshes:  # the timer's tick and the tab's opening, each with a session of its own
+        seen = _read_room(url, event, f"attacker-{uuid.uuid4().hex[:8]}")
         assert "hunter2" not in seen and "PIN is 471" not in seen, "another session's prompt is readable"
         assert "You are a helpful" in seen  # the system prompt every request shares stays readable
     assert "hunter2" in _read_room(url, refreshes[0], victim), "a session reads its own prompt's blocks"
@@ -221,9 +240,9 @@ def test_a_request_without_a_session_is_its_own_nobody_reads_it_by_naming_anonym
         timeout=300,
     )
     assert reply.status_code == 200 and "data" in reply.json(), reply.text[:300]
-    for fn_index in _room_refreshes(url):
+    for event in _room_refreshes(url):
         for named in ("anonymous", "default", "in-process", "anon:"):
-            seen = _read_room(url, fn_index, named)
+            seen = _read_room(url, event, named)
             assert "zebra-9931" not in seen and "bank PIN" not in seen, f"session {named!r} reads the prompt"
 
 
