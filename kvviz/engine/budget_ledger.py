@@ -10,8 +10,10 @@ How many sequences run at once depends on what each one takes from it:
 - **paged+prefix** holds the full blocks of prompts that match — the room's chat template and system
   prompt — once, however many sequences read them (chained block hashes, :mod:`kvviz.blocks.hashing`);
 - **paged+kivi2** stores what left KIVI's full-precision window as 2-bit integers with 16-bit scales,
-  byte by byte as a packed store holds it (:func:`kvviz.quant.schemes.stored_bytes`; the window at the
-  model's own element size).
+  packed as a store holds them (:func:`kvviz.quant.schemes.stored_bytes`; the window at the model's own
+  element size), in the same pool's blocks: a block holds a full-precision block's bytes, so packed
+  entries fill it with about seven times as many tokens, and a sequence holds whole blocks (its last one
+  partly empty), as the other paged modes do.
 
 :class:`Ledger` says what a sequence of ``t`` cached tokens holds in a mode, and what the same entries
 take as the cache tensors hold them (:meth:`Ledger.tensor_bytes`, read from the tensors' shapes and
@@ -83,11 +85,17 @@ class Ledger:
             return max(self.context, n_prompt + max_new) * self.per_token
         return 0
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block of the pool: ``block`` tokens at full precision."""
+        return self.block * self.per_token
+
     def private(self, tokens: int) -> int:
-        """Bytes a paged mode holds for a sequence's ``tokens`` private entries (whole blocks; KIVI: as stored)."""
+        """Bytes a paged mode holds for a sequence's ``tokens`` private entries: whole blocks (KIVI: as many as
+        its packed bytes fill)."""
         if self.scheme is not None:
-            return self._stored(tokens)
-        return self.blocks(tokens) * self.block * self.per_token
+            return -(-self._stored(tokens) // self.block_bytes) * self.block_bytes
+        return self.blocks(tokens) * self.block_bytes
 
     def _stored(self, tokens: int) -> int:
         """KIVI's bytes for ``tokens`` entries of every layer: packed payload and scales, the window at the

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvviz.engine.budget_ledger import LOSSY
 from kvviz.engine.budget_store import BYTE_KINDS, replays_at, table
 from kvviz.figures.blocks import empty_figure
 
@@ -42,7 +43,13 @@ CAPTIONS = {
     "precision, shared prefix blocks held once, and entries stored 2-bit.",
     "table": "Per mode at this budget: the most sequences running at once, tokens per second and per step, time "
     "to first token, preemptions, and whether every answer equals its request's solo run.",
+    "decode": "Every decode-only step of the stored lossless replays (one new token per sequence, no prompt fed): "
+    "its measured time against the KV cache it read. A step reads every cached token, so a long context costs "
+    "more per step where its KV is a large share of what the step reads (the calculator's 70B model at 128K); "
+    "here each step also reads the whole model's weights, hundreds of MiB, and the title says what tens of "
+    "MiB of KV added on this machine.",
 }
+CASE_TITLES = {"room": "the room (short chat prompts)", "long": "long prompts", "live": "live replay"}
 
 
 def _mib(n: float) -> float:
@@ -197,3 +204,62 @@ def note(result: dict, case: str, budget: int) -> str:
         a, b = ctx["summary"]["max_running"], paged["summary"]["max_running"]
         text += f" Paged runs {b / a:.1f}× as many sequences at once as contiguous-to-context."
     return text
+
+
+def decode_steps(result: dict) -> pd.DataFrame:
+    """Every decode-only step (each running sequence fed its one new token) of the lossless replays: case,
+    sequences decoding, KV bytes read (the cache tensors' bytes) and the step's measured seconds."""
+    rows = []
+    for case, stored in result["cases"].items():
+        for r in stored["replays"]:
+            if not r.get("fits") or r["mode"] in LOSSY:
+                continue
+            s = r["steps"]
+            for run, fed, kv, sec in zip(s["running"], s["fed_tokens"], s["tensor_bytes"], s["seconds"]):
+                if fed == run:
+                    rows.append({"case": case, "running": run, "kv_bytes": kv, "seconds": sec})
+    return pd.DataFrame(rows, columns=["case", "running", "kv_bytes", "seconds"])
+
+
+def decode_time_figure(result: dict) -> go.Figure:
+    """Measured decode-step time against the KV read, per case; the title compares the cases' medians at the
+    batch size they share most (one sequence when both have it)."""
+    steps = decode_steps(result)
+    if steps.empty:
+        return empty_figure("No decode-only steps stored")
+    fig = go.Figure()
+    for case, part in steps.groupby("case", sort=False):
+        fig.add_trace(
+            go.Scatter(
+                x=part["kv_bytes"] / 2**20,
+                y=part["seconds"] * 1000,
+                mode="markers",
+                marker={"size": 5, "opacity": 0.6},
+                name=CASE_TITLES.get(str(case), str(case)),
+                customdata=part["running"],
+                hovertemplate="%{x:,.1f} MiB of KV, %{customdata} decoding: %{y:.1f} ms<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=_decode_title(steps),
+        xaxis_title="KV read by the step (MiB)",
+        yaxis_title="step time (ms, measured)",
+        height=420,
+        legend={"orientation": "h", "yanchor": "top", "y": -0.2},
+    )
+    return fig
+
+
+def _decode_title(steps: pd.DataFrame) -> str:
+    cases = list(dict.fromkeys(steps["case"]))
+    batches = set.intersection(*(set(steps.loc[steps["case"] == c, "running"]) for c in cases))
+    if len(cases) < 2 or not batches:
+        return f"Decode steps: median {steps['seconds'].median() * 1000:.1f} ms"
+    batch = 1 if 1 in batches else max(batches, key=lambda b: int((steps["running"] == b).sum()))
+    at = steps[steps["running"] == batch].groupby("case", sort=False)
+    parts = [
+        f"{CASE_TITLES.get(str(c), c)}: {g['seconds'].median() * 1000:.1f} ms at {g['kv_bytes'].median() / 2**20:,.1f} MiB"
+        for c, g in at
+    ]
+    who = "one sequence" if batch == 1 else f"{batch} sequences"
+    return f"Median decode step, {who} decoding · " + " vs ".join(parts)

@@ -112,3 +112,17 @@ def test_the_room_under_a_tight_budget_on_the_bundled_model(lm):
     result = replay(lm, reqs, budget, "paged")
     check_replay(result, budget, solo, "paged")
     assert result["summary"]["preemptions"] >= 1
+
+
+def test_kivi_holds_whole_blocks_of_the_pool_filled_with_its_packed_bytes():
+    """A paged store hands out whole blocks: KIVI's packed entries fill the same pool's blocks (about seven times as
+    many tokens each at 2 bits with scales), its last block partly empty, never a byte count between blocks."""
+    full, kivi = Ledger(model_info(TINY), "paged"), Ledger(model_info(TINY), "paged+kivi2")
+    assert kivi.block_bytes == full.block_bytes == full.block * full.per_token
+    for tokens in (1, 7, 8, 16, 17, 40, 100, 333):
+        held, packed = kivi.private(tokens), kivi._stored(tokens)
+        assert held % kivi.block_bytes == 0 and packed <= held < packed + kivi.block_bytes, tokens
+        assert held <= full.private(tokens)
+    # past the full-precision window, packed entries fill several tokens' blocks with one block of bytes
+    assert kivi.private(333) * 4 < full.private(333)
+    assert kivi.peak(8, 300) == max(kivi.private(t) for t in range(8, 309)) >= kivi.private(308)

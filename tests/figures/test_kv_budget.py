@@ -57,3 +57,36 @@ def test_one_budget_draws_a_bar_per_mode_not_a_curve_of_one_point(stored):
     assert bars.type == "bar" and list(bars.x) == [fig.MODE_TITLES[m] for m in MODES]
     rates = {r["mode"]: r["summary"]["tokens_per_s"] for r in replays_at(result, "room", big)}
     assert list(bars.y) == pytest.approx([rates[m] for m in MODES])
+
+
+def _replay(mode: str, running, fed, kv, seconds) -> dict:
+    return {
+        "mode": mode,
+        "fits": True,
+        "steps": {"running": running, "fed_tokens": fed, "tensor_bytes": kv, "seconds": seconds},
+    }
+
+
+def test_decode_time_keeps_decode_only_lossless_steps_and_its_title_compares_the_cases():
+    room = [_replay("paged", [1, 1, 2], [40, 1, 2], [2**20, 2**20, 2**21], [3.0, 0.070, 0.130])]
+    long = [
+        _replay("paged", [1, 1, 1], [900, 1, 1], [40 * 2**20, 41 * 2**20, 42 * 2**20], [2.0, 0.090, 0.094]),
+        _replay("paged+kivi2", [1, 1], [1, 1], [5 * 2**20, 5 * 2**20], [0.5, 0.5]),  # lossy: left out
+    ]
+    result = {"cases": {"room": {"replays": room}, "long": {"replays": long}}}
+    steps = fig.decode_steps(result)
+    # the prefill steps (a prompt fed) and the lossy mode are not decode-time points
+    assert sorted(steps["seconds"]) == [0.070, 0.090, 0.094, 0.130]
+    figure = fig.decode_time_figure(result)
+    assert [t.name for t in figure.data] == [fig.CASE_TITLES["room"], fig.CASE_TITLES["long"]]
+    title = figure.layout.title.text
+    # both cases decoded one sequence at a time: their medians at that batch, as measured
+    assert "one sequence decoding" in title and "70.0 ms at 1.0 MiB" in title and "92.0 ms at 41.5 MiB" in title
+
+
+def test_the_stored_replays_draw_the_decode_time_of_both_cases():
+    from kvviz.engine.budget_store import load
+
+    figure = fig.decode_time_figure(load())
+    assert {t.name for t in figure.data} == {fig.CASE_TITLES["room"], fig.CASE_TITLES["long"]}
+    assert "Median decode step" in figure.layout.title.text

@@ -153,6 +153,8 @@ def _layout(result: dict, cases: list[str], start: int) -> tuple[gr.Radio, gr.Sl
     byte_split = captioned_plot("Where the bytes went", "kvbudget-bytes", fig.CAPTIONS["bytes"], shown["bytes"])
     table = gr.Dataframe(shown["table"], label="Per mode", interactive=False, elem_id="kvbudget-table", wrap=True)
     gr.Markdown(fig.CAPTIONS["table"], elem_classes="caption")
+    gr.Markdown("#### Decode time and the KV a step reads (every stored replay, measured)")
+    captioned_plot("Decode step time", "kvbudget-decode", fig.CAPTIONS["decode"], fig.decode_time_figure(result))
     return case, slider, Views(note, running, tput, byte_split, table)
 
 
@@ -193,7 +195,8 @@ def build(ctx: AppContext) -> None:
     def moved(c, i) -> dict:
         return v.of(drawn(result, c, i))
 
-    slider.change(moved, [case, slider], v.outputs(), show_progress="hidden", api_name=False)
+    # the visitor's own move (``input``): a new trace sets the slider and draws in the same answer
+    slider.input(moved, [case, slider], v.outputs(), show_progress="hidden", api_name=False)
     case.change(new_case, [case], [slider, *v.outputs()], show_progress="hidden", api_name=False)
 
     def run_live(job) -> dict:
