@@ -25,7 +25,7 @@ from kvviz.ui.serving.job import Size
 from kvviz.ui.serving.model_job import ModelJob
 from kvviz.ui.serving.sessions import user_errors
 
-CASES = {"room": "the room (73 short chat questions in waves)", "long": "long prompts (2,000 tokens each)"}
+CASES = ("room", "long")  # the stored traces, in the order the view offers them
 LIVE = "live"  # the case name of a live replay
 INTRO = (
     "### Serving under a KV budget\nThe room's requests replayed on the real model under a fixed amount of KV "
@@ -95,6 +95,16 @@ def _api_run(job) -> dict:
 api_serve_sim = ModelJob("KV-budget replay", check=serve_sim, run=_api_run, size=_size)
 
 
+def case_title(result: dict, case: str) -> str:
+    """A stored trace named with its own size (the stored file says how many requests, how long their prompts)."""
+    n = len(result["cases"][case]["requests"])
+    if case == "long":
+        tokens = result.get("settings", {}).get("long_tokens")
+        each = f", {tokens:,} tokens each" if tokens else ""
+        return f"long prompts ({n} chapter windows{each})"
+    return f"the room ({n} short chat questions in waves)"
+
+
 def _index(stored: list[int], budget: int) -> int:
     return min(range(len(stored)), key=lambda i: abs(stored[i] - budget))
 
@@ -134,7 +144,8 @@ class Views:
 def _layout(result: dict, cases: list[str], start: int) -> tuple[gr.Radio, gr.Slider, Views]:
     first = budgets(result, cases[0])
     with gr.Row():
-        case = gr.Radio([(CASES[c], c) for c in cases], value=cases[0], label="Trace", elem_id="kvbudget-case")
+        titles = [(case_title(result, c), c) for c in cases]
+        case = gr.Radio(titles, value=cases[0], label="Trace", elem_id="kvbudget-case")
         slider = gr.Slider(
             0,
             max(1, len(first) - 1),

@@ -98,3 +98,17 @@ def test_without_stored_replays_the_section_says_how_to_make_them(monkeypatch):
     notes = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown)]
     assert any("bench/kv_budget.py" in str(n) and "No stored replays" in str(n) for n in notes)
     assert "blocks.kv_budget" not in ctx.components
+
+
+def test_each_trace_is_named_with_the_size_the_stored_file_holds(monkeypatch, stored):
+    """The choice of trace says how many requests the stored replay served (it once said 73 over a stored room of
+    13), and a long-prompt trace its prompts' length."""
+    long = {**stored["cases"]["room"], "requests": stored["cases"]["room"]["requests"][:2]}
+    result = {"settings": {"long_tokens": 1000}, "cases": {**stored["cases"], "long": long}}
+    ctx, demo = _build(monkeypatch, result)
+    (radio,) = [c for c in demo.blocks.values() if getattr(c, "elem_id", None) == "kvbudget-case"]
+    titles = [label for label, _ in radio.choices]
+    assert titles == [
+        "the room (3 short chat questions in waves)",
+        "long prompts (2 chapter windows, 1,000 tokens each)",
+    ]
