@@ -43,8 +43,8 @@ CAPTIONS = {
     "precision, shared prefix blocks held once, and entries stored 2-bit.",
     "table": "Per mode at this budget: the most sequences running at once, tokens per second and per step, time "
     "to first token, preemptions, and whether every answer equals its request's solo run.",
-    "decode": "Every decode-only step of the stored lossless replays (one new token per sequence, no prompt fed): "
-    "its measured time against the KV cache it read. A step reads every cached token, so a long context costs "
+    "decode": "Every decode-only step of the stored lossless replays at the batch size both traces share (the "
+    "title says which; one new token per sequence, no prompt fed): its measured time against the KV cache it read. A step reads every cached token, so a long context costs "
     "more per step where its KV is a large share of what the step reads (the calculator's 70B model at 128K); "
     "here each step also reads the whole model's weights, hundreds of MiB, and the title says what tens of "
     "MiB of KV added on this machine.",
@@ -222,11 +222,15 @@ def decode_steps(result: dict) -> pd.DataFrame:
 
 
 def decode_time_figure(result: dict) -> go.Figure:
-    """Measured decode-step time against the KV read, per case; the title compares the cases' medians at the
-    batch size they share most (one sequence when both have it)."""
+    """Measured decode-step time against the KV read, per case, at the batch size the cases share (one sequence
+    when both have it: a bigger batch reads more KV and computes more at once, so only one batch size compares
+    the KV alone); the title gives each case's medians."""
     steps = decode_steps(result)
     if steps.empty:
         return empty_figure("No decode-only steps stored")
+    batch = _shared_batch(steps)
+    if batch is not None:
+        steps = steps[steps["running"] == batch]
     fig = go.Figure()
     for case, part in steps.groupby("case", sort=False):
         fig.add_trace(
@@ -234,32 +238,38 @@ def decode_time_figure(result: dict) -> go.Figure:
                 x=part["kv_bytes"] / 2**20,
                 y=part["seconds"] * 1000,
                 mode="markers",
-                marker={"size": 5, "opacity": 0.6},
+                marker={"size": 6, "opacity": 0.6},
                 name=CASE_TITLES.get(str(case), str(case)),
                 customdata=part["running"],
                 hovertemplate="%{x:,.1f} MiB of KV, %{customdata} decoding: %{y:.1f} ms<extra></extra>",
             )
         )
     fig.update_layout(
-        title=_decode_title(steps),
+        title=_decode_title(steps, batch),
         xaxis_title="KV read by the step (MiB)",
         yaxis_title="step time (ms, measured)",
+        yaxis_rangemode="tozero",
         height=420,
         legend={"orientation": "h", "yanchor": "top", "y": -0.2},
     )
     return fig
 
 
-def _decode_title(steps: pd.DataFrame) -> str:
+def _shared_batch(steps: pd.DataFrame) -> int | None:
+    """The batch size every case has decode steps at: one when they all do, else the most common shared one."""
     cases = list(dict.fromkeys(steps["case"]))
-    batches = set.intersection(*(set(steps.loc[steps["case"] == c, "running"]) for c in cases))
-    if len(cases) < 2 or not batches:
+    shared = set.intersection(*(set(steps.loc[steps["case"] == c, "running"]) for c in cases))
+    if len(cases) < 2 or not shared:
+        return None
+    return 1 if 1 in shared else max(shared, key=lambda b: int((steps["running"] == b).sum()))
+
+
+def _decode_title(steps: pd.DataFrame, batch: int | None) -> str:
+    if batch is None:
         return f"Decode steps: median {steps['seconds'].median() * 1000:.1f} ms"
-    batch = 1 if 1 in batches else max(batches, key=lambda b: int((steps["running"] == b).sum()))
-    at = steps[steps["running"] == batch].groupby("case", sort=False)
     parts = [
         f"{CASE_TITLES.get(str(c), c)}: {g['seconds'].median() * 1000:.1f} ms at {g['kv_bytes'].median() / 2**20:,.1f} MiB"
-        for c, g in at
+        for c, g in steps.groupby("case", sort=False)
     ]
     who = "one sequence" if batch == 1 else f"{batch} sequences"
     return f"Median decode step, {who} decoding · " + " vs ".join(parts)

@@ -79,6 +79,8 @@ def test_decode_time_keeps_decode_only_lossless_steps_and_its_title_compares_the
     assert sorted(steps["seconds"]) == [0.070, 0.090, 0.094, 0.130]
     figure = fig.decode_time_figure(result)
     assert [t.name for t in figure.data] == [fig.CASE_TITLES["room"], fig.CASE_TITLES["long"]]
+    # only the batch both share is drawn: a bigger batch reads more KV and computes more at once
+    assert sorted(y for t in figure.data for y in t.y) == pytest.approx([70.0, 90.0, 94.0])
     title = figure.layout.title.text
     # both cases decoded one sequence at a time: their medians at that batch, as measured
     assert "one sequence decoding" in title and "70.0 ms at 1.0 MiB" in title and "92.0 ms at 41.5 MiB" in title
