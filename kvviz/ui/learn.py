@@ -94,10 +94,8 @@ def show_me_button(
                 line = look(sm.values)
         return f"*Look for:* {line or sm.look_for}{suffix}"
 
-    # a line read from a stored result is written by the tab's one page-load event (``build``), with the others
-    shown = gr.Markdown(
-        f"*Look for:* {sm.look_for}{suffix}" if look else note(), elem_classes="learn-note", elem_id=f"{elem_id}-note"
-    )
+    # the show-me's own line; one read from a stored result is written by the tab's page-load event (``build``)
+    shown = gr.Markdown(f"*Look for:* {sm.look_for}{suffix}", elem_classes="learn-note", elem_id=f"{elem_id}-note")
     press_tab = _prefix(sm.press.split(".", 1)[0]) if sm.press else None
     via_generate = bool(press and press_tab == "generate" and _prefix(sm.tab) != "generate")
     first_tab = "tab_generate" if via_generate else sm.tab

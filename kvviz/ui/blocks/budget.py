@@ -207,7 +207,7 @@ def build(ctx: AppContext) -> None:
         return v.of(drawn(result, c, i))
 
     # the visitor's own move (``input``): a new trace sets the slider and draws in the same answer
-    slider.input(moved, [case, slider], v.outputs(), show_progress="hidden", api_name=False)
+    slider.input(moved, [case, slider], v.outputs(), show_progress="hidden", api_name=False, trigger_mode="always_last")
     case.change(new_case, [case], [slider, *v.outputs()], show_progress="hidden", api_name=False)
 
     def run_live(job) -> dict:

@@ -164,8 +164,10 @@ def _switched(label: str):
     """The inner tab bar's select handler: the timer runs while the tab called ``label`` is picked, and the pick is
     kept for the outer tab's next open."""
 
+    timer_for = _shown_while(label)
+
     def switched(evt: gr.SelectData) -> tuple:
-        return (gr.Timer(active=evt.value == label), evt.value)
+        return (timer_for(evt), evt.value)
 
     return switched
 

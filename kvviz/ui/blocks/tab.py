@@ -272,7 +272,14 @@ def _wire(ctx: AppContext, v: _Views) -> list:
     # redrawn on the visitor's own moves (``input``): a run or the example that sets the step slider sends its views
     # in the same answer, so its ``change`` would draw every chart twice
     for control in (v.block_size, v.step, v.layer):
-        control.input(lambda *a: v.views(views(*a)), pickers, v.view_outputs(), api_name=False, show_progress="hidden")
+        control.input(
+            lambda *a: v.views(views(*a)),
+            pickers,
+            v.view_outputs(),
+            api_name=False,
+            show_progress="hidden",
+            trigger_mode="always_last",
+        )
 
     def from_generate(trace, b) -> dict:
         if trace is None or not trace.steps:

@@ -147,6 +147,7 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
         [views.tokens, views.growth],
         api_name=False,
         show_progress="hidden",
+        trigger_mode="always_last",  # as ``change`` did: a step moved while one draws is drawn after it, not dropped
     )
     opened = opening(ctx, views)
     if opened is not None:  # the session's own run takes the page: the opening example stops waiting or drawing

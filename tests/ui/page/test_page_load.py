@@ -49,3 +49,5 @@ def test_a_control_the_server_sets_redraws_only_on_the_visitor_s_move(app, key):
     changed = [f for f in demo.fns.values() if (control._id, "change") in [tuple(t) for t in f.targets]]
     moved = [f for f in demo.fns.values() if (control._id, "input") in [tuple(t) for t in f.targets]]
     assert changed == [] and len(moved) == 1, ([f.name for f in changed], [f.name for f in moved])
+    # ``input`` defaults to "once" (a move while one draws is dropped, the chart left a step behind): the last is kept
+    assert moved[0].trigger_mode == "always_last"
