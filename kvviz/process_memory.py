@@ -56,12 +56,16 @@ _pending: dict[Callable[[], bool], threading.Timer] = {}  # one scheduled releas
 _pending_lock = threading.Lock()
 
 
-def release_when_idle(idle: Callable[[], bool], after_s: float | None = None) -> None:
-    """:func:`release_memory` once ``idle()`` has held for ``after_s`` seconds (:data:`IDLE_RELEASE_S`): in a
+def release_when_idle(
+    idle: Callable[[], bool], after_s: float | None = None, release: Callable[[], None] | None = None
+) -> None:
+    """``release`` (:func:`release_memory`) once ``idle()`` has held for ``after_s`` seconds (:data:`IDLE_RELEASE_S`): in a
     thread of its own, later, not on the way out of the jobs that just ended. ``gc.collect`` walks the whole
     heap and ``malloc_trim`` runs holding the interpreter; called when a room's last run ends they held up the
-    24 answers waiting to be sent. A newer call for the same ``idle`` restarts the wait."""
+    24 answers waiting to be sent. A newer call for the same ``idle`` restarts the wait. ``release`` lets a caller
+    see its own releases apart from other engines' in the same process (the module's function is shared)."""
     delay = IDLE_RELEASE_S if after_s is None else after_s
+    release = release_memory if release is None else release
 
     def fire() -> None:
         with _pending_lock:
@@ -69,7 +73,7 @@ def release_when_idle(idle: Callable[[], bool], after_s: float | None = None) ->
                 return
             del _pending[idle]
         if idle():
-            release_memory()
+            release()
 
     timer = threading.Timer(delay, fire)
     timer.daemon = True
