@@ -10,7 +10,7 @@ from kvviz.ui.blocks import tab as blocks
 from kvviz.ui.eviction import tab as eviction
 from kvviz.ui.generate import tab as generate
 from kvviz.ui.memory import tab as memory
-from kvviz.ui.page import deeplinks, first_sight, plotly_preload, present, toasts
+from kvviz.ui.page import deeplinks, first_sight, plotly_preload, present, tab_switch, toasts
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.identity import McpCallers
@@ -145,6 +145,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         links = deeplinks.bar()
         generate_event = None
         built: dict[str, gr.Tab] = {}
+        ctx.tab_box = tab_switch.box()
         with gr.Tabs(overflow_behavior="wrap") as ctx.tabs:
             # Learn is built after every other tab (its show-mes set their components and press their buttons,
             # which must exist), then put back in its place in the bar: the page lays tabs out in child order
@@ -161,6 +162,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         if generate_event is not None:
             for fn, inputs, outputs in ctx.listeners:
                 generate_event = generate_event.then(fn, inputs, outputs, api_name=False)
+                if ctx.tab_box in outputs:  # a listener that opens a tab: in the page, after it
+                    generate_event = tab_switch.open_after(generate_event, ctx.tabs, ctx.tab_box)
         present.install(ctx, demo)
         deeplinks.install(ctx, demo, links, {title: tab_id for title, tab_id, _ in TABS})
     return demo

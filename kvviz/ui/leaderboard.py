@@ -22,6 +22,7 @@ from kvviz.leaderboard.cells import MODES
 from kvviz.leaderboard.sweep import DEFAULT_POLICIES, RATIOS, run_sweep
 from kvviz.leaderboard.tasks import TASKS, make_samples
 from kvviz.safety import whole_number
+from kvviz.ui.page import tab_switch
 from kvviz.ui.page.widgets import captioned_plot
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.job import Size
@@ -235,15 +236,17 @@ def _wire(ctx: AppContext, v: _Views, data: dict | None) -> None:
             s = results.sample(d, table.iloc[evt.index[0]]["sample"])
         values = [s["context"], s["question"], True, pol, "ratio", float(r)]
         opened = dict(zip([target[n] for n in names], [*values, "question" if md == "query_aware" else "context"]))
-        return {**opened, v.needle: needle_note(s), ctx.tabs: gr.Tabs(selected="tab_eviction")}
+        return {**opened, v.needle: needle_note(s)}
 
     v.samples.select(
         open_sample,
         [v.state, v.policy, v.ratio, v.mode, v.samples],
-        [*target.values(), v.needle, ctx.tabs],
+        [*target.values(), v.needle],
         api_name=False,
         queue=False,
-    ).then(None, None, None, js=OPEN_JS)
+    ).then(None, None, ctx.tabs, js=tab_switch.open_js("tab_eviction"), **tab_switch.QUIET).then(
+        None, None, None, js=OPEN_JS
+    )
 
     def run_own(job) -> dict:
         a: SweepAsk = job.req

@@ -22,7 +22,7 @@ from kvviz.lessons.guesses import judge
 from kvviz.lessons.objectives import EQUIVALENCE, OBJECTIVES, PITFALLS, decode_step_view
 from kvviz.lessons.questions import QUESTIONS, Answer, Question
 from kvviz.lessons.showme import ShowMe
-from kvviz.ui.page import sections
+from kvviz.ui.page import sections, tab_switch
 from kvviz.ui.page.present import STEP_CLASS
 from kvviz.ui.page.showme_js import PRESS_JS
 from kvviz.ui.serving import precompute
@@ -75,6 +75,8 @@ def show_me_button(
     """A button that loads ``sm`` into its view; a note lists what this build lacks. Returns the note and how
     to write it where its "Look for" line is read from the stored result (to refresh once that is ready)."""
     targets, missing, press, available = resolve(ctx, sm)
+    box = ctx.tab_box
+    assert box is not None and ctx.tabs is not None, "Learn is built inside the app's tabs"
     btn = gr.Button(
         f"▶ Show me: {sm.label}", elem_id=elem_id, variant="primary" if available else "secondary", size="lg"
     )
@@ -107,7 +109,7 @@ def show_me_button(
             key = ctx.planners["generate.button"](sm.values)
         except gr.Error:  # values this deployment's limits refuse (fewer new tokens): the pressed button says why
             fast = False
-    views = [o for _, _, o in ctx.listeners if ctx.tabs not in o] if fast else []
+    views = [o for _, _, o in ctx.listeners if ctx.tab_box not in o] if fast else []
     view_outputs = [c for o in views for c in o]
     # a button whose result is at hand (stored, or arithmetic) answers in this event too, instead of being pressed
     answer = ctx.answers.get(sm.press or "") if available and not fast else None
@@ -147,16 +149,16 @@ def show_me_button(
         if answer is not None:
             out = answered(request, list(current))
             if out is None:
-                return {**shown, ctx.tabs: gr.Tabs(selected=first_tab), pending: None, mode: "press"}
-            return {**shown, ctx.tabs: gr.Tabs(selected=sm.tab), pending: None, mode: "stored", **out}
+                return {**shown, box: first_tab, pending: None, mode: "press"}
+            return {**shown, box: sm.tab, pending: None, mode: "stored", **out}
         if not fast:
-            return {**shown, ctx.tabs: gr.Tabs(selected=first_tab), pending: sm.tab if via_generate else None}
+            return {**shown, box: first_tab, pending: sm.tab if via_generate else None}
         entry = ctx.store.entry(key)
         if entry is not None and entry.state == "done":
             trace = entry.value[0]
             stored = {ctx.trace_state: trace, **stored_views(trace)}
-            return {**shown, ctx.tabs: gr.Tabs(selected=sm.tab), pending: None, mode: "stored", **stored}
-        return {**shown, ctx.tabs: gr.Tabs(selected=first_tab), pending: sm.tab, mode: "press"}
+            return {**shown, box: sm.tab, pending: None, mode: "stored", **stored}
+        return {**shown, box: first_tab, pending: sm.tab, mode: "press"}
 
     if fast:
         extra = [mode, ctx.trace_state, *view_outputs]
@@ -164,10 +166,11 @@ def show_me_button(
         extra = [mode, *answer.outputs]
     else:
         extra = []
-    outputs = [c for _, c in targets] + [ctx.tabs, pending, *extra]
+    outputs = [c for _, c in targets] + [box, pending, *extra]
     assert len({id(c) for c in outputs}) == len(outputs), f"{sm.label}: a show-me sets a component twice"
     event = btn.click(load, answer_inputs, outputs, api_name=False, queue=False)
-    if available:
+    if available:  # the tab the handler named opens in the page (tab_switch), then the view's button is pressed
+        event = tab_switch.open_after(event, ctx.tabs, box)
         controls = [_elem_id(c, k) for k, c in targets if not k.endswith(("prompt", "chat"))]
         js = PRESS_JS.replace("__PRESS__", json.dumps(press)).replace("__CONTROLS__", json.dumps(controls))
         js = js.replace("__SECTIONS__", json.dumps(opens))
@@ -258,7 +261,7 @@ def build(ctx: AppContext) -> None:
                     elem_id=f"learn-next-{obj.number}",
                     size="lg",
                 )
-                nxt.click(lambda target=ids[i + 1]: gr.Tabs(selected=target), None, inner, api_name=False, queue=False)
+                nxt.click(None, None, inner, js=tab_switch.open_js(ids[i + 1]), **tab_switch.QUIET)
         with gr.Tab("Questions", id=ids[n]):
             gr.Markdown("Commit to a guess first, then reveal: kvviz puts its computed answer next to yours.")
             for i, q in enumerate(QUESTIONS, 1):
@@ -272,7 +275,7 @@ def build(ctx: AppContext) -> None:
                 out = gr.Markdown(elem_id=f"answer-{i}")
                 _reveal(ctx, q, i, btn, None if guess is None else [guess], out)
             to_pitfalls = gr.Button("Common pitfalls ›", elem_id="learn-next-questions", size="lg")
-            to_pitfalls.click(lambda: gr.Tabs(selected=ids[n + 1]), None, inner, api_name=False, queue=False)
+            to_pitfalls.click(None, None, inner, js=tab_switch.open_js(ids[n + 1]), **tab_switch.QUIET)
         with gr.Tab("Pitfalls", id=ids[n + 1]):
             for i, p in enumerate(PITFALLS, 1):
                 gr.Markdown(f"**{i}. {p.title}.** {p.explanation}", elem_classes="learn-pitfall")
@@ -360,10 +363,10 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
     step.change(drawn, [walk_trace, step], [strip, text], api_name=False, queue=False)
 
     def from_generate(trace, target) -> dict:
-        return {**opened(trace), ctx.tabs: gr.Tabs(selected=target) if target else gr.skip(), pending: None}
+        return {**opened(trace), ctx.tab_box: target or "", pending: None}
 
     if ctx.trace_state is not None:
         # first: a show-me that generated switches to its view at once, while the views redraw behind it
         ctx.on_trace(
-            from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tabs, pending], first=True
+            from_generate, [ctx.trace_state, pending], [walk_trace, step, strip, text, ctx.tab_box, pending], first=True
         )

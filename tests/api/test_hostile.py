@@ -105,15 +105,21 @@ def test_a_minus_zero_is_refused(public_app):
     assert event == "error" and "minus sign" in str(out)
 
 
-def _room_refreshes(url: str) -> list[tuple[int, int | None]]:
+def _room_refreshes(url: str) -> list[tuple[int, int | None, bool]]:
     """Every event that draws the room's prefix cache: (its index, the event that must come first in the session:
-    the Blocks tab's own opening draws the room only once the room's sub-tab was picked, a state of the session)."""
+    the Blocks tab's opening draws the room only once the room's sub-tab was picked, a state of the session; and
+    whether it is the top bar's pick, which draws it only for the Blocks tab)."""
     config = httpx.get(f"{url}config", timeout=30).json()
     by_elem = {c.get("props", {}).get("elem_id"): c["id"] for c in config["components"]}
     bar = by_elem["blocks-sections"]
     (pick,) = [d["id"] for d in config["dependencies"] if [bar, "select"] in [list(t) for t in d["targets"]]]
+    top = [c["id"] for c in config["components"] if c.get("type") == "tabs" and c["id"] != bar]
     found = [
-        (d["id"], pick if len(d["inputs"]) > 1 else None)
+        (
+            d["id"],
+            pick if len(d["inputs"]) > 1 else None,
+            any(list(t) in ([i, "select"] for i in top) for t in d["targets"]),
+        )
         for d in config["dependencies"]
         if by_elem["room-summary"] in d["outputs"]
     ]
@@ -121,14 +127,15 @@ def _room_refreshes(url: str) -> list[tuple[int, int | None]]:
     return found
 
 
-def _read_room(url: str, event: tuple[int, int | None], session: str) -> str:
-    fn_index, first = event
+def _read_room(url: str, event: tuple[int, int | None, bool], session: str) -> str:
+    fn_index, first, on_top_bar = event
     if first is not None:  # the room's sub-tab picked in this session, as a click on it does
         picked = {"index": 2, "value": SECTIONS[2], "selected": True}
         _post(url, {"fn_index": first, "data": [], "event_data": picked, "session_hash": session})
-    return json.dumps(
-        _post(url, {"fn_index": fn_index, "data": [None, None], "session_hash": session}), ensure_ascii=False
-    )
+    body = {"fn_index": fn_index, "data": [None, None], "session_hash": session}
+    if on_top_bar:  # the top bar's pick: the Blocks tab, as a click on it does
+        body["event_data"] = {"index": 0, "value": "Blocks", "selected": True}
+    return json.dumps(_post(url, body), ensure_ascii=False)
 
 
 def _post(url: str, body: dict) -> dict:

@@ -145,8 +145,18 @@ def _live(ctx: AppContext) -> None:
     # first open sends the live view alone, not this hidden section's charts as well
     picked = gr.State(next((t.label for t in inner.parent.children if isinstance(t, gr.Tab)), inner.label))
 
-    def outer_opened(last, pick, request: gr.Request) -> dict:
-        return opened(last, request) if pick == inner.label else {timer: gr.Timer(active=False)}
+    def outer_picked(label: str):
+        """The select handler of the bar ``label``'s tab is in: that tab opened with this section's sub-tab picked
+        draws the section and starts its timer; any other pick stops the timer. One event on the bar, not one more
+        on the tab: the page dispatches a tab's select events one after another, each with its own bookkeeping,
+        and a second one here held up the Blocks tab's example by a few hundred milliseconds."""
+
+        def handler(last, pick, evt: gr.SelectData, request: gr.Request) -> dict:
+            if evt.value == label and pick == inner.label:
+                return opened(last, request)
+            return {timer: gr.Timer(active=False)}
+
+        return handler
 
     inner.select(opened, shown, [*outputs, timer], api_name=False, show_progress="hidden", queue=False)
     inner.parent.select(
@@ -154,10 +164,14 @@ def _live(ctx: AppContext) -> None:
     )
     for tab in tabs[1:]:
         bar = ctx.tabs if tab is tabs[-1] else tab.parent
-        tab.select(
-            outer_opened, [shown, picked], [*outputs, timer], api_name=False, show_progress="hidden", queue=False
+        bar.select(
+            outer_picked(tab.label),
+            [shown, picked],
+            [*outputs, timer],
+            api_name=False,
+            show_progress="hidden",
+            queue=False,
         )
-        bar.select(_shown_while(tab.label), None, timer, api_name=False, show_progress="hidden", queue=False)
 
 
 def _switched(label: str):

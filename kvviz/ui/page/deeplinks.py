@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from kvviz.limits import MAX_BUDGET_TOKENS, bounded_int, calculator_number
+from kvviz.ui.page import tab_switch
 from kvviz.ui.serving.context import AppContext
 
 MAX_PARAM_CHARS = 200  # longer values are refused before parsing
@@ -177,10 +178,13 @@ def install(ctx: AppContext, demo: gr.Blocks, links: LinkBar, titles: Mapping[st
         # a lecture opens on the lesson: ?present=1 without a tab selects Learn, not the first tab (Generate)
         lecture = query.get("present") == "1" and "tab_learn" in tab_ids
         tab = link.tab or ("tab_learn" if lecture else None)
-        tabs = gr.Tabs(selected=tab) if tab else gr.skip()
-        return [tabs, *[link.values.get(k, gr.skip()) for k in keys], note_text(link.notes)]
+        return [tab or "", *[link.values.get(k, gr.skip()) for k in keys], note_text(link.notes)]
 
-    demo.load(read, None, [ctx.tabs, *comps, links.note], api_name=False, queue=False, show_progress="hidden")
+    assert ctx.tab_box is not None, "the tab box is built with the tabs"
+    opened = demo.load(
+        read, None, [ctx.tab_box, *comps, links.note], api_name=False, queue=False, show_progress="hidden"
+    )
+    tab_switch.open_after(opened, ctx.tabs, ctx.tab_box)
 
     def build(base: str, title: str, *values) -> str:
         return make_link(str(base or ""), titles.get(str(title or "")), dict(zip(keys, values)))

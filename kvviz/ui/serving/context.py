@@ -53,6 +53,9 @@ class AppContext:
     # "show me" buttons can load an example into another view; ``tabs`` switches views (ids = module names)
     components: dict[str, gr.components.Component] = field(default_factory=dict)
     tabs: gr.Tabs | None = None
+    # the hidden box a handler writes the tab to open into (kvviz/ui/page/tab_switch.py: no server event names
+    # the bar)
+    tab_box: gr.Textbox | None = None
     stop_flags: dict[str, threading.Event] = field(default_factory=dict)
     # ready results shared by every session (one store per app, so one per server process), and per
     # demo button ("nocache.button") how to plan the result a show-me's values will ask it for (returns its key)

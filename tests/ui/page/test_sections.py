@@ -47,7 +47,9 @@ def _page_js(demo, sm) -> str:
     label = f"▶ Show me: {sm.label}"
     btn = next(b for b in demo.blocks.values() if isinstance(b, gr.Button) and b.value == label)
     (click,) = [f for f in demo.fns.values() if (btn._id, "click") in f.targets]
-    (then,) = [f for f in demo.fns.values() if f.trigger_after == click._id]
+    (switch,) = [f for f in demo.fns.values() if f.trigger_after == click._id]  # the tab it names opens, in the page
+    assert switch.fn is None and "selected" in switch.js
+    (then,) = [f for f in demo.fns.values() if f.trigger_after == switch._id]
     return then.js
 
 
