@@ -5,10 +5,14 @@ Starts ``python app.py`` on a free port (``bench/load.py``'s ``start_server``), 
 Debian's Chromium (``$KVVIZ_CHROMIUM`` or ``/usr/bin/chromium``) through Playwright, sets the prompt,
 turns the chat template off, sets Max new tokens, clicks Generate and times until the status says
 Done. The library's ``capture`` of the same prompt (greedy, verified like the page's run) is timed in
-this process before and after each page run, while the server is idle. Each repeat has a prompt of its
-own (``repeat_prompt``): the engine shares a finished run with an identical request. CPU seconds are recorded
-beside wall seconds (the server's and the browser's for the page run): on a shared machine they
-show where the time went when other work slows everything down. The run must produce exactly
+this process before and after each page run, while the server is idle. After each page run the same
+server answers ``/generate`` for as many tokens through ``gradio_client`` with no page open, the
+"server alone" figure (the page's prompt with another seed: greedy decoding ignores it, the engine's
+run-sharing key does not, so the run is computed again to the same answer). The page's ratio against
+that one's is what the browser and the page's streaming cost when they share the server's cores. Each
+repeat has a prompt of its own (``repeat_prompt``): the engine shares a finished run with an identical
+request. CPU seconds are recorded beside wall seconds (the server's and the browser's for the page run):
+on a shared machine they show where the time went when other work slows everything down. The run must produce exactly
 the requested tokens (a prompt that stops at an end token is refused) and the page must end with
 one chip per token. Target: page tokens/s ≥ 0.8 × library tokens/s. Writes
 ``bench/results/page_speed.json``.
@@ -61,6 +65,19 @@ def library_run(lm, prompt: str, n_new: int) -> dict:
         "tokens_per_s": trace.n_generated / seconds,
         "text": trace.text,
     }
+
+
+def server_run(url: str, prompt: str, n_new: int) -> dict:
+    """``/generate`` through ``gradio_client``, no page: the server's own speed for the page's work
+    (the same engine, capture and check; the answer as one JSON reply instead of a streamed page)."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    t0 = time.perf_counter()
+    out = client.predict(prompt, n_new, False, 0.0, 1.0, 1, api_name="/generate")
+    seconds = time.perf_counter() - t0
+    generated = out.get("generated_tokens") if isinstance(out, dict) else None
+    return {"seconds": seconds, "generated": generated, "tokens_per_s": (generated or 0) / seconds}
 
 
 def repeat_prompt(prompt: str, r: int) -> str:
@@ -164,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             "KVVIZ_PRECOMPUTE": "0",
         }
     )
-    pages = []
+    pages, servers = [], []
     try:
         server = psutil.Process(proc.pid)
         with sync_playwright() as pw:
@@ -178,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 for r in range(args.repeats):
                     prompt = repeat_prompt(args.prompt, r)
                     pages.append(page_run(browser, url, prompt, args.new_tokens, server, args.timeout_s))
+                    servers.append(server_run(url, prompt, args.new_tokens))
                     libs.append(library_run(lm, prompt, args.new_tokens))
             finally:
                 browser.close()
@@ -186,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(timeout=30)
     lib_tps = statistics.mean(r["tokens_per_s"] for r in libs)
     page_tps = statistics.mean(args.new_tokens / r["seconds"] for r in pages)
+    server_tps = statistics.mean(r["tokens_per_s"] for r in servers)
     expected = [
         len(encode_prompt(lm, repeat_prompt(args.prompt, i), chat=False)) + args.new_tokens for i in range(len(pages))
     ]
-    ok = all(r["generated"] == args.new_tokens for r in libs) and all(
+    ok = all(r["generated"] == args.new_tokens for r in [*libs, *servers]) and all(
         r["generated"] == args.new_tokens and r["chips"] == chips for r, chips in zip(pages, expected)
     )
     report = {
@@ -200,12 +219,15 @@ def main(argv: list[str] | None = None) -> int:
         "library_tokens_per_s": round(lib_tps, 2),
         "page_tokens_per_s": round(page_tps, 2),
         "ratio": round(page_tps / lib_tps, 3),
+        "server_alone_tokens_per_s": round(server_tps, 2),
+        "server_alone_ratio": round(server_tps / lib_tps, 3),
         "target_ratio": TARGET_RATIO,
         "complete": ok,
         "library_runs": [
             {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "text"} for r in libs
         ],
         "page_runs": pages,
+        "server_alone_runs": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in servers],
     }
     if args.out:
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -213,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(report, indent=2) + "\n")
     print(
         f"library {lib_tps:.2f} tokens/s, page {page_tps:.2f} tokens/s: ratio {page_tps / lib_tps:.2f} "
-        f"(target ≥ {TARGET_RATIO}); status updates {[r['status_updates'] for r in pages]}, "
+        f"(target ≥ {TARGET_RATIO}); the server alone {server_tps:.2f} tokens/s ({server_tps / lib_tps:.2f}); status updates {[r['status_updates'] for r in pages]}, "
         f"chips {[r['chips'] for r in pages]} of {expected}"
     )
     print("met" if ok and page_tps / lib_tps >= TARGET_RATIO else ("MISSED" if ok else "INCOMPLETE"))
