@@ -12,9 +12,9 @@ run-sharing key does not, so the run is computed again to the same answer). The 
 that one's is what the browser and the page's streaming cost when they share the server's cores. Each
 repeat has a prompt of its own (``repeat_prompt``): the engine shares a finished run with an identical
 request. CPU seconds are recorded beside wall seconds (the server's and the browser's for the page run):
-on a shared machine they show where the time went when other work slows everything down. The run must produce exactly
-the requested tokens (a prompt that stops at an end token is refused) and the page must end with
-one chip per token. Target: page tokens/s ≥ 0.8 × library tokens/s. Writes
+on a shared machine they show where the time went when other work slows everything down. The run must
+produce exactly the requested tokens (a prompt that stops at an end token is refused) and the page must
+end with one chip per token. Target: page tokens/s ≥ 0.8 × library tokens/s. Writes
 ``bench/results/page_speed.json``.
 """
 
@@ -30,6 +30,7 @@ import time
 
 import psutil
 from _common import RESULTS
+from gradio_client import Client
 from load import start_server
 
 from kvviz.capture.loop import capture
@@ -70,14 +71,17 @@ def library_run(lm, prompt: str, n_new: int) -> dict:
 def server_run(url: str, prompt: str, n_new: int) -> dict:
     """``/generate`` through ``gradio_client``, no page: the server's own speed for the page's work
     (the same engine, capture and check; the answer as one JSON reply instead of a streamed page)."""
-    from gradio_client import Client
-
     client = Client(url, verbose=False)
     t0 = time.perf_counter()
     out = client.predict(prompt, n_new, False, 0.0, 1.0, 1, api_name="/generate")
     seconds = time.perf_counter() - t0
     generated = out.get("generated_tokens") if isinstance(out, dict) else None
     return {"seconds": seconds, "generated": generated, "tokens_per_s": (generated or 0) / seconds}
+
+
+def rounded(run: dict) -> dict:
+    """A run's record for the JSON file: seconds to the millisecond, the generated text left out."""
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in run.items() if k != "text"}
 
 
 def repeat_prompt(prompt: str, r: int) -> str:
@@ -223,11 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         "server_alone_ratio": round(server_tps / lib_tps, 3),
         "target_ratio": TARGET_RATIO,
         "complete": ok,
-        "library_runs": [
-            {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "text"} for r in libs
-        ],
+        "library_runs": [rounded(r) for r in libs],
         "page_runs": pages,
-        "server_alone_runs": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in servers],
+        "server_alone_runs": [rounded(r) for r in servers],
     }
     if args.out:
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(report, indent=2) + "\n")
     print(
         f"library {lib_tps:.2f} tokens/s, page {page_tps:.2f} tokens/s: ratio {page_tps / lib_tps:.2f} "
-        f"(target ≥ {TARGET_RATIO}); the server alone {server_tps:.2f} tokens/s ({server_tps / lib_tps:.2f}); status updates {[r['status_updates'] for r in pages]}, "
+        f"(target ≥ {TARGET_RATIO}); the server alone {server_tps:.2f} tokens/s ({server_tps / lib_tps:.2f}); "
+        f"status updates {[r['status_updates'] for r in pages]}, "
         f"chips {[r['chips'] for r in pages]} of {expected}"
     )
     print("met" if ok and page_tps / lib_tps >= TARGET_RATIO else ("MISSED" if ok else "INCOMPLETE"))
