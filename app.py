@@ -24,6 +24,7 @@ import time
 
 from kvviz.commands.common import add_placement_args, placement
 from kvviz.models import ModelLoadError, load_model, resolve_spec
+from kvviz.process_memory import freeze_startup
 from kvviz.safety import check_model_spec, remove_stale
 from kvviz.settings import Settings, env
 
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             prevent_thread_lock=True,
             **launch_options,
         )
+        freeze_startup()  # the start-up's objects out of every later full collection (see there)
         while demo.is_running:  # until SIGTERM or Ctrl-C raises KeyboardInterrupt here
             time.sleep(0.1)
     except ModelLoadError as exc:

@@ -94,10 +94,17 @@ def rss_mib(pid: int | None) -> float | None:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
 
 
+# One TLS setup for every simulated student. gradio_client opens a new httpx client for each request and,
+# given ``ssl_verify=True``, httpx loads the CA bundle again each time (some 20-40 ms of CPU, even for a plain
+# http:// URL): 24 students spent ~2 s of the server's two cores on it during a wave. A browser loads its
+# certificates once per visit, and a lecture's browsers are not on the server's machine at all.
+TLS = httpx.create_ssl_context()
+
+
 def client(url: str) -> Client:
     """One student's session. httpx's default 5 s timeout would count a busy server's slow reply as
     a failure; a browser waits, so the bench waits too (up to 120 s per request)."""
-    return Client(url, verbose=False, httpx_kwargs={"timeout": 120})
+    return Client(url, verbose=False, httpx_kwargs={"timeout": 120}, ssl_verify=TLS)  # type: ignore[arg-type]
 
 
 def ask(url: str, prompt: str, new_tokens: int) -> dict:

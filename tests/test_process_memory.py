@@ -3,7 +3,9 @@ handed back to the OS once the work has stayed idle."""
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 
 import pytest
 
@@ -75,3 +77,27 @@ def test_the_memory_ceiling_is_set_from_the_container_s_limit_not_the_host_s(mon
     total = process_memory.machine_memory()
     assert total == (128 if expected_gb is None else expected_gb) * 2**30
     assert default_max_rss_gb() == 0.75 * total / 2**30  # 12 GiB on the 16 GB Space, 96 on the bare host
+
+
+def test_freeze_startup_collects_the_start_up_s_cycles_then_hides_the_survivors_from_later_collections():
+    class Node:
+        pass
+
+    kept, dropped = Node(), Node()
+    kept.me = kept  # a cycle still referenced: frozen
+    dropped.me = dropped  # a cycle nobody references: collected before the freeze, never frozen
+    gone = weakref.ref(dropped)
+    del dropped
+    try:
+        frozen = process_memory.freeze_startup()
+        assert gone() is None
+        assert frozen == gc.get_freeze_count() > 0
+        assert not any(o is kept for o in gc.get_objects())  # a later full collection no longer walks it
+        later = Node()
+        later.me = later
+        still = weakref.ref(later)
+        del later
+        gc.collect()
+        assert still() is None  # objects made after the freeze are collected as before
+    finally:
+        gc.unfreeze()
