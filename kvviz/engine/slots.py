@@ -29,6 +29,11 @@ MAX_TOKENS = 256  # prompt + new tokens of the longest run that takes a slot
 ROUND = 32  # a slot's tokens are allocated in steps of this many
 
 
+def _rounded(tokens: int, capacity: int) -> int:
+    """A slot's allocated length for a run of ``tokens``: up to a multiple of :data:`ROUND`, at most ``capacity``."""
+    return min(-(-tokens // ROUND) * ROUND, capacity)
+
+
 class SlotLayer(DynamicLayer):
     """One layer of one sequence's cache, stored in its slot of a :class:`SlotKV`."""
 
@@ -82,21 +87,34 @@ class SlotKV:
         """Give an empty transformers cache of full-attention layers a slot: its layers become
         :class:`SlotLayer` objects. False (the cache untouched) when no slot is free, the run is longer than
         a slot, or the cache is not an empty ``DynamicLayer`` cache with one layer per model layer."""
-        layers = getattr(cache, "layers", None)
-        if (
-            not self._free
-            or tokens > self.capacity
-            or layers is None
-            or len(layers) != self.layers
-            or any(type(layer) is not DynamicLayer or layer.is_initialized for layer in layers)
-        ):
+        if not self._free or not self._fits(cache, tokens):
             return False
         slot = self._free.pop(0)
-        self._fit(slot + 1, min(-(-tokens // ROUND) * ROUND, self.capacity))
+        self._fit(slot + 1, _rounded(tokens, self.capacity))
         own = [SlotLayer(self, slot, i) for i in range(self.layers)]
         cache.layers[:] = own
         self._held[slot] = own
         return True
+
+    def attach_all(self, requests: Sequence[tuple[object, int]]) -> list[bool]:
+        """:meth:`attach` for several (cache, tokens) at once, the buffers grown once for every one that gets
+        a slot. One at a time, each new slot would copy every layer's buffers and re-point every held slot's
+        views again: for a room's two dozen arrivals behind a run already decoding, that is quadratic (a
+        quarter of a second before their first step)."""
+        taking = [tokens for cache, tokens in requests if self._fits(cache, tokens)][: len(self._free)]
+        if taking:  # the slots they will get are the lowest free ones, in order
+            self._fit(self._free[len(taking) - 1] + 1, _rounded(max(taking), self.capacity))
+        return [self.attach(cache, tokens) for cache, tokens in requests]
+
+    def _fits(self, cache, tokens: int) -> bool:
+        """Whether a run of ``tokens`` tokens with this cache may take a slot (one being free aside)."""
+        layers = getattr(cache, "layers", None)
+        return not (
+            tokens > self.capacity
+            or layers is None
+            or len(layers) != self.layers
+            or any(type(layer) is not DynamicLayer or layer.is_initialized for layer in layers)
+        )
 
     def _fit(self, slots: int, tokens: int) -> None:
         """Make the buffers hold at least ``slots`` slots of ``tokens`` tokens, copying what they hold."""

@@ -119,6 +119,42 @@ def test_the_buffers_grow_to_what_the_runs_need_and_keep_what_they_hold():
     assert torch.equal(a.layers[0].keys, torch.cat([k, more[0]], dim=2))
 
 
+def test_runs_arriving_together_grow_the_buffers_once_and_each_get_a_slot_of_its_own():
+    torch.manual_seed(2)
+    store = SlotKV(LAYERS, slots=8, capacity=256)
+    first = empty_cache()
+    assert store.attach(first, 20)
+    k, v = kv(20)
+    first.update(k, v, 0)  # the buffers exist: each growth from here on is a copy
+    buffers = []
+    fit = store._fit
+
+    def watched(slots: int, tokens: int) -> None:
+        fit(slots, tokens)
+        if not buffers or buffers[-1] is not store.keys[0]:
+            buffers.append(store.keys[0])
+
+    store._fit = watched  # type: ignore[method-assign]
+    used = empty_cache()
+    used.update(*kv(2), 0)  # a cache with entries of its own takes no slot, and costs no room
+    room = [empty_cache() for _ in range(5)]
+    assert store.attach_all([(c, 40) for c in room[:2]] + [(used, 40)] + [(c, 90) for c in room[2:]]) == [
+        True,
+        True,
+        False,
+        True,
+        True,
+        True,
+    ]
+    assert len(buffers) == 1  # one copy for the five, not one per arrival
+    assert store.size == (6, 96)
+    assert sorted(c.layers[0].slot for c in room) == [1, 2, 3, 4, 5]
+    assert torch.equal(first.layers[0].keys, k) and torch.equal(first.layers[0].values, v)
+    crowd = [empty_cache() for _ in range(4)]  # more than the free slots: the first ones get them
+    assert store.attach_all([(c, 10) for c in crowd]) == [True, True, False, False]
+    assert store.size == (8, 96)
+
+
 def test_a_full_slot_refuses_an_append_even_when_its_indices_were_made_for_another_layer():
     store = SlotKV(LAYERS, slots=1, capacity=32)
     cache = empty_cache()
