@@ -16,8 +16,8 @@ e.g. ``load_epyc_8_token_blocks_http.json``).
 
 The students' clients run in this process, on the server's machine — in a lecture each browser has a
 machine of its own. ``--client gradio`` (the default) gives each student a ``gradio_client.Client``, the
-way the figures have always been measured; on the 2-core machine 24 of them take ~1.4 s of the cores to
-send their presses, and 100 take most of both cores while they arrive. ``--client http`` presses with
+way the figures have always been measured; they share one TLS context (see ``TLS``), and on the 2-core
+machine 24 of them still take ~0.2 s of the cores during a wave, 100 more while they arrive. ``--client http`` presses with
 plain HTTP against the app's REST route (``POST /gradio_api/call/generate``, then its event stream),
 the same queue and handler at a few milliseconds of client work each, so the figures are the server's.
 """
