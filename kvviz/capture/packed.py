@@ -160,6 +160,9 @@ class PackedAttention:
                 outs[i] = outs_b[j]
                 if recorders[j] is not None:
                     row = rows[j, :, : key.shape[2]]
+                    fast = getattr(recorders[j], "record_packed_decode", None) if probabilities and not check else None
+                    if fast is not None and fast(layer, outs_b[j], row):
+                        continue
                     given = None if check else value
                     kind = "probs" if probabilities else "scores"
                     record_call(

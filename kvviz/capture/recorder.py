@@ -273,6 +273,23 @@ class Recorder(PrefillRows, DecodeRows):
             self._out_step[layer] = out[0].reshape(q_len, -1)  # [q, Hq*Dv]
         return out
 
+    def record_packed_decode(self, layer: int, out: torch.Tensor, probs: torch.Tensor) -> bool:
+        """:meth:`record` of one plain decode query whose probabilities ``probs`` [Hq, k] a packed forward
+        computed, and whose output ``out`` [1, 1, Hq, Dv] it computed from them (:mod:`kvviz.capture.packed`):
+        the same state changes as the general path, without its argument handling, which a room pays once
+        per sequence per layer per step. False, with nothing recorded, where the general path has more to
+        do: the first decode step (checked row by row), keys out of order (an evicting cache), another device."""
+        if not self._decode_checked or probs.device != self.device or probs.shape[0] != self.q_heads:
+            return False
+        if self._key_positions(layer, probs.shape[-1]) is not None:
+            return False
+        self._recorded[layer] = True
+        if self.keep_outputs:
+            self._out_step[layer] = out[0].reshape(out.shape[1], -1).float()
+        if self.phase != "outputs":
+            self._pending.append((layer, probs, None))
+        return True
+
     def record_weights(self, layer: int, weights: torch.Tensor, learned_sinks: bool = False) -> None:
         """Probabilities [B, Hq, q, k] the model's own implementation computed, reduced as they are; a
         row summing to less than one gave the rest to its head's learned sink (``learned_sinks``)."""
