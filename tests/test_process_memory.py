@@ -91,7 +91,7 @@ def test_freeze_startup_collects_the_start_up_s_cycles_then_hides_the_survivors_
     try:
         frozen = process_memory.freeze_startup()
         assert gone() is None
-        assert frozen == gc.get_freeze_count() > 0
+        assert frozen > 0 and gc.get_freeze_count() > 0  # (other threads may free frozen objects meanwhile)
         assert not any(o is kept for o in gc.get_objects())  # a later full collection no longer walks it
         later = Node()
         later.me = later

@@ -222,18 +222,15 @@ class Engine:
             if self.gather_s and not self._running and not self._unchecked:
                 self._gather()
                 self.seconds["gathering"] += time.monotonic() - t1
-            fresh = []  # runs whose empty cache may take a slot, attached together (SlotKV.attach_all)
             while self._waiting and len(self._running) < self.max_batch:
                 run = self._waiting.popleft()
                 if run.cancel.cancelled:
                     self._retire(run, None)
                     continue
-                g = run.gen
-                if self.slots is not None and g.default_cache and g.fed == 0:
-                    fresh.append((g.cache, g.trace.n_prompt + g.max_new_tokens))
                 self._running.append(run)
-            if self.slots is not None and fresh:
-                self.slots.attach_all(fresh)
+            if self.slots is not None:  # new runs take their slots together (one growth); slotted caches are skipped
+                fresh = [r.gen for r in self._running if r.gen.default_cache and r.gen.fed == 0]
+                self.slots.attach_all([(g.cache, g.trace.n_prompt + g.max_new_tokens) for g in fresh])
             return list(self._running)
 
     def _gather(self) -> None:
