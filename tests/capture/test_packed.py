@@ -31,6 +31,18 @@ def prefilled(lm, prompt: str) -> Generation:
     return g
 
 
+def decoded_together(lm, steps: int) -> list[Generation]:
+    """:data:`PROMPTS` prefilled one by one, then ``steps`` decode steps of all of them in packed forwards."""
+    with torch.inference_mode(), installed(lm.model):
+        runs = [prefilled(lm, p) for p in PROMPTS]
+        for _ in range(steps):
+            feeds = [g.next_feed() for g in runs]
+            segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(runs, feeds)]
+            for g, (ids, _), row in zip(runs, feeds, packed_forward(lm, segments)):
+                g.take(row[-1], len(ids))
+    return runs
+
+
 def test_decoding_sequences_attend_together_and_equal_their_solo_steps(lm, monkeypatch):
     calls = []
     real = packed._attend_decoding
@@ -70,20 +82,14 @@ def test_decoding_sequences_attend_together_and_equal_their_solo_steps(lm, monke
 
 
 def test_after_the_first_decode_step_each_sequence_s_row_is_recorded_without_the_general_path(lm, monkeypatch):
-    general = []  # (layer, sequences) of every call through the general recording path
+    general = []  # the layer of every call through the general recording path
     real = packed.record_call
     monkeypatch.setattr(
         packed,
         "record_call",
         lambda rec, module, *a, **k: general.append(module.layer_idx) or real(rec, module, *a, **k),
     )
-    with torch.inference_mode(), installed(lm.model):
-        runs = [prefilled(lm, p) for p in PROMPTS]
-        for _ in range(3):
-            feeds = [g.next_feed() for g in runs]
-            segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(runs, feeds)]
-            for g, (ids, _), row in zip(runs, feeds, packed_forward(lm, segments)):
-                g.take(row[-1], len(ids))
+    runs = decoded_together(lm, 3)
     # the first decode step's rows are checked one by one; from the second on, the fast path takes every row
     assert len(general) == len(PROMPTS) * lm.model.config.num_hidden_layers
     assert all(len(g.rec.outputs) == 4 and g.rec.outputs[-1] is not None for g in runs)  # outputs kept for the check
@@ -93,13 +99,7 @@ def test_the_first_decode_step_is_checked_for_every_decoding_sequence_at_once(lm
     checks = []  # per check: how many sequences' outputs it compared with SDPA's
     real = packed.agree
     monkeypatch.setattr(packed, "agree", lambda *a: checks.append(a[1].shape[0]) or real(*a))
-    with torch.inference_mode(), installed(lm.model):
-        runs = [prefilled(lm, p) for p in PROMPTS]
-        for _ in range(2):
-            feeds = [g.next_feed() for g in runs]
-            segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(runs, feeds)]
-            for g, (ids, _), row in zip(runs, feeds, packed_forward(lm, segments)):
-                g.take(row[-1], len(ids))
+    runs = decoded_together(lm, 2)
     assert checks == [len(PROMPTS)] * lm.model.config.num_hidden_layers  # the first step only, per layer
     assert not any(g.rec.checks_decode for g in runs)
 
