@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import threading
 import weakref
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from transformers import AttentionInterface
@@ -48,6 +48,7 @@ OVERRIDE_KWARG = "kvviz_attention_override"
 _cond = threading.Condition()
 _users: dict[int, dict] = {}  # id(model) -> {"count", "previous", "legacy", "hooks"}
 _exclusive: set[int] = set()  # models held without the wrapper (see ``unpatched``)
+_wanted: dict[int, int] = {}  # id(model) -> threads waiting in ``unpatched`` for it (a ``Held`` lets go for them)
 _wraps: dict[str, str] = {}  # registered name -> the implementation it calls
 _tls = threading.local()  # the recorder of this thread's forward, for legacy attention's hooks
 _eager_agrees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # legacy models checked once
@@ -276,6 +277,35 @@ def installed(model, state_layers: bool = False):
                 _cond.notify_all()
 
 
+class Held:
+    """The capture kept installed on ``model`` across one thread's consecutive calls of :meth:`hold` (the
+    engine's steps), instead of once per call: installing walks every module of the model
+    (``set_attn_implementation``), a few milliseconds each time. :meth:`release` lets it go — the holder calls it
+    before its own check and when it has nothing to do — and :meth:`hold` lets go first whenever another thread
+    waits in :func:`unpatched`, so that one still gets its turn between two calls, as between two ``installed``
+    blocks."""
+
+    def __init__(self, model):
+        self.model = model
+        self._block: AbstractContextManager | None = None
+
+    def hold(self) -> None:
+        key = id(self.model)
+        if self._block is not None and _wanted.get(key):
+            self.release()
+            with _cond:  # the waiting thread takes the model first (or gives up, or another thread holds it now)
+                _cond.wait_for(lambda: not _wanted.get(key) or key in _users)
+        if self._block is None:
+            block = installed(self.model)
+            block.__enter__()
+            self._block = block
+
+    def release(self) -> None:
+        block, self._block = self._block, None
+        if block is not None:
+            block.__exit__(None, None, None)
+
+
 def is_installed(model) -> bool:
     """True while a capture is routing this model's attention (tests check it is gone after)."""
     impl = attn_implementation(model.config)
@@ -304,7 +334,14 @@ def unpatched(model, timeout: float = 10.0):
     """Hold ``model`` without the capture wrapper for the block; yields False if another run kept it
     installed for ``timeout`` seconds (the block then runs with the wrapper, which changes no output)."""
     with _cond:
-        alone = _cond.wait_for(lambda: id(model) not in _users, timeout)
+        _wanted[id(model)] = _wanted.get(id(model), 0) + 1
+        try:
+            alone = _cond.wait_for(lambda: id(model) not in _users, timeout)
+        finally:
+            _wanted[id(model)] -= 1
+            if not _wanted[id(model)]:
+                del _wanted[id(model)]
+            _cond.notify_all()  # a Held that let go for this thread waits for it to have taken the model
         if alone:
             _exclusive.add(id(model))
     try:

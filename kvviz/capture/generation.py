@@ -215,10 +215,11 @@ class Generation:
         end = min(self.fed + size, self.trace.n_prompt) if self.prefilling else self.fed + 1
         return self.trace.token_ids[self.fed : end], start  # the prompt's next tokens, or the last one produced
 
-    def take(self, logits: torch.Tensor, fed: int) -> bool:
+    def take(self, logits: torch.Tensor, fed: int, top: int | None = None) -> bool:
         """The logits of the forward that fed ``fed`` tokens: the last position's [vocab], or every
         position's [q, vocab]; True when a token was produced (False for a forward that ended before the
-        prompt's last token)."""
+        prompt's last token). ``top``: the last position's argmax, when the caller found it (a batch's rows
+        at once): a greedy run's token, without a reduction of its own over the vocabulary."""
         rows = logits if logits.dim() == 2 else logits[None]
         logits = rows[-1]
         if self.score_tokens:
@@ -242,7 +243,10 @@ class Generation:
             self.logprobs.append(torch.log_softmax(logits.float(), -1).cpu())
         step, trace, tok = self.step, self.trace, self.lm.tokenizer
         forcing = self.forced is not None and step < len(self.forced)
-        nxt = self.forced[step] if forcing and self.forced is not None else sample(logits, self.sampling, self.gen)
+        if forcing and self.forced is not None:
+            nxt = self.forced[step]
+        else:
+            nxt = top if top is not None and self.sampling.temperature <= 0 else sample(logits, self.sampling, self.gen)
         if self.score_tokens:
             self.token_logprobs.append(torch.log_softmax(logits.float(), -1)[nxt, None].cpu())
         trace.token_ids.append(nxt)

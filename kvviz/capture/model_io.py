@@ -97,9 +97,16 @@ def encode_prompt(lm: LoadedModel, prompt: str, chat: bool) -> list[int]:
 
 def cache_layer_bytes(cache) -> tuple[list[int], list[int]]:
     """Per layer: entries held and bytes of the stored key and value tensors, and of a sparse-attention
-    indexer's keys where the layer keeps them (not a formula)."""
+    indexer's keys where the layer keeps them (not a formula). A layer that says what it holds (``kv_held()``:
+    the engine's slots, :class:`~kvviz.engine.slots.SlotLayer`) is asked instead of viewing its tensors."""
     lens, sizes = [], []
     for layer in cache.layers:
+        held = getattr(layer, "kv_held", None)
+        if held is not None:
+            n, size = held()
+            lens.append(n)
+            sizes.append(size)
+            continue
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if keys is None or values is None or keys.numel() == 0:
             lens.append(0)

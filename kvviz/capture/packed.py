@@ -61,7 +61,8 @@ class PackedCache(Cache):
 
     ``update`` splits a layer's new keys and values by segment and appends each part to its sequence's
     own cache; what each cache returns (that sequence's whole keys and values for the layer) waits in
-    :attr:`current` for the attention function. To the model's mask code the cache looks empty (the
+    :attr:`current` for the attention function (None for a sequence in :attr:`slotted`: its slot's
+    views are made only where they are read). To the model's mask code the cache looks empty (the
     packed mask it builds is not used: each segment gets its own).
     """
 
@@ -84,11 +85,9 @@ class PackedCache(Cache):
             if self.slots.owns(owners):
                 rows = [self.bounds[i][0] for i in self.single]
                 self.slots.append(layer_idx, owners, key_states, value_states, rows)
-                self.slotted[layer_idx] = dict(zip(self.single, owners))
-                for i, o in zip(self.single, owners):
-                    parts[i] = (o.keys, o.values)
+                self.slotted[layer_idx] = dict(zip(self.single, owners))  # their keys and values: read when needed
         for i, (seg, (a, b)) in enumerate(zip(self.segments, self.bounds)):
-            if parts[i] is None:
+            if parts[i] is None and i not in self.slotted.get(layer_idx, ()):
                 parts[i] = seg.cache.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx, *args, **kwargs)
         self.current[layer_idx] = parts
         return key_states, value_states
@@ -113,6 +112,7 @@ class PackedAttention:
         self.decoding = [i for i, ((a, b), m) in enumerate(zip(cache.bounds, masks)) if b - a == 1 and m is None]
         # whether a decoding segment's recorder takes its first decode step (it does not change within a forward)
         self.first_decode = any(getattr(cache.segments[i].recorder, "checks_decode", False) for i in self.decoding)
+        self._masks: dict = {}  # the decoding segments' padding mask, the same for every layer of the forward
 
     def attend(self, module, implementation, query, *args, **kwargs):
         """The layer's output [1, N, Hq, Dv]: each segment's query rows against its own keys and values,
@@ -134,45 +134,55 @@ class PackedAttention:
         parts = self.cache.current.pop(layer)
         outs: list[torch.Tensor | None] = [None] * len(parts)
         together = self.decoding if len(self.decoding) > 1 and implementation is sdpa_attention_forward else []
+        slotted = self.cache.slotted.pop(layer, {})
+        for i, owner in slotted.items():
+            if i not in together:  # attended on its own below: its keys and values now
+                parts[i] = (owner.keys, owner.values)
         if together:
             starts = [self.cache.bounds[i][0] for i in together]
             recorders = [self.cache.segments[i].recorder for i in together]
             plain = plain_sdpa(module, implementation, query, kwargs)
             check = self.first_decode and plain
-            slotted = self.cache.slotted.pop(layer, {})
             batched = None
             if self.cache.slots is not None and all(i in slotted for i in together):
                 batched = self.cache.slots.batch(layer, [slotted[i] for i in together])
-            outs_b, rows, probabilities = _attend_decoding(
+            else:
+                for i in together:
+                    if parts[i] is None:
+                        parts[i] = (slotted[i].keys, slotted[i].values)
+            out, rows, probabilities = _attend_decoding(
                 module,
                 implementation,
                 query,
                 starts,
-                [parts[i] for i in together],
+                None if batched is not None else [parts[i] for i in together],
                 *args,
                 check=check,
                 batched=batched,
                 own=plain and query.dtype == torch.float32,
+                masks=self._masks,
                 **kwargs,
             )
+            lens = batched[2] if batched is not None else [parts[i][0].shape[2] for i in together]
             for j, i in enumerate(together):
-                (a, b), (key, value) = self.cache.bounds[i], parts[i]
-                outs[i] = outs_b[j]
+                outs[i] = out[j : j + 1]
                 if recorders[j] is not None:
-                    row = rows[j, :, : key.shape[2]]
+                    row = rows[j, :, : lens[j]]
                     fast = getattr(recorders[j], "record_packed_decode", None) if probabilities and not check else None
-                    if fast is not None and fast(layer, outs_b[j], row):
+                    if fast is not None and fast(layer, outs[i], row):
                         continue
+                    (a, b), (key, value) = self.cache.bounds[i], parts[i] or (slotted[i].keys, slotted[i].values)
                     given = None if check else value
                     kind = "probs" if probabilities else "scores"
                     record_call(
-                        recorders[j], module, query[:, :, a:b], key, given, None, outs_b[j], None, kwargs, **{kind: row}
+                        recorders[j], module, query[:, :, a:b], key, given, None, outs[i], None, kwargs, **{kind: row}
                     )
-        for i, (seg, (a, b), (key, value), mask) in enumerate(
-            zip(self.cache.segments, self.cache.bounds, parts, self.masks)
-        ):
+            if len(together) == len(parts):  # a decode step of every sequence: the batch's output, in order
+                return out.transpose(0, 1), None
+        for i, (seg, (a, b), mask) in enumerate(zip(self.cache.segments, self.cache.bounds, self.masks)):
             if outs[i] is not None:
                 continue
+            key, value = parts[i]
             outs[i] = attend_one(
                 seg.recorder, module, implementation, query[:, :, a:b], key, value, mask, *args, **kwargs
             )[0]
@@ -184,44 +194,53 @@ def _attend_decoding(
     implementation,
     query,
     starts: list[int],
-    parts: list,
+    parts: list | None,
     *args,
     check: bool = False,
     batched: tuple | None = None,
     own: bool = False,
+    masks: dict | None = None,
     **kwargs,
 ):
     """Attention for B one-query segments at once (their query rows ``starts``, their caches' ``parts``):
-    per segment its output [1, 1, Hq, Dv]; every segment's row [B, Hq, longest k] (fp32; only the first
-    k of a segment's row are its keys); and whether those rows are probabilities (``own``: the output is
-    computed from them) or plain scores q·kᵀ (the output is SDPA's). ``check``: also
-    :func:`check_decoding` them against SDPA. ``batched``: their keys and values already side by side
-    ([B, Hkv, longest, D] each) with their lengths (:meth:`~kvviz.engine.slots.SlotKV.batch`), so nothing
-    is padded here."""
-    keys = [k for k, _ in parts]
-    values = [v for _, v in parts]
-    lens = [k.shape[2] for k in keys]
-    width = max(lens)
-    q = query[0, :, starts].transpose(0, 1).unsqueeze(2)  # [B, Hq, 1, D]
+    their outputs [B, 1, Hq, Dv]; every segment's row [B, Hq, longest k] (fp32; only the first k of a
+    segment's row are its keys); and whether those rows are probabilities (``own``: the output is computed
+    from them) or plain scores q·kᵀ (the output is SDPA's). ``check``: also :func:`check_decoding` them
+    against SDPA. ``batched``: their keys and values already side by side ([B, Hkv, longest, D] each) with
+    their lengths (:meth:`~kvviz.engine.slots.SlotKV.batch`), so nothing is padded here and ``parts`` is
+    not read. ``masks``: padding masks already made, by lengths (every layer of a forward has the same)."""
+    b = len(starts)
+    if starts == list(range(starts[0], starts[0] + b)):  # side by side in the packed row: a view
+        q = query[0, :, starts[0] : starts[0] + b].transpose(0, 1).unsqueeze(2)  # [B, Hq, 1, D]
+    else:
+        q = query[0, :, starts].transpose(0, 1).unsqueeze(2)
     if batched is not None:
         key, value, lens = batched
-        mask = None
-        if min(lens) != width:
-            mask = (torch.arange(width, device=key.device) < torch.tensor(lens, device=key.device)[:, None])[
-                :, None, None
-            ]
-    elif min(lens) == width:
-        key, value, mask = torch.cat(keys), torch.cat(values), None
     else:
-        key = keys[0].new_zeros(len(parts), keys[0].shape[1], width, keys[0].shape[3])
-        value = values[0].new_zeros(len(parts), values[0].shape[1], width, values[0].shape[3])
+        assert parts is not None
+        keys, values = [k for k, _ in parts], [v for _, v in parts]
+        lens = [k.shape[2] for k in keys]
+    width = max(lens)
+    if batched is None and min(lens) == width:
+        key, value = torch.cat(keys), torch.cat(values)
+    elif batched is None:
+        key = keys[0].new_zeros(b, keys[0].shape[1], width, keys[0].shape[3])
+        value = values[0].new_zeros(b, values[0].shape[1], width, values[0].shape[3])
         for j, (k, v) in enumerate(zip(keys, values)):
             key[j, :, : lens[j]] = k[0]
             value[j, :, : lens[j]] = v[0]
-        mask = (torch.arange(width, device=key.device) < torch.tensor(lens, device=key.device)[:, None])[:, None, None]
+    mask = None
+    if min(lens) != width:
+        made = masks if masks is not None else {}
+        mask = made.get((tuple(lens), key.device))
+        if mask is None:
+            mask = (torch.arange(width, device=key.device) < torch.tensor(lens, device=key.device)[:, None])[
+                :, None, None
+            ]
+            made[(tuple(lens), key.device)] = mask
     hq, hkv, d = q.shape[1], key.shape[1], q.shape[-1]
-    scores = torch.matmul(q.float().reshape(len(parts), hkv, hq // hkv, d), key.float().transpose(2, 3))
-    scores = scores.view(len(parts), hq, width)
+    scores = torch.matmul(q.float().reshape(b, hkv, hq // hkv, d), key.float().transpose(2, 3))
+    scores = scores.view(b, hq, width)
     scale = kwargs.get("scaling")
     scale = scale if scale is not None else d**-0.5
     if own:
@@ -229,11 +248,11 @@ def _attend_decoding(
         if check:
             ref, _ = implementation(module, q, key, value, mask, *args, **kwargs)
             agree(module.layer_idx, out[:, 0], ref[:, 0], query.dtype, "its probabilities × values do not reproduce")
-        return out.split(1), probs, True
+        return out, probs, True
     out, _ = implementation(module, q, key, value, mask, *args, **kwargs)  # [B, 1, Hq, Dv]
     if check:
         check_decoding(module.layer_idx, scores, value, mask, out, scale, query.dtype)
-    return out.split(1), scores, False
+    return out, scores, False
 
 
 def _softmax_values(scores, value, mask, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from kvviz.cancel import Cancel
-from kvviz.capture.attention_fn import installed
+from kvviz.capture.attention_fn import Held
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import Progress, forward
 from kvviz.capture.options import options
@@ -54,6 +54,7 @@ from kvviz.process_memory import release_when_idle
 
 log = logging.getLogger("kvviz.engine")
 ROOM_WAIT = 5  # beside a room, a finished run's check waits at most this many times check_wait_s
+COUNTERS = ("submitted", "shared", "forwards", "batched_tokens", "max_batch_seen", "checks")  # Engine.counters
 
 
 class Engine:
@@ -102,15 +103,9 @@ class Engine:
         self._step_s = 0.0  # how long the latest step took
         self._unchecked: list[tuple[Run, float]] = []  # finished runs waiting for their check (engine thread only)
         self._thread: threading.Thread | None = None
+        self._capture = Held(lm.model)  # installed across the steps of a busy spell, not once per step
         self._closed = False
-        self.counters = {
-            "submitted": 0,
-            "shared": 0,
-            "forwards": 0,
-            "batched_tokens": 0,
-            "max_batch_seen": 0,
-            "checks": 0,
-        }
+        self.counters = dict.fromkeys(COUNTERS, 0)
         # where the engine's thread spent its time (seconds): waiting for work, gathering a room, steps that
         # fed a prompt chunk, steps of decoding runs only, checks (the load bench's breakdown reads the deltas)
         self.seconds = dict.fromkeys(("idle", "gathering", "prefill_steps", "decode_steps", "checks"), 0.0)
@@ -197,7 +192,9 @@ class Engine:
         while not self._closed:  # no local outlives a step: a finished run's cache is freed while the engine waits
             self._advance(self._admit())
             if self._idle():
+                self._capture.release()  # (a step whose runs all ended before its forward held it still)
                 release_when_idle(self._idle)  # the room's freed caches go back to the OS once the engine stays idle
+        self._capture.release()
         closing = RuntimeError("The server is shutting down; the run was ended.")
         with self._cond:
             runs = [*self._waiting, *self._running, *(run for run, _ in self._unchecked)]
@@ -283,21 +280,20 @@ class Engine:
                 budget -= len(fed[1])
                 feeds.append(fed)
         done: list[Run] = []
-        with installed(self.lm.model):
-            if self.packable and len(feeds) > 1:
-                segments = [Segment(ids, start, run.gen.cache, run.gen.feed_recorder) for run, ids, start in feeds]
-                with few_rows():
-                    logits = [x[-1] for x in packed_forward(self.lm, segments, slots=self.slots)]
-            else:
-                logits = [
-                    forward(self.lm, ids, start, run.gen.cache, run.gen.feed_recorder)[-1] for run, ids, start in feeds
-                ]
-            self.counters["forwards"] += 1
-            self.counters["batched_tokens"] += sum(len(ids) for _, ids, _ in feeds)
-            self.counters["max_batch_seen"] = max(self.counters["max_batch_seen"], len(feeds))
-            for (run, ids, _), row in zip(feeds, logits):
-                if self._own(run, self._take, run, row, len(ids)):
-                    done.append(run)
+        self._capture.hold()
+        if self.packable and len(feeds) > 1:
+            segments = [Segment(ids, start, run.gen.cache, run.gen.feed_recorder) for run, ids, start in feeds]
+            with few_rows():
+                logits = [x[-1] for x in packed_forward(self.lm, segments, slots=self.slots)]
+        else:
+            logits = [forward(self.lm, ids, at, run.gen.cache, run.gen.feed_recorder)[-1] for run, ids, at in feeds]
+        best = torch.stack(logits).argmax(-1).tolist() if len(logits) > 1 else [None] * len(logits)  # greedy ones'
+        self.counters["forwards"] += 1
+        self.counters["batched_tokens"] += sum(len(ids) for _, ids, _ in feeds)
+        self.counters["max_batch_seen"] = max(self.counters["max_batch_seen"], len(feeds))
+        for (run, ids, _), row, top in zip(feeds, logits, best):
+            if self._own(run, self._take, run, row, len(ids), top):
+                done.append(run)
         for run in done:
             if not run.gen.verify:
                 self._retire(run, None)
@@ -334,11 +330,11 @@ class Engine:
         ids, start = g.next_feed(budget if g.prefilling else None)
         return run, ids, start
 
-    def _take(self, run: Run, row: torch.Tensor, fed: int) -> bool:
-        """Hand the run its logits; True when it has finished."""
+    def _take(self, run: Run, row: torch.Tensor, fed: int, top: int | None = None) -> bool:
+        """Hand the run its logits (``top``: their argmax, found for the step's rows together); True once it ends."""
         g = run.gen
         was_prefilling = g.prefilling
-        produced = g.take(row, fed)
+        produced = g.take(row, fed, top)
         if was_prefilling and not g.prefilling and self.prefix is not None:
             self.prefix.store(g, run.claim, owners=run.owners)
         if produced:
@@ -370,6 +366,7 @@ class Engine:
         runs = [run for run, _ in self._unchecked]
         self._unchecked.clear()
         self.counters["checks"] += 1
+        self._capture.release()  # the check holds the model as loaded
         t0 = time.monotonic()
         try:
             with torch.inference_mode():
@@ -392,9 +389,12 @@ class Engine:
             self._active.pop(run.key, None)
             if error is None and run.gen.trace.stop_reason != "stopped":
                 self._finished.keep(run)
+            last = not (self._running or self._waiting or self._unchecked)
         if self.prefix is not None:
             self.prefix.release(run.claim)
         if self.slots is not None and run.gen.cache is not None:
             self.slots.detach(run.gen.cache)
         run.gen.release()
+        if last:  # its callers may look at the model once it has ended: the capture is gone by then
+            self._capture.release()
         run.end(error)

@@ -35,11 +35,26 @@ def _rounded(tokens: int, capacity: int) -> int:
 
 
 class SlotLayer(DynamicLayer):
-    """One layer of one sequence's cache, stored in its slot of a :class:`SlotKV`."""
+    """One layer of one sequence's cache, stored in its slot of a :class:`SlotKV`. Its ``keys`` and ``values``
+    are views of the slot's filled part, made when read: a room's decode step appends to every slot of every
+    layer at once, and making two views per sequence per layer there cost more than the append itself."""
 
     def __init__(self, store: SlotKV, slot: int, layer: int):
-        super().__init__()
+        self.is_initialized = False  # not DynamicLayer's __init__: its keys and values are the slot's (below)
         self.store, self.slot, self.layer, self.length = store, slot, layer, 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
+        return self._view(0)
+
+    @property
+    def values(self) -> torch.Tensor | None:  # type: ignore[override]
+        return self._view(1)
+
+    def _view(self, which: int) -> torch.Tensor | None:
+        if not self.is_initialized:
+            return None
+        return self.store.buffers(self.layer)[which][self.slot : self.slot + 1, :, : self.length]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.store.allocate(self.layer, key_states, value_states)
@@ -55,15 +70,13 @@ class SlotLayer(DynamicLayer):
         k, v = self.store.buffers(self.layer)
         k[self.slot, :, self.length : self.length + n] = key_states[0]
         v[self.slot, :, self.length : self.length + n] = value_states[0]
-        self.grown(n)
+        self.length += n
         return self.keys, self.values
 
-    def grown(self, n: int) -> None:
-        """``n`` more entries were written into this slot: show them."""
-        self.length += n
-        k, v = self.store.buffers(self.layer)
-        self.keys = k[self.slot : self.slot + 1, :, : self.length]
-        self.values = v[self.slot : self.slot + 1, :, : self.length]
+    def kv_held(self) -> tuple[int, int]:
+        """Entries held and their bytes (keys and values), without making the views
+        (:func:`~kvviz.capture.model_io.cache_layer_bytes` asks every layer of every run at every step)."""
+        return (self.length, self.length * self.store.entry_bytes[self.layer]) if self.is_initialized else (0, 0)
 
     def get_seq_length(self) -> int:
         return self.length
@@ -78,6 +91,7 @@ class SlotKV:
         self.layers, self.slots, self.capacity = layers, slots, capacity
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
+        self.entry_bytes = [0] * layers  # per layer: the bytes of one entry (its key and value, every head)
         self.size = (0, 0)  # (slots, tokens) the buffers are, or will be, allocated with
         self._free = list(range(slots))
         self._held: dict[int, list[SlotLayer]] = {}
@@ -130,10 +144,6 @@ class SlotKV:
             bigger_k[: k.shape[0], :, : k.shape[2]] = k
             bigger_v[: v.shape[0], :, : v.shape[2]] = v
             self.keys[i], self.values[i] = bigger_k, bigger_v
-        for held in self._held.values():  # the layers' views now point into the new buffers
-            for layer in held:
-                if layer.is_initialized:
-                    layer.grown(0)
 
     def detach(self, cache) -> None:
         """Free the slot of a cache :meth:`attach` gave one (a no-op for any other cache): call it once the
@@ -147,7 +157,7 @@ class SlotKV:
         for layer in mine:
             del layer.store, layer.slot, layer.layer, layer.length
             layer.__class__ = DynamicLayer  # type: ignore[assignment]  # a plain layer from here on
-            layer.keys = layer.values = None
+            layer.keys = layer.values = None  # type: ignore[misc]  # a DynamicLayer's own attributes now
             layer.is_initialized = False
         self._held.pop(slot, None)
         self._free.append(slot)
@@ -163,6 +173,7 @@ class SlotKV:
             dtype, device = key_states.dtype, key_states.device
             self.keys[layer] = torch.zeros(slots, hkv, tokens, dk, dtype=dtype, device=device)
             self.values[layer] = torch.zeros(slots, hkv, tokens, dv, dtype=dtype, device=device)
+            self.entry_bytes[layer] = hkv * (dk + dv) * key_states.element_size()
 
     def buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s key and value buffers ([slots, Hkv, capacity, D]); allocated at its first write."""
@@ -183,7 +194,7 @@ class SlotKV:
         k[slots, :, at] = key_states[0][:, pick].transpose(0, 1)
         v[slots, :, at] = value_states[0][:, pick].transpose(0, 1)
         for o in owners:
-            o.grown(1)
+            o.length += 1
 
     def _where(self, owners: Sequence[SlotLayer], rows, device) -> tuple[torch.Tensor, ...]:
         """The index tensors of an append (slots, write positions, packed rows). Every layer of a decode

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from kvviz.capture.model_io import cache_layer_bytes
 from kvviz.engine.engine import Engine
 from kvviz.engine.handle import wait_all
 from kvviz.engine.slots import SlotKV, SlotLayer
@@ -43,6 +44,7 @@ def test_a_slotted_cache_holds_what_its_own_cache_would():
                 r.update(k[:, :, j : j + 1], v[:, :, j : j + 1], layer)
     for c, r in zip(mine, ref):
         assert c.get_seq_length() == r.get_seq_length()
+        assert cache_layer_bytes(c) == cache_layer_bytes(r)  # counted from the slot's length, not from views
         for a, b in zip(c.layers, r.layers):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
     key, value, lens = store.batch(0, [c.layers[0] for c in mine])
