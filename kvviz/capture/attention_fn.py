@@ -38,6 +38,7 @@ from kvviz.adapters.transformers import (
     force_attn_implementation,
     mask_function,
 )
+from kvviz.capture.attention_math import agree
 from kvviz.models import CaptureError, attention_modules, check_capturable, uses_interface
 
 NAME = "kvviz_capture"
@@ -113,11 +114,22 @@ def attend_one(recorder, module, implementation, query, key, value, attention_ma
     from the recorder's own probabilities (:meth:`~kvviz.capture.recorder.Recorder.own_output`, which
     checks it against the implementation on the call's last queries): the probabilities are computed
     once instead of twice. Every other call runs the implementation, then the recorder."""
+    return attend_checked(recorder, module, implementation, query, key, value, attention_mask, args, kwargs)
+
+
+def attend_checked(
+    recorder, module, implementation, query, key, value, attention_mask, args: tuple, kwargs: dict, probe=None
+):
+    """:func:`attend_one`, where ``probe(rows, mask, mine)`` checks the recorder's own output (see
+    :meth:`~kvviz.capture.recorder.Recorder.own_output`); None: at once, against the implementation run on the
+    call's last ``rows`` queries. A packed forward checks its sequences' rows together instead."""
     own = getattr(recorder, "own_output", None)
     if own is not None and plain_sdpa(module, implementation, query, kwargs):
+        if probe is None:
 
-        def probe(rows: int, mask):
-            return implementation(module, query[:, :, -rows:], key, value, mask, *args, **kwargs)[0]
+            def probe(rows: int, mask, mine: torch.Tensor) -> None:
+                ref = implementation(module, query[:, :, -rows:], key, value, mask, *args, **kwargs)[0]
+                agree(module.layer_idx, mine, ref, query.dtype, "its probabilities × values do not reproduce")
 
         out = own(module.layer_idx, query, key, value, attention_mask, kwargs.get("scaling"), probe)
         if out is not None:

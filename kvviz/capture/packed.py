@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import create_causal_mask
 
-from kvviz.capture.attention_fn import attend_one, plain_sdpa, record_call
+from kvviz.capture.attention_fn import attend_checked, plain_sdpa, record_call
 from kvviz.capture.attention_math import agree
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.models import LoadedModel
@@ -179,14 +179,44 @@ class PackedAttention:
                     )
             if len(together) == len(parts):  # a decode step of every sequence: the batch's output, in order
                 return out.transpose(0, 1), None
+        probes: list[tuple[int, int, torch.Tensor]] = []  # (segment, rows, its recorder's output there): checked below
         for i, (seg, (a, b), mask) in enumerate(zip(self.cache.segments, self.cache.bounds, self.masks)):
             if outs[i] is not None:
                 continue
             key, value = parts[i]
-            outs[i] = attend_one(
-                seg.recorder, module, implementation, query[:, :, a:b], key, value, mask, *args, **kwargs
+            q = query[:, :, a:b]
+            outs[i] = attend_checked(
+                seg.recorder, module, implementation, q, key, value, mask, args, kwargs, _probe_later(probes, i)
             )[0]
+        if probes:
+            self._probe(module, implementation, query, parts, probes, args, kwargs)
         return torch.cat(outs, dim=1), None
+
+    def _probe(self, module, implementation, query, parts, probes, args, kwargs) -> None:
+        """Check the segments' recorders' own outputs (:meth:`~kvviz.capture.recorder.Recorder.own_output`)
+        against the implementation, one call per number of rows checked: each segment's last ``rows`` queries
+        over its own keys (side by side in the engine's slots, else padded), a causal mask of their rows with
+        the padding masked out (a recorder makes its own output for causal calls only) — what each recorder's
+        own probe would check alone, in one call and one comparison instead of one per sequence."""
+        slots = self.cache.slots
+        for r in sorted({rows for _, rows, _ in probes}):
+            group = [(i, mine) for i, rows, mine in probes if rows == r]
+            owners = (
+                [self.cache.segments[i].cache.layers[module.layer_idx] for i, _ in group] if slots is not None else []
+            )
+            if slots is not None and owners and slots.owns(owners):
+                key, value, lens = slots.batch(module.layer_idx, owners)
+            else:
+                key, value, lens = _padded([parts[i] for i, _ in group])
+            ends = [self.cache.bounds[i][1] for i, _ in group]
+            take = torch.tensor([e - r + t for e in ends for t in range(r)], device=query.device)
+            hq, d = query.shape[1], query.shape[-1]
+            q = query[0].index_select(1, take).view(hq, len(group), r, d).transpose(0, 1)  # [G, Hq, r, D]
+            last = torch.tensor(lens, device=query.device)[:, None] - r + torch.arange(r, device=query.device)
+            mask = (torch.arange(key.shape[2], device=query.device) <= last[:, :, None])[:, None]  # [G, 1, r, k]
+            ref = implementation(module, q, key, value, mask, *args, **kwargs)[0]  # [G, r, Hq, Dv]
+            mine = torch.cat([m for _, m in group])
+            agree(module.layer_idx, mine, ref, query.dtype, "its probabilities × values do not reproduce")
 
 
 def _attend_decoding(
@@ -214,21 +244,11 @@ def _attend_decoding(
         q = query[0, :, starts[0] : starts[0] + b].transpose(0, 1).unsqueeze(2)  # [B, Hq, 1, D]
     else:
         q = query[0, :, starts].transpose(0, 1).unsqueeze(2)
-    if batched is not None:
-        key, value, lens = batched
-    else:
+    if batched is None:
         assert parts is not None
-        keys, values = [k for k, _ in parts], [v for _, v in parts]
-        lens = [k.shape[2] for k in keys]
+        batched = _padded(parts)
+    key, value, lens = batched
     width = max(lens)
-    if batched is None and min(lens) == width:
-        key, value = torch.cat(keys), torch.cat(values)
-    elif batched is None:
-        key = keys[0].new_zeros(b, keys[0].shape[1], width, keys[0].shape[3])
-        value = values[0].new_zeros(b, values[0].shape[1], width, values[0].shape[3])
-        for j, (k, v) in enumerate(zip(keys, values)):
-            key[j, :, : lens[j]] = k[0]
-            value[j, :, : lens[j]] = v[0]
     mask = None
     if min(lens) != width:
         made = masks if masks is not None else {}
@@ -267,6 +287,24 @@ def _softmax_values(scores, value, mask, scaling: float) -> tuple[torch.Tensor, 
     probs = torch.softmax(logits, dim=-1)
     out = torch.matmul(probs.view(b, hkv, hq // hkv, width), value.float()).view(b, 1, hq, dv)
     return probs, out
+
+
+def _probe_later(probes: list, segment: int):
+    """A recorder's probe that keeps what it would check, for :meth:`PackedAttention._probe`."""
+    return lambda rows, _mask, mine: probes.append((segment, rows, mine))
+
+
+def _padded(parts: list) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Caches' keys and values ([1, Hkv, k, D] each) side by side, zero-padded to the longest, and their lengths."""
+    lens = [k.shape[2] for k, _ in parts]
+    if len(set(lens)) == 1:
+        return torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts]), lens
+    key = parts[0][0].new_zeros(len(parts), parts[0][0].shape[1], max(lens), parts[0][0].shape[3])
+    value = parts[0][1].new_zeros(len(parts), parts[0][1].shape[1], max(lens), parts[0][1].shape[3])
+    for j, (k, v) in enumerate(parts):
+        key[j, :, : lens[j]] = k[0]
+        value[j, :, : lens[j]] = v[0]
+    return key, value, lens
 
 
 def check_decoding(layer: int, scores, value, mask, out, scaling: float, dtype: torch.dtype) -> None:

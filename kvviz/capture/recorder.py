@@ -20,7 +20,6 @@ import torch
 
 from kvviz.capture.attention_math import (
     Extras,
-    agree,
     check_output,
 )
 from kvviz.capture.decode_rows import DecodeRows
@@ -242,9 +241,11 @@ class Recorder(PrefillRows, DecodeRows):
         not apply (the "outputs" phase, a mask other than causal, an evicting cache's key positions,
         another device, not fp32); the caller then runs the implementation and :meth:`record`.
 
-        ``probe(rows, mask)`` runs the implementation itself on the call's last ``rows`` queries with
-        ``mask``; its output must match this one (checked on every prefill forward and the first
-        decode step), so a variant kvviz does not model still fails loudly."""
+        ``probe(rows, mask, mine)`` checks ``mine``, this output's last ``rows`` queries, against the
+        implementation itself run on them with ``mask`` (a causal call's rows; raising
+        :class:`~kvviz.models.CaptureError` when they differ): on every prefill forward and the first
+        decode step, so a variant kvviz does not model still fails loudly. A packed forward checks its
+        sequences' rows together (:mod:`kvviz.capture.packed`)."""
         k_len, q_len = key.shape[2], query.shape[2]
         if (
             self.phase == "outputs"
@@ -258,7 +259,7 @@ class Recorder(PrefillRows, DecodeRows):
                 return None
             out = self._decode_output(layer, query, key, value, scaling)
             if not self._decode_checked:
-                agree(layer, out, probe(1, None), query.dtype, "its probabilities × values do not reproduce")
+                probe(1, None, out)
         else:
             if mask is not None and not (mask.dtype == torch.bool and self._is_causal(mask, k_len)):
                 return None
@@ -267,7 +268,7 @@ class Recorder(PrefillRows, DecodeRows):
             out = emitted
             r = min(PROBE_ROWS, q_len)
             rows = mask[:, :, -r:] if mask is not None else _causal_rows(r, k_len, query.device)
-            agree(layer, out[:, -r:], probe(r, rows), query.dtype, "its probabilities × values do not reproduce")
+            probe(r, rows, out[:, -r:])
         self._recorded[layer] = True
         if self.keep_outputs:
             self._out_step[layer] = out[0].reshape(q_len, -1)  # [q, Hq*Dv]

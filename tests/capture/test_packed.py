@@ -15,6 +15,7 @@ from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward
 from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.capture.packed import Segment, packed_forward
+from kvviz.capture.prefill_rows import PROBE_ROWS
 from kvviz.models import CaptureError
 
 # different prompt lengths: the decoding sequences' caches differ in length, so the batched call pads and masks
@@ -168,3 +169,49 @@ def test_the_batched_decode_check_catches_an_output_its_rows_do_not_reproduce():
     padded = value.clone()
     padded[2, :, 2:] = 99.0  # another sequence's padding must not count
     packed.check_decoding(0, scores, padded, mask, out, d**-0.5, torch.float32)
+
+
+def prefilled_together(lm) -> list[Generation]:
+    """:data:`PROMPTS`' prompts through one packed forward (fresh caches of their own: padded, not slotted)."""
+    runs = [
+        Generation(lm, p, feed=Feed(chat=True), decode=Decode(max_new_tokens=2), recording=Recording(verify=True))
+        for p in PROMPTS
+    ]
+    with torch.inference_mode(), installed(lm.model):
+        feeds = [g.next_feed() for g in runs]
+        segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(runs, feeds)]
+        for g, (ids, _), row in zip(runs, feeds, packed_forward(lm, segments)):
+            g.take(row[-1], len(ids))
+    return runs
+
+
+def test_a_packed_prefill_checks_every_sequence_s_rows_in_one_call_per_layer(lm, monkeypatch):
+    calls = []  # the query shape [B, Hq, rows] of every SDPA call
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda q, *a, **k: calls.append(tuple(q.shape[:3])) or real(q, *a, **k),
+    )
+    runs = prefilled_together(lm)
+    config = lm.model.config
+    assert calls == [(len(PROMPTS), config.num_attention_heads, PROBE_ROWS)] * config.num_hidden_layers
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", real)
+    with torch.inference_mode(), installed(lm.model):
+        alone = [prefilled(lm, p) for p in PROMPTS]
+    assert [g.trace.token_ids for g in runs] == [g.trace.token_ids for g in alone]  # first tokens as solo prefills
+
+
+def test_the_packed_prefill_probe_catches_one_sequence_the_implementation_computes_otherwise(lm, monkeypatch):
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def second_off(q, *a, **k):  # an attention variant kvviz does not model, seen in the second sequence only
+        out = real(q, *a, **k)
+        if out.shape[0] > 1:
+            out = out.clone()
+            out[1] *= 0.9
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", second_off)
+    with pytest.raises(CaptureError, match="probabilities × values do not reproduce"):
+        prefilled_together(lm)
