@@ -35,14 +35,15 @@ def test_the_engine_hands_freed_memory_back_once_idle_and_not_between_a_room_s_s
     no_release_pending()  # an earlier test's engine may have one due: it would be counted as this one's
     engine = Engine(lm)
     busy_at_release: list[bool] = []
-    # this engine's releases only: another test's engine still alive in the process may go idle meanwhile, and a
-    # release it fires says nothing of this engine's batch
+    # this engine's releases only: another test's engine still alive in the process may go idle meanwhile (the
+    # patched function is every engine's), and a release it fires says nothing of this engine's batch
     real = process_memory.release_when_idle
-    monkeypatch.setattr(
-        engine_module,
-        "release_when_idle",
-        lambda idle, after_s=None: real(idle, 0.05, release=lambda: busy_at_release.append(not engine._idle())),
-    )
+
+    def mine(idle, after_s=None) -> None:
+        if getattr(idle, "__self__", None) is engine:
+            real(idle, 0.05, release=lambda: busy_at_release.append(not engine._idle()))
+
+    monkeypatch.setattr(engine_module, "release_when_idle", mine)
     handles = [engine.submit(f"Name {n} colours.", chat=True, max_new_tokens=4) for n in ("two", "three", "four")]
     assert wait_all(handles, 600)
     deadline = time.monotonic() + 10
