@@ -32,15 +32,20 @@ def prefilled(lm, prompt: str) -> Generation:
     return g
 
 
+def packed_step(lm, runs: list[Generation]) -> None:
+    """Every run's next feed through one packed forward, each run handed its logits (inside ``installed``)."""
+    feeds = [g.next_feed() for g in runs]
+    segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(runs, feeds)]
+    for g, (ids, _), row in zip(runs, feeds, packed_forward(lm, segments)):
+        g.take(row[-1], len(ids))
+
+
 def decoded_together(lm, steps: int) -> list[Generation]:
     """:data:`PROMPTS` prefilled one by one, then ``steps`` decode steps of all of them in packed forwards."""
     with torch.inference_mode(), installed(lm.model):
         runs = [prefilled(lm, p) for p in PROMPTS]
         for _ in range(steps):
-            feeds = [g.next_feed() for g in runs]
-            segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(runs, feeds)]
-            for g, (ids, _), row in zip(runs, feeds, packed_forward(lm, segments)):
-                g.take(row[-1], len(ids))
+            packed_step(lm, runs)
     return runs
 
 
@@ -178,10 +183,7 @@ def prefilled_together(lm) -> list[Generation]:
         for p in PROMPTS
     ]
     with torch.inference_mode(), installed(lm.model):
-        feeds = [g.next_feed() for g in runs]
-        segments = [Segment(ids, start, g.cache, g.feed_recorder) for g, (ids, start) in zip(runs, feeds)]
-        for g, (ids, _), row in zip(runs, feeds, packed_forward(lm, segments)):
-            g.take(row[-1], len(ids))
+        packed_step(lm, runs)
     return runs
 
 
