@@ -42,6 +42,7 @@ class DecodeRows:
         q_heads: int
         nb: int
         _pending: list[tuple[int, torch.Tensor, float | None]]
+        _pending_blocks: list[tuple[slice, torch.Tensor]]
         _step_scores: torch.Tensor
         _step_used: int
         _decode_checked: bool
@@ -109,13 +110,15 @@ class DecodeRows:
         return out.view(1, 1, hq, -1)
 
     def _flush_decode(self) -> None:
-        """Softmax and reduce the held-back decode scores, one batch per (cache length, scale)."""
+        """Softmax and reduce the held-back decode scores, one batch per (cache length, scale), and a packed
+        step's layers as they came (already probabilities, side by side)."""
         pending, self._pending, self._step_used = self._pending, [], 0
+        blocks: list[tuple[slice | list[int], torch.Tensor]] = list(self._pending_blocks)
+        self._pending_blocks = []
         groups: dict[tuple[int, float | None], list] = {}
         for layer, scores, scale in pending:
             groups.setdefault((scores.shape[-1], scale), []).append((layer, scores))
-        qpos, f = self.t_total - 1, self.cfg.bin_factor
-        for (k_len, scale), items in groups.items():
+        for (_, scale), items in groups.items():
             layers = [i for i, _ in items]
             idx = slice(layers[0], layers[-1] + 1) if layers == list(range(layers[0], layers[-1] + 1)) else layers
             probs = _adjacent(items)  # [n, Hq, k]
@@ -123,7 +126,10 @@ class DecodeRows:
                 probs = torch.stack([sc for _, sc in items])
             if scale is not None:  # scores, not yet probabilities
                 probs = torch.softmax(probs.mul_(scale), dim=-1, out=probs)
-            start = self.t_total - k_len
+            blocks.append((idx, probs))
+        qpos, f = self.t_total - 1, self.cfg.bin_factor
+        for idx, probs in blocks:
+            start = self.t_total - probs.shape[-1]
             if start == 0:
                 self._keep_turn(idx, probs[:, :, None], qpos)
             self.colsum[idx, :, start : self.t_total] += probs

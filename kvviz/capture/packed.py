@@ -30,6 +30,7 @@ from transformers.masking_utils import create_causal_mask
 
 from kvviz.capture.attention_fn import attend_checked, plain_sdpa, record_call
 from kvviz.capture.attention_math import agree
+from kvviz.capture.packed_decode import StepRows, attend_decoding, padded
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.models import LoadedModel
 
@@ -113,6 +114,7 @@ class PackedAttention:
         # whether a decoding segment's recorder takes its first decode step (it does not change within a forward)
         self.first_decode = any(getattr(cache.segments[i].recorder, "checks_decode", False) for i in self.decoding)
         self._masks: dict = {}  # the decoding segments' padding mask, the same for every layer of the forward
+        self.rows = StepRows()  # the decoding segments' rows, handed to their recorders after the forward
 
     def attend(self, module, implementation, query, *args, **kwargs):
         """The layer's output [1, N, Hq, Dv]: each segment's query rows against its own keys and values,
@@ -150,7 +152,7 @@ class PackedAttention:
                 for i in together:
                     if parts[i] is None:
                         parts[i] = (slotted[i].keys, slotted[i].values)
-            out, rows, probabilities = _attend_decoding(
+            out, rows, probabilities = attend_decoding(
                 module,
                 implementation,
                 query,
@@ -164,13 +166,15 @@ class PackedAttention:
                 **kwargs,
             )
             lens = batched[2] if batched is not None else [parts[i][0].shape[2] for i in together]
+            steps = probabilities and not check and all(hasattr(r, "record_packed_step") for r in recorders if r)
+            if steps:  # their recorders hear this layer with every other, after the forward (record_steps)
+                self.rows.add(layer, out, rows, lens)
+            if len(together) == len(parts) and steps:  # a decode step of every sequence: the batch's output
+                return out.transpose(0, 1), None
             for j, i in enumerate(together):
                 outs[i] = out[j : j + 1]
-                if recorders[j] is not None:
+                if recorders[j] is not None and not steps:
                     row = rows[j, :, : lens[j]]
-                    fast = getattr(recorders[j], "record_packed_decode", None) if probabilities and not check else None
-                    if fast is not None and fast(layer, outs[i], row):
-                        continue
                     (a, b), (key, value) = self.cache.bounds[i], parts[i] or (slotted[i].keys, slotted[i].values)
                     given = None if check else value
                     kind = "probs" if probabilities else "scores"
@@ -192,6 +196,11 @@ class PackedAttention:
             self._probe(module, implementation, query, parts, probes, args, kwargs)
         return torch.cat(outs, dim=1), None
 
+    def record_steps(self) -> None:
+        """After the forward: each decoding segment's recorder gets its rows of every layer attended
+        together (:class:`~kvviz.capture.packed_decode.StepRows`)."""
+        self.rows.hand_over([self.cache.segments[i].recorder for i in self.decoding])
+
     def _probe(self, module, implementation, query, parts, probes, args, kwargs) -> None:
         """Check the segments' recorders' own outputs (:meth:`~kvviz.capture.recorder.Recorder.own_output`)
         against the implementation, one call per number of rows checked: each segment's last ``rows`` queries
@@ -207,7 +216,7 @@ class PackedAttention:
             if slots is not None and owners and slots.owns(owners):
                 key, value, lens = slots.batch(module.layer_idx, owners)
             else:
-                key, value, lens = _padded([parts[i] for i, _ in group])
+                key, value, lens = padded([parts[i] for i, _ in group])
             ends = [self.cache.bounds[i][1] for i, _ in group]
             take = torch.tensor([e - r + t for e in ends for t in range(r)], device=query.device)
             hq, d = query.shape[1], query.shape[-1]
@@ -219,102 +228,9 @@ class PackedAttention:
             agree(module.layer_idx, mine, ref, query.dtype, "its probabilities × values do not reproduce")
 
 
-def _attend_decoding(
-    module,
-    implementation,
-    query,
-    starts: list[int],
-    parts: list | None,
-    *args,
-    check: bool = False,
-    batched: tuple | None = None,
-    own: bool = False,
-    masks: dict | None = None,
-    **kwargs,
-):
-    """Attention for B one-query segments at once (their query rows ``starts``, their caches' ``parts``):
-    their outputs [B, 1, Hq, Dv]; every segment's row [B, Hq, longest k] (fp32; only the first k of a
-    segment's row are its keys); and whether those rows are probabilities (``own``: the output is computed
-    from them) or plain scores q·kᵀ (the output is SDPA's). ``check``: also :func:`check_decoding` them
-    against SDPA. ``batched``: their keys and values already side by side ([B, Hkv, longest, D] each) with
-    their lengths (:meth:`~kvviz.engine.slots.SlotKV.batch`), so nothing is padded here and ``parts`` is
-    not read. ``masks``: padding masks already made, by lengths (every layer of a forward has the same)."""
-    b = len(starts)
-    if starts == list(range(starts[0], starts[0] + b)):  # side by side in the packed row: a view
-        q = query[0, :, starts[0] : starts[0] + b].transpose(0, 1).unsqueeze(2)  # [B, Hq, 1, D]
-    else:
-        q = query[0, :, starts].transpose(0, 1).unsqueeze(2)
-    if batched is None:
-        assert parts is not None
-        batched = _padded(parts)
-    key, value, lens = batched
-    width = max(lens)
-    mask = None
-    if min(lens) != width:
-        made = masks if masks is not None else {}
-        mask = made.get((tuple(lens), key.device))
-        if mask is None:
-            mask = (torch.arange(width, device=key.device) < torch.tensor(lens, device=key.device)[:, None])[
-                :, None, None
-            ]
-            made[(tuple(lens), key.device)] = mask
-    hq, hkv, d = q.shape[1], key.shape[1], q.shape[-1]
-    scores = torch.matmul(q.float().reshape(b, hkv, hq // hkv, d), key.float().transpose(2, 3))
-    scores = scores.view(b, hq, width)
-    scale = kwargs.get("scaling")
-    scale = scale if scale is not None else d**-0.5
-    if own:
-        probs, out = _softmax_values(scores, value, mask, scale)
-        if check:
-            ref, _ = implementation(module, q, key, value, mask, *args, **kwargs)
-            agree(module.layer_idx, out[:, 0], ref[:, 0], query.dtype, "its probabilities × values do not reproduce")
-        return out, probs, True
-    out, _ = implementation(module, q, key, value, mask, *args, **kwargs)  # [B, 1, Hq, Dv]
-    if check:
-        check_decoding(module.layer_idx, scores, value, mask, out, scale, query.dtype)
-    return out, scores, False
-
-
-def _softmax_values(scores, value, mask, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """B decoding segments' probabilities [B, Hq, k] (softmax of their scaled scores over their own keys)
-    and their attention output [B, 1, Hq, Dv] (probabilities × values). scores: [B, Hq, k] (unscaled
-    q·kᵀ); value: [B, Hkv, k, Dv]; mask: [B, 1, 1, k] (True: a key of the segment's own), or None."""
-    b, hq, width = scores.shape
-    hkv, dv = value.shape[1], value.shape[-1]
-    logits = scores * scaling
-    if mask is not None:
-        logits = logits.masked_fill(~mask[:, 0], float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    out = torch.matmul(probs.view(b, hkv, hq // hkv, width), value.float()).view(b, 1, hq, dv)
-    return probs, out
-
-
 def _probe_later(probes: list, segment: int):
     """A recorder's probe that keeps what it would check, for :meth:`PackedAttention._probe`."""
     return lambda rows, _mask, mine: probes.append((segment, rows, mine))
-
-
-def _padded(parts: list) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Caches' keys and values ([1, Hkv, k, D] each) side by side, zero-padded to the longest, and their lengths."""
-    lens = [k.shape[2] for k, _ in parts]
-    if len(set(lens)) == 1:
-        return torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts]), lens
-    key = parts[0][0].new_zeros(len(parts), parts[0][0].shape[1], max(lens), parts[0][0].shape[3])
-    value = parts[0][1].new_zeros(len(parts), parts[0][1].shape[1], max(lens), parts[0][1].shape[3])
-    for j, (k, v) in enumerate(parts):
-        key[j, :, : lens[j]] = k[0]
-        value[j, :, : lens[j]] = v[0]
-    return key, value, lens
-
-
-def check_decoding(layer: int, scores, value, mask, out, scaling: float, dtype: torch.dtype) -> None:
-    """Raise :class:`~kvviz.capture.attention_fn.CaptureError` unless, for every one of B decoding
-    segments, the softmax of its scaled scores over its own keys × its values reproduces SDPA's output:
-    the check a recorder's first decode step makes (:func:`~kvviz.capture.attention_math.check_output`),
-    for the whole batch in three ops. scores: [B, Hq, k] (unscaled q·kᵀ); value: [B, Hkv, k, Dv];
-    mask: [B, 1, 1, k] (True: a key of the segment's own), or None; out: [B, 1, Hq, Dv]."""
-    _, mine = _softmax_values(scores, value, mask, scaling)
-    agree(layer, mine[:, 0], out[:, 0], dtype, "its probabilities × values do not reproduce")
 
 
 def packable(lm: LoadedModel) -> bool:
@@ -375,6 +291,7 @@ def packed_forward(
         logits_to_keep=torch.tensor(rows, device=lm.device),
         **{cache_kwarg(lm.model): cache, RECORDER_KWARG: packed},
     )
+    packed.record_steps()
     for seg in segments:
         if seg.recorder is not None:
             seg.recorder.end_forward()

@@ -103,11 +103,13 @@ class Recorder(PrefillRows, DecodeRows):
         self.keep_outputs = keep_outputs
         self.outputs: list[torch.Tensor | None] = []  # per forward: [Lyr, q, Hq*Dv] when keep_outputs
         self._out_step: list[torch.Tensor | None] = [None] * layers
+        self._out_block: tuple[list[int], torch.Tensor] | None = None  # a packed step's outputs (record_packed_step)
         self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
         self._tri: torch.Tensor | None = None  # [C, C] -inf above the diagonal, 0 elsewhere (the causal mask's block)
         self._causal: tuple | None = None  # (mask, k, whether it is plain causal) of the last bool mask seen
         # decode scores (with their scale) or probabilities (scale None) awaiting end_forward
         self._pending: list[tuple[int, torch.Tensor, float | None]] = []
+        self._pending_blocks: list[tuple[slice, torch.Tensor]] = []  # a packed step's layers: [n, Hq, k] probabilities
         # one step's decode scores, layer after layer, so a run of layers is one view (no stack, no
         # fresh multi-MB allocation per step); sized for every layer at the longest cache
         self._step_scores = torch.empty(layers * q_heads * t_max, device=device)
@@ -274,22 +276,33 @@ class Recorder(PrefillRows, DecodeRows):
             self._out_step[layer] = out[0].reshape(q_len, -1)  # [q, Hq*Dv]
         return out
 
-    def record_packed_decode(self, layer: int, out: torch.Tensor, probs: torch.Tensor) -> bool:
-        """:meth:`record` of one plain decode query whose probabilities ``probs`` [Hq, k] a packed forward
-        computed, and whose output ``out`` [1, 1, Hq, Dv] it computed from them (:mod:`kvviz.capture.packed`):
-        the same state changes as the general path, without its argument handling, which a room pays once
-        per sequence per layer per step. False, with nothing recorded, where the general path has more to
-        do: the first decode step (checked row by row), keys out of order (an evicting cache), another device."""
-        if not self._decode_checked or probs.device != self.device or probs.shape[0] != self.q_heads:
-            return False
-        if self._key_positions(layer, probs.shape[-1]) is not None:
-            return False
-        self._recorded[layer] = True
+    def record_packed_step(self, layers: list[int], outs: torch.Tensor, probs: torch.Tensor, lens: list[int]) -> None:
+        """:meth:`record` of one plain decode query in each of ``layers``, after a packed forward computed
+        their probabilities and, from them, their outputs (:class:`~kvviz.capture.packed_decode.StepRows`):
+        ``outs`` [L, Hq·Dv], ``probs`` [L, Hq, W] (the first ``lens[i]`` of layer i's row are its keys). The
+        same state changes as the general path, once per step instead of once per layer, without its
+        argument handling. Only after this recorder's first decode step (that one is checked row by row)."""
+        if not self._decode_checked:
+            raise CaptureError("A packed step's rows came before the first decode step was checked.")
+        probs, outs = probs.to(self.device), outs.to(self.device)
+        for layer in layers:
+            self._recorded[layer] = True
         if self.keep_outputs:
-            self._out_step[layer] = out[0].reshape(out.shape[1], -1).float()
-        if self.phase != "outputs":
-            self._pending.append((layer, probs, None))
-        return True
+            self._out_block = (layers, outs)
+        if self.phase == "outputs":
+            return
+        k = lens[0]
+        cache_layers = getattr(self.cache, "layers", None) or ()
+        in_order = all(getattr(c, "kv_positions", None) is None for c in cache_layers)
+        if in_order and lens == [k] * len(lens) and layers == list(range(layers[0], layers[0] + len(layers))):
+            self._pending_blocks.append((slice(layers[0], layers[-1] + 1), probs[..., :k]))
+            return
+        for layer, row, n in zip(layers, probs, lens):  # caches that differ by layer: each layer as it is
+            pos = self._key_positions(layer, n)
+            if pos is None:
+                self._pending.append((layer, row[:, :n], None))
+            else:
+                self._record_decode_row(layer, row[:, :n], n, pos)
 
     def record_weights(self, layer: int, weights: torch.Tensor, learned_sinks: bool = False) -> None:
         """Probabilities [B, Hq, q, k] the model's own implementation computed, reduced as they are; a
@@ -336,6 +349,12 @@ class Recorder(PrefillRows, DecodeRows):
         if self.phase != "outputs" and 0 < self.t_total <= self.n_prompt:
             self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])  # only prompt queries so far
         if self.keep_outputs:
+            block, self._out_block = self._out_block, None
+            if block is not None and len(block[0]) == self.layers:  # every layer from one packed step
+                self.outputs.append(block[1][:, None].clone())  # [Lyr, 1, Hq*Dv], its own (not the batch's) memory
+                return
+            for layer, out in zip(*block) if block is not None else ():
+                self._out_step[layer] = out[None]
             outs = [o for o in self._out_step if o is not None]  # legacy attention hands over no output
             held = len(outs) == len(self._out_step)
             self.outputs.append(torch.stack(outs) if held else None)  # [Lyr, q, Hq*Dv]

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 import torch
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvviz.capture import packed as packed
+from kvviz.capture import packed_decode
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
 from kvviz.capture.model_io import forward
 from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.capture.packed import Segment, packed_forward
 from kvviz.capture.prefill_rows import PROBE_ROWS
+from kvviz.capture.recorder import Recorder
 from kvviz.models import CaptureError
 
 # different prompt lengths: the decoding sequences' caches differ in length, so the batched call pads and masks
@@ -51,13 +50,13 @@ def decoded_together(lm, steps: int) -> list[Generation]:
 
 def test_decoding_sequences_attend_together_and_equal_their_solo_steps(lm, monkeypatch):
     calls = []
-    real = packed._attend_decoding
+    real = packed_decode.attend_decoding
 
     def spy(module, implementation, query, starts, parts, *args, **kwargs):
         calls.append((module.layer_idx, [k.shape[2] for k, _ in parts]))
         return real(module, implementation, query, starts, parts, *args, **kwargs)
 
-    monkeypatch.setattr(packed, "_attend_decoding", spy)
+    monkeypatch.setattr(packed, "attend_decoding", spy)
     with torch.inference_mode(), installed(lm.model):
         alone = [prefilled(lm, p) for p in PROMPTS]
         together = [prefilled(lm, p) for p in PROMPTS]
@@ -77,6 +76,8 @@ def test_decoding_sequences_attend_together_and_equal_their_solo_steps(lm, monke
     assert len(calls) == layers * STEPS, "one attention call per layer for all decoding sequences"
     assert len(set(map(tuple, (lens for _, lens in calls)))) == STEPS and all(len(set(x)) == 3 for _, x in calls)
     for a, b in zip(together, alone):
+        for x, y in zip(a.rec.outputs, b.rec.outputs, strict=True):  # what the equivalence check reads
+            torch.testing.assert_close(x, y, atol=2e-5, rtol=1e-4)
         a.finish()
         b.finish()
         assert a.trace.token_ids == b.trace.token_ids
@@ -95,85 +96,27 @@ def test_after_the_first_decode_step_each_sequence_s_row_is_recorded_without_the
         "record_call",
         lambda rec, module, *a, **k: general.append(module.layer_idx) or real(rec, module, *a, **k),
     )
+    stepped = []  # the layers of every call handing a recorder a packed step's rows
+    real_step = Recorder.record_packed_step
+    monkeypatch.setattr(
+        Recorder, "record_packed_step", lambda rec, layers, *a: stepped.append(layers) or real_step(rec, layers, *a)
+    )
     runs = decoded_together(lm, 3)
-    # the first decode step's rows are checked one by one; from the second on, the fast path takes every row
-    assert len(general) == len(PROMPTS) * lm.model.config.num_hidden_layers
+    # the first decode step's rows are checked one by one; from the second on, the fast path takes every row,
+    # each recorder hearing all layers of a step in one call
+    layers = lm.model.config.num_hidden_layers
+    assert len(general) == len(PROMPTS) * layers
+    assert stepped == [list(range(layers))] * (len(PROMPTS) * 2)
     assert all(len(g.rec.outputs) == 4 and g.rec.outputs[-1] is not None for g in runs)  # outputs kept for the check
 
 
 def test_the_first_decode_step_is_checked_for_every_decoding_sequence_at_once(lm, monkeypatch):
     checks = []  # per check: how many sequences' outputs it compared with SDPA's
-    real = packed.agree
-    monkeypatch.setattr(packed, "agree", lambda *a: checks.append(a[1].shape[0]) or real(*a))
+    real = packed_decode.agree
+    monkeypatch.setattr(packed_decode, "agree", lambda *a: checks.append(a[1].shape[0]) or real(*a))
     runs = decoded_together(lm, 2)
     assert checks == [len(PROMPTS)] * lm.model.config.num_hidden_layers  # the first step only, per layer
     assert not any(g.rec.checks_decode for g in runs)
-
-
-def _decoding_batch(b=3, hkv=2, g=3, width=7, d=8):
-    """Random one-query segments over padded caches of lengths 7, 4 and 2, with a stand-in layer module."""
-    torch.manual_seed(0)
-    q, key, value = torch.randn(1, hkv * g, b, d), torch.randn(b, hkv, width, d), torch.randn(b, hkv, width, d)
-    lens = [7, 4, 2][:b]
-    module = types.SimpleNamespace(layer_idx=0, num_key_value_groups=g, is_causal=True, training=False)
-    parts = [(key[j : j + 1, :, :n], value[j : j + 1, :, :n]) for j, n in enumerate(lens)]
-    return module, q, parts, (key, value, lens)
-
-
-def test_decoding_outputs_from_their_own_probabilities_equal_sdpa_and_ignore_padding():
-    module, q, parts, (key, value, lens) = _decoding_batch()
-    value[2, :, 2:] = 99.0  # padding of the shortest segment: never attended
-    starts = list(range(len(parts)))
-    with torch.inference_mode():
-        mine, probs, own = packed._attend_decoding(module, sdpa_attention_forward, q, starts, parts, own=True)
-        ref, scores, plain = packed._attend_decoding(module, sdpa_attention_forward, q, starts, parts)
-        slotted = packed._attend_decoding(
-            module, sdpa_attention_forward, q, starts, parts, own=True, check=True, batched=(key, value, lens)
-        )
-    assert own and not plain
-    for a, b, c in zip(mine, ref, slotted[0]):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(c, b, atol=1e-6, rtol=1e-5)
-    for j, n in enumerate(lens):
-        torch.testing.assert_close(probs[j, :, :n].sum(-1), torch.ones(probs.shape[1]))
-        assert (probs[j, :, n:] == 0).all()
-        torch.testing.assert_close(probs[j, :, :n], torch.softmax(scores[j, :, :n] * 8**-0.5, -1))
-
-
-def test_the_first_decode_check_catches_an_implementation_the_probabilities_do_not_reproduce():
-    module, q, parts, _ = _decoding_batch()
-
-    def shifted(*args, **kwargs):  # an attention variant kvviz does not model: one head of one sequence off
-        out, w = sdpa_attention_forward(*args, **kwargs)
-        out = out.clone()
-        out[1, 0, 4] += 0.1
-        return out, w
-
-    starts = list(range(len(parts)))
-    with torch.inference_mode():
-        packed._attend_decoding(module, shifted, q, starts, parts, own=True)  # not checked: later steps trust it
-        with pytest.raises(CaptureError, match="layer 0 faithfully"):
-            packed._attend_decoding(module, shifted, q, starts, parts, own=True, check=True)
-
-
-def test_the_batched_decode_check_catches_an_output_its_rows_do_not_reproduce():
-    torch.manual_seed(0)
-    b, hkv, g, width, d = 3, 2, 3, 7, 8
-    q, key, value = torch.randn(b, hkv * g, 1, d), torch.randn(b, hkv, width, d), torch.randn(b, hkv, width, d)
-    lens = torch.tensor([7, 4, 2])
-    mask = (torch.arange(width) < lens[:, None])[:, None, None]  # [B, 1, 1, k]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1), attn_mask=mask
-    ).transpose(1, 2)  # [B, 1, Hq, D]
-    scores = (q.view(b, hkv, g, d) @ key.transpose(2, 3)).view(b, hkv * g, width)
-    packed.check_decoding(0, scores, value, mask, out, d**-0.5, torch.float32)
-    wrong = out.clone()
-    wrong[1, 0, 4] += 0.1  # one head of one sequence
-    with pytest.raises(CaptureError, match="layer 0 faithfully"):
-        packed.check_decoding(0, scores, value, mask, wrong, d**-0.5, torch.float32)
-    padded = value.clone()
-    padded[2, :, 2:] = 99.0  # another sequence's padding must not count
-    packed.check_decoding(0, scores, padded, mask, out, d**-0.5, torch.float32)
 
 
 def prefilled_together(lm) -> list[Generation]:

@@ -270,3 +270,46 @@ def test_a_short_cached_prefix_is_replayed_for_every_layer_at_once_as_layer_by_l
     for name in ("colsum", "sink_mass", "window_rows", "prefill_map", "prefill_colsum"):
         assert torch.equal(getattr(together, name), getattr(by_layer, name)), name
     assert together.colsum[:, :, :14].sum().item() == pytest.approx(3 * 4 * 14, rel=1e-6)  # every row once
+
+
+@pytest.mark.parametrize("evicting", [(), (1,), (0, 1, 2)])
+def test_a_packed_step_records_what_its_layers_recorded_one_by_one_would(evicting):
+    # a packed decode step hands a recorder every layer's probabilities and outputs in one call
+    # (kvviz.capture.packed_decode.StepRows); the summaries and kept outputs must be those of recording each
+    # layer through the general path. An evicting layer's row is scattered by the positions it kept, also
+    # when every layer holds as many keys (then only the cache tells that they are not the last ones).
+    torch.manual_seed(2)
+    layers, hq, width = 3, 4, 9
+    lens = [5 if i in evicting else 7 for i in range(layers)]
+    pos = torch.tensor([0, 1, 2, 3, 6]).expand(2, -1)  # an evicting layer keeps sinks 0-3 and position 6
+    qs = [torch.randn(1, hq, 1, 8) for _ in range(layers)]
+    ks = [torch.randn(1, 2, n, 8) for n in lens]
+    outs = torch.randn(layers, 1, 1, hq, 8)
+    probs = torch.zeros(layers, hq, width)
+    for layer, n in enumerate(lens):
+        probs[layer, :, :n] = eager_probs(qs[layer][0].double(), ks[layer][0].double(), None, 0.3, None, 7).float()[
+            :, 0
+        ]
+
+    def recorder() -> Recorder:
+        rec = Recorder(layers, hq, 10, 6, RecorderConfig(sink_k=2, bin_factor=2), torch.device("cpu"), True)
+        rec.cache = SimpleNamespace(
+            layers=[SimpleNamespace(kv_positions=pos if i in evicting else None) for i in range(3)]
+        )
+        rec.phase, rec.t_total, rec._decode_checked = "decode", 7, True
+        return rec
+
+    one_by_one, packed = recorder(), recorder()
+    for layer in range(layers):
+        one_by_one.record(layer, qs[layer], ks[layer], None, 0.3, None, outs[layer])
+    one_by_one.end_forward()
+    batch = torch.stack([torch.randn(layers, hq * 8), outs.reshape(layers, -1)])  # another sequence's beside it
+    packed.record_packed_step(list(range(layers)), batch[1], probs, lens)
+    packed.end_forward()
+    for name in ("colsum", "sink_mass", "decode_rows"):
+        torch.testing.assert_close(getattr(packed, name), getattr(one_by_one, name), atol=1e-6, rtol=1e-5)
+    for layer in evicting:
+        assert packed.colsum[layer, :, 4:6].abs().sum() == 0  # evicted positions got nothing
+    torch.testing.assert_close(packed.outputs[-1], one_by_one.outputs[-1])
+    kept = packed.outputs[-1]
+    assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()  # its own memory, not the batch's
