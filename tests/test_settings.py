@@ -53,7 +53,7 @@ def test_limits_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("KVVIZ_CONCURRENCY", "3")
     monkeypatch.setenv("KVVIZ_MAX_CONFIG_BYTES", "4096")
     monkeypatch.setenv("KVVIZ_SESSION_GRACE_S", "0")
-    assert Settings.from_env().gather_ms == 0  # the served engine starts a room's first press at once
+    assert Settings.from_env().gather_ms == 100  # the served engine waits while a room's presses keep coming
     monkeypatch.setenv("KVVIZ_GATHER_MS", "500")
     assert Settings.from_env().gather_ms == 500
     monkeypatch.setenv("KVVIZ_GATHER_MS", "0")
