@@ -31,6 +31,8 @@ from transformers.masking_utils import create_causal_mask
 from kvviz.capture.attention_fn import attend_checked, plain_sdpa, record_call
 from kvviz.capture.attention_math import agree
 from kvviz.capture.packed_decode import StepRows, attend_decoding, padded
+from kvviz.capture.packed_prefill import attend_prefilling, fits
+from kvviz.capture.prefill_rows import PROBE_ROWS
 from kvviz.capture.recorder import RecordsAttention
 from kvviz.models import LoadedModel
 
@@ -184,6 +186,8 @@ class PackedAttention:
             if len(together) == len(parts):  # a decode step of every sequence: the batch's output, in order
                 return out.transpose(0, 1), None
         probes: list[tuple[int, int, torch.Tensor]] = []  # (segment, rows, its recorder's output there): checked below
+        if plain_sdpa(module, implementation, query, kwargs):
+            self._prefill_together(module, query, parts, outs, probes, kwargs.get("scaling"))
         for i, (seg, (a, b), mask) in enumerate(zip(self.cache.segments, self.cache.bounds, self.masks)):
             if outs[i] is not None:
                 continue
@@ -195,6 +199,36 @@ class PackedAttention:
         if probes:
             self._probe(module, implementation, query, parts, probes, args, kwargs)
         return torch.cat(outs, dim=1), None
+
+    def _prefill_together(self, module, query, parts, outs: list, probes: list, scaling) -> None:
+        """The prefilling segments whose recorders take a packed forward's rows (``takes_prefill``), attended
+        together (:mod:`kvviz.capture.packed_prefill`): each recorder handed its probabilities and output, each
+        segment's last rows kept for :meth:`_probe`."""
+        layer, segments, bounds = module.layer_idx, self.cache.segments, self.cache.bounds
+        recs: list[Any] = [seg.recorder for seg in segments]  # a Recorder, or a stand-in without these methods
+        group = [
+            i
+            for i, o in enumerate(outs)
+            if o is None
+            and hasattr(recs[i], "takes_prefill")
+            and recs[i].takes_prefill(layer, bounds[i][1] - bounds[i][0], parts[i][0], self.masks[i])
+        ]
+        sizes = [bounds[i][1] - bounds[i][0] for i in group]
+        keys = [parts[i][0].shape[2] for i in group]
+        if len(group) < 2 or not fits(len(group), query.shape[1], max(sizes), max(keys)):
+            return
+        owners = [segments[i].cache.layers[layer] for i in group] if self.cache.slots is not None else []
+        if self.cache.slots is not None and self.cache.slots.owns(owners):
+            kv = self.cache.slots.batch(layer, owners)
+        else:
+            kv = padded([parts[i] for i in group])
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out, probs = attend_prefilling(query, [bounds[i] for i in group], kv, scale, self._masks)
+        for j, (i, n, k) in enumerate(zip(group, sizes, keys)):
+            outs[i] = out[j, :, :n].transpose(0, 1).unsqueeze(0)  # [1, n, Hq, Dv]
+            recs[i].take_prefill(layer, probs[j, :, :n, :k], outs[i])
+            r = min(PROBE_ROWS, n)
+            probes.append((i, r, outs[i][:, -r:]))
 
     def record_steps(self) -> None:
         """After the forward: each decoding segment's recorder gets its rows of every layer attended

@@ -39,7 +39,15 @@ class PrefillRows:
         _tri: torch.Tensor | None
         _causal: tuple | None
 
+        phase: str
+        device: torch.device
+        keep_outputs: bool
+        _out_step: list[torch.Tensor | None]
+        _recorded: list[bool]
+
         def _learned(self, layer: int, device) -> torch.Tensor: ...
+
+        def _key_positions(self, layer: int, k_len: int) -> torch.Tensor | None: ...
 
         def _in_order(self, layer: int) -> bool: ...
 
@@ -109,6 +117,34 @@ class PrefillRows:
                 check_output(layer, s[:, -min(PROBE_ROWS, n) :], value, out)
             self._reduce_chunk(layer, s, qpos0 + c0, koff, w0)
         return emitted.unsqueeze(0) if emitted is not None else None
+
+    def takes_prefill(self, layer: int, q_len: int, key: torch.Tensor, mask) -> bool:
+        """Whether a packed forward may compute this prefill call's probabilities and output for this recorder
+        (:mod:`kvviz.capture.packed_prefill`) and hand them over (:meth:`take_prefill`): where :meth:`own_output`
+        would compute them itself — fp32 keys in order on this device, a causal mask — for several queries."""
+        k_len = key.shape[2]
+        return (
+            q_len > 1
+            and self.phase != "outputs"
+            and key.dtype == torch.float32
+            and key.device == self.device
+            and self._key_positions(layer, k_len) is None
+            and (mask is None or (mask.dtype == torch.bool and self._is_causal(mask, k_len)))
+        )
+
+    def take_prefill(self, layer: int, probs: torch.Tensor, out: torch.Tensor) -> None:
+        """:meth:`own_output` of a prefill call whose probabilities ``probs`` [Hq, q, k] and output ``out``
+        [1, q, Hq, Dv] a packed forward computed (:meth:`takes_prefill` said so): reduced in the chunks this
+        recorder's own loop uses, so its summaries are the same."""
+        q_len, k_len = probs.shape[1], probs.shape[2]
+        koff, qpos0 = self.t_total - k_len, self.t_total - q_len
+        rows, w0 = self._chunk_rows(k_len), self.n_prompt - self.window_rows.shape[2]
+        for a0 in range(qpos0 - qpos0 % rows, qpos0 + q_len, rows):
+            c0, c1 = max(a0, qpos0) - qpos0, min(a0 + rows, qpos0 + q_len) - qpos0
+            self._reduce_chunk(layer, probs[:, c0:c1, : min(k_len, k_len - q_len + c1)], qpos0 + c0, koff, w0)
+        self._recorded[layer] = True
+        if self.keep_outputs:
+            self._out_step[layer] = out[0].reshape(q_len, -1)
 
     def _is_causal(self, mask: torch.Tensor, k_len: int) -> bool:
         """:func:`is_causal` of a bool mask, checked once per mask (layers share it; it is held, so no

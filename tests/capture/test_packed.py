@@ -122,7 +122,9 @@ def test_the_first_decode_step_is_checked_for_every_decoding_sequence_at_once(lm
 def prefilled_together(lm) -> list[Generation]:
     """:data:`PROMPTS`' prompts through one packed forward (fresh caches of their own: padded, not slotted)."""
     runs = [
-        Generation(lm, p, feed=Feed(chat=True), decode=Decode(max_new_tokens=2), recording=Recording(verify=True))
+        Generation(
+            lm, p, feed=Feed(chat=True), decode=Decode(max_new_tokens=STEPS + 1), recording=Recording(verify=True)
+        )
         for p in PROMPTS
     ]
     with torch.inference_mode(), installed(lm.model):
@@ -160,3 +162,23 @@ def test_the_packed_prefill_probe_catches_one_sequence_the_implementation_comput
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", second_off)
     with pytest.raises(CaptureError, match="probabilities × values do not reproduce"):
         prefilled_together(lm)
+
+
+def test_prefilling_sequences_attend_together_and_record_what_their_solo_prefills_record(lm, monkeypatch):
+    calls = []  # per call of the batched prefill attention: how many sequences it took
+    real = packed.attend_prefilling
+    monkeypatch.setattr(
+        packed, "attend_prefilling", lambda q, bounds, *a: calls.append(len(bounds)) or real(q, bounds, *a)
+    )
+    looped = []  # a recorder's own chunk loop, which the packed prefill no longer runs
+    monkeypatch.setattr(Recorder, "_record_prefill", lambda rec, layer, *a, **k: looped.append(layer))
+    runs = prefilled_together(lm)
+    assert calls == [len(PROMPTS)] * lm.model.config.num_hidden_layers and not looped
+    monkeypatch.undo()
+    with torch.inference_mode(), installed(lm.model):
+        alone = [prefilled(lm, p) for p in PROMPTS]
+    for a, b in zip(runs, alone):
+        assert a.trace.token_ids == b.trace.token_ids
+        for name in ("colsum", "sink_mass", "window_rows", "prefill_map"):
+            torch.testing.assert_close(getattr(a.rec, name), getattr(b.rec, name), atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(a.rec.outputs[0], b.rec.outputs[0], atol=2e-5, rtol=1e-4)
