@@ -31,10 +31,11 @@ TABS = [
     ("Break the cache", "tab_breakcache", breakcache),
 ]
 
-# How often Gradio's queue looks for a new event while it has none to start (its own pace: every 1 ms, a wake-up
-# that took 6 % of a core on an idle server and, in a room, the interpreter lock from the engine's thread 1,000
-# times a second: a room of 24 in process took 6.15 s beside such a loop against 5.42 s beside one at 20 ms).
-# A new request then waits at most this long to start.
+# How often Gradio's queue loops wake: the one looking for a new event while it has none to start (its own pace:
+# every 1 ms, a wake-up that took 6 % of a core on an idle server and, in a room, the interpreter lock from the
+# engine's thread 1,000 times a second: a room of 24 in process took 6.15 s beside such a loop against 5.42 s
+# beside one at 20 ms), and the one sending progress updates while jobs run (its own: every 10 ms). A new request
+# then waits at most this long to start, a progress bar moves at most this often.
 QUEUE_POLL_S = 0.02
 
 THEME = gr.themes.Soft(primary_hue="orange", secondary_hue="blue")
@@ -112,6 +113,7 @@ def serve(demo: gr.Blocks, settings, ctx: AppContext | None = None) -> dict:
     demo.queue(max_size=jobs + 16, default_concurrency_limit=settings.concurrency)
     queue = demo._queue
     queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_S)
+    queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, QUEUE_POLL_S)
     callers = Middleware(McpCallers, proxy_hops=settings.proxy_hops)
     app_kwargs: dict = {"middleware": [callers], **({} if ctx is None else {"routes": routes(ctx)})}
     return {"max_threads": jobs + 32, "max_file_size": settings.max_config_bytes, "app_kwargs": app_kwargs}

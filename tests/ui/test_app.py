@@ -13,8 +13,8 @@ def test_the_queue_looks_for_new_events_at_a_pace_that_leaves_the_engine_its_cor
         gr.Markdown("x")
     plain.queue()
     # Gradio's own pace, the attribute serve sets: were it renamed, setting it would silently do nothing
-    assert plain._queue.sleep_when_free < QUEUE_POLL_S
+    assert plain._queue.sleep_when_free < QUEUE_POLL_S and plain._queue.progress_update_sleep_when_free < QUEUE_POLL_S
     with gr.Blocks() as demo:
         gr.Markdown("x")
     serve(demo, Settings())
-    assert demo._queue.sleep_when_free == QUEUE_POLL_S
+    assert demo._queue.sleep_when_free == demo._queue.progress_update_sleep_when_free == QUEUE_POLL_S
