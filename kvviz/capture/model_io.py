@@ -53,14 +53,10 @@ class Sampling:
 def model_info(lm: LoadedModel) -> ModelInfo:
     """The model's shape, every config number read by :func:`kvviz.memory.layout.cache_layout` (the one reader);
     the rest (dtype, parameters, learned sinks) measured on the loaded model."""
-    from kvviz.memory.layout import cache_layout
-
-    layout = cache_layout(lm.config)
+    layout, sinks, param_count, weight_bytes = _measured(lm)
     cache_heads, cache_dims = layout.num_key_value_heads, [layout.head_dim, layout.head_dim]
     if layout.mla:  # attention sees per-head keys and values; the cache holds one latent + one RoPE key
         cache_heads, cache_dims = 1, [layout.mla["kv_lora_rank"], layout.mla["qk_rope_head_dim"]]
-    sinks = any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in attention_modules(lm.model))
-    params = list(lm.model.parameters())
     attending = [s.index for s in layout.layers if s.kind not in ("state", "none")]  # a linear layer has no attention
     return ModelInfo(
         name=lm.name,
@@ -74,8 +70,8 @@ def model_info(lm: LoadedModel) -> ModelInfo:
         layer_kinds=["full_attention" if spec.layer_type == "mla" else spec.layer_type for spec in layout.layers],
         sliding_window=min(layout.windows) if layout.windows else None,
         context_length=layout.max_position_embeddings or 0,
-        param_count=sum(p.numel() for p in params),
-        weight_bytes=sum(p.numel() * p.element_size() for p in params),
+        param_count=param_count,
+        weight_bytes=weight_bytes,
         device=str(lm.device),
         attention=layout.attention,
         cache_heads=cache_heads,
@@ -83,6 +79,25 @@ def model_info(lm: LoadedModel) -> ModelInfo:
         learned_sinks=sinks,
         attention_layers=attending if len(attending) < layout.num_layers else None,
     )
+
+
+def _measured(lm: LoadedModel) -> tuple:
+    """The model's cache layout, whether it has learned sinks, its parameter count and bytes: read once per
+    model, config, dtype and device and kept on the model (every Generation asks — a room's 24 requests
+    each walked the modules and parameters, ~4 ms apiece, while the others waited for the interpreter)."""
+    from kvviz.memory.layout import cache_layout
+
+    key = (id(lm.config), lm.dtype, str(lm.device))
+    memo = lm.model.__dict__.setdefault("_kvviz_measured", {})
+    if key not in memo:
+        params = list(lm.model.parameters())
+        memo[key] = (
+            cache_layout(lm.config),
+            any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in attention_modules(lm.model)),
+            sum(p.numel() for p in params),
+            sum(p.numel() * p.element_size() for p in params),
+        )
+    return memo[key]
 
 
 def encode_prompt(lm: LoadedModel, prompt: str, chat: bool) -> list[int]:
