@@ -103,7 +103,7 @@ class Recorder(PrefillRows, DecodeRows):
         self.keep_outputs = keep_outputs
         self.outputs: list[torch.Tensor | None] = []  # per forward: [Lyr, q, Hq*Dv] when keep_outputs
         self._out_step: list[torch.Tensor | None] = [None] * layers
-        self._out_block: tuple[list[int], torch.Tensor] | None = None  # a packed step's outputs (record_packed_step)
+        self._out_blocks: list[tuple[list[int], torch.Tensor]] = []  # a packed step's outputs (record_packed_step)
         self._scratch: torch.Tensor | None = None  # one chunk's scores, then (in place) probabilities
         self._tri: torch.Tensor | None = None  # [C, C] -inf above the diagonal, 0 elsewhere (the causal mask's block)
         self._causal: tuple | None = None  # (mask, k, whether it is plain causal) of the last bool mask seen
@@ -288,7 +288,7 @@ class Recorder(PrefillRows, DecodeRows):
         for layer in layers:
             self._recorded[layer] = True
         if self.keep_outputs:
-            self._out_block = (layers, outs)
+            self._out_blocks.append((layers, outs))
         if self.phase == "outputs":
             return
         k = lens[0]
@@ -349,12 +349,13 @@ class Recorder(PrefillRows, DecodeRows):
         if self.phase != "outputs" and 0 < self.t_total <= self.n_prompt:
             self.prefill_colsum.copy_(self.colsum[:, :, : self.n_prompt])  # only prompt queries so far
         if self.keep_outputs:
-            block, self._out_block = self._out_block, None
-            if block is not None and len(block[0]) == self.layers:  # every layer from one packed step
-                self.outputs.append(block[1][:, None].clone())  # [Lyr, 1, Hq*Dv], its own (not the batch's) memory
+            blocks, self._out_blocks = self._out_blocks, []
+            if len(blocks) == 1 and len(blocks[0][0]) == self.layers:  # every layer from one packed step's call
+                self.outputs.append(blocks[0][1][:, None].clone())  # [Lyr, 1, Hq*Dv], its own (not the batch's) memory
                 return
-            for layer, out in zip(*block) if block is not None else ():
-                self._out_step[layer] = out[None]
+            for layers, rows in blocks:
+                for layer, out in zip(layers, rows):
+                    self._out_step[layer] = out[None]
             outs = [o for o in self._out_step if o is not None]  # legacy attention hands over no output
             held = len(outs) == len(self._out_step)
             self.outputs.append(torch.stack(outs) if held else None)  # [Lyr, q, Hq*Dv]

@@ -313,3 +313,19 @@ def test_a_packed_step_records_what_its_layers_recorded_one_by_one_would(evictin
     torch.testing.assert_close(packed.outputs[-1], one_by_one.outputs[-1])
     kept = packed.outputs[-1]
     assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()  # its own memory, not the batch's
+
+
+def test_a_packed_step_handed_over_in_two_calls_keeps_every_layer_s_output():
+    # a step whose layers' rows differ in width reaches the recorder in one call per width
+    # (kvviz.capture.packed_decode.StepRows): every call's outputs are kept, none replaced by the next
+    torch.manual_seed(3)
+    layers, hq = 3, 4
+    rec = Recorder(layers, hq, 10, 6, RecorderConfig(), torch.device("cpu"), True)
+    rec.phase, rec.t_total, rec._decode_checked = "decode", 7, True
+    outs = torch.randn(layers, hq * 8)
+    probs = torch.softmax(torch.randn(layers, hq, 7), -1)
+    rec.record_packed_step([0, 2], outs[[0, 2]], probs[[0, 2]], [7, 7])
+    rec.record_packed_step([1], outs[[1]], probs[[1]], [7])
+    rec.end_forward()
+    torch.testing.assert_close(rec.outputs[-1], outs[:, None])
+    torch.testing.assert_close(rec.colsum[:, :, :7], probs)
