@@ -115,7 +115,7 @@ class PackedAttention:
         self.decoding = [i for i, ((a, b), m) in enumerate(zip(cache.bounds, masks)) if b - a == 1 and m is None]
         # whether a decoding segment's recorder takes its first decode step (it does not change within a forward)
         self.first_decode = any(getattr(cache.segments[i].recorder, "checks_decode", False) for i in self.decoding)
-        self._masks: dict = {}  # the decoding segments' padding mask, the same for every layer of the forward
+        self._masks: dict = {}  # the padding masks of the segments attended together: the same for every layer
         self.rows = StepRows()  # the decoding segments' rows, handed to their recorders after the forward
 
     def attend(self, module, implementation, query, *args, **kwargs):
@@ -129,11 +129,15 @@ class PackedAttention:
         step would otherwise cost two small kernel calls per layer — more than the step's arithmetic.
         For plain SDPA calls in fp32 the output is their probabilities × values, from the scores the
         recorders need anyway (as a lone run's recorder computes its decode output,
-        :meth:`~kvviz.capture.recorder.Recorder.own_output`), and the recorders get the probabilities.
+        :meth:`~kvviz.capture.recorder.Recorder.own_output`), and the recorders get the probabilities — after
+        the forward, every layer's at once (:class:`~kvviz.capture.packed_decode.StepRows`).
         A recorder's first decode step checks its rows against the layer's output; for plain SDPA calls
         that check runs here for every decoding segment at once — in fp32 SDPA runs too and must give
         the output computed from the probabilities, in other dtypes :func:`check_decoding` checks SDPA's
-        output against the rows — and their recorders get no values (nothing left for them to check)."""
+        output against the rows — and their recorders get no values (nothing left for them to check).
+
+        The prefilling segments whose recorders would make their own outputs attend together too
+        (:meth:`_prefill_together`); the others, one by one as above."""
         layer = module.layer_idx
         parts = self.cache.current.pop(layer)
         outs: list[torch.Tensor | None] = [None] * len(parts)

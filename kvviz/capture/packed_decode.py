@@ -32,12 +32,13 @@ class StepRows:
 
     def hand_over(self, recorders: Sequence) -> None:
         """Each of the B segments' recorders (None: not recorded) gets its rows of every layer added,
-        one call per group of layers whose rows have one width (one group unless caches differ by layer)."""
-        by_width: dict[int, list] = {}
+        one call per group of layers whose rows have one width and device (one group unless caches differ by
+        layer or a dispatched model's layers sit on several devices)."""
+        groups: dict[tuple, list] = {}
         for item in self._layers:
-            by_width.setdefault(item[2].shape[-1], []).append(item)
+            groups.setdefault((item[2].shape[-1], item[2].device), []).append(item)
         self._layers = []
-        for items in by_width.values():
+        for items in groups.values():
             layers = [layer for layer, *_ in items]
             probs = torch.stack([p for _, _, p, _ in items], dim=1)  # [B, L, Hq, W]
             outs = torch.stack([o.reshape(o.shape[0], -1) for _, o, _, _ in items], dim=1)  # [B, L, Hq·Dv]

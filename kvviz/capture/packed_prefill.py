@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-MAX_SCORES = 2**22  # at most this many fp32 scores at once, as a recorder's own chunks (RecorderConfig.chunk_elements)
+MAX_SCORES = (
+    2**22
+)  # at most this many fp32 scores at once (the default RecorderConfig.chunk_elements bounds a recorder's own chunks alike)
 
 
 def fits(segments: int, heads: int, rows: int, keys: int) -> bool:
@@ -34,14 +36,14 @@ def attend_prefilling(
     their keys and values ``kv`` ([G, Hkv, K, D] each, segment j's first ``lens[j]``; its queries are its
     last ``n_j`` keys' positions). Returns the outputs [G, Hq, n, Dv] and probabilities [G, Hq, n, K] (n the
     longest segment; a segment's rows past its own, and keys past its own, are padding). ``masks``: the
-    masks already made this forward, by the segments' sizes (every layer has the same)."""
+    masks already made this forward, by the segments' rows and lengths (every layer has the same)."""
     key, value, lens = kv
     g = len(bounds)
     sizes = [b - a for a, b in bounds]
     n, width = max(sizes), key.shape[2]
     hq, d = query.shape[1], query.shape[-1]
     hkv = key.shape[1]
-    at = (query.device, tuple(sizes), tuple(lens), width)
+    at = (query.device, tuple(bounds), tuple(lens), width)
     made = masks.get(at)
     if made is None:
         # each segment's rows, padded with its last row (computed, never read); who sees what: query r of a

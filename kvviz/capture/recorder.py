@@ -338,7 +338,8 @@ class Recorder(PrefillRows, DecodeRows):
         sums once the prompt is through, collect attention outputs for the equivalence check."""
         missing = [i for i in self.attention_layers if not self._recorded[i]]
         self._recorded = [False] * self.layers
-        if missing:
+        if missing:  # the forward is lost: nothing of it is kept (held rows are views of a whole batch's)
+            self._pending, self._pending_blocks, self._out_blocks = [], [], []
             raise CaptureError(
                 f"Layers {', '.join(map(str, missing[:8]))} ran without reaching kvviz's capture: "
                 "their attention bypasses transformers' attention interface."
@@ -355,7 +356,7 @@ class Recorder(PrefillRows, DecodeRows):
                 return
             for layers, rows in blocks:
                 for layer, out in zip(layers, rows):
-                    self._out_step[layer] = out[None]
+                    self._out_step[layer] = out[None].clone()  # its own memory, not the step's batch
             outs = [o for o in self._out_step if o is not None]  # legacy attention hands over no output
             held = len(outs) == len(self._out_step)
             self.outputs.append(torch.stack(outs) if held else None)  # [Lyr, q, Hq*Dv]

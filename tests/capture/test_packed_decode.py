@@ -77,3 +77,18 @@ def test_the_batched_decode_check_catches_an_output_its_rows_do_not_reproduce():
     padded = value.clone()
     padded[2, :, 2:] = 99.0  # another sequence's padding must not count
     packed_decode.check_decoding(0, scores, padded, mask, out, d**-0.5, torch.float32)
+
+
+def test_a_step_s_rows_reach_each_recorder_once_per_width_and_device():
+    # a dispatched model's layers may sit on several devices: their rows are never stacked together
+    calls = []
+
+    class Heard:
+        def record_packed_step(self, layers, outs, probs, lens):
+            calls.append((layers, probs.device.type, tuple(probs.shape)))
+
+    rows = packed_decode.StepRows()
+    for layer, device in enumerate(["cpu", "meta", "cpu"]):
+        rows.add(layer, torch.zeros(2, 1, 4, 8, device=device), torch.zeros(2, 4, 5, device=device), [5, 3])
+    rows.hand_over([Heard(), None])
+    assert sorted(calls) == [([0, 2], "cpu", (2, 4, 5)), ([1], "meta", (1, 4, 5))]

@@ -17,6 +17,7 @@ from kvviz.capture import generation as capture_mod
 from kvviz.capture.decode_rows import _adjacent
 from kvviz.capture.loop import capture
 from kvviz.capture.recorder import Recorder, RecorderConfig
+from kvviz.models import CaptureError
 from tests.tiny_models import recompute_probabilities, tiny_model
 
 N_NEW = 5
@@ -329,3 +330,13 @@ def test_a_packed_step_handed_over_in_two_calls_keeps_every_layer_s_output():
     rec.end_forward()
     torch.testing.assert_close(rec.outputs[-1], outs[:, None])
     torch.testing.assert_close(rec.colsum[:, :, :7], probs)
+
+
+def test_a_forward_that_missed_a_layer_keeps_none_of_its_rows():
+    rec = Recorder(2, 4, 10, 6, RecorderConfig(), torch.device("cpu"), True)
+    rec.phase, rec.t_total, rec._decode_checked = "decode", 7, True
+    rows = torch.softmax(torch.randn(3, 2, 4, 7), -1)  # a batch of three sequences' rows: held as views
+    rec.record_packed_step([0], torch.randn(1, 32), rows[1, :1], [7])
+    with pytest.raises(CaptureError, match="Layers 1"):
+        rec.end_forward()
+    assert not rec._pending_blocks and not rec._out_blocks
