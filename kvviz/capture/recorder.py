@@ -229,7 +229,7 @@ class Recorder(PrefillRows, DecodeRows):
                 check_output(layer, weights[0, :, -n:].float(), value, out)
             return
         extras = Extras(sinks, bias, sliding_window)
-        if query.shape[2] == 1:
+        if query.shape[2] == 1 and self.phase == "decode":  # a prompt token fed alone is a prefill row
             self._record_decode(
                 layer, query, key, mask, scaling, softcap, extras if extras else None, value, out, scores, probs
             )
@@ -256,7 +256,7 @@ class Recorder(PrefillRows, DecodeRows):
             or self._key_positions(layer, k_len) is not None
         ):
             return None
-        if q_len == 1:
+        if q_len == 1 and self.phase == "decode":
             if mask is not None:
                 return None
             out = self._decode_output(layer, query, key, value, scaling)
@@ -312,7 +312,7 @@ class Recorder(PrefillRows, DecodeRows):
             return
         w = weights[0].to(self.device)
         q_len, k_len = w.shape[1], w.shape[2]
-        if q_len == 1:
+        if q_len == 1 and self.phase == "decode":
             p = w[:, 0].float()  # [Hq, k]
             if learned_sinks:
                 self._learned(layer, p.device)[:, self.t_total - 1] = 1 - p.sum(-1)

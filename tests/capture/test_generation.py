@@ -11,14 +11,16 @@ from __future__ import annotations
 import gc
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
 
+from kvviz.capture.attention_fn import installed
 from kvviz.capture.drive import drive as solo
 from kvviz.capture.drive import forwards
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import encode_prompt
+from kvviz.capture.model_io import encode_prompt, forward
 from kvviz.capture.options import CacheSetup, Decode, Feed, Recording
 from kvviz.eviction.policies import make_policy
 from kvviz.eviction.run import Evictor
@@ -136,3 +138,23 @@ def test_steps_left_counts_down_to_zero(lm):
     assert g.steps_left == 4  # the prompt's forward produces the first token, then one forward per token
     seen = [g.steps_left for _ in forwards(lm, g)]
     assert seen == [3, 2, 1, 0]
+
+
+def test_a_prompt_token_fed_alone_is_recorded_as_a_prompt_row(lm):
+    # a prefill chunk of one token (the engine's step budget leaving one, or a prompt's last token after its
+    # chunks) is a prompt query: its row belongs in the window rows and the prompt map, not in a decode row
+    def traced(feed: Feed):
+        g = Generation(lm, "Name three colours.", feed=feed, decode=Decode(max_new_tokens=3), recording=Recording())
+        with torch.inference_mode(), installed(lm.model):
+            while not g.done:
+                ids, start = g.next_feed()
+                g.take(forward(lm, ids, start, g.cache, g.feed_recorder)[-1], len(ids))
+        return g.finish()
+
+    whole = traced(Feed(chat=True))
+    alone = traced(Feed(chat=True, prefill_chunk=whole.n_prompt - 1))  # the last prompt token in a forward of its own
+    assert alone.token_ids == whole.token_ids
+    for name in ("window_rows", "prefill_map", "colsum", "sink_mass", "decode_rows"):
+        a, b = getattr(alone, name).astype(np.float32), getattr(whole, name).astype(np.float32)
+        np.testing.assert_allclose(a, b, atol=2e-3 if name in ("prefill_map", "decode_rows") else 2e-5)
+    np.testing.assert_allclose(alone.window_rows[:, :, -1].sum(-1), 1.0, atol=1e-5)  # the last prompt query's row

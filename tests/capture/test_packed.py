@@ -10,7 +10,7 @@ from kvviz.capture import packed as packed
 from kvviz.capture import packed_decode
 from kvviz.capture.attention_fn import installed
 from kvviz.capture.generation import Generation
-from kvviz.capture.model_io import forward
+from kvviz.capture.model_io import encode_prompt, forward
 from kvviz.capture.options import Decode, Feed, Recording
 from kvviz.capture.packed import Segment, packed_forward
 from kvviz.capture.prefill_rows import PROBE_ROWS
@@ -182,3 +182,27 @@ def test_prefilling_sequences_attend_together_and_record_what_their_solo_prefill
         for name in ("colsum", "sink_mass", "window_rows", "prefill_map"):
             torch.testing.assert_close(getattr(a.rec, name), getattr(b.rec, name), atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(a.rec.outputs[0], b.rec.outputs[0], atol=2e-5, rtol=1e-4)
+
+
+def test_a_prompt_token_fed_alone_beside_decoding_sequences_is_recorded_as_a_prompt_row(lm):
+    # one token of a prompt in a packed step of decoding sequences attends with them (one query, no mask),
+    # but its recorder takes it as the prompt's row it is
+    prompt = PROMPTS[1]
+    n = len(encode_prompt(lm, prompt, True))
+    recording = Recording(verify=True)
+    with torch.inference_mode(), installed(lm.model):
+        runs = [prefilled(lm, p) for p in (PROMPTS[0], PROMPTS[2])]
+        late = Generation(
+            lm, prompt, feed=Feed(chat=True, prefill_chunk=n - 1), decode=Decode(max_new_tokens=3), recording=recording
+        )
+        packed_step(lm, [late])  # its first n - 1 prompt tokens
+        packed_step(lm, [*runs, late])  # its last prompt token alone, beside two decoding sequences
+        while not late.done:
+            packed_step(lm, [late])
+        whole = Generation(lm, prompt, feed=Feed(chat=True), decode=Decode(max_new_tokens=3), recording=recording)
+        while not whole.done:
+            packed_step(lm, [whole])
+    a, b = late.finish(), whole.finish()
+    assert a.token_ids == b.token_ids
+    for name in ("window_rows", "prefill_map", "colsum"):
+        np.testing.assert_allclose(getattr(a, name).astype(np.float32), getattr(b, name).astype(np.float32), atol=2e-3)
