@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from kvviz import openmp
 from kvviz.commands.common import add_placement_args, placement
 from kvviz.models import ModelLoadError, load_model, resolve_spec
 from kvviz.process_memory import freeze_startup
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             **launch_options,
         )
         freeze_startup()  # the start-up's objects out of every later full collection (see there)
+        openmp.release()  # this thread computes no more: its OpenMP workers would slow the engine's (see there)
         while demo.is_running:  # until SIGTERM or Ctrl-C raises KeyboardInterrupt here
             time.sleep(0.1)
     except ModelLoadError as exc:

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from kvviz import openmp
 from kvviz.cancel import Cancel
 from kvviz.capture.attention_fn import Held
 from kvviz.capture.generation import Generation
@@ -127,6 +128,7 @@ class Engine:
         ``keep_turn``: a chat turn — once it ends, the prefix store keeps its prompt's and answer's blocks
         for the next turn (``Trace.turn_cached_tokens`` says how many it reused)."""
         gen, token = Generation(self.lm, prompt, **options(**kwargs)), Cancel.of(cancel)
+        openmp.release()  # the caller hands its model work over: its OpenMP workers would slow the engine's
         key = (*self._key(gen, owner), bool(keep_turn))
         with self._cond:
             if self._closed:
@@ -193,6 +195,7 @@ class Engine:
             self._advance(self._admit())
             if self._idle():
                 self._capture.release()  # (a step whose runs all ended before its forward held it still)
+                openmp.release()  # no OpenMP workers held while idle: a solo run in another thread gets full speed
                 release_when_idle(self._idle)  # the room's freed caches go back to the OS once the engine stays idle
         self._capture.release()
         closing = RuntimeError("The server is shutting down; the run was ended.")

@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 import gradio as gr
 
+from kvviz import openmp
 from kvviz.admission import Lease
 from kvviz.capture.model_io import encode_prompt
 from kvviz.limits import GPU_LEASE_CEILING_S, check_prompt_length, job_cost, lease_seconds, prompt_limit
@@ -85,13 +86,17 @@ class ModelJob(Generic[R]):
                 return self.run(job)
         finally:
             job.close()
+            openmp.release()  # a handler's thread computes no more: its OpenMP workers would slow the engine's
 
     def _stream(self, job: Job[R]) -> Iterator:
         try:
             with user_errors(self.failed or self.what.capitalize()):
-                yield from self.run(job)
+                for item in self.run(job):
+                    openmp.release()  # Gradio runs each step in a worker thread of its pool: hand back its workers
+                    yield item
         finally:
             job.close()
+            openmp.release()
 
     def with_(self, **changes) -> ModelJob[R]:
         """The same job with other parts (an endpoint's own check and run beside the tab's)."""
