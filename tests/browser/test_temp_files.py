@@ -26,6 +26,7 @@ def test_exports_live_in_the_temp_folder_and_are_removed_at_shutdown(browser_con
         box.press("Enter")
         tab.locator("#generate-btn").click()
         tab.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=120_000)
+        tab.locator("#gen-csv a[download='kvviz-steps.csv']").wait_for(timeout=30_000)  # written just after "Done"
         written = files_under(app.temp_dir)
         ours = [f for f in written if f.startswith("kvviz-")]
         # kvviz-<app>/<hashed session>/run-<id>/kvviz-steps.csv: per app, per session, per run

@@ -28,7 +28,7 @@ from kvviz.safety import temperature as checked_temperature
 from kvviz.safety import top_p as checked_top_p
 from kvviz.safety import whole_number
 from kvviz.ui.generate.chat import api_turn, chat_ids, history_of
-from kvviz.ui.generate.stream import STATUS_S, LiveRun, mark, replay_range
+from kvviz.ui.generate.stream import STATUS_S, LiveRun, finished, mark, replay_range
 from kvviz.ui.generate.views import Form, Frame, Views
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.identity import session_of
@@ -247,6 +247,7 @@ def stored(ctx: AppContext, views: Views, a: Ask, entry, request):
         live = _live(ctx, views, a, trace.token_ids[: trace.n_prompt], lambda _t: write_files(files, folder))
         snap = Snapshot(item=trace, mark=None, progress=None, items=1, done=True)
         yield _shown(live, snap, f" · {origin(entry)}")
+        yield live.files(trace)
 
 
 def tab_job(views: Views) -> ModelJob[Ask]:
@@ -296,8 +297,11 @@ def streamed(job: Job[Ask], views: Views):
 
         # the model runs in its own thread and releases the slot there when it has stopped; this generator
         # only renders the latest state at the page's pace
+        snap = None
         for snap in job.background(work, mark=mark, name="kvviz-generate").snapshots(STATUS_S):
             yield _shown(live, snap, job.timeout_note())
+        if snap is not None and finished(snap):
+            yield live.files(snap.item)  # after the end is on the page (see kvviz.ui.generate.stream)
     finally:
         if mine and entry is not None and entry.state == "running":
             ctx.store.fail(entry)

@@ -86,8 +86,8 @@ def build(ctx: AppContext):
     check = gr.Markdown(elem_id="equivalence")
     waste = gr.Markdown(elem_id="waste")
     with gr.Row():
-        npz = gr.File(label="Trace (.npz)", interactive=False)
-        csv = gr.File(label="Steps (.csv)", interactive=False)
+        npz = gr.File(label="Trace (.npz)", interactive=False, elem_id="gen-npz")
+        csv = gr.File(label="Steps (.csv)", interactive=False, elem_id="gen-csv")
     views = Views(w, ctx.trace_state, status, tokens, answer, check, waste, npz, csv, step, **charts)
     example.change(
         lambda name: (ex[name][0], ex[name][1]), example, [w["prompt"], w["chat"]], queue=False, api_name=False
@@ -103,16 +103,16 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
     ctx.planners["generate.button"] = lambda values: generate_run.plan(ctx, values)
     # bad input (and a refusal) is answered by a quick step with no outputs, so its message is a toast; the
     # previous run's results are then cleared (the session's trace stays for the other tabs), so they never sit
-    # under the refused settings. The run step takes its place in the room when it starts. Its progress
-    # shows on the status line only: Gradio's full progress pulses every output while a run streams, and on a
-    # small machine those animations take CPU from the model
+    # under the refused settings. The run step takes its place in the room when it starts. Its progress is the
+    # status line's own text (its place in the room, the prefill, the tokens, the check): Gradio's progress
+    # tracker adds nothing to it, and its timer redraws the page every frame while a run streams, CPU that a
+    # browser on the server's own cores (a laptop, a lecture machine) takes from the model (bench/page_speed.py)
     checked, event = generate_run.tab_job(views).button(
         ctx,
         go_btn,
         set(views.inputs.values()),
         views.outputs(),
-        show_progress="minimal",
-        show_progress_on=[views.status],
+        show_progress="hidden",
     )
     clear_on_refusal(checked, views.shown())  # only the check's refusal: a run ended by Stop keeps its results
 

@@ -69,3 +69,13 @@ def test_no_server_event_reads_or_writes_a_tab_bar_or_a_tab(app):
         if isinstance(c, (gr.Tabs, gr.Tab))
     ]
     assert bad == [], bad
+
+
+def test_a_generate_run_streams_without_gradio_s_progress_timer(app):
+    """The run's status line says where it is (its place in the room, the prefill, the tokens, the check); Gradio's
+    progress tracker beside it redrew the page every frame for the whole run, CPU a browser on the server's own
+    cores took from the model (200 tokens in 10.75 s against 10.28 s, ``bench/page_speed.py``'s page run, interleaved)."""
+    _, demo = app
+    status = next(c for c in demo.blocks.values() if getattr(c, "elem_id", None) == "gen-status")
+    runs = [f for f in demo.fns.values() if f.fn is not None and status in f.outputs and len(f.outputs) > 5]
+    assert runs and all(f.show_progress == "hidden" for f in runs), [(f.name, f.show_progress) for f in runs]
