@@ -27,6 +27,7 @@ from typing import Any
 
 import gradio as gr
 
+from kvviz import openmp
 from kvviz.admission import Refused
 from kvviz.demo_files import DemoFiles, NotStorable, Unreadable, code_version
 from kvviz.demo_store import Compute, Entry
@@ -277,7 +278,7 @@ def memo_listener(ctx: AppContext, fn: Callable) -> Callable:
     kept: dict[tuple, Any] = {}
     lock = threading.Lock()
 
-    def listener(*args):
+    def drawn(*args):
         trace = args[0] if args else None
         if trace is None or not ctx.store.is_shared(trace):
             return fn(*args)
@@ -291,6 +292,12 @@ def memo_listener(ctx: AppContext, fn: Callable) -> Callable:
                 kept.clear()
             kept[key] = out
         return out
+
+    def listener(*args):
+        try:
+            return drawn(*args)
+        finally:  # a worker thread of Gradio's pool drew it: its OpenMP workers would slow the engine (kvviz.openmp)
+            openmp.release()
 
     listener.__name__ = getattr(fn, "__name__", "listener")
     return listener

@@ -6,6 +6,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from kvviz.admission import Gate
 from kvviz.demo_store import DemoStore
 from kvviz.ui.serving import precompute
@@ -94,6 +96,23 @@ def test_views_of_a_shared_trace_are_drawn_once_and_others_every_time():
     listener(own, 3)
     listener(own, 3)
     assert calls[-2:] == [(own, 3), (own, 3)]  # a session's own trace is never kept
+
+
+def test_a_view_drawn_hands_its_threads_openmp_workers_back(monkeypatch):
+    """Views draw in Gradio's worker threads, which live on: a pool kept there slows the engine (kvviz.openmp)."""
+    from kvviz import openmp
+
+    ctx, released = fake_ctx(), []
+    monkeypatch.setattr(openmp, "release", lambda: released.append(True) or True)
+
+    def failing(trace):
+        raise ValueError("no view")
+
+    listener = precompute.memo_listener(ctx, lambda trace: f"{trace}!")
+    assert listener("own-trace") == "own-trace!" and released == [True]
+    with pytest.raises(ValueError):
+        precompute.memo_listener(ctx, failing)("own-trace")
+    assert released == [True, True]
 
 
 def test_warm_runs_the_generate_example_once_unless_turned_off(caplog):
