@@ -1,24 +1,23 @@
 """The engine that serves a room: one thread, one model, every waiting run decoded together.
 
-Callers :meth:`Engine.submit` a run and get a :class:`Handle` (its growing Trace, its progress, its
-end). The engine's thread loops over steps; at each step boundary it admits waiting runs into the
-batch (continuous batching, at most ``max_batch`` runs), builds one packed forward
-(:mod:`kvviz.capture.packed`) of every running sequence's next feed — one token per decoding run, a
-prompt chunk per prefilling run, at most ``token_budget`` tokens in all — and hands each sequence its
-logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run); the step's
-linear layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves the batch when it ends
-or every caller following it has cancelled; runs that asked for the equivalence check are recomputed
-together (:mod:`kvviz.capture.verify`), when :meth:`Engine._check_due` says.
+Callers :meth:`Engine.submit` a run and get a :class:`Handle` (its growing Trace, its progress, its end). The engine's
+thread loops over steps; at each step boundary it admits waiting runs into the batch (continuous batching, at most
+``max_batch`` runs), builds one packed forward (:mod:`kvviz.capture.packed`) of every running sequence's next feed —
+one token per decoding run, a prompt chunk per prefilling run, at most ``token_budget`` tokens in all — and hands each
+sequence its logits (:class:`~kvviz.capture.generation.Generation` does the rest, as in a solo run); the step's linear
+layers take the few-rows route (:mod:`kvviz.engine.few_rows`). A run leaves the batch when it ends or every caller
+following it has cancelled; runs that asked for the equivalence check are recomputed together
+(:mod:`kvviz.capture.verify`), when :meth:`Engine._check_due` says.
 
-An idle engine may gather before its first step (``KVVIZ_GATHER_MS``): a room pressing Generate together
-reaches the server over a second, and a step, once begun, admits no one until it ends. The first run then
-waits until no new run has come for ``gather_s`` seconds (at most ``gather_max_s``, or until the batch is full).
+An idle engine may gather before its first step (``KVVIZ_GATHER_MS``): a room pressing Generate together reaches the
+server over a second, and a step, once begun, admits no one until it ends. The first run then waits until no new run
+has come for ``gather_s`` seconds (at most ``gather_max_s``, or until the batch is full).
 
-Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute
-equal Traces) share one run; a finished run is kept for a while so a late duplicate gets it at once.
-Prompts start from the :class:`~kvviz.engine.prefix.PrefixStore`'s longest cached prefix; a new run
-whose leading blocks another run is computing in the same step (a cold room's shared system prompt)
-waits for them to be stored, a step, instead of computing them again.
+Identical requests (same prompt ids and settings: every run is seeded, so equal requests compute equal Traces) share
+one run; a finished run is kept for a while so a late duplicate gets it at once. Prompts start from the
+:class:`~kvviz.engine.prefix.PrefixStore`'s longest cached prefix; a new run whose leading blocks another run is
+computing in the same step (a cold room's shared system prompt) waits for them to be stored, a step, instead of
+computing them again.
 
 Models that cannot be packed (sliding windows, MLA, legacy attention) go through it one forward per run a step.
 """
@@ -81,10 +80,8 @@ class Engine:
     ):
         if max_batch < 1 or token_budget < 1:
             raise ValueError("max_batch and token_budget must be at least 1.")
-        if check_wait_s < 0:
-            raise ValueError("check_wait_s must not be negative.")
-        if gather_s < 0 or gather_max_s < 0:
-            raise ValueError("gather_s and gather_max_s must not be negative.")
+        if check_wait_s < 0 or gather_s < 0 or gather_max_s < 0:
+            raise ValueError("check_wait_s, gather_s and gather_max_s must not be negative.")
         self.gather_s, self.gather_max_s = gather_s, gather_max_s
         self._last_new = 0.0  # when the latest run that needs its own computation was submitted
         self.lm, self.max_batch, self.token_budget = lm, max_batch, token_budget

@@ -207,3 +207,25 @@ def test_a_click_checks_its_inputs_once_and_hands_the_request_to_the_run(ctx):
     assert then.fn(None, request) == "HI" and calls == ["hi"]
     with pytest.raises(gr.Error, match="not checked"):
         then.fn(None, None)
+
+
+def test_a_model_job_hands_its_threads_openmp_workers_back_after_each_step(ctx, monkeypatch):
+    """Gradio runs each step in one of its long-lived worker threads: a pool kept there would put the engine's thread
+    on libgomp's throttled spin (kvviz.openmp), so the wrapper hands it back after each step and at the end."""
+    from kvviz import openmp
+
+    seen, released = [], []
+    monkeypatch.setattr(openmp, "release", lambda: released.append(len(seen)) or True)
+
+    def steps(job):
+        for i in range(2):
+            seen.append(i)
+            yield i
+
+    size = lambda r: model_job.Size(1, 1)  # noqa: E731
+    stream = model_job.ModelJob("echo", check=lambda ctx, text: text, run=steps, size=size)
+    assert list(stream(ctx, "x")) == [0, 1]
+    assert released == [1, 2, 2]  # after each step it computed, and once more as it ends
+    released.clear()
+    plain = model_job.ModelJob("echo", check=lambda ctx, text: text, run=lambda job: "done", size=size)
+    assert plain(ctx, "x") == "done" and released == [2]
