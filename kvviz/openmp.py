@@ -6,9 +6,9 @@ idle workers spin a few milliseconds before sleeping, so the next region starts 
 pools of all threads together hold more threads than the process has CPUs, libgomp spins a hundred
 rounds instead (its "throttled" spin): every region then waits for its workers to wake from a futex.
 A token's forward opens hundreds of small regions, so a model driven from one thread while another
-thread's pool merely exists ran at about 0.6× the speed of the same work in the main thread: on the
-2-core machine a 200-token capture took 13 s in a thread against 7.5 s (the server's engine is a
-thread, and the main thread keeps the pool it loaded the model with).
+thread's pool merely exists runs far slower than the same work alone (docs/performance.md has the
+figures) — and the server's engine is a thread, while the main thread keeps the pool it loaded the
+model with.
 
 :func:`release` hands the calling thread's pool back (``omp_pause_resource_all``: the workers exit; the
 next parallel region builds a new pool, a thread start). Threads call it when they stop computing: the
