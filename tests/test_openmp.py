@@ -14,7 +14,8 @@ from kvviz import openmp
 from kvviz.engine.engine import Engine
 
 needs_pools = pytest.mark.skipif(
-    not openmp.available() or torch.get_num_threads() < 2, reason="libgomp pools exist with 2+ intra-op threads only"
+    not openmp.available() or torch.get_num_threads() < 2,
+    reason="no OpenMP pool to hand back: this torch is not built on GNU OpenMP (libgomp), or computes on one thread",
 )
 
 
