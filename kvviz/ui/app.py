@@ -10,7 +10,7 @@ from kvviz.ui.blocks import tab as blocks
 from kvviz.ui.eviction import tab as eviction
 from kvviz.ui.generate import tab as generate
 from kvviz.ui.memory import tab as memory
-from kvviz.ui.page import deeplinks, first_sight, plotly_preload, present, tab_switch, toasts
+from kvviz.ui.page import deeplinks, first_sight, plotly_preload, present, status_timer, tab_switch, toasts
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.identity import McpCallers
@@ -107,7 +107,8 @@ def serve(demo: gr.Blocks, settings, ctx: AppContext | None = None) -> dict:
 
     Uploads stop at the largest file the app reads (a config.json, ``KVVIZ_MAX_CONFIG_BYTES``): Gradio refuses a
     bigger one while it streams in, instead of keeping it an hour. Each MCP request carries a signed note of its
-    caller, so MCP clients are sessions of their own (``kvviz/ui/serving/identity.py``).
+    caller, so MCP clients are sessions of their own (``kvviz/ui/serving/identity.py``). The page's HTML starts with
+    the script that keeps Gradio's status timers off the browser's frames (``kvviz/ui/page/status_timer.py``).
     """
     jobs = settings.queue_size + settings.concurrency + settings.room_size
     demo.queue(max_size=jobs + 16, default_concurrency_limit=settings.concurrency)
@@ -115,7 +116,8 @@ def serve(demo: gr.Blocks, settings, ctx: AppContext | None = None) -> dict:
     queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_S)
     queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, QUEUE_POLL_S)
     callers = Middleware(McpCallers, proxy_hops=settings.proxy_hops)
-    app_kwargs: dict = {"middleware": [callers], **({} if ctx is None else {"routes": routes(ctx)})}
+    middleware = [callers, Middleware(status_timer.FirstScript)]
+    app_kwargs: dict = {"middleware": middleware, **({} if ctx is None else {"routes": routes(ctx)})}
     return {"max_threads": jobs + 32, "max_file_size": settings.max_config_bytes, "app_kwargs": app_kwargs}
 
 
