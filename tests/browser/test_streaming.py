@@ -20,6 +20,19 @@ WATCH_STATUS = """() => {
 }"""
 
 
+# the cache-growth chart every 250 ms: its plotly element (numbered as first seen) and its number of points
+WATCH_GROWTH = """() => {
+  window.__growthLog = [];
+  let seen = 0;
+  setInterval(() => {
+    const chart = document.querySelector('#cache-growth .js-plotly-plot');
+    if (!chart || !chart.data) return;
+    chart.__kvvizSeen ??= ++seen;
+    window.__growthLog.push([chart.__kvvizSeen, chart.data[0].x.length]);
+  }, 250);
+}"""
+
+
 def test_a_200_token_run_streams_and_ends_with_every_chip(browser_context, inprocess_app, screenshot):
     tab = browser_context.new_page()
     try:
@@ -32,6 +45,7 @@ def test_a_200_token_run_streams_and_ends_with_every_chip(browser_context, inpro
         box.fill(str(N_NEW))
         box.press("Enter")
         tab.evaluate(WATCH_STATUS)
+        tab.evaluate(WATCH_GROWTH)
         tab.locator("#generate-btn").click()
         tab.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=600_000)
 
@@ -45,6 +59,14 @@ def test_a_200_token_run_streams_and_ends_with_every_chip(browser_context, inpro
         n_prompt = len(encode_prompt(inprocess_app.ctx.lm, PROMPT, chat=False))
         assert tab.locator("#token-stream .token-container").count() == n_prompt + N_NEW
         assert tab.locator("#cache-growth .js-plotly-plot .scatterlayer .trace").count() >= 1
+        # the chart grew while the run streamed, redrawn in place: one plotly element showed several lengths
+        # (a gr.Plot given each new figure builds a new element every time), and the run ends with every step
+        growth = tab.evaluate("() => window.__growthLog")
+        lengths: dict[int, set[int]] = {}
+        for element, n in growth:
+            lengths.setdefault(element, set()).add(n)
+        assert max(len(ns) for ns in lengths.values()) >= 2, f"no chart was redrawn in place: {growth}"
+        assert growth[-1][1] == N_NEW, growth[-5:]
         assert "equals" in tab.locator("#equivalence").inner_text()
         screenshot(tab, "streamed_200_tokens")
     finally:

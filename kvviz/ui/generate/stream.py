@@ -2,11 +2,13 @@
 
 The model runs in a worker (:class:`kvviz.ui.serving.streaming.Background`); :class:`LiveRun` turns the snapshots
 it hands the handler into updates of the tab's views. The status line, the chips and the text go out every
-:data:`STATUS_S` seconds; the plotly charts, the costliest to build, send and redraw, every :data:`FIGURES_S`;
-everything once at the end, and the export files just after it (:meth:`LiveRun.files`: writing the compressed
-``.npz`` is the end's slowest part, which "Done" and the final charts need not wait for). Gradio sends a streamed
-output as a diff of its previous value, so the chips cost one new entry per token on the wire, and the charts draw
-at most :data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update never costs more as the run grows.
+:data:`STATUS_S` seconds; the plotly charts, the costliest to build, send and redraw, every :data:`FIGURES_S`
+(a run's first through the ``gr.Plot`` components, the ones in between redrawn in place on the page by
+:mod:`kvviz.ui.page.plot_redraw`, since a ``gr.Plot`` builds its chart anew for each value); everything once at
+the end, and the export files just after it (:meth:`LiveRun.files`: writing the compressed ``.npz`` is the end's
+slowest part, which "Done" and the final charts need not wait for). Gradio sends a streamed output as a diff of
+its previous value, so the chips cost one new entry per token on the wire, and the charts draw at most
+:data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update never costs more as the run grows.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kvviz.capture.trace import Trace
 from kvviz.figures import generate as fig
 from kvviz.lessons.waste import forward_passes
 from kvviz.ui.generate.views import Frame, Views
+from kvviz.ui.page import plot_redraw
 from kvviz.ui.serving.streaming import Snapshot
 from kvviz.units import format_bytes, plural
 
@@ -156,8 +159,12 @@ class LiveRun:
         }
         now = time.monotonic()
         if final or (now - self._figures_at >= FIGURES_S and len(trace.steps) != self._figures_steps):
+            figures = {plot: draw(trace, self.frame) for plot, draw in v.charts().items()}
+            if snap.done or self._figures_steps < 0:  # the run's first and last through the plots themselves
+                out.update(figures)
+            else:  # the ones in between redrawn in place
+                out[v.redraw] = plot_redraw.payload(figures)
             self._figures_at, self._figures_steps = now, len(trace.steps)
-            out.update({plot: draw(trace, self.frame) for plot, draw in v.charts().items()})
         if final:
             out[v.trace] = trace
         elif not self._cleared:  # the previous run's files go with its first update

@@ -25,6 +25,7 @@ from kvviz.ui.generate.run import (  # noqa: F401  (re-exported: where tests and
     validate_request,
 )
 from kvviz.ui.generate.views import Form, Views, chart_plots
+from kvviz.ui.page import plot_redraw
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import clear_on_refusal, typed_slider
 from kvviz.ui.serving.context import AppContext
@@ -88,7 +89,8 @@ def build(ctx: AppContext):
     with gr.Row():
         npz = gr.File(label="Trace (.npz)", interactive=False, elem_id="gen-npz")
         csv = gr.File(label="Steps (.csv)", interactive=False, elem_id="gen-csv")
-    views = Views(w, ctx.trace_state, status, tokens, answer, check, waste, npz, csv, step, **charts)
+    redraw = plot_redraw.redraw_box("gen-redraw")
+    views = Views(w, ctx.trace_state, status, tokens, answer, check, waste, npz, csv, step, redraw, **charts)
     example.change(
         lambda name: (ex[name][0], ex[name][1]), example, [w["prompt"], w["chat"]], queue=False, api_name=False
     )

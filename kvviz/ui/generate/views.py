@@ -74,6 +74,7 @@ class Views:
     npz: Component
     csv: Component
     step: Component  # the replay slider
+    redraw: Component  # the hidden box a run's in-between charts go through (kvviz/ui/page/plot_redraw.py)
     # the run's charts, side by side in this order
     growth: Component = chart("Cache growth", "cache-growth", lambda trace, frame: fig.cache_growth(trace))
     gauge: Component = chart(
@@ -98,7 +99,7 @@ class Views:
 
     def outputs(self) -> list[Component]:
         """Every component a run may write."""
-        return [self.trace, *self.shown(), self.step]
+        return [self.trace, *self.shown(), self.step, self.redraw]
 
 
 def chart_plots() -> dict[str, Component]:

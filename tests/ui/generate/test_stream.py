@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 
 import gradio as gr
@@ -17,7 +18,7 @@ from kvviz.ui.serving.streaming import Snapshot
 @pytest.fixture(scope="module")
 def views():
     """The tab's views, one plain component per field (none rendered): a run's updates are keyed by them."""
-    return Views(inputs={}, **{f.name: gr.Markdown() for f in fields(Views) if f.name != "inputs"})
+    return Views(inputs={}, **{f.name: gr.Markdown(elem_id=f"v-{f.name}") for f in fields(Views) if f.name != "inputs"})
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +77,14 @@ def test_charts_are_drawn_less_often_than_the_status(live, trace, views, monkeyp
     assert soon[views.status].startswith("Generating: 3 tokens") and not set(views.charts()) & set(soon)
     clock[0] += gs.FIGURES_S
     later = live.outputs(running(trace, 4))
-    assert len(later[views.growth].data[0].x) == 4
     assert views.trace not in later and live.exported == []
+    # after the run's first, the charts are redrawn in place (a gr.Plot would build its chart anew): every chart,
+    # by its page id, in the hidden box, and no new value for the plots themselves
+    assert not set(views.charts()) & set(later)
+    drawn = {c["id"]: json.loads(c["figure"]) for c in json.loads(later[views.redraw])}
+    assert set(drawn) == {plot.elem_id for plot in views.charts()}
+    assert len(drawn[views.growth.elem_id]["data"][0]["x"]) == 4
+    assert "room for 123,456 cached tokens" in drawn[views.gauge.elem_id]["layout"]["title"]["text"]
     assert first[views.npz] is None and views.npz not in later, "the previous run's files cleared once, at the start"
 
 
@@ -85,7 +92,7 @@ def test_the_end_sends_everything_once_and_the_files_after_it(live, trace, views
     out = live.outputs(Snapshot(trace, (6, trace.text), Progress("verify", 1, 2), 7, True))
     assert out[views.trace] is trace and out[views.status].startswith("Done: 6 tokens")
     assert "stop: max_new_tokens" in out[views.status] and "equals" in out[views.check]
-    assert set(views.charts()) <= set(out)
+    assert set(views.charts()) <= set(out) and views.redraw not in out  # the last through the plots: their value
     # "Done" does not wait for the export: the files are written for an update of their own
     assert live.exported == []
     assert live.files(trace) == {views.npz: "trace.npz", views.csv: "steps.csv"} and live.exported == [trace]
