@@ -2,13 +2,14 @@
 
 The model runs in a worker (:class:`kvviz.ui.serving.streaming.Background`); :class:`LiveRun` turns the snapshots
 it hands the handler into updates of the tab's views. The status line, the chips and the text go out every
-:data:`STATUS_S` seconds; the plotly charts, the costliest to build, send and redraw, every :data:`FIGURES_S`
-(a run's first through the ``gr.Plot`` components, the ones in between redrawn in place on the page by
-:mod:`kvviz.ui.page.plot_redraw`, since a ``gr.Plot`` builds its chart anew for each value); everything once at
-the end, and the export files just after it (:meth:`LiveRun.files`: writing the compressed ``.npz`` is the end's
-slowest part, which "Done" and the final charts need not wait for). Gradio sends a streamed output as a diff of
-its previous value, so the chips cost one new entry per token on the wire, and the charts draw at most
-:data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update never costs more as the run grows.
+:data:`STATUS_S` seconds; the plotly charts, the costliest to build, send and redraw, and the waste counter's long
+paragraph every :data:`FIGURES_S` (a run's first charts through the ``gr.Plot`` components, the ones in between
+redrawn in place on the page by :mod:`kvviz.ui.page.plot_redraw`, since a ``gr.Plot`` builds its chart anew for
+each value); everything once at the end, and the export files just after it (:meth:`LiveRun.files`: writing the
+compressed ``.npz`` is the end's slowest part, which "Done" and the final charts need not wait for). Gradio sends a
+streamed output as a diff of its previous value, so the chips cost one new entry per token on the wire, and the
+charts draw at most :data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update never costs more as the run
+grows.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from kvviz.ui.serving.streaming import Snapshot
 from kvviz.units import format_bytes, plural
 
 STATUS_S = 0.5  # status line, chips and text at most this often while streaming
-FIGURES_S = 2.0  # the cache-growth chart and the memory gauge at most this often
+FIGURES_S = 2.0  # the cache-growth chart, the memory gauge and the waste counter at most this often
 PENDING_CHECK = "Cached vs full recompute: checked when generation ends."
 
 
@@ -150,15 +151,11 @@ class LiveRun:
                 status += (
                     f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"
                 )
-        out: dict[Component, Any] = {
-            v.status: status,
-            v.tokens: fig.token_spans(trace),
-            v.answer: trace.text,
-            v.check: fig.equivalence_text(trace) if final else PENDING_CHECK,
-            v.waste: waste_text(trace),
-        }
+        out: dict[Component, Any] = {v.status: status, v.tokens: fig.token_spans(trace), v.answer: trace.text}
         now = time.monotonic()
         if final or (now - self._figures_at >= FIGURES_S and len(trace.steps) != self._figures_steps):
+            out[v.check] = fig.equivalence_text(trace) if final else PENDING_CHECK
+            out[v.waste] = waste_text(trace)  # a long Markdown paragraph: rendered as seldom as a chart
             figures = {plot: draw(trace, self.frame) for plot, draw in v.charts().items()}
             if snap.done or self._figures_steps < 0:  # the run's first and last through the plots themselves
                 out.update(figures)

@@ -75,6 +75,8 @@ def test_charts_are_drawn_less_often_than_the_status(live, trace, views, monkeyp
     clock[0] += gs.FIGURES_S / 2
     soon = live.outputs(running(trace, 3))
     assert soon[views.status].startswith("Generating: 3 tokens") and not set(views.charts()) & set(soon)
+    assert views.waste not in soon and views.check not in soon  # long paragraphs go with the charts
+    assert "with the cache **5**" in first[views.waste] and first[views.check] == gs.PENDING_CHECK
     clock[0] += gs.FIGURES_S
     later = live.outputs(running(trace, 4))
     assert views.trace not in later and live.exported == []
