@@ -20,6 +20,7 @@ CAPTIONS = {
 }
 
 
+PREFILL_LABEL_ABOVE = 0.5  # the prefill's label above its point when the point is below this share of the top
 GROWTH_POINTS = 256  # at most this many steps drawn: the line is straight, and a redraw never grows with the run
 _SHOWN = {"\n": "↵", "\t": "⇥", " ": "␣", "\r": "␍"}
 
@@ -50,13 +51,16 @@ def cache_growth(trace: Trace, max_points: int = GROWTH_POINTS, upto: int | None
         )
     )
     if steps:
-        fig.add_annotation(
-            x=0, y=y[0], text=f"prefill: {plural(trace.n_prompt, 'token')}", showarrow=True, ax=50, ay=25
-        )
+        # the label where the chart is empty, starting right of the point: just above the axis under a line that
+        # starts low (under the point were the step axis's numbers, left of it the size axis's), below a line
+        # that starts high (a long prompt's prefill, then a short rise)
+        top = max(s.cache_bytes for s in every) / 2**20  # the y axis's top (a replay's too: the full run's)
+        low = y[0] < PREFILL_LABEL_ABOVE * top
+        label = f"prefill: {plural(trace.n_prompt, 'token')}"
+        fig.add_annotation(x=0, y=y[0], text=label, showarrow=True, ax=40, ay=-14 if low else 35, xanchor="left")
     fig.update_xaxes(rangemode="tozero")
     title = "KV cache size per step"
     if upto is not None and steps:
-        top = max(s.cache_bytes for s in every) / 2**20
         fig.update_xaxes(range=[-0.5, max(1, len(every) - 1) + 0.5])
         fig.update_yaxes(range=[0, top * 1.08])
         title = f"KV cache after step {x[-1]}: {steps[-1].cache_lens[0]} tokens in layer 0"

@@ -24,6 +24,19 @@ def test_cache_growth_plots_measured_bytes(trace):
     assert "30 layers" in f.data[0].customdata[0]  # per-layer breakdown on hover
 
 
+def test_the_prefill_label_sits_where_the_chart_is_empty(trace):
+    """Right of the first point, above the axis when the point is low (under it, the label covered the step axis's
+    numbers), below it when the point is high."""
+    (label,) = fig.cache_growth(trace).layout.annotations
+    assert label.text == f"prefill: {trace.n_prompt} tokens" and label.x == 0 and label.xanchor == "left"
+    low = trace.steps[0].cache_bytes < fig.PREFILL_LABEL_ABOVE * max(s.cache_bytes for s in trace.steps)
+    assert (label.ay < 0) == low  # plotly's ay: pixels down from the point
+    short = copy.copy(trace)
+    short.steps = trace.steps[:1]  # a run's first snapshot: the prefill is the top of the chart
+    assert fig.cache_growth(short).layout.annotations[0].ay > 0
+    assert fig.cache_growth(trace, upto=0).layout.annotations[0].ay == label.ay  # a replay: the full run's axis
+
+
 def test_cache_growth_replays_up_to_a_step_on_the_full_runs_axes(trace):
     f = fig.cache_growth(trace, upto=2)
     assert list(f.data[0].x) == [0, 1, 2]
