@@ -153,7 +153,7 @@ class LiveRun:
                 )
         out: dict[Component, Any] = {v.status: status, v.tokens: fig.token_spans(trace), v.answer: trace.text}
         now = time.monotonic()
-        if final or (now - self._figures_at >= FIGURES_S and len(trace.steps) != self._figures_steps):
+        if snap.done or (now - self._figures_at >= FIGURES_S and len(trace.steps) != self._figures_steps):
             out[v.check] = fig.equivalence_text(trace) if final else PENDING_CHECK
             out[v.waste] = waste_text(trace)  # a long Markdown paragraph: rendered as seldom as a chart
             figures = {plot: draw(trace, self.frame) for plot, draw in v.charts().items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import fields
 
@@ -88,6 +89,17 @@ def test_charts_are_drawn_less_often_than_the_status(live, trace, views, monkeyp
     assert len(drawn[views.growth.elem_id]["data"][0]["x"]) == 4
     assert "room for 123,456 cached tokens" in drawn[views.gauge.elem_id]["layout"]["title"]["text"]
     assert first[views.npz] is None and views.npz not in later, "the previous run's files cleared once, at the start"
+
+
+def test_a_stopped_run_ends_with_its_charts_in_the_plots(live, trace, views, monkeypatch):
+    """Stopped within FIGURES_S of the last redraw: the plots still get the run's last charts (their value, not
+    only what the page redrew in place)."""
+    monkeypatch.setattr(gs.time, "monotonic", lambda: 100.0)
+    live.outputs(running(trace, 2))
+    stopped = copy.copy(trace)
+    stopped.colsum = None  # cut off before its end: no arrays
+    out = live.outputs(Snapshot(stopped, (3, "partial"), None, 3, True))
+    assert set(views.charts()) <= set(out) and views.redraw not in out and views.trace not in out
 
 
 def test_the_end_sends_everything_once_and_the_files_after_it(live, trace, views):
