@@ -42,14 +42,18 @@ PAGE_PATH = "/"  # Gradio's page (kvviz has one); every other route's answer pas
 
 class FirstScript:
     """ASGI middleware: the page's HTML (``GET /``) carries ``script`` as the first child of its ``<head>``, so it
-    runs before any of Gradio's own scripts. Any other answer, or a page without a ``<head>``, passes as it is."""
+    runs before any of Gradio's own scripts (``HEAD /`` says the same length). Any other answer, or a page without
+    a ``<head>``, passes as it is."""
 
     def __init__(self, app: ASGIApp, script: str = STATUS_TIMER_JS):
         self.app, self.tag = app, f"<script>{script}</script>".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "GET" or scope.get("path") != PAGE_PATH:
+        if scope["type"] != "http" or scope.get("method") not in ("GET", "HEAD") or scope.get("path") != PAGE_PATH:
             await self.app(scope, receive, send)
+            return
+        if scope["method"] == "HEAD":
+            await self.app(scope, receive, self._longer(send))
             return
         start: Message | None = None
         body: list[bytes] = []
@@ -71,6 +75,20 @@ class FirstScript:
             await send({"type": "http.response.body", "body": page})
 
         await self.app(scope, receive, edit)
+
+    def _longer(self, send: Send) -> Send:
+        """``send`` with the page's length grown by the script's: a HEAD answer has the headers a GET's has."""
+
+        async def longer(message: Message) -> None:
+            if message["type"] == "http.response.start" and _plain_html(message):
+                headers = [
+                    (k, str(int(v) + len(self.tag)).encode() if k.lower() == b"content-length" else v)
+                    for k, v in message["headers"]
+                ]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return longer
 
 
 def _plain_html(start: Message) -> bool:

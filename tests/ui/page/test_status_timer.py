@@ -44,7 +44,9 @@ def test_gradios_page_runs_the_script_before_its_own_scripts(gradio_url):
 def test_every_other_answer_passes_untouched(gradio_url):
     config = httpx.get(gradio_url + "config", timeout=30)
     assert config.status_code == 200 and "kvvizStatusTimer" not in config.text
-    assert httpx.head(gradio_url, timeout=30).status_code == 200
+    head = httpx.head(gradio_url, timeout=30)
+    assert head.status_code == 200
+    assert int(head.headers["content-length"]) == len(httpx.get(gradio_url, timeout=30).content)  # the same page
 
 
 def test_an_html_answer_elsewhere_or_compressed_is_left_as_sent():
