@@ -10,7 +10,16 @@ from kvviz.ui.blocks import tab as blocks
 from kvviz.ui.eviction import tab as eviction
 from kvviz.ui.generate import tab as generate
 from kvviz.ui.memory import tab as memory
-from kvviz.ui.page import deeplinks, first_sight, plotly_preload, present, status_timer, tab_switch, toasts
+from kvviz.ui.page import (
+    deeplinks,
+    first_sight,
+    plotly_preload,
+    present,
+    quiet_events,
+    status_timer,
+    tab_switch,
+    toasts,
+)
 from kvviz.ui.serving import precompute
 from kvviz.ui.serving.context import AppContext
 from kvviz.ui.serving.identity import McpCallers
@@ -178,4 +187,5 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                     generate_event = tab_switch.open_after(generate_event, ctx.tabs, ctx.tab_box)
         present.install(ctx, demo)
         deeplinks.install(ctx, demo, links, {title: tab_id for title, tab_id, _ in TABS})
+    quiet_events.install(demo)  # last: every event is wired
     return demo
