@@ -45,7 +45,10 @@ def test_a_200_token_run_streams_and_ends_with_every_chip(browser_context, inpro
         box.fill(str(N_NEW))
         box.press("Enter")
         tab.evaluate(WATCH_STATUS)
+        # the page opens on a chart (blank, or the opening example's), seen before the click as element 1
+        tab.locator("#cache-growth .js-plotly-plot .main-svg").first.wait_for()
         tab.evaluate(WATCH_GROWTH)
+        tab.wait_for_function("() => window.__growthLog.length > 0")
         tab.locator("#generate-btn").click()
         tab.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=600_000)
 
@@ -61,11 +64,15 @@ def test_a_200_token_run_streams_and_ends_with_every_chip(browser_context, inpro
         assert tab.locator("#cache-growth .js-plotly-plot .scatterlayer .trace").count() >= 1
         # the chart grew while the run streamed, redrawn in place: one plotly element showed several lengths
         # (a gr.Plot given each new figure builds a new element every time), and the run ends with every step
+        # the last chart comes with "Done" as the plot's value: drawn a moment after the status says so
+        tab.wait_for_function(f"() => window.__growthLog.at(-1)[1] === {N_NEW}", timeout=10_000)
         growth = tab.evaluate("() => window.__growthLog")
         lengths: dict[int, set[int]] = {}
         for element, n in growth:
             lengths.setdefault(element, set()).add(n)
         assert max(len(ns) for ns in lengths.values()) >= 2, f"no chart was redrawn in place: {growth}"
+        # the run's first charts too: the chart the page opened on showed the run while it streamed
+        assert any(0 < n < N_NEW for n in lengths[1]), f"the run's charts were built anew, not redrawn: {growth}"
         assert growth[-1][1] == N_NEW, growth[-5:]
         assert "equals" in tab.locator("#equivalence").inner_text()
         screenshot(tab, "streamed_200_tokens")

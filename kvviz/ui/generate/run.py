@@ -219,10 +219,14 @@ def room_for_tokens(lm, budget_bytes: float | None, weight_bytes: int) -> int | 
     return max_context(layout, int(max(budget_bytes - weight_bytes, 0)), kv_dtype=bytes_per_element)
 
 
+def frame_of(ctx: AppContext, budget_name: str) -> Frame:
+    """The charts' constants for a run measured against the GPU budget ``budget_name`` (a gauge choice)."""
+    budget = GPU_BUDGETS.get(budget_name)
+    return Frame(ctx.info, budget_name.split(" (")[0], budget, room_for_tokens(ctx.lm, budget, ctx.info.weight_bytes))
+
+
 def _live(ctx: AppContext, views: Views, a: Ask, prompt_ids_: list[int], export) -> LiveRun:
-    budget = GPU_BUDGETS.get(a.budget_name)
-    room = room_for_tokens(ctx.lm, budget, ctx.info.weight_bytes)
-    frame = Frame(ctx.info, a.budget_name.split(" (")[0], budget, room)
+    frame = frame_of(ctx, a.budget_name)
     return LiveRun(views, frame, token_texts(ctx.lm.tokenizer, prompt_ids_), export=export)
 
 

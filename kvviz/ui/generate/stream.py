@@ -3,9 +3,9 @@
 The model runs in a worker (:class:`kvviz.ui.serving.streaming.Background`); :class:`LiveRun` turns the snapshots
 it hands the handler into updates of the tab's views. The status line, the chips and the text go out every
 :data:`STATUS_S` seconds; the plotly charts, the costliest to build, send and redraw, and the waste counter's long
-paragraph every :data:`FIGURES_S` (a run's first charts through the ``gr.Plot`` components, the ones in between
-redrawn in place on the page by :mod:`kvviz.ui.page.plot_redraw`, since a ``gr.Plot`` builds its chart anew for
-each value); everything once at the end, and the export files just after it (:meth:`LiveRun.files`: writing the
+paragraph every :data:`FIGURES_S` (redrawn in place on the charts the page opened on by
+:mod:`kvviz.ui.page.plot_redraw`, since a ``gr.Plot`` builds its chart anew for each value; the last ones through
+the ``gr.Plot`` components, whose value they become); everything once at the end, and the export files just after it (:meth:`LiveRun.files`: writing the
 compressed ``.npz`` is the end's slowest part, which "Done" and the final charts need not wait for). Gradio sends a
 streamed output as a diff of its previous value, so the chips cost one new entry per token on the wire, and the
 charts draw at most :data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update never costs more as the run
@@ -157,9 +157,9 @@ class LiveRun:
             out[v.check] = fig.equivalence_text(trace) if final else PENDING_CHECK
             out[v.waste] = waste_text(trace)  # a long Markdown paragraph: rendered as seldom as a chart
             figures = {plot: draw(trace, self.frame) for plot, draw in v.charts().items()}
-            if snap.done or self._figures_steps < 0:  # the run's first and last through the plots themselves
+            if snap.done:  # the run's last through the plots themselves: their value
                 out.update(figures)
-            else:  # the ones in between redrawn in place
+            else:  # the ones before it redrawn in place on the charts the page opened on
                 out[v.redraw] = plot_redraw.payload(figures)
             self._figures_at, self._figures_steps = now, len(trace.steps)
         if final:

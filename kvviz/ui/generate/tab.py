@@ -24,7 +24,7 @@ from kvviz.ui.generate.run import (  # noqa: F401  (re-exported: where tests and
     room_for_tokens,
     validate_request,
 )
-from kvviz.ui.generate.views import Form, Views, chart_plots
+from kvviz.ui.generate.views import Form, Views, blank_charts, chart_plots
 from kvviz.ui.page import plot_redraw
 from kvviz.ui.page.play import play_button
 from kvviz.ui.page.widgets import clear_on_refusal, typed_slider
@@ -80,7 +80,7 @@ def build(ctx: AppContext):
             with gr.Row(equal_height=True):
                 step = gr.Slider(0, 1, value=0, step=1, label="Replay: decode step (0 = prefill)", elem_id="gen-step")
                 play_button(step, "gen-play")
-        charts = chart_plots()
+        charts = chart_plots(blank_charts(generate_run.frame_of(ctx, f.budget)))
     chat_ui = generate_chat.build(ctx)
     w.update(multi=chat_ui["multi"], template=chat_ui["template"], conversation=chat_ui["state"])
     gr.Markdown(fig.model_card(ctx.info), elem_id="model-card")

@@ -102,13 +102,22 @@ class Views:
         return [self.trace, *self.shown(), self.step, self.redraw]
 
 
-def chart_plots() -> dict[str, Component]:
-    """Lay out the charts declared on :class:`Views`, each in a column of the caller's row with its caption;
-    by field name."""
+def blank_charts(frame: Frame) -> dict[str, go.Figure]:
+    """Each chart of :class:`Views` drawn for no run yet (a trace of no tokens), by field name: the cache-growth
+    chart's axes, the gauge's weights beside the GPU budget. The page opens on them, so a run's charts, its first
+    ones too, are redrawn in place (:mod:`kvviz.ui.page.plot_redraw`) instead of each plot building its chart."""
+    none = Trace(model=frame.info, prompt="", chat=False, settings={}, token_ids=[], tokens=[], n_prompt=0)
+    return {f.name: f.metadata["draw"](none, frame) for f in fields(Views) if "draw" in f.metadata}
+
+
+def chart_plots(values: dict[str, go.Figure] | None = None) -> dict[str, Component]:
+    """Lay out the charts declared on :class:`Views`, each in a column of the caller's row with its caption,
+    drawn with ``values`` (by field name; :func:`blank_charts`); by field name."""
     plots = {}
     for f in fields(Views):
         if "draw" in f.metadata:
             with gr.Column(scale=1, min_width=320):
-                plots[f.name] = gr.Plot(label=f.metadata["label"], elem_id=f.metadata["elem_id"])
+                value = (values or {}).get(f.name)
+                plots[f.name] = gr.Plot(value, label=f.metadata["label"], elem_id=f.metadata["elem_id"])
                 gr.Markdown(fig.CAPTIONS[f.name])
     return plots
