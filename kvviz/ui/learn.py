@@ -337,7 +337,8 @@ def _walkthrough(ctx: AppContext, walk_trace: gr.State, pending: gr.State) -> No
         elem_id="learn-strip",
         show_legend=True,
         combine_adjacent=False,
-        color_map={"in cache": "#cfe2ff", "computed this step": "#ffd8a8", "predicted next": "#b2f2bb"},
+        # named: Gradio's page turns a colour code into its shades through a canvas on every update (each Play step)
+        color_map={"in cache": "blue", "computed this step": "orange", "predicted next": "green"},
     )
     text = gr.Markdown(elem_id="learn-step-text")
 

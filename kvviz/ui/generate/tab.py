@@ -71,7 +71,9 @@ def build(ctx: AppContext):
             tokens = gr.HighlightedText(
                 label="Tokens (prompt / generated)",
                 elem_id="token-stream",
-                color_map={"prompt": "#cfe2ff", "generated": "#ffd8a8"},
+                # named: Gradio's page turns a colour code into its shades through a canvas on every update (every
+                # streamed message); a name of its palette it looks up
+                color_map={"prompt": "blue", "generated": "orange"},
                 combine_adjacent=False,
                 show_legend=True,
                 show_inline_category=False,

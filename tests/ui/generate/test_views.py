@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +50,20 @@ def test_chart_plots_without_values_open_empty():
     with gr.Blocks():
         plots = chart_plots()
     assert all(p.value is None for p in plots.values())
+
+
+def test_the_streamed_token_strips_use_colour_names_gradio_s_page_looks_up(demo):
+    """A colour code in a HighlightedText's colour map is turned into its two shades through a canvas by Gradio's
+    page on every update of the strip (four canvases per streamed message); a name of its palette is looked up."""
+    import gradio
+
+    assets = Path(gradio.__file__).parent / "templates" / "frontend" / "assets"
+    found = {m for f in assets.glob("src-*.js") for m in re.findall(r"\{color:`(\w+)`,primary:", f.read_text())}
+    assert {"blue", "orange", "green"} <= found, "Gradio's page no longer names these colours"
+    _, app = demo
+    strips = {
+        c.elem_id: c for c in app.blocks.values() if getattr(c, "elem_id", None) in ("token-stream", "learn-strip")
+    }
+    assert set(strips) == {"token-stream", "learn-strip"}
+    for strip in strips.values():
+        assert set(strip.color_map.values()) <= found, (strip.elem_id, strip.color_map)
