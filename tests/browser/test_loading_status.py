@@ -30,6 +30,9 @@ def test_the_page_keeps_no_loading_status_for_the_generate_tab(browser_context, 
         tab.goto(app_server, wait_until="load")
         tab.wait_for_selector("#generate-btn")
         assert hooked == [True], "Gradio's Blocks script no longer has the method this test hooks (a new Gradio?)"
+        tab.wait_for_function("() => !!window.__kvvizLoading")  # the page's own load events have run
+        opened = tab.evaluate("() => Object.keys(window.__kvvizLoading.current).length")
+        assert opened == 0, f"the page keeps {opened} loading statuses once open (its load events show no progress)"
         tab.locator("#prompt textarea").fill("The capital of France is")
         tab.get_by_label("Use the chat template").uncheck()
         box = tab.get_by_label("number input for Max new tokens")
@@ -39,15 +42,13 @@ def test_the_page_keeps_no_loading_status_for_the_generate_tab(browser_context, 
         tab.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=120_000)
         kept = tab.evaluate(
             """() => {
-              const ids = Object.keys((window.__kvvizLoading || {current: {}}).current).map(Number);
+              const ids = Object.keys(window.__kvvizLoading.current).map(Number);
               const elem = Object.fromEntries(window.gradio_config.components.map((c) => [c.id, c.props.elem_id]));
-              return {hooked: !!window.__kvvizLoading, elem_ids: ids.map((id) => elem[id] || String(id))};
+              return {elem_ids: ids.map((id) => elem[id] || String(id))};
             }"""
         )
-        assert kept["hooked"], "the page never updated a loading status: the hook saw nothing"
         streamed = {"gen-status", "token-stream", "answer", "cache-growth", "memory-gauge", "gen-redraw", "waste"}
+        # (what is left belongs to the events after a run that do show progress: the other tabs' views)
         assert not streamed & set(kept["elem_ids"]), kept
-        # what is left belongs to the events after a run that do show progress (the other tabs' views)
-        assert len(kept["elem_ids"]) <= 32, kept
     finally:
         tab.close()

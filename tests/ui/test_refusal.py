@@ -23,6 +23,21 @@ def ctx(lm):
 
 def test_stale_values_keep_only_the_note():
     assert stale_values(3) == (REFUSED, None, None) and stale_values(2, 1) == (None, REFUSED)
+    assert stale_values(3, 0, [None, None, "blank"]) == (REFUSED, None, "blank")  # a slot's own blank value
+
+
+def test_a_refused_generate_puts_its_charts_back_to_their_blank_ones(ctx):
+    """The next run redraws its charts in place on the page's charts (kvviz/ui/page/plot_redraw.py): a refusal
+    that emptied the plots would leave that run without charts until its end."""
+    with gr.Blocks() as demo:
+        ctx.trace_state = gr.State(None)
+        tab_generate.build(ctx)
+    found = {c.elem_id: c for c in demo.blocks.values() if getattr(c, "elem_id", None)}
+    cleared = next(f for f in demo.fns.values() if f.trigger_only_on_failure and found["cache-growth"] in f.outputs)
+    values = dict(zip(cleared.outputs, cleared.fn()))
+    assert values[found["gen-status"]] == REFUSED and values[found["token-stream"]] is None
+    assert values[found["cache-growth"]].layout.title.text == "KV cache size per step"
+    assert "room for" in values[found["memory-gauge"]].layout.title.text
 
 
 def _cleared_on_failure(demo: gr.Blocks, component) -> bool:

@@ -82,7 +82,8 @@ def build(ctx: AppContext):
             with gr.Row(equal_height=True):
                 step = gr.Slider(0, 1, value=0, step=1, label="Replay: decode step (0 = prefill)", elem_id="gen-step")
                 play_button(step, "gen-play")
-        charts = chart_plots(blank_charts(generate_run.frame_of(ctx, f.budget)))
+        blank = blank_charts(generate_run.frame_of(ctx, f.budget))
+        charts = chart_plots(blank)
     chat_ui = generate_chat.build(ctx)
     w.update(multi=chat_ui["multi"], template=chat_ui["template"], conversation=chat_ui["state"])
     gr.Markdown(fig.model_card(ctx.info), elem_id="model-card")
@@ -98,10 +99,10 @@ def build(ctx: AppContext):
     )
     ctx.components.update({f"generate.{name}": w[name] for name in ("prompt", "chat", "max_new")})
     ctx.components.update({"generate.example": example, "generate.button": go_btn, "generate.step": step})
-    return wire(ctx, views, go_btn, stop_btn, chat_ui)
+    return wire(ctx, views, go_btn, stop_btn, chat_ui, blank)
 
 
-def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
+def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict, blank: dict | None = None):
     """The tab's events: Generate (checked once, then streamed into ``views``), Stop, replay, the chat
     section after a turn, the opening example, and the endpoints."""
     ctx.planners["generate.button"] = lambda values: generate_run.plan(ctx, values)
@@ -118,7 +119,9 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict):
         views.outputs(),
         show_progress="hidden",
     )
-    clear_on_refusal(checked, views.shown())  # only the check's refusal: a run ended by Stop keeps its results
+    # only the check's refusal: a run ended by Stop keeps its results; the charts go back to their blank ones, on
+    # which the next run draws in place (kvviz/ui/page/plot_redraw.py)
+    clear_on_refusal(checked, views.shown(), blank={getattr(views, name): f for name, f in (blank or {}).items()})
 
     chat_views = chat_ui["views"]
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import gradio as gr
 import pandas as pd
+from gradio.components import Component
 
 from kvviz.safety import whole_number
 from kvviz.ui.serving.gradio_adapter import pass_typed_values
@@ -23,15 +27,23 @@ REFUSED = (
 )
 
 
-def stale_values(count: int, note_at: int = 0) -> tuple:
-    """Outputs after a refusal: the note in one slot, every other output emptied."""
-    return tuple(REFUSED if i == note_at else None for i in range(count))
+def stale_values(count: int, note_at: int = 0, blank: Sequence[Any] = ()) -> tuple:
+    """Outputs after a refusal: the note in one slot, every other output emptied (or its ``blank`` value, by slot)."""
+    fill = [*blank, *[None] * (count - len(blank))]
+    return tuple(REFUSED if i == note_at else fill[i] for i in range(count))
 
 
-def clear_on_refusal(event, outputs: list, note_at: int = 0) -> None:
-    """When ``event`` raises (bad input, a full queue), empty ``outputs`` so old results never look current."""
+def clear_on_refusal(event, outputs: list, note_at: int = 0, blank: Mapping[Component, Any] | None = None) -> None:
+    """When ``event`` raises (bad input, a full queue), empty ``outputs`` so old results never look current;
+    a component in ``blank`` goes back to that value instead (a chart the page redraws in place must stay)."""
+    fill = [(blank or {}).get(c) for c in outputs]
     event.failure(
-        lambda: stale_values(len(outputs), note_at), None, outputs, queue=False, api_name=False, show_progress="hidden"
+        lambda: stale_values(len(outputs), note_at, fill),
+        None,
+        outputs,
+        queue=False,
+        api_name=False,
+        show_progress="hidden",
     )
 
 
