@@ -4,9 +4,10 @@ overlaps, arrow keys, and play/pause replaying a finished run."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
+
+from tests.browser.form import generate
 
 LONG = 180_000
 OVERLAP_JS = """() => {
@@ -185,13 +186,7 @@ def slider_value(page, elem_id: str) -> int:
 
 
 def test_play_replays_a_run_and_arrow_keys_step_it(page):
-    page.locator("#prompt textarea").fill("Once upon a time")
-    page.get_by_label("Use the chat template").uncheck()
-    num = page.get_by_label("number input for Max new tokens")
-    num.fill("24")
-    num.press("Enter")
-    page.locator("#generate-btn").click()
-    page.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=LONG)
+    generate(page, "Once upon a time", 24, timeout_ms=LONG)
     page.wait_for_function("parseFloat(document.querySelector('#gen-step input[type=range]').max) >= 10")
 
     page.locator("#gen-play").click()  # at the end: play starts over from step 0

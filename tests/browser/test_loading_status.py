@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from tests.browser.form import generate
+
 EXPOSE = "window.__kvvizLoading=this.loading_stati;"
 HOOK = "async update_loading_stati_state(){"
 
@@ -33,13 +35,7 @@ def test_the_page_keeps_no_loading_status_for_the_generate_tab(browser_context, 
         tab.wait_for_function("() => !!window.__kvvizLoading")  # the page's own load events have run
         opened = tab.evaluate("() => Object.keys(window.__kvvizLoading.current).length")
         assert opened == 0, f"the page keeps {opened} loading statuses once open (its load events show no progress)"
-        tab.locator("#prompt textarea").fill("The capital of France is")
-        tab.get_by_label("Use the chat template").uncheck()
-        box = tab.get_by_label("number input for Max new tokens")
-        box.fill("8")
-        box.press("Enter")
-        tab.locator("#generate-btn").click()
-        tab.locator("#gen-status").get_by_text(re.compile(r"^Done")).wait_for(timeout=120_000)
+        generate(tab, "The capital of France is", 8, timeout_ms=120_000)
         kept = tab.evaluate(
             """() => {
               const ids = Object.keys(window.__kvvizLoading.current).map(Number);

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from tests.browser.form import set_form
+
 W, H = 1920, 1080
 LONG = 180_000
 # each visible chart's title box against the chart's box (a title running off the edge is cut)
@@ -41,11 +43,7 @@ def on_screen(tab, selector: str) -> bool:
 def test_generating_while_presenting_shows_the_new_tokens_on_the_first_screen(browser_context, app_server):
     tab = open_page(browser_context, app_server + "?tab=generate&present=1")
     try:
-        tab.locator("#prompt textarea").fill("Once upon a time")
-        tab.get_by_label("Use the chat template").uncheck()
-        num = tab.get_by_label("number input for Max new tokens")
-        num.fill("40")
-        num.press("Enter")
+        set_form(tab, "Once upon a time", 40)
         n_prompt = 4
         tab.locator("#generate-btn").click()
         # while the run streams (the page opened on the stored example's tokens: wait for this run's status),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from kvviz.capture.model_io import encode_prompt
+from tests.browser.form import set_form
 
 PROMPT = "Once upon a time"  # greedy, without the chat template, it does not stop before 200 tokens
 N_NEW = 200
@@ -39,11 +40,7 @@ def test_a_200_token_run_streams_and_ends_with_every_chip(browser_context, inpro
         tab.set_default_timeout(30_000)
         tab.goto(inprocess_app.url, wait_until="load")
         tab.wait_for_selector("#generate-btn")
-        tab.locator("#prompt textarea").fill(PROMPT)
-        tab.get_by_label("Use the chat template").uncheck()
-        box = tab.get_by_label("number input for Max new tokens")
-        box.fill(str(N_NEW))
-        box.press("Enter")
+        set_form(tab, PROMPT, N_NEW)
         tab.evaluate(WATCH_STATUS)
         # the page opens on a chart (blank, or the opening example's), seen before the click as element 1
         tab.locator("#cache-growth .js-plotly-plot .main-svg").first.wait_for()

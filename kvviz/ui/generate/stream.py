@@ -1,15 +1,15 @@
 """What the Generate tab shows while a run streams, and how often.
 
-The model runs in a worker (:class:`kvviz.ui.serving.streaming.Background`); :class:`LiveRun` turns the snapshots
-it hands the handler into updates of the tab's views. The status line, the chips and the text go out every
+The model runs in a worker (:class:`kvviz.ui.serving.streaming.Background`); :class:`LiveRun` turns the snapshots it
+hands the handler into updates of the tab's views. The status line, the chips and the text go out every
 :data:`STATUS_S` seconds; the plotly charts, the costliest to build, send and redraw, and the waste counter's long
 paragraph every :data:`FIGURES_S` (redrawn in place on the charts the page opened on by
 :mod:`kvviz.ui.page.plot_redraw`, since a ``gr.Plot`` builds its chart anew for each value; the last ones through
-the ``gr.Plot`` components, whose value they become); everything once at the end, and the export files just after it (:meth:`LiveRun.files`: writing the
-compressed ``.npz`` is the end's slowest part, which "Done" and the final charts need not wait for). Gradio sends a
-streamed output as a diff of its previous value, so the chips cost one new entry per token on the wire, and the
-charts draw at most :data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update never costs more as the run
-grows.
+the ``gr.Plot`` components, whose value they become); everything once at the end, and the export files just after it
+(:meth:`LiveRun.files`: writing the compressed ``.npz`` is the end's slowest part, which "Done" and the final charts
+need not wait for). Gradio sends a streamed output as a diff of its previous value, so the chips cost one new entry
+per token on the wire, and the charts draw at most :data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update
+never costs more as the run grows.
 """
 
 from __future__ import annotations

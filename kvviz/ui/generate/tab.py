@@ -102,9 +102,10 @@ def build(ctx: AppContext):
     return wire(ctx, views, go_btn, stop_btn, chat_ui, blank)
 
 
-def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict, blank: dict | None = None):
+def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict, blank: dict):
     """The tab's events: Generate (checked once, then streamed into ``views``), Stop, replay, the chat
-    section after a turn, the opening example, and the endpoints."""
+    section after a turn, the opening example, and the endpoints. ``blank``: the charts the page opens on, by
+    field name (:func:`~kvviz.ui.generate.views.blank_charts`), which a refusal puts back."""
     ctx.planners["generate.button"] = lambda values: generate_run.plan(ctx, values)
     # bad input (and a refusal) is answered by a quick step with no outputs, so its message is a toast; the
     # previous run's results are then cleared (the session's trace stays for the other tabs), so they never sit
@@ -121,7 +122,7 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict, blank: 
     )
     # only the check's refusal: a run ended by Stop keeps its results; the charts go back to their blank ones, on
     # which the next run draws in place (kvviz/ui/page/plot_redraw.py)
-    clear_on_refusal(checked, views.shown(), blank={getattr(views, name): f for name, f in (blank or {}).items()})
+    clear_on_refusal(checked, views.shown(), blank={getattr(views, name): f for name, f in blank.items()})
 
     chat_views = chat_ui["views"]
 

@@ -1,12 +1,12 @@
 """A streamed chart redrawn in place: the figure goes to a hidden box, and the page hands it to plotly's ``react``.
 
-Gradio's ``gr.Plot`` builds its chart anew for every new value (the plotly element is removed and a fresh one
-made, toolbar and all), which costs a page about four times what plotly's own ``react`` on the drawn chart does,
-loses the tooltip a lecturer is hovering over, and on a machine shared with the model takes the model's cores
-(``bench/page_speed.py``). The Generate tab's plots open on a chart (its blank charts, or the opening example's),
-so a run that streams its charts sends every figure but its last through :func:`redraw_box` (the last goes
-through the ``gr.Plot``, whose value it becomes): :data:`REDRAW_JS` gives each figure to ``Plotly.react`` on the chart already on the
-page, laid out as Gradio's own plot draws one (its size follows the box; a labelled chart's title keeps room
+Gradio's ``gr.Plot`` builds its chart anew for every new value (the plotly element is removed and a fresh one made,
+toolbar and all), which costs a page about four times what plotly's own ``react`` on the drawn chart does, loses the
+tooltip a lecturer is hovering over, and on a machine shared with the model takes the model's cores
+(``bench/page_speed.py``). The Generate tab's plots open on a chart (its blank charts, or the opening example's), so
+a run that streams its charts sends every figure but its last through :func:`redraw_box` (the last goes through the
+``gr.Plot``, whose value it becomes): :data:`REDRAW_JS` gives each figure to ``Plotly.react`` on the chart already
+on the page, laid out as Gradio's own plot draws one (its size follows the box; a labelled chart's title keeps room
 under the label). A chart not on the page yet is left for the next value through its ``gr.Plot``.
 """
 
