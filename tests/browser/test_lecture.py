@@ -38,7 +38,7 @@ def test_a_deep_link_opens_the_view_and_copy_link_gives_it_back(browser_context,
     tab = open_page(browser_context, app_server + "?tab=memory&config=DeepSeek-V3&context=131072&batch=1e99")
     try:
         tab.wait_for_function(
-            "document.querySelector('.tab-wrapper button[role=tab][aria-selected=true]').innerText.trim() === 'Memory'",
+            "document.querySelector('.tab-wrapper button[role=tab][aria-selected=true]')?.innerText.trim() === 'Memory'",
             timeout=30_000,
         )
         tab.locator("#memory-summary").get_by_text("131,072 tokens", exact=False).wait_for(timeout=30_000)
@@ -46,7 +46,7 @@ def test_a_deep_link_opens_the_view_and_copy_link_gives_it_back(browser_context,
         assert "ignored" in tab.locator("#link-note").inner_text()  # the hostile batch, noted, not applied
         assert tab.get_by_label("Batch (sequences)").input_value() == "1"
         tab.locator("#copy-link").click()
-        tab.wait_for_function("document.querySelector('#link-url textarea, #link-url input').value.includes('tab=')")
+        tab.wait_for_function("document.querySelector('#link-url textarea, #link-url input')?.value.includes('tab=')")
         url = tab.locator("#link-url textarea, #link-url input").first.input_value()
         assert url.startswith(app_server.rstrip("/"))
         assert "tab=memory" in url and "config=DeepSeek-V3" in url and "context=131072" in url
@@ -54,7 +54,7 @@ def test_a_deep_link_opens_the_view_and_copy_link_gives_it_back(browser_context,
         tab.close()
     tab = open_page(browser_context, app_server + "?tab=attention&layer=5&head=3")
     try:
-        tab.wait_for_function("document.querySelector('#attn-layer input[type=number]').value === '5'")
+        tab.wait_for_function("document.querySelector('#attn-layer input[type=number]')?.value === '5'")
         assert tab.locator("#attn-head input").input_value().startswith("q3")
     finally:
         tab.close()
@@ -100,7 +100,7 @@ def test_presentation_mode_enlarges_chart_text_without_covering_titles(browser_c
     try:
         for tab in (plain, big):
             tab.locator("#memory-size .gtitle").wait_for(timeout=30_000)
-        big.wait_for_function("() => parseFloat(document.querySelector('#memory-size .gtitle').style.fontSize) > 20")
+        big.wait_for_function("() => parseFloat(document.querySelector('#memory-size .gtitle')?.style.fontSize) > 20")
         normal = {b[0]: b for b in plain.evaluate(OVERLAP_JS)}
         shown = big.evaluate(OVERLAP_JS)
         assert shown, "no labelled chart with a title on the Memory tab"
@@ -149,7 +149,7 @@ def test_the_toggle_rescales_drawn_charts_in_the_page(browser_context, app_serve
     tab = open_page(browser_context, app_server + "?tab=memory")
     sent: list[str] = []
     tab.on("request", lambda r: sent.append(r.url) if "gradio_api" in r.url else None)
-    title = "parseFloat(document.querySelector('#memory-size .gtitle').style.fontSize)"
+    title = "parseFloat(document.querySelector('#memory-size .gtitle')?.style.fontSize)"
     try:
         tab.locator("#memory-size .gtitle").wait_for()
         plain = tab.evaluate(title)
@@ -187,22 +187,22 @@ def slider_value(page, elem_id: str) -> int:
 
 def test_play_replays_a_run_and_arrow_keys_step_it(page):
     generate(page, "Once upon a time", 24, timeout_ms=LONG)
-    page.wait_for_function("parseFloat(document.querySelector('#gen-step input[type=range]').max) >= 10")
+    page.wait_for_function("parseFloat(document.querySelector('#gen-step input[type=range]')?.max) >= 10")
 
     page.locator("#gen-play").click()  # at the end: play starts over from step 0
-    page.wait_for_function("parseFloat(document.querySelector('#gen-step input[type=range]').value) >= 3")
+    page.wait_for_function("parseFloat(document.querySelector('#gen-step input[type=range]')?.value) >= 3")
     page.locator("#gen-play").click()  # pause
     held = slider_value(page, "gen-step")
     page.wait_for_timeout(1200)
     assert slider_value(page, "gen-step") == held
     assert held < 20
-    page.wait_for_function(f"document.querySelector('#cache-growth .gtitle').textContent.includes('step {held}:')")
+    page.wait_for_function(f"document.querySelector('#cache-growth .gtitle')?.textContent.includes('step {held}:')")
 
     # presentation mode: → steps the open tab's slider, but not while typing in the prompt
     page.evaluate("document.body.classList.add('kvviz-present')")
     page.locator("#gen-status").click()
     page.keyboard.press("ArrowRight")
-    page.wait_for_function(f"document.querySelector('#gen-step input[type=range]').value === '{held + 1}'")
+    page.wait_for_function(f"document.querySelector('#gen-step input[type=range]')?.value === '{held + 1}'")
     page.locator("#prompt textarea").click()
     page.keyboard.press("ArrowRight")
     page.wait_for_timeout(500)
@@ -214,7 +214,7 @@ def test_play_replays_a_run_and_arrow_keys_step_it(page):
     start = slider_value(page, "attn-step")
     page.locator("#attn-play").click()
     page.wait_for_function(
-        f"parseFloat(document.querySelector('#attn-step input[type=range]').value) >= {0 if start >= 10 else start} + 2"
+        f"parseFloat(document.querySelector('#attn-step input[type=range]')?.value) >= {0 if start >= 10 else start} + 2"
     )
     page.locator("#attn-play").click()
     held = slider_value(page, "attn-step")

@@ -49,7 +49,7 @@ def test_generating_while_presenting_shows_the_new_tokens_on_the_first_screen(br
         # while the run streams (the page opened on the stored example's tokens: wait for this run's status),
         # the status line and the newest token are in the window the room sees
         tab.wait_for_function(
-            f"""() => /^(Generating|Done)/.test(document.querySelector('#gen-status').innerText)
+            f"""() => /^(Generating|Done)/.test(document.querySelector('#gen-status')?.innerText)
                 && document.querySelectorAll('#token-stream .token-container').length > {n_prompt + 2}""",
             timeout=LONG,
         )
