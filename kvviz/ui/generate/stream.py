@@ -31,10 +31,7 @@ from kvviz.ui.page import plot_redraw
 from kvviz.ui.serving.streaming import Snapshot
 from kvviz.units import format_bytes, plural
 
-# status line, chips and text at most this often while streaming: each message costs the page's main thread and the
-# server a diff and a send, taken from the model's cores where they share a machine; 0.75 s keeps the chips live (a
-# dozen-odd tokens a time on a 2-core CPU) with two thirds of the messages 0.5 s sent (docs/performance.md)
-STATUS_S = 0.75
+STATUS_S = 0.5  # status line, chips and text at most this often while streaming
 FIGURES_S = 2.0  # the cache-growth chart, the memory gauge and the waste counter at most this often
 PENDING_CHECK = "Cached vs full recompute: checked when generation ends."
 
