@@ -41,7 +41,7 @@ OPENING_WAIT_S = 300.0
 def build(ctx: AppContext):
     """Build the tab (its layout, then :func:`wire`); returns the Generate event so the app can chain other
     tabs' refreshes after it."""
-    ex, f = examples(), Form()
+    ex, f = examples(), opening_form(ctx)
     gr.Markdown(
         "Type a prompt and press **Generate**. The model is "
         f"**{ctx.info.name}**; every layer's keys and values are captured as it writes."
@@ -175,9 +175,9 @@ def wire(ctx: AppContext, views: Views, go_btn, stop_btn, chat_ui: dict, blank: 
 
 def opening(ctx: AppContext, views: Views):
     """The page opens on the stored chat example (the show-me "Generate and check cached = recomputed"): its
-    token stream, cache growth and memory gauge drawn at once, the form set to it, and one line saying what it
-    is and how to try your own; while the server still prepares it, how far it got. Returns the page-load event
-    (None when there is no page or the deployment's limits refuse the example)."""
+    token stream, cache growth and memory gauge drawn at once (the form opens on it: :func:`opening_form`), and
+    one line saying what it is and how to try your own; while the server still prepares it, how far it got.
+    Returns the page-load event (None when there is no page or the deployment's limits refuse the example)."""
     root = Context.root_block
     if root is None:
         return None
@@ -187,10 +187,8 @@ def opening(ctx: AppContext, views: Views):
         a = generate_run.ask(ctx, generate_run.form_of(values))
     except gr.Error:  # a deployment whose limits refuse the example: the page opens on its form
         return None
-    f = generate_run.form_of(values)
     what = f"Example “{GENERATE_EXAMPLE}” ({plural(a.n_new, 'new token')}, greedy)"
     yours = "change the prompt (or pick another example) and press **Generate** to try your own"
-    form = {views.inputs[k]: getattr(f, k) for k in ("prompt", "chat", "max_new")}
 
     def computing() -> bool:
         """The start-up is computing examples now (it pauses while users' jobs run)."""
@@ -198,7 +196,6 @@ def opening(ctx: AppContext, views: Views):
 
     def show(request: gr.Request):
         entry, deadline = ctx.store.entry(key), time.monotonic() + OPENING_WAIT_S
-        at_once = entry is not None and entry.state == "done"
         while entry is not None and entry.state == "pending" and computing() and time.monotonic() < deadline:
             yield {views.status: f"{what}: waiting to be prepared at start-up ({readiness(ctx)})"}
             time.sleep(0.5)
@@ -209,12 +206,23 @@ def opening(ctx: AppContext, views: Views):
         for out in generate_run.stored(ctx, views, a, entry, request):
             if views.trace in out:  # the finished example: what it is, and how to try your own
                 out[views.status] = f"{what}, stored: {yours}. ({out[views.status]})"
-                if at_once:  # the form set to it only as the page opens, never under what the user types
-                    out.update(form)
             yield out
 
-    outputs = views.outputs() + list(form)
-    return root.load(show, None, outputs, api_name=False, concurrency_limit=None, show_progress="hidden")
+    # the form is not among the outputs: it opens on the example (:func:`opening_form`), and what a visitor types
+    # before this answer arrives (a busy server's seconds) stays
+    return root.load(show, None, views.outputs(), api_name=False, concurrency_limit=None, show_progress="hidden")
+
+
+def opening_form(ctx: AppContext) -> Form:
+    """The form the tab opens on: the opening example's (:func:`opening` draws its run), or the tab's defaults
+    where the deployment's limits refuse it. Set in the page as it is built, never by an answer that could
+    arrive after the visitor has started typing."""
+    f = generate_run.form_of(EQUIVALENCE.values)
+    try:
+        generate_run.ask(ctx, f)
+    except gr.Error:
+        return Form()
+    return f
 
 
 def replay(views: Views, trace, step):

@@ -79,3 +79,19 @@ def test_a_generate_run_streams_without_gradio_s_progress_timer(app):
     status = next(c for c in demo.blocks.values() if getattr(c, "elem_id", None) == "gen-status")
     runs = [f for f in demo.fns.values() if f.fn is not None and status in f.outputs and len(f.outputs) > 5]
     assert runs and all(f.show_progress == "hidden" for f in runs), [(f.name, f.show_progress) for f in runs]
+
+
+def test_the_opening_example_never_writes_the_form_a_visitor_may_be_typing_in(app):
+    """The Generate tab opens on its example's form in the page itself; the page-load answer that draws the example
+    arrives later (seconds on a busy server), and when it set the form it replaced a prompt typed meanwhile
+    (``bench/page_speed.py`` ran "What is the capital of France?" instead of its own prompt)."""
+    from kvviz.lessons.objectives import EQUIVALENCE
+
+    ctx, demo = app
+    form = {name: ctx.components[f"generate.{name}"] for name in ("prompt", "chat", "max_new")}
+    status = next(c for c in demo.blocks.values() if getattr(c, "elem_id", None) == "gen-status")
+    opening = [f for f in _on(demo, "load") if status in f.outputs]
+    assert len(opening) == 1, [f.name for f in opening]
+    assert not set(map(id, form.values())) & set(map(id, opening[0].outputs))
+    opens_on = {name: c.value for name, c in form.items()}
+    assert opens_on == {name: EQUIVALENCE.values[f"generate.{name}"] for name in form}, opens_on
