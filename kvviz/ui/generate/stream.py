@@ -1,15 +1,21 @@
 """What the Generate tab shows while a run streams, and how often.
 
 The model runs in a worker (:class:`kvviz.ui.serving.streaming.Background`); :class:`LiveRun` turns the snapshots it
-hands the handler into updates of the tab's views. The status line, the chips and the text go out every
-:data:`STATUS_S` seconds; the plotly charts, the costliest to build, send and redraw, and the waste counter's long
-paragraph every :data:`FIGURES_S` (redrawn in place on the charts the page opened on by
+hands the handler into updates of the tab's views. The status line and the text go out every :data:`STATUS_S`
+seconds; the token chips, the plotly charts and the waste counter's long paragraph, the costliest to redraw, every
+:data:`FIGURES_S` (the charts redrawn in place on the charts the page opened on by
 :mod:`kvviz.ui.page.plot_redraw`, since a ``gr.Plot`` builds its chart anew for each value; the last ones through
 the ``gr.Plot`` components, whose value they become); everything once at the end, and the export files just after it
 (:meth:`LiveRun.files`: writing the compressed ``.npz`` is the end's slowest part, which "Done" and the final charts
 need not wait for). Gradio sends a streamed output as a diff of its previous value, so the chips cost one new entry
 per token on the wire, and the charts draw at most :data:`~kvviz.figures.generate.GROWTH_POINTS` points: an update
 never costs more as the run grows.
+
+The pace is set by the page, not the server: each streamed message costs the browser's main thread tens of
+milliseconds whatever it carries (a redraw of the chips and charts several times that), and where the browser shares
+the model's cores, as on a laptop, that time comes out of the model's decode (``bench/page_speed.py``). So the
+text a visitor reads moves a few times a second, and the views that show the same tokens as pictures follow with
+the charts.
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ from kvviz.ui.page import plot_redraw
 from kvviz.ui.serving.streaming import Snapshot
 from kvviz.units import format_bytes, plural
 
-STATUS_S = 0.5  # status line, chips and text at most this often while streaming
-FIGURES_S = 2.0  # the cache-growth chart, the memory gauge and the waste counter at most this often
+STATUS_S = 0.75  # the status line and the text at most this often while streaming
+FIGURES_S = 2.0  # the chips, the cache-growth chart, the memory gauge and the waste counter at most this often
 PENDING_CHECK = "Cached vs full recompute: checked when generation ends."
 
 
@@ -151,9 +157,10 @@ class LiveRun:
                 status += (
                     f" · stop: {trace.stop_reason} · {trace.timings.get('decode_tokens_per_s') or 0:.1f} tokens/s{note}"
                 )
-        out: dict[Component, Any] = {v.status: status, v.tokens: fig.token_spans(trace), v.answer: trace.text}
+        out: dict[Component, Any] = {v.status: status, v.answer: trace.text}
         now = time.monotonic()
         if snap.done or (now - self._figures_at >= FIGURES_S and len(trace.steps) != self._figures_steps):
+            out[v.tokens] = fig.token_spans(trace)  # hundreds of chips: redrawn as seldom as a chart
             out[v.check] = fig.equivalence_text(trace) if final else PENDING_CHECK
             out[v.waste] = waste_text(trace)  # a long Markdown paragraph: rendered as seldom as a chart
             figures = {plot: draw(trace, self.frame) for plot, draw in v.charts().items()}

@@ -24,6 +24,7 @@ from kvviz.ui.generate.run import (  # noqa: F401  (re-exported: where tests and
     room_for_tokens,
     validate_request,
 )
+from kvviz.ui.generate.stream import FIGURES_S
 from kvviz.ui.generate.views import Form, Views, blank_charts, chart_plots
 from kvviz.ui.page import plot_redraw
 from kvviz.ui.page.play import play_button
@@ -69,7 +70,7 @@ def build(ctx: AppContext):
     with gr.Row():  # the run's tokens beside its charts: all on the first screen
         with gr.Column(scale=2):
             tokens = gr.HighlightedText(
-                label="Tokens (prompt / generated)",
+                label=f"Tokens (prompt / generated; during a run redrawn with the charts, every {FIGURES_S:g} s)",
                 elem_id="token-stream",
                 # named: Gradio's page turns a colour code into its shades through a canvas on every update (every
                 # streamed message); a name of its palette it looks up

@@ -80,6 +80,7 @@ def test_charts_are_drawn_less_often_than_the_status(live, trace, views, monkeyp
     clock[0] += gs.FIGURES_S / 2
     soon = live.outputs(running(trace, 3))
     assert soon[views.status].startswith("Generating: 3 tokens") and not set(views.charts()) & set(soon)
+    assert soon[views.answer] and views.tokens not in soon, "the text with the status, the chips with the charts"
     assert views.waste not in soon and views.check not in soon  # long paragraphs go with the charts
     assert "with the cache **5**" in first[views.waste] and first[views.check] == gs.PENDING_CHECK
     clock[0] += gs.FIGURES_S
@@ -89,6 +90,7 @@ def test_charts_are_drawn_less_often_than_the_status(live, trace, views, monkeyp
     drawn = {c["id"]: json.loads(c["figure"]) for c in json.loads(later[views.redraw])}
     assert set(drawn) == {plot.elem_id for plot in views.charts()}
     assert len(drawn[views.growth.elem_id]["data"][0]["x"]) == 4
+    assert len(later[views.tokens]) == trace.n_prompt + 4
     assert "room for 123,456 cached tokens" in drawn[views.gauge.elem_id]["layout"]["title"]["text"]
     assert first[views.npz] is None and views.npz not in later, "the previous run's files cleared once, at the start"
 
